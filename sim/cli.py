@@ -1,0 +1,206 @@
+"""`python -m sim ...`: the command line. Thin: parse, call the core, print.
+
+Every SimError becomes one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from . import cluster as cluster_mod
+from .docker import Docker
+from .errors import SimError, UsageError
+from .spec import DEFAULT_NAME, RDZV_BACKENDS, spec_from_options
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line that says where to look."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sim", description="elastic-sim: a local cluster simulator for PyTorch elastic training.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    up = sub.add_parser("up", help="build images if needed, start a cluster, wait for the first training step",
+                        description="Start a cluster. Script arguments go after `--`, e.g. `sim up -- --steps 50`.")
+    up.add_argument("--nodes", type=int, default=4, help="node containers to start (default 4)")
+    up.add_argument("--min-nodes", type=int, help="torchrun --nnodes MIN (default 1)")
+    up.add_argument("--max-nodes", type=int, help="torchrun --nnodes :MAX (default --nodes)")
+    up.add_argument("--nproc-per-node", type=int, help="workers per node (default 2)")
+    up.add_argument("--max-restarts", type=int, help="torchrun --max-restarts, per agent (default 3)")
+    up.add_argument("--monitor-interval", type=float, help="torchrun --monitor-interval in seconds (default torch's)")
+    up.add_argument("--rdzv-backend", help=f"one of {', '.join(RDZV_BACKENDS)} (default etcd-v2; c10d uses node0 as the endpoint)")
+    up.add_argument("--rdzv-conf", help="torchrun --rdzv-conf, passed unchanged: k=v,k2=v2")
+    up.add_argument("--script", help="a torchrun training script on this machine (default: the shipped trainer)")
+    up.add_argument("--gpus", help="GPUs per node: none, all or a number (default none)")
+    up.add_argument("--name", default=DEFAULT_NAME, help=f"cluster name (default {DEFAULT_NAME})")
+    up.add_argument("--detach", action="store_true", help="return once training has started instead of following it")
+    up.add_argument("--keep", action="store_true", help="keep a failed cluster for debugging instead of removing it")
+    up.add_argument("--timeout", type=float, default=cluster_mod.DEFAULT_START_TIMEOUT,
+                    help="seconds to wait for the first training step (default 300)")
+
+    down = sub.add_parser("down", help="remove a cluster (containers, network, volumes), keeping its logs")
+    down.add_argument("name", nargs="?", default=None, help=f"cluster name (default {DEFAULT_NAME})")
+    down.add_argument("--all", action="store_true", help="remove every elastic-sim cluster")
+
+    sub.add_parser("ls", help="list clusters")
+
+    status = sub.add_parser("status", help="per node: container, agent, workers, round, world size, restarts, step")
+    status.add_argument("name", nargs="?", default=DEFAULT_NAME)
+
+    logs = sub.add_parser("logs", help="container logs, prefixed and colored per node (docker compose logs)")
+    logs.add_argument("node", nargs="?", help="one node (default all)")
+    logs.add_argument("-f", "--follow", action="store_true")
+    logs.add_argument("--name", default=DEFAULT_NAME)
+
+    sub.add_parser("doctor", help="check Docker, Compose v2, images, kernel features for faults, GPU runtime")
+    sub.add_parser("build", help="build the node and etcd images (cached by content)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after `--` belongs to the training script, untouched.
+    script_args: list[str] | None = None
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1:]
+    args = build_parser().parse_args(argv)
+    if script_args is not None and args.command != "up":
+        print(f"sim {args.command}: error: arguments after `--` are only for `sim up`", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[args.command](args, script_args)
+    except SimError as error:
+        print(f"sim {args.command}: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print(f"sim {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _docker() -> Docker:
+    return Docker()
+
+
+def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
+    spec = spec_from_options(vars(args), script_args)
+    docker = _docker()
+    cluster = cluster_mod.up(spec, docker, keep=args.keep, timeout=args.timeout)
+    name = spec.name
+    flag = "" if name == DEFAULT_NAME else f" {name}"
+    print(f"cluster '{name}' is training: {spec.nodes} nodes x {spec.nproc_per_node} workers, "
+          f"{spec.rdzv_backend} rendezvous, nnodes {spec.min_nodes}:{spec.max_nodes}")
+    print(f"  compose file: {cluster.compose_file}")
+    print(f"  logs:         `python -m sim logs{' --name ' + name if flag else ''} -f`; saved to {cluster.run_dir}/logs on down")
+    print("  next:         "
+          f"python -m sim status{flag}   |   docker compose -p {name} ps   |   python -m sim down{flag}")
+    if args.detach:
+        return 0
+    from .logs import follow_job
+    print(f"following the job (Ctrl-C stops following; the cluster keeps running)", flush=True)
+    try:
+        return follow_job(cluster)
+    except KeyboardInterrupt:
+        print(f"\nstopped following; cluster '{name}' is still running (`python -m sim down{flag}` removes it)")
+        return 0
+
+
+def cmd_down(args: argparse.Namespace, _: list[str] | None) -> int:
+    docker = _docker()
+    docker.ping()
+    if args.all and args.name:
+        raise UsageError("down: give a cluster name or --all, not both")
+    names = cluster_mod.list_clusters(docker) if args.all else [args.name or DEFAULT_NAME]
+    for name in names:
+        cluster = cluster_mod.Cluster(name, docker)
+        if not cluster.exists():
+            if args.all:
+                continue
+            raise UsageError(f"cluster '{name}': not found; `python -m sim ls` lists clusters")
+        logs_at = cluster.run_dir / "logs"
+        removed = cluster.down()
+        print(f"removed cluster '{name}': {removed['containers']} containers, {removed['networks']} networks, "
+              f"{removed['volumes']} volumes; logs kept in {logs_at}")
+    if args.all and not names:
+        print("no clusters")
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace, _: list[str] | None) -> int:
+    docker = _docker()
+    docker.ping()
+    names = cluster_mod.list_clusters(docker)
+    if not names:
+        print("no clusters (start one with `python -m sim up --nodes 4`)")
+        return 0
+    print(f"{'NAME':<16} {'NODES':<14} {'ETCD':<10} RUN")
+    for name in names:
+        cluster = cluster_mod.Cluster(name, docker)
+        infos = cluster.containers()
+        nodes = [c for c in infos if c.role == "node"]
+        running = sum(c.state == "running" for c in nodes)
+        etcd = next((c.state for c in infos if c.role == "etcd"), "-")
+        print(f"{name:<16} {f'{running}/{len(nodes)} running':<14} {etcd:<10} {cluster.run_id or '-'}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
+    from .status import cluster_status, format_status
+    docker = _docker()
+    docker.ping()
+    cluster = cluster_mod.Cluster(args.name, docker)
+    if not cluster.containers():
+        raise UsageError(f"cluster '{args.name}': not found; `python -m sim ls` lists clusters")
+    print(format_status(cluster_status(cluster)))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace, _: list[str] | None) -> int:
+    docker = _docker()
+    docker.ping()
+    cluster = cluster_mod.Cluster(args.name, docker)
+    if not cluster.containers():
+        raise UsageError(f"cluster '{args.name}': not found; `python -m sim ls` lists clusters")
+    if args.node:
+        cluster.container(args.node)  # a clear error for an unknown node
+    compose_file = cluster.compose_file if cluster.compose_file.exists() else None
+    argv = [*docker.compose_argv, "-p", args.name]
+    if compose_file:
+        argv += ["-f", str(compose_file)]
+    argv += ["logs"] + (["-f"] if args.follow else []) + ([args.node] if args.node else [])
+    import subprocess
+    return subprocess.call(argv)
+
+
+def cmd_doctor(args: argparse.Namespace, _: list[str] | None) -> int:
+    from .doctor import format_report, run_checks
+    checks = run_checks(_docker())
+    print(format_report(checks))
+    return 0 if all(c.ok or not c.required for c in checks) else 1
+
+
+def cmd_build(args: argparse.Namespace, _: list[str] | None) -> int:
+    from .images import ImageBuilder
+    docker = _docker()
+    docker.ping()
+    result = ImageBuilder(docker).ensure()
+    for field, tag in vars(result.images).items():
+        print(f"{field:<8} {tag}{'  (built)' if field in result.built else ''}")
+    return 0
+
+
+COMMANDS = {"up": cmd_up, "down": cmd_down, "ls": cmd_ls, "status": cmd_status, "logs": cmd_logs,
+            "doctor": cmd_doctor, "build": cmd_build}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""Cluster lifecycle: up (render, start, wait), inspect, down.
+
+Labels are the source of truth (as in kind): a cluster is whatever carries its
+label, so `down` works after a crash, without the compose file. A failed `up`
+removes what it made unless asked to keep it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from . import labels
+from .docker import Docker
+from .errors import ClusterError, ClusterNotFoundError, SimError, UsageError
+from .images import ImageBuilder, ImageSet
+from .paths import cluster_dir, state_home
+from .render import render, to_yaml
+from .spec import ClusterSpec
+from .wait import Check, wait_for
+
+Progress = Callable[[str], None]
+PROGRESS_MARK = '"sim": "progress"'
+DEFAULT_START_TIMEOUT = 300.0
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerInfo:
+    id: str
+    name: str
+    node: str  # node0.. or etcd
+    role: str  # node | etcd
+    state: str  # created | running | paused | restarting | exited | dead
+    status: str  # Docker's human status, e.g. "Exited (0) 3 seconds ago"
+    run_id: str
+
+    @property
+    def exit_code(self) -> int | None:
+        if self.state not in ("exited", "dead") or "(" not in self.status:
+            return None
+        try:
+            return int(self.status.split("(", 1)[1].split(")", 1)[0])
+        except ValueError:
+            return None
+
+
+_PS_FORMAT = "\t".join([
+    "{{.ID}}", "{{.Names}}", '{{.Label "%s"}}' % labels.NODE, '{{.Label "%s"}}' % labels.ROLE,
+    "{{.State}}", "{{.Status}}", '{{.Label "%s"}}' % labels.RUN,
+])
+
+
+class Cluster:
+    """A running (or half-gone) cluster, found by its label."""
+
+    def __init__(self, name: str, docker: Docker):
+        self.name = name
+        self.docker = docker
+
+    # --- where its files live ------------------------------------------------
+
+    @property
+    def state_dir(self) -> Path:
+        return cluster_dir(self.name)
+
+    @property
+    def compose_file(self) -> Path:
+        return self.state_dir / "compose.yaml"
+
+    @property
+    def spec(self) -> ClusterSpec | None:
+        path = self.state_dir / "spec.json"
+        return ClusterSpec.from_json(path.read_text()) if path.exists() else None
+
+    @property
+    def run_id(self) -> str | None:
+        for info in self.containers():
+            if info.run_id:
+                return info.run_id
+        path = self.state_dir / "run_id"
+        return path.read_text().strip() if path.exists() else None
+
+    @property
+    def run_dir(self) -> Path:
+        return run_dir(self.name, self.run_id or "unknown")
+
+    # --- inspection ------------------------------------------------------------
+
+    def containers(self) -> list[ContainerInfo]:
+        out = self.docker.run("ps", "-a", "--filter", labels.cluster_filter(self.name),
+                              "--format", _PS_FORMAT).stdout
+        infos = [ContainerInfo(*line.split("\t")) for line in out.splitlines() if line.count("\t") == 6]
+        return sorted(infos, key=lambda c: (c.role != "etcd", _node_index(c.node)))
+
+    def nodes(self) -> list[ContainerInfo]:
+        return [c for c in self.containers() if c.role == "node"]
+
+    def container(self, node: str) -> ContainerInfo:
+        for info in self.containers():
+            if info.node == node:
+                return info
+        known = ", ".join(c.node for c in self.containers()) or "none"
+        raise UsageError(f"node '{node}': not in cluster '{self.name}' (nodes: {known}); see `sim status {self.name}`")
+
+    def exists(self) -> bool:
+        return bool(self.docker.ids("container", labels.cluster_filter(self.name))
+                    or self.docker.ids("network", labels.cluster_filter(self.name))
+                    or self.docker.ids("volume", labels.cluster_filter(self.name)))
+
+    def require_running(self) -> None:
+        if not any(c.state in ("running", "paused") for c in self.containers()):
+            raise ClusterNotFoundError(
+                f"cluster '{self.name}': not running; start it with `python -m sim up --name {self.name}` (see `sim ls`)")
+
+    def logs(self, node: str, tail: int | None = None) -> str:
+        args = ["logs"] + (["--tail", str(tail)] if tail else []) + [self.container(node).id]
+        result = self.docker.run(*args, check=False, timeout=60)
+        return result.stdout + result.stderr
+
+    def exec(self, node: str, *argv: str, user: str | None = None, timeout: float = 30):
+        args = ["exec"] + (["-u", user] if user else []) + [self.container(node).id, *argv]
+        return self.docker.run(*args, check=False, timeout=timeout)
+
+    # --- teardown ----------------------------------------------------------------
+
+    def save_logs(self) -> Path:
+        """Copy every container's full log into the run folder (it outlives `down`)."""
+        target = self.run_dir / "logs"
+        target.mkdir(parents=True, exist_ok=True)
+        for info in self.containers():
+            result = self.docker.run("logs", "--timestamps", info.id, check=False, timeout=120)
+            (target / f"{info.node or info.name}.log").write_text(result.stdout + result.stderr)
+        return target
+
+    def down(self, *, save_logs: bool = True) -> dict[str, int]:
+        """Remove everything carrying the cluster's label. Idempotent."""
+        if save_logs and self.containers():
+            self.save_logs()
+        flt = labels.cluster_filter(self.name)
+        removed = {"containers": 0, "networks": 0, "volumes": 0}
+        ids = self.docker.ids("container", flt)
+        if ids:
+            self.docker.run("rm", "-f", "-v", *ids, timeout=120)
+            removed["containers"] = len(ids)
+        for kind, key in (("network", "networks"), ("volume", "volumes")):
+            ids = self.docker.ids(kind, flt)
+            if ids:
+                self.docker.run(kind, "rm", *ids, timeout=60)
+                removed[key] = len(ids)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        return removed
+
+
+def run_dir(name: str, run_id: str) -> Path:
+    return state_home() / "runs" / f"{name}-{run_id}"
+
+
+def list_clusters(docker: Docker) -> list[str]:
+    """Every cluster name that any container, network or volume is labelled with."""
+    names: set[str] = set()
+    fmt = '{{.Label "%s"}}' % labels.CLUSTER
+    flt = f"label={labels.CLUSTER}"
+    names.update(docker.run("ps", "-a", "--filter", flt, "--format", fmt).stdout.split())
+    names.update(docker.run("network", "ls", "--filter", flt, "--format", fmt).stdout.split())
+    for volume in docker.run("volume", "ls", "-q", "--filter", flt).stdout.split():
+        out = docker.run("volume", "inspect", "--format", '{{index .Labels "%s"}}' % labels.CLUSTER, volume,
+                         check=False).stdout.strip()
+        if out:
+            names.add(out)
+    return sorted(names)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+class FirstProgressLine:
+    """Ready when any node has printed a trainer progress line; failed when a
+    node container has already exited before training started."""
+
+    description = "waiting for the first training step"
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+
+    def check(self) -> Check:
+        nodes = self.cluster.nodes()
+        if not nodes:
+            return Check(False, failure="no node containers exist")
+        for info in nodes:
+            if PROGRESS_MARK in self.cluster.logs(info.node, tail=400):
+                return Check(True, detail=info.node)
+        exited = [c for c in nodes if c.state in ("exited", "dead")]
+        if exited:
+            first = exited[0]
+            last_line = _last_meaningful_line(self.cluster.logs(first.node, tail=50))
+            return Check(False, failure=f"{first.node} exited ({first.status}) before training started: {last_line}")
+        return Check(False, detail=", ".join(f"{c.node} {c.state}" for c in nodes))
+
+
+class JobFinished:
+    """Ready when every node container has exited (the job ended, well or not)."""
+
+    description = "waiting for the job to end"
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+
+    def check(self) -> Check:
+        nodes = self.cluster.nodes()
+        if not nodes:
+            return Check(False, failure="no node containers exist")
+        running = [c.node for c in nodes if c.state not in ("exited", "dead")]
+        return Check(not running, detail=f"still running: {', '.join(running)}" if running else "")
+
+
+def _last_meaningful_line(text: str) -> str:
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "error" in line:
+            return line[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+def up(spec: ClusterSpec, docker: Docker, *, builder: ImageBuilder | None = None, keep: bool = False,
+       wait: bool = True, timeout: float = DEFAULT_START_TIMEOUT, progress: Progress = _stderr) -> Cluster:
+    """Build images if needed, render and start the compose project, wait for
+    the first training step. On any failure (Ctrl-C included) remove what was
+    made, unless keep=True."""
+    docker.ping()
+    docker.compose_argv  # fail now, before anything is made, if Compose v2 is missing
+    cluster = Cluster(spec.name, docker)
+    if cluster.exists():
+        raise UsageError(
+            f"--name '{spec.name}': a cluster of that name already exists; remove it with `python -m sim down {spec.name}` or choose another --name")
+    builder = builder or ImageBuilder(docker, progress=progress)
+    images = builder.ensure(need_etcd=spec.uses_etcd).images
+
+    run_id = new_run_id()
+    created = False
+    try:
+        write_state(cluster, spec, images, run_id)
+        progress(f"[up] starting cluster '{spec.name}' ({spec.nodes} nodes, {spec.rdzv_backend}, run {run_id})")
+        created = True
+        docker.compose(spec.name, cluster.compose_file, "up", "--detach", "--no-build", timeout=600)
+        if wait:
+            check = wait_for(FirstProgressLine(cluster), timeout=timeout)
+            progress(f"[up] training started (first step seen on {check.detail})")
+        return cluster
+    except BaseException as error:
+        if created and not keep:
+            reason = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+            progress(f"[up] {reason}: removing what was made (use --keep to keep it for debugging)")
+            try:
+                saved = cluster.save_logs() if cluster.containers() else None
+                cluster.down(save_logs=False)
+                if saved:
+                    progress(f"[up] container logs saved in {saved}")
+            except SimError as cleanup_error:
+                progress(f"[up] cleanup failed too: {cleanup_error}")
+        elif not created:
+            shutil.rmtree(cluster.state_dir, ignore_errors=True)
+        raise
+
+
+def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: str) -> None:
+    project = render(spec, node_image=images.node, etcd_image=images.etcd, run_id=run_id)
+    cluster.state_dir.mkdir(parents=True, exist_ok=True)
+    # Written to a temp name first, then renamed: a reader never sees half a file.
+    for name, text in (("compose.yaml", to_yaml(project)), ("spec.json", spec.to_json()), ("run_id", run_id),
+                       ("images.json", json.dumps(dataclasses.asdict(images), indent=2))):
+        tmp = cluster.state_dir / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, cluster.state_dir / name)
+    rdir = run_dir(spec.name, run_id)
+    rdir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(cluster.compose_file, rdir / "compose.yaml")
+    shutil.copy(cluster.state_dir / "spec.json", rdir / "spec.json")
+
+
+def _node_index(node: str) -> int:
+    digits = node[4:] if node.startswith("node") else ""
+    return int(digits) if digits.isdigit() else -1
+
+
+def iter_json_lines(text: str) -> Iterator[dict]:
+    """Trainer lines (`{"sim": ...}`) inside a container log, parsed."""
+    for line in text.splitlines():
+        start = line.find('{"sim"')
+        if start < 0:
+            continue
+        try:
+            yield json.loads(line[start:])
+        except json.JSONDecodeError:
+            continue

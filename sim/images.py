@@ -1,0 +1,300 @@
+"""Node and etcd images, built offline and cached by content.
+
+Four images, each tagged with a hash of exactly what goes into it, so a tag
+that exists is a build that can be skipped:
+
+  base     Debian rootfs from debootstrap + `docker import` (no registry needed),
+           or SIM_BASE_IMAGE (e.g. python:3.11-slim-based) where a registry exists
+  runtime  base + /opt/venv with torch and python-etcd, from a host wheelhouse
+  etcd     base + Debian's etcd 3.4 binary (v2 API for torch's etcd backends)
+  node     runtime + the shipped trainer (a trainer edit rebuilds only this layer)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from . import labels
+from .docker import Docker, stream
+from .errors import ImageBuildError
+from .paths import IMAGES_DIR, TRAINER_DIR, cache_home
+
+Progress = Callable[[str], None]
+REPO = "elastic-sim"
+ETCD_PACKAGE = "etcd-server"
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSet:
+    base: str
+    runtime: str
+    etcd: str
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildResult:
+    images: ImageSet
+    built: tuple[str, ...]  # which of base/runtime/etcd/node were built this time
+
+
+def _digest(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "big"))
+        h.update(data)
+    return h.hexdigest()[:16]
+
+
+def _tree_digest(root: Path) -> str:
+    parts: list[bytes | str] = []
+    for path in sorted(_tree_files(root)):
+        parts += [str(path.relative_to(root)), path.read_bytes()]
+    return _digest(*parts)
+
+
+def _tree_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")]
+
+
+class ImageBuilder:
+    def __init__(self, docker: Docker, progress: Progress = _stderr, images_dir: Path = IMAGES_DIR,
+                 trainer_dir: Path = TRAINER_DIR, cache_dir: Path | None = None):
+        self.docker = docker
+        self.progress = progress
+        self.images_dir = images_dir
+        self.trainer_dir = trainer_dir
+        self.cache_dir = cache_dir or cache_home()
+        self.built: list[str] = []
+
+    # --- tags (cheap: computed from inputs, never from Docker) ---------------
+
+    def base_tag(self) -> str:
+        override = os.environ.get("SIM_BASE_IMAGE")
+        if override:
+            return override
+        script = (self.images_dir / "base" / "bootstrap.sh").read_bytes()
+        key = _digest(script, os.environ.get("SIM_DEBIAN_SUITE", ""), os.environ.get("SIM_DEBIAN_MIRROR", ""),
+                      platform.machine())
+        return f"{REPO}/base:{key}"
+
+    def runtime_tag(self, base: str) -> str:
+        ctx = self.images_dir / "runtime"
+        key = _digest(base, (ctx / "Dockerfile").read_bytes(), (ctx / "requirements.txt").read_bytes())
+        return f"{REPO}/runtime:{key}"
+
+    def node_tag(self, runtime: str) -> str:
+        key = _digest(runtime, (self.images_dir / "node" / "Dockerfile").read_bytes(), _tree_digest(self.trainer_dir))
+        return f"{REPO}/node:{key}"
+
+    def etcd_tag(self, base: str) -> str:
+        key = _digest(base, (self.images_dir / "etcd" / "Dockerfile").read_bytes(), ETCD_PACKAGE)
+        return f"{REPO}/etcd:{key}"
+
+    def tags(self) -> ImageSet:
+        base = self.base_tag()
+        runtime = self.runtime_tag(base)
+        return ImageSet(base=base, runtime=runtime, etcd=self.etcd_tag(base), node=self.node_tag(runtime))
+
+    # --- building -------------------------------------------------------------
+
+    def ensure(self, *, need_etcd: bool = True) -> BuildResult:
+        """Build whatever image is missing; a second call builds nothing.
+        One build at a time per machine: two `sim up`s must not build the same tag twice."""
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.cache_dir / "build.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return self._ensure(need_etcd)
+
+    def _ensure(self, need_etcd: bool) -> BuildResult:
+        tags = self.tags()
+        self.built = []
+        if not self.docker.image_exists(tags.base):
+            if os.environ.get("SIM_BASE_IMAGE"):
+                raise ImageBuildError(
+                    f"SIM_BASE_IMAGE '{tags.base}': image not found; `docker pull` it first or unset SIM_BASE_IMAGE")
+            self._build_base(tags.base)
+        if not self.docker.image_exists(tags.runtime):
+            self._build_runtime(tags)
+        if need_etcd and not self.docker.image_exists(tags.etcd):
+            self._build_etcd(tags)
+        if not self.docker.image_exists(tags.node):
+            self._build_node(tags)
+        if not self.built:
+            self.progress("[images] up to date")
+        else:
+            self._remove_stale(tags)
+        return BuildResult(tags, tuple(self.built))
+
+    def _remove_stale(self, current: ImageSet) -> None:
+        """Older builds of the same images are unreachable by content: drop them
+        (an image a container still uses is kept by Docker's own refusal)."""
+        keep = set(dataclasses.astuple(current))
+        out = self.docker.run("images", "--filter", f"label={labels.IMAGE}", "--format", "{{.Repository}}:{{.Tag}}",
+                              check=False).stdout.split()
+        stale = [tag for tag in out if tag.startswith(f"{REPO}/") and tag not in keep]
+        if stale:
+            self.docker.run("rmi", *stale, check=False)
+
+    def missing(self) -> list[str]:
+        tags = self.tags()
+        return [tag for tag in dataclasses.astuple(tags) if not self.docker.image_exists(tag)]
+
+    def _build_base(self, tag: str) -> None:
+        script = self.images_dir / "base" / "bootstrap.sh"
+        self.progress(f"[base] building {tag} from Debian packages (about a minute)")
+        code = stream(["bash", str(script), tag, f"{labels.IMAGE}=base"], self._relay("base"))
+        if code != 0:
+            raise ImageBuildError(f"base image build failed (exit {code}); see the [base] lines above")
+        self.built.append("base")
+
+    def _build_runtime(self, tags: ImageSet) -> None:
+        wheelhouse = self.wheelhouse()
+        with tempfile.TemporaryDirectory(prefix="elastic-sim-runtime-") as tmp:
+            ctx = Path(tmp)
+            shutil.copy(self.images_dir / "runtime" / "Dockerfile", ctx / "Dockerfile")
+            # Hard links: the 200 MB wheelhouse is not copied on disk.
+            shutil.copytree(wheelhouse, ctx / "wheelhouse", copy_function=_link_or_copy)
+            self._docker_build("runtime", tags.runtime, ctx, {"BASE_IMAGE": tags.base})
+        # The legacy builder leaves the first stage behind as a dangling image.
+        self.docker.run("image", "prune", "-f", "--filter", f"label={labels.IMAGE_BUILD_STAGE}=runtime", check=False)
+
+    def _build_etcd(self, tags: ImageSet) -> None:
+        binary = self.etcd_binary()
+        with tempfile.TemporaryDirectory(prefix="elastic-sim-etcd-") as tmp:
+            ctx = Path(tmp)
+            shutil.copy(self.images_dir / "etcd" / "Dockerfile", ctx / "Dockerfile")
+            _link_or_copy(str(binary), str(ctx / "etcd"))
+            self._docker_build("etcd", tags.etcd, ctx, {"BASE_IMAGE": tags.base})
+
+    def _build_node(self, tags: ImageSet) -> None:
+        with tempfile.TemporaryDirectory(prefix="elastic-sim-node-") as tmp:
+            ctx = Path(tmp)
+            shutil.copy(self.images_dir / "node" / "Dockerfile", ctx / "Dockerfile")
+            for path in _tree_files(self.trainer_dir):
+                dest = ctx / "trainer" / path.relative_to(self.trainer_dir)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(path, dest)
+            self._docker_build("node", tags.node, ctx, {"RUNTIME_IMAGE": tags.runtime})
+
+    def _docker_build(self, name: str, tag: str, ctx: Path, build_args: dict[str, str]) -> None:
+        self.progress(f"[{name}] building {tag}")
+        argv = [self.docker.docker_bin, "build", "-t", tag, "--label", f"{labels.IMAGE}={name}"]
+        for key, value in build_args.items():
+            argv += ["--build-arg", f"{key}={value}"]
+        argv.append(str(ctx))
+        # No buildx here: the legacy builder, said explicitly so the client does not try BuildKit.
+        env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+        tail: list[str] = []
+
+        def relay(line: str) -> None:
+            tail.append(line)
+            del tail[:-20]
+            self._relay(name)(line)
+
+        code = stream(argv, relay, env=env)
+        if code != 0:
+            last = next((l for l in reversed(tail) if l.strip()), f"exit {code}")
+            raise ImageBuildError(f"{name} image build failed: {last.strip()}")
+        self.built.append(name)
+
+    def _relay(self, name: str) -> Progress:
+        def relay(line: str) -> None:
+            text = line.strip()
+            # Build chatter that tells a person nothing is dropped; steps and errors stay.
+            if not text or text.startswith(("I: Retrieving", "I: Validating", "--->", "Removing intermediate")):
+                return
+            if text.startswith("[") and "]" in text[:12]:
+                self.progress(text)
+            else:
+                self.progress(f"[{name}] {text}")
+        return relay
+
+    # --- build inputs fetched on the host (the image builds stay offline) ----
+
+    def wheelhouse(self) -> Path:
+        requirements = self.images_dir / "runtime" / "requirements.txt"
+        target = self.cache_dir / f"wheelhouse-{_digest(requirements.read_bytes(), platform.machine())}"
+        if (target / ".complete").exists():
+            return target
+        self.progress(f"[runtime] preparing wheelhouse in {target} (pip download, once)")
+        tmp = target.with_name(target.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        pip = [sys.executable, "-m", "pip"]
+        # python-etcd is published as an sdist only: build its wheel once.
+        self._run_pip(pip + ["wheel", "--no-deps", "-w", str(tmp), _requirement(requirements, "python-etcd")])
+        self._run_pip(pip + ["download", "-d", str(tmp), "--find-links", str(tmp), *_target_platform_args(),
+                             "-r", str(requirements)])
+        shutil.copy(requirements, tmp / "requirements.txt")
+        (tmp / ".complete").write_text("")
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+        return target
+
+    def _run_pip(self, argv: list[str]) -> None:
+        code = stream(argv, lambda line: self.progress(f"[runtime] {line}") if line.startswith(("Saved", "Collecting", "ERROR", "Successfully")) else None)
+        if code != 0:
+            raise ImageBuildError(f"`pip {argv[3]}` for the wheelhouse failed (exit {code}); see the [runtime] lines above")
+
+    def etcd_binary(self) -> Path:
+        """Debian's etcd-server binary, fetched with `apt-get download` once."""
+        target = self.cache_dir / "etcd" / ETCD_PACKAGE / "etcd"
+        if target.exists():
+            return target
+        if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+            raise ImageBuildError("building the etcd image needs apt-get and dpkg-deb (Debian) to fetch etcd-server")
+        self.progress(f"[etcd] fetching Debian's {ETCD_PACKAGE}")
+        with tempfile.TemporaryDirectory(prefix="elastic-sim-etcd-deb-") as tmp:
+            got = subprocess.run(["apt-get", "download", ETCD_PACKAGE], cwd=tmp, capture_output=True, text=True)
+            debs = list(Path(tmp).glob("*.deb"))
+            if got.returncode != 0 or not debs:
+                why = (got.stderr.strip().splitlines() or ["no .deb"])[-1]
+                raise ImageBuildError(f"apt-get download {ETCD_PACKAGE} failed: {why}; run `apt-get update` first")
+            subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(Path(tmp) / "x")], check=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(Path(tmp) / "x" / "usr" / "bin" / "etcd", target)
+        return target
+
+
+
+def _requirement(requirements: Path, name: str) -> str:
+    for line in requirements.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line.lower().startswith(name):
+            return line
+    raise ImageBuildError(f"{requirements}: no line for {name}")
+
+
+def _target_platform_args() -> list[str]:
+    """The node image runs Debian 12's CPython 3.11: ask pip for wheels that fit it."""
+    if sys.version_info[:2] == (3, 11):
+        return []  # the host's own tags match the image's
+    machine = platform.machine()
+    return ["--only-binary", ":all:", "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
+            "--platform", f"manylinux_2_28_{machine}", "--platform", f"manylinux2014_{machine}",
+            "--platform", f"linux_{machine}"]
+
+
+def _link_or_copy(src: str, dst: str) -> str:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst

@@ -1,0 +1,31 @@
+"""Docker labels: the source of truth for what belongs to which cluster (as in kind).
+
+`down`, `ls` and test teardown find containers, networks and volumes by these,
+so they work even when the compose file or the state folder is gone.
+"""
+
+import os
+
+CLUSTER = "elastic-sim.cluster"
+ROLE = "elastic-sim.role"  # "node" | "etcd"
+NODE = "elastic-sim.node"  # node0, node1, ... (also on etcd: "etcd")
+RUN = "elastic-sim.run"
+# A test session (or any caller) can tag everything it makes, then sweep by it.
+SESSION = "elastic-sim.session"
+SESSION_ENV = "SIM_SESSION"
+IMAGE = "elastic-sim.image"  # on images: base | runtime | node | etcd
+IMAGE_BUILD_STAGE = "elastic-sim.build-stage"
+
+
+def cluster_labels(cluster: str, run_id: str | None = None) -> dict[str, str]:
+    labels = {CLUSTER: cluster}
+    if run_id:
+        labels[RUN] = run_id
+    session = os.environ.get(SESSION_ENV)
+    if session:
+        labels[SESSION] = session
+    return labels
+
+
+def cluster_filter(cluster: str) -> str:
+    return f"label={CLUSTER}={cluster}"

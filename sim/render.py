@@ -1,0 +1,87 @@
+"""ClusterSpec -> a Compose v2 project (a dict, written as YAML). Pure: no Docker."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+from . import labels
+from .paths import COMPOSE_TEMPLATE
+from .spec import USER_SCRIPT_DIR, ClusterSpec, node_name
+from .torchrun import torchrun_argv
+
+
+def render(spec: ClusterSpec, *, node_image: str, etcd_image: str, run_id: str,
+           template_path: Path = COMPOSE_TEMPLATE) -> dict:
+    template = yaml.safe_load(template_path.read_text())
+    node_template = template.pop("x-node")
+    common = labels.cluster_labels(spec.name, run_id)
+    project = {"name": spec.name, "services": {}, "networks": {}, "volumes": {}}
+
+    if spec.uses_etcd:
+        etcd = template["services"]["etcd"]
+        etcd["image"] = etcd_image
+        etcd["container_name"] = container_name(spec.name, "etcd")
+        etcd["labels"] = {**common, labels.ROLE: "etcd", labels.NODE: "etcd"}
+        project["services"]["etcd"] = etcd
+    for index in range(spec.nodes):
+        project["services"][node_name(index)] = render_node(
+            spec, index, node_template, node_image=node_image, run_id=run_id, common_labels=common)
+
+    for net_name, net in template["networks"].items():
+        project["networks"][net_name] = {**net, "labels": dict(common)}
+    for vol_name, vol in template["volumes"].items():
+        if vol_name == "etcd-data" and not spec.uses_etcd:
+            continue
+        project["volumes"][vol_name] = {**(vol or {}), "labels": dict(common)}
+    return project
+
+
+def render_node(spec: ClusterSpec, index: int, node_template: dict, *, node_image: str,
+                run_id: str, common_labels: dict[str, str]) -> dict:
+    name = node_name(index)
+    node = copy.deepcopy(node_template)
+    node["image"] = node_image
+    # torchrun advertises the agent's hostname as the master address, so it must
+    # be the name peers resolve through the network's DNS: the service name.
+    node["hostname"] = name
+    node["container_name"] = container_name(spec.name, name)
+    node["labels"] = {**common_labels, labels.ROLE: "node", labels.NODE: name}
+    node["command"] = torchrun_argv(spec, index, rdzv_id(spec.name, run_id))
+    env = node["environment"]
+    env["SIM_CLUSTER"] = spec.name
+    env["SIM_NODE"] = name
+    env.update(dict(spec.env))
+    if spec.script is not None:
+        node["volumes"].append({
+            "type": "bind", "source": str(Path(spec.script).parent), "target": USER_SCRIPT_DIR, "read_only": True})
+    if spec.uses_etcd:
+        node["depends_on"] = {"etcd": {"condition": "service_healthy"}}
+    if spec.gpus.enabled:
+        device = {"driver": "nvidia", "capabilities": ["gpu"]}
+        ids = spec.gpus.device_ids(index)
+        if ids is None:
+            device["count"] = "all"
+        else:
+            device["device_ids"] = list(ids)
+        node["deploy"] = {"resources": {"reservations": {"devices": [device]}}}
+        # NCCL uses shared memory between local ranks; Docker's default 64 MiB is too small.
+        node["shm_size"] = "1gb"
+        env["SIM_BACKEND"] = "nccl"
+    return node
+
+
+def container_name(cluster: str, service: str) -> str:
+    return f"{cluster}-{service}"
+
+
+def rdzv_id(cluster: str, run_id: str) -> str:
+    # A fresh id per run: etcd state left by an earlier run can never be joined.
+    return f"{cluster}-{run_id}"
+
+
+def to_yaml(project: dict) -> str:
+    header = "# Rendered by elastic-sim (sim/render.py). Plain Compose v2: docker compose -p NAME ps|logs|down\n"
+    return header + yaml.safe_dump(project, sort_keys=False, default_flow_style=False, width=1000)

@@ -1,0 +1,205 @@
+"""ClusterSpec: everything `sim up` needs to know, validated once, frozen.
+
+Like torch.distributed.elastic's RendezvousParameters, a spec refuses a bad value
+at construction with an error that names the value and the fix, so nothing
+downstream (rendering, Docker) ever sees an impossible cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .errors import UsageError
+
+RDZV_BACKENDS = ("etcd-v2", "etcd", "c10d", "static")
+ETCD_BACKENDS = ("etcd-v2", "etcd")
+# Compose project names: lowercase letters, digits, dashes and underscores.
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
+_CONF_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+DEFAULT_NAME = "sim"
+# Inside the node image; the shipped trainer is baked in (see images/node).
+SHIPPED_TRAINER = "/opt/sim/trainer/train.py"
+# Mount point of a user script's folder inside every node.
+USER_SCRIPT_DIR = "/opt/sim/user"
+C10D_PORT = 29400
+STATIC_MASTER_PORT = 29500
+ETCD_CLIENT_PORT = 2379
+# A person at a terminal needs time to inject faults; tests pass their own args.
+DEFAULT_TRAINER_ARGS = ("--steps", "600", "--step-time", "0.2", "--ckpt-interval", "10")
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuRequest:
+    """`--gpus none|all|N`: per node. N GPUs give node i the ids i*N .. i*N+N-1."""
+
+    mode: str = "none"  # "none" | "all" | "count"
+    count: int = 0
+
+    @classmethod
+    def parse(cls, text: str | int | None) -> "GpuRequest":
+        if text is None:
+            return cls()
+        value = str(text).strip().lower()
+        if value in ("", "none", "0"):
+            return cls()
+        if value == "all":
+            return cls("all")
+        if value.isdigit():
+            return cls("count", int(value))
+        raise UsageError(f"--gpus '{text}': not a GPU request; use none, all, or a number per node such as 1")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+    def device_ids(self, node_index: int) -> tuple[str, ...] | None:
+        """GPU ids for one node, or None when the node gets all of them."""
+        if self.mode == "count":
+            first = node_index * self.count
+            return tuple(str(i) for i in range(first, first + self.count))
+        return None
+
+    def __str__(self) -> str:
+        return str(self.count) if self.mode == "count" else self.mode
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    name: str = DEFAULT_NAME
+    nodes: int = 4
+    min_nodes: int = 1
+    max_nodes: int | None = None  # None: equal to `nodes`
+    nproc_per_node: int = 2
+    max_restarts: int = 3
+    monitor_interval: float | None = None  # None: torchrun's own default
+    rdzv_backend: str = "etcd-v2"
+    rdzv_conf: tuple[tuple[str, str], ...] = ()
+    script: str | None = None  # host path of a user script; None: the shipped trainer
+    script_args: tuple[str, ...] | None = None  # None: DEFAULT_TRAINER_ARGS for the shipped trainer
+    gpus: GpuRequest = GpuRequest()
+    env: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise UsageError(
+                f"--name '{self.name}': not a valid cluster name; use 1-40 lowercase letters, digits, '-' or '_', starting with a letter or digit"
+            )
+        _positive_int("--nodes", self.nodes)
+        _positive_int("--min-nodes", self.min_nodes)
+        _positive_int("--nproc-per-node", self.nproc_per_node)
+        if self.max_nodes is None:
+            object.__setattr__(self, "max_nodes", max(self.nodes, self.min_nodes))
+        _positive_int("--max-nodes", self.max_nodes)
+        if self.min_nodes > self.max_nodes:
+            raise UsageError(
+                f"--min-nodes {self.min_nodes} > --max-nodes {self.max_nodes}: the job could never form; lower --min-nodes or raise --max-nodes"
+            )
+        if self.min_nodes > self.nodes:
+            raise UsageError(
+                f"--min-nodes {self.min_nodes} > --nodes {self.nodes}: the job would never start; use --nodes {self.min_nodes} or more, or lower --min-nodes"
+            )
+        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise UsageError(f"--max-restarts {self.max_restarts!r}: must be a whole number >= 0")
+        if self.monitor_interval is not None and not self.monitor_interval > 0:
+            raise UsageError(f"--monitor-interval {self.monitor_interval!r}: must be a number of seconds > 0, e.g. 0.5")
+        if self.rdzv_backend not in RDZV_BACKENDS:
+            raise UsageError(
+                f"--rdzv-backend '{self.rdzv_backend}': unknown backend; use one of {', '.join(RDZV_BACKENDS)}"
+            )
+        if self.rdzv_backend == "static" and not (self.min_nodes == self.max_nodes == self.nodes):
+            raise UsageError(
+                f"--rdzv-backend static: needs a fixed size, but nodes={self.nodes} min={self.min_nodes} max={self.max_nodes}; "
+                f"use --min-nodes {self.nodes} --max-nodes {self.nodes}, or an elastic backend (etcd-v2, c10d)"
+            )
+        for key, _ in self.rdzv_conf:
+            if not _CONF_KEY_RE.match(key):
+                raise UsageError(f"--rdzv-conf key '{key}': not a valid key; use key=value pairs such as join_timeout=60")
+        if self.script is not None:
+            path = Path(self.script)
+            if not path.is_file():
+                raise UsageError(f"--script '{self.script}': no such file; give the path of a torchrun training script")
+            object.__setattr__(self, "script", str(path.resolve()))
+        if not isinstance(self.gpus, GpuRequest):
+            object.__setattr__(self, "gpus", GpuRequest.parse(self.gpus))
+
+    # --- derived values -------------------------------------------------
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(node_name(i) for i in range(self.nodes))
+
+    @property
+    def uses_etcd(self) -> bool:
+        return self.rdzv_backend in ETCD_BACKENDS
+
+    @property
+    def script_in_node(self) -> str:
+        if self.script is None:
+            return SHIPPED_TRAINER
+        return f"{USER_SCRIPT_DIR}/{Path(self.script).name}"
+
+    @property
+    def effective_script_args(self) -> tuple[str, ...]:
+        if self.script_args is not None:
+            return tuple(self.script_args)
+        return DEFAULT_TRAINER_ARGS if self.script is None else ()
+
+    def with_nodes(self, nodes: int) -> "ClusterSpec":
+        return dataclasses.replace(self, nodes=nodes)
+
+    # --- persistence (spec.json in the cluster's state folder) ----------
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["gpus"] = str(self.gpus)
+        return json.dumps(data, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ClusterSpec":
+        data = json.loads(text)
+        data["gpus"] = GpuRequest.parse(data.get("gpus"))
+        for key in ("rdzv_conf", "env"):
+            data[key] = tuple(tuple(pair) for pair in data.get(key, ()))
+        if data.get("script_args") is not None:
+            data["script_args"] = tuple(data["script_args"])
+        return cls(**data)
+
+
+def node_name(index: int) -> str:
+    return f"node{index}"
+
+
+def parse_kv_list(flag: str, text: str | None) -> tuple[tuple[str, str], ...]:
+    """`k=v,k2=v2` -> (("k","v"), ("k2","v2")), order kept, as torchrun takes it."""
+    if not text:
+        return ()
+    pairs = []
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"{flag} '{text}': '{item}' is not key=value; use e.g. join_timeout=60,last_call_timeout=5")
+        pairs.append((key.strip(), value.strip()))
+    return tuple(pairs)
+
+
+def _positive_int(flag: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"{flag} {value!r}: must be a whole number >= 1")
+
+
+def spec_from_options(options: Mapping[str, object], script_args: Sequence[str] | None) -> ClusterSpec:
+    """Build a spec from CLI-style options (unset ones take the spec's defaults)."""
+    fields = {f.name for f in dataclasses.fields(ClusterSpec)}
+    values = {k: v for k, v in options.items() if k in fields and v is not None}
+    if "rdzv_conf" in values and isinstance(values["rdzv_conf"], str):
+        values["rdzv_conf"] = parse_kv_list("--rdzv-conf", values["rdzv_conf"])
+    if "gpus" in values:
+        values["gpus"] = GpuRequest.parse(values["gpus"])
+    if script_args:
+        values["script_args"] = tuple(script_args)
+    return ClusterSpec(**values)

@@ -1,0 +1,67 @@
+"""`sim status`: one row per node, from Docker, the node's process table and its log."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .agentlog import node_log_facts
+from .cluster import Cluster
+
+AGENT_MARKERS = ("torch.distributed.run", "/torchrun")
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeStatus:
+    node: str
+    state: str
+    agent: str  # alive | gone | ? (paused: the process table cannot be read)
+    workers: int | None
+    round: int | None
+    world_size: int | None
+    restarts: int
+    step: int | None
+
+
+def parse_process_table(text: str) -> tuple[int | None, int]:
+    """`ps -eo pid=,ppid=,args=` -> (agent pid, number of its worker children)."""
+    rows = []
+    for line in text.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
+            rows.append((int(parts[0]), int(parts[1]), parts[2]))
+    agents = [pid for pid, _, args in rows if any(m in args for m in AGENT_MARKERS)]
+    if not agents:
+        return None, 0
+    agent = min(agents)
+    return agent, sum(1 for _, ppid, _ in rows if ppid == agent)
+
+
+def cluster_status(cluster: Cluster) -> list[NodeStatus]:
+    rows = []
+    for info in cluster.containers():
+        if info.role != "node":
+            rows.append(NodeStatus(info.node, info.state, "-", None, None, None, 0, None))
+            continue
+        agent, workers = "?", None
+        if info.state == "running":
+            table = cluster.exec(info.node, "ps", "-eo", "pid=,ppid=,args=")
+            if table.ok:
+                pid, workers = parse_process_table(table.stdout)
+                agent = "alive" if pid else "gone"
+        elif info.state in ("exited", "dead", "created"):
+            agent, workers = "gone", 0
+        facts = node_log_facts(cluster.logs(info.node))
+        state = info.state if info.exit_code is None else f"exited({info.exit_code})"
+        rows.append(NodeStatus(info.node, state, agent, workers, facts.round, facts.world_size, facts.restarts, facts.step))
+    return rows
+
+
+def format_status(rows: list[NodeStatus]) -> str:
+    header = f"{'NODE':<8} {'CONTAINER':<11} {'AGENT':<6} {'WORKERS':<8} {'ROUND':<6} {'WORLD':<6} {'RESTARTS':<9} STEP"
+    lines = [header]
+    for r in rows:
+        def show(value: object) -> str:
+            return "-" if value is None else str(value)
+        lines.append(f"{r.node:<8} {r.state:<11} {r.agent:<6} {show(r.workers):<8} {show(r.round):<6} "
+                     f"{show(r.world_size):<6} {r.restarts:<9} {show(r.step)}")
+    return "\n".join(lines)

@@ -1,0 +1,67 @@
+"""Shared fixtures. Every Docker resource a test session makes carries the
+session's label (SIM_SESSION); the session sweeps it at the end, also after a
+failure, so `docker ps -a` shows nothing of ours afterwards."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sim import labels  # noqa: E402
+from sim.docker import Docker  # noqa: E402
+from sim.errors import SimError  # noqa: E402
+
+SESSION = os.environ.setdefault(labels.SESSION_ENV, f"pytest-{secrets.token_hex(4)}")
+os.environ.setdefault("SIM_HOME", tempfile.mkdtemp(prefix="elastic-sim-test-home-"))
+
+
+def sweep_session(docker: Docker) -> None:
+    flt = f"label={labels.SESSION}={SESSION}"
+    ids = docker.ids("container", flt)
+    if ids:
+        docker.run("rm", "-f", "-v", *ids, check=False, timeout=120)
+    for kind in ("network", "volume"):
+        ids = docker.ids(kind, flt)
+        if ids:
+            docker.run(kind, "rm", *ids, check=False)
+
+
+@pytest.fixture(scope="session")
+def docker() -> Docker:
+    """A reachable Docker engine. In CI a missing engine fails the test; elsewhere it skips."""
+    client = Docker()
+    try:
+        client.ping()
+        client.compose_argv
+    except SimError as error:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"Docker is required in CI: {error}")
+        pytest.skip(f"Docker not available: {error}")
+    yield client
+    sweep_session(client)
+
+
+@pytest.fixture(scope="session")
+def images(docker):
+    """Node and etcd images, built once per session (cached by content anyway)."""
+    from sim.images import ImageBuilder
+    return ImageBuilder(docker).ensure().images
+
+
+def run_sim(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it: a separate process."""
+    return subprocess.run([sys.executable, "-m", "sim", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def unique_name(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(3)}"

@@ -1,0 +1,53 @@
+"""Bad input: one clear line, a non-zero exit, and nothing created."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sim import labels
+from tests.conftest import SESSION, run_sim
+
+
+def session_resources(docker) -> dict[str, list[str]]:
+    flt = f"label={labels.SESSION}={SESSION}"
+    return {kind: docker.ids(kind, flt) for kind in ("container", "network", "volume")}
+
+
+CASES = {
+    "zero nodes": (["--nodes", "0"], "--nodes 0"),
+    "min above nodes": (["--min-nodes", "3", "--nodes", "2"], "--min-nodes 3"),
+    "unknown backend": (["--rdzv-backend", "zookeeper"], "zookeeper"),
+    "missing script": (["--script", "/nonexistent/train.py"], "/nonexistent/train.py"),
+    "not a number": (["--nodes", "four"], "--nodes"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_up_input_is_one_line_and_creates_nothing(case, docker):
+    argv, mentions = CASES[case]
+    before = session_resources(docker)
+    result = run_sim("up", "--name", f"bad-{case.replace(' ', '-')}", *argv)
+    assert result.returncode != 0
+    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, result.stderr
+    assert mentions in lines[0] and "Traceback" not in result.stderr
+    assert session_resources(docker) == before
+    assert not (os.path.exists(os.path.join(os.environ["SIM_HOME"], "clusters", f"bad-{case.replace(' ', '-')}")))
+
+
+def test_docker_unreachable_is_one_line():
+    result = run_sim("up", "--name", "nodocker", "--nodes", "2",
+                     env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    assert result.returncode == 3
+    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "Docker engine not reachable" in lines[0], result.stderr
+    assert not os.path.exists(os.path.join(os.environ["SIM_HOME"], "clusters", "nodocker"))
+
+
+def test_verbs_on_a_missing_cluster(docker):
+    for verb in (["status", "no-such"], ["down", "no-such"], ["logs", "--name", "no-such"]):
+        result = run_sim(*verb)
+        assert result.returncode == 2, verb
+        assert result.stderr.strip().count("\n") == 0 and "not found" in result.stderr, result.stderr

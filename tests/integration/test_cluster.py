@@ -1,0 +1,141 @@
+"""A real cluster: real Docker, real etcd, real torchrun, real training."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from sim import labels
+from sim.cluster import Cluster, JobFinished, iter_json_lines
+from sim.wait import wait_for
+from tests.conftest import run_sim, unique_name
+
+pytestmark = pytest.mark.docker
+# Short runs: enough steps to cross two checkpoints, paced so they take seconds.
+SHORT_JOB = ["--", "--steps", "24", "--step-time", "0.05", "--ckpt-interval", "10"]
+
+
+def start(name: str, *options: str, script_args=SHORT_JOB) -> subprocess.CompletedProcess:
+    result = run_sim("up", "--name", name, "--detach", *options, *script_args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def records(cluster: Cluster, kind: str) -> list[dict]:
+    return [r for node in cluster.nodes() for r in iter_json_lines(cluster.logs(node.node)) if r.get("sim") == kind]
+
+
+def leftovers(docker, name: str) -> dict[str, list[str]]:
+    flt = labels.cluster_filter(name)
+    return {kind: docker.ids(kind, flt) for kind in ("container", "network", "volume")}
+
+
+def assert_trained_to_end(docker, name: str, steps: int, nodes: int, nproc: int) -> Cluster:
+    cluster = Cluster(name, docker)
+    wait_for(JobFinished(cluster), timeout=240, interval=2)
+    for node in cluster.nodes():
+        assert node.exit_code == 0, f"{node.node}: {node.status}\n{cluster.logs(node.node, tail=40)}"
+        # torchrun's agent reports the whole worker group: every worker exited 0.
+        assert "worker group successfully finished" in cluster.logs(node.node)
+    summaries = records(cluster, "summary")
+    assert [s["final_step"] for s in summaries] == [steps]
+    progress = records(cluster, "progress")
+    world = nodes * nproc
+    last_step = {}
+    for r in progress:
+        assert r["world_size"] == world
+        last_step[r["rank"]] = max(last_step.get(r["rank"], 0), r["step"])
+    assert last_step == {rank: steps for rank in range(world)}
+    return cluster
+
+
+def test_etcd_v2_two_nodes_train_to_end(docker, images):
+    name = unique_name("t-etcd")
+    start(name, "--nodes", "2", "--rdzv-backend", "etcd-v2")
+    try:
+        # The rendered file is a plain compose project.
+        ps = subprocess.run([*docker.compose_argv, "-p", name, "ps", "-a", "--format", "{{.Service}}"],
+                            capture_output=True, text=True)
+        assert sorted(ps.stdout.split()) == ["etcd", "node0", "node1"], ps.stderr
+        assert_trained_to_end(docker, name, steps=24, nodes=2, nproc=2)
+    finally:
+        run_sim("down", name)
+
+
+def test_c10d_two_nodes_train_to_end(docker, images):
+    name = unique_name("t-c10d")
+    start(name, "--nodes", "2", "--rdzv-backend", "c10d")
+    try:
+        cluster = assert_trained_to_end(docker, name, steps=24, nodes=2, nproc=2)
+        assert all(c.role == "node" for c in cluster.containers()), "c10d needs no etcd"
+    finally:
+        run_sim("down", name)
+
+
+def test_four_nodes_every_rank_once(docker, images):
+    name = unique_name("t-four")
+    start(name, "--nodes", "4", "--min-nodes", "4", "--nproc-per-node", "2",
+          script_args=["--", "--steps", "30", "--step-time", "0.2"])
+    try:
+        status = run_sim("status", name)
+        assert status.returncode == 0, status.stderr
+        rows = [line.split() for line in status.stdout.splitlines()[1:]]
+        node_rows = [r for r in rows if r[0].startswith("node")]
+        assert [r[0] for r in node_rows] == ["node0", "node1", "node2", "node3"]
+        assert all(r[1] == "running" and r[2] == "alive" and r[3] == "2" for r in node_rows), status.stdout
+
+        cluster = assert_trained_to_end(docker, name, steps=30, nodes=4, nproc=2)
+        starts = [r for r in records(cluster, "start") if r["restart"] == 0]
+        ranks = sorted(r["rank"] for r in starts)
+        assert ranks == list(range(8)), ranks
+        assert {r["world_size"] for r in starts} == {8}
+        per_node = {}
+        for r in starts:
+            per_node.setdefault(r["node"], set()).add(r["local_rank"])
+        assert per_node == {f"node{i}": {0, 1} for i in range(4)}
+    finally:
+        run_sim("down", name)
+
+
+def test_down_removes_everything_and_keeps_logs(docker, images):
+    name = unique_name("t-down")
+    start(name, "--nodes", "2")
+    cluster = Cluster(name, docker)
+    found = leftovers(docker, name)
+    assert found["container"] and found["network"] and found["volume"]
+    run_dir = cluster.run_dir
+    result = run_sim("down", name)
+    assert result.returncode == 0, result.stderr
+    assert leftovers(docker, name) == {"container": [], "network": [], "volume": []}
+    assert (run_dir / "logs" / "node0.log").read_text().count('"sim": "progress"') > 0
+    assert not cluster.state_dir.exists()
+    again = run_sim("down", name)
+    assert again.returncode == 2 and "not found" in again.stderr
+
+
+def test_failed_up_removes_what_it_made(docker, images, tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text("import sys\nprint('crashing on purpose', flush=True)\nsys.exit(3)\n")
+    name = unique_name("t-fail")
+    result = run_sim("up", "--name", name, "--detach", "--nodes", "2", "--max-restarts", "0",
+                     "--script", str(script), "--timeout", "120")
+    assert result.returncode != 0
+    assert "before training started" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert leftovers(docker, name) == {"container": [], "network": [], "volume": []}
+
+
+def test_failed_up_with_keep_keeps_it(docker, images, tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    name = unique_name("t-keep")
+    result = run_sim("up", "--name", name, "--detach", "--nodes", "1", "--max-restarts", "0", "--keep",
+                     "--rdzv-backend", "c10d", "--script", str(script), "--timeout", "120")
+    try:
+        assert result.returncode != 0
+        assert leftovers(docker, name)["container"], "with --keep the failed cluster stays for debugging"
+    finally:
+        run_sim("down", name)
+    assert leftovers(docker, name) == {"container": [], "network": [], "volume": []}

@@ -1,0 +1,328 @@
+"""Default elastic-correct training script for elastic-sim; run it under torchrun.
+
+Each rule below is what lets a job survive torchrun restarting it, on the
+same or a different number of workers:
+
+- Rank, local rank, world size, restart count and run id come from the
+  environment on every start: after a restart each worker is a new process
+  that may hold a different rank in a group of a different size.
+- All job state (model, optimizer, LR scheduler, step, data position) lives in
+  checkpoints, because a restart throws away everything in memory. Without the
+  optimizer and scheduler state the resumed loss would jump.
+- Checkpoints are written by global rank 0 only, atomically (temp file, fsync,
+  os.replace) and with a sha256, and the previous one is kept: a worker killed
+  mid-write must not leave a half-written "latest" checkpoint that stops the
+  job from ever resuming.
+- The data position is stored as (epoch, samples consumed in that epoch), not
+  per rank, so that the rest of the epoch can be resharded over any world
+  size without replaying or skipping samples.
+- The job ends by itself after --steps global steps, so the harness can tell
+  "finished" from "lost".
+
+Every line on stdout is one JSON object (see emit()); the harness reads them.
+"""
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import re
+import socket
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+CKPT_MAGIC = b"ELASTIC-SIM-CKPT-1"
+CKPT_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+CKPTS_KEPT = 2
+INPUT_DIM, HIDDEN_DIM = 16, 32
+
+
+# ---------------------------------------------------------------- sampling
+
+def epoch_shard(dataset_size, seed, epoch, start_index, rank, world_size, batch_size):
+    """Indices this rank reads for the rest of `epoch`, from `start_index` on.
+
+    The permutation depends only on (seed, epoch), never on the world size, so
+    "the first start_index samples of the epoch" means the same samples at any
+    world size. Only whole global batches are kept (the partial tail of the
+    epoch is dropped) so every rank takes the same number of steps. Sharding
+    rank::world_size makes global step k consume exactly the contiguous slice
+    [k*B, (k+1)*B) of the remaining permutation, B = batch_size * world_size:
+    after any whole step the consumed samples are a prefix of the permutation.
+    """
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    remaining = torch.randperm(dataset_size, generator=generator)[start_index:].tolist()
+    global_batch = batch_size * world_size
+    remaining = remaining[: len(remaining) // global_batch * global_batch]
+    return remaining[rank::world_size]
+
+
+class ElasticDistributedSampler(DistributedSampler):
+    """DistributedSampler that starts the epoch at a given sample position."""
+
+    def __init__(self, dataset, num_replicas, rank, batch_size, seed=0, start_index=0):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        self.batch_size = batch_size
+        self.start_index = start_index
+
+    def set_epoch(self, epoch, start_index=0):
+        super().set_epoch(epoch)
+        self.start_index = start_index
+
+    def _indices(self):
+        return epoch_shard(len(self.dataset), self.seed, self.epoch, self.start_index,
+                           self.rank, self.num_replicas, self.batch_size)
+
+    def __iter__(self):
+        return iter(self._indices())
+
+    def __len__(self):
+        return len(self._indices())
+
+
+def make_dataset(size, seed):
+    """Noisy linear regression, identical in every process for a given seed."""
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    features = torch.randn(size, INPUT_DIM, generator=generator)
+    true_weights = torch.randn(INPUT_DIM, 1, generator=generator)
+    targets = features @ true_weights + 0.1 * torch.randn(size, 1, generator=generator)
+    return TensorDataset(features, targets)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+class CheckpointError(Exception):
+    """A checkpoint file that is truncated, corrupt or not ours."""
+
+
+def encode_checkpoint(state):
+    """File bytes: one header line (magic, sha256, length) + torch.save payload.
+
+    The checksum lives in the same file as the payload so that one os.replace
+    publishes both together.
+    """
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    digest = hashlib.sha256(payload).hexdigest()
+    header = b"%s %s %d\n" % (CKPT_MAGIC, digest.encode(), len(payload))
+    return header + payload
+
+
+def decode_checkpoint(data):
+    """Inverse of encode_checkpoint; raises CheckpointError unless intact."""
+    header, newline, payload = data.partition(b"\n")
+    fields = header.split(b" ")
+    if not newline or len(fields) != 3 or fields[0] != CKPT_MAGIC:
+        raise CheckpointError("bad header")
+    if not fields[2].isdigit() or int(fields[2]) != len(payload):
+        raise CheckpointError(f"payload is {len(payload)} bytes, header says {fields[2]!r}")
+    if hashlib.sha256(payload).hexdigest().encode() != fields[1]:
+        raise CheckpointError("sha256 mismatch")
+    return torch.load(io.BytesIO(payload), weights_only=True)
+
+
+def list_checkpoints(ckpt_dir):
+    """(step, path) of the checkpoint files in ckpt_dir, newest first."""
+    try:
+        names = os.listdir(ckpt_dir)
+    except FileNotFoundError:
+        return []
+    found = [(int(m.group(1)), os.path.join(ckpt_dir, name))
+             for name in names if (m := CKPT_NAME.match(name))]
+    return sorted(found, reverse=True)
+
+
+def write_checkpoint(ckpt_dir, step, state):
+    """Atomically write the checkpoint for `step`, keep the newest CKPTS_KEPT."""
+    os.makedirs(ckpt_dir, exist_ok=True)
+    path = os.path.join(ckpt_dir, f"ckpt-{step:08d}.pt")
+    tmp_path = f"{path}.tmp.{os.getpid()}"
+    with open(tmp_path, "wb") as tmp_file:
+        tmp_file.write(encode_checkpoint(state))
+        tmp_file.flush()
+        os.fsync(tmp_file.fileno())
+    os.replace(tmp_path, path)
+    # fsync the directory too, or the rename itself may be lost on a crash.
+    dir_fd = os.open(ckpt_dir, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    for _, old_path in list_checkpoints(ckpt_dir)[CKPTS_KEPT:]:
+        os.remove(old_path)
+    # Temp files of writers killed mid-write; only one rank 0 writes at a time.
+    for name in os.listdir(ckpt_dir):
+        if ".pt.tmp." in name and name != os.path.basename(tmp_path):
+            os.remove(os.path.join(ckpt_dir, name))
+    return path
+
+
+def find_latest_checkpoint(ckpt_dir, warn):
+    """(path, sha256, state) of the newest intact checkpoint, or (None, None, None).
+
+    A corrupt or truncated file is reported through warn(message) and the next
+    older one is tried.
+    """
+    for _, path in list_checkpoints(ckpt_dir):
+        try:
+            with open(path, "rb") as ckpt_file:
+                data = ckpt_file.read()
+            state = decode_checkpoint(data)
+        except (OSError, CheckpointError) as error:
+            warn(f"skipping unusable checkpoint {path}: {error}")
+            continue
+        return path, hashlib.sha256(data).hexdigest(), state
+    return None, None, None
+
+
+# ---------------------------------------------------------------- main
+
+def emit(kind, ctx, **fields):
+    """Print one JSON line; ctx holds the identity fields of this process."""
+    print(json.dumps({"sim": kind, "t": time.time(), **ctx, **fields}), flush=True)
+
+
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_float(text):
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_float(text):
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=positive_int, default=200, help="global optimizer steps of the whole job")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="per-worker batch size")
+    parser.add_argument("--lr", type=positive_float, default=0.01, help="initial learning rate (SGD, momentum 0.9)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dataset-size", type=positive_int, default=4096)
+    parser.add_argument("--ckpt-dir", default=os.environ.get("SIM_CKPT_DIR", "/ckpt"),
+                        help="shared checkpoint directory (default: $SIM_CKPT_DIR, else /ckpt)")
+    parser.add_argument("--ckpt-interval", type=positive_int, default=10, help="checkpoint every N steps")
+    parser.add_argument("--step-time", type=non_negative_float, default=0.0, help="minimum seconds per step")
+    parser.add_argument("--pg-timeout", type=positive_float, default=60.0, help="process group timeout, seconds")
+    parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    return parser.parse_args(argv)
+
+
+@record
+def main(argv=None):
+    args = parse_args(argv)
+    started = time.time()
+    # Read fresh on every start: a restarted worker is a new process whose
+    # rank and world size may differ from the previous incarnation's.
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    ctx = {"node": socket.gethostname(), "rank": rank, "local_rank": local_rank,
+           "world_size": world_size, "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+           "run_id": os.environ.get("TORCHELASTIC_RUN_ID")}
+
+    global_batch = args.batch_size * world_size
+    if args.dataset_size < global_batch:  # an epoch would hold no whole step
+        raise SystemExit(f"--dataset-size {args.dataset_size} is smaller than one global batch ({global_batch})")
+
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.pg_timeout))
+
+    torch.manual_seed(args.seed)  # same initial weights everywhere (DDP broadcasts them anyway)
+    model = torch.nn.Sequential(torch.nn.Linear(INPUT_DIM, HIDDEN_DIM), torch.nn.ReLU(),
+                                torch.nn.Linear(HIDDEN_DIM, 1)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.5)
+
+    # Rank 0 picks the checkpoint (warning about fallbacks once) and tells the
+    # others which file and checksum to load, so no rank resumes elsewhere.
+    choice = [None]
+    if rank == 0:
+        path, digest, _ = find_latest_checkpoint(args.ckpt_dir, lambda msg: emit("warning", ctx, message=msg))
+        choice = [(path, digest)]
+    dist.broadcast_object_list(choice, src=0, device=device)
+    ckpt_path, ckpt_digest = choice[0]
+    step, epoch, seen_in_epoch, ckpt_world_size = 0, 0, 0, None
+    if ckpt_path is not None:
+        with open(ckpt_path, "rb") as ckpt_file:
+            data = ckpt_file.read()
+        if hashlib.sha256(data).hexdigest() != ckpt_digest:
+            raise RuntimeError(f"{ckpt_path} differs from what rank 0 read: is {args.ckpt_dir} shared?")
+        state = decode_checkpoint(data)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step, epoch, seen_in_epoch = state["step"], state["epoch"], state["samples_seen_in_epoch"]
+        ckpt_world_size = state["world_size"]
+    emit("start", ctx, resumed_from=step, ckpt_world_size=ckpt_world_size, backend=backend)
+    start_step = step
+
+    ddp_model = DistributedDataParallel(model, device_ids=[local_rank] if backend == "nccl" else None)
+    dataset = make_dataset(args.dataset_size, args.seed)
+    sampler = ElasticDistributedSampler(dataset, world_size, rank, args.batch_size, seed=args.seed)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+    loss_fn = torch.nn.MSELoss()
+
+    while step < args.steps:
+        sampler.set_epoch(epoch, start_index=seen_in_epoch)
+        for features, targets in loader:
+            step_began = time.monotonic()
+            optimizer.zero_grad()
+            loss = loss_fn(ddp_model(features.to(device)), targets.to(device))
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            seen_in_epoch += global_batch
+            mean_loss = loss.detach().clone()
+            dist.all_reduce(mean_loss)  # report the job's loss, not one shard's
+            mean_loss = mean_loss.item() / world_size
+            emit("progress", ctx, step=step, epoch=epoch, loss=mean_loss)
+            if rank == 0 and (step % args.ckpt_interval == 0 or step == args.steps):
+                path = write_checkpoint(args.ckpt_dir, step, {
+                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "step": step, "epoch": epoch,
+                    "samples_seen_in_epoch": seen_in_epoch, "world_size": world_size, "loss": mean_loss})
+                emit("checkpoint", ctx, step=step, path=path)
+            time.sleep(max(0.0, args.step_time - (time.monotonic() - step_began)))
+            if step >= args.steps:
+                break
+        else:  # epoch exhausted (only whole global batches are used)
+            epoch, seen_in_epoch = epoch + 1, 0
+
+    if rank == 0:
+        emit("summary", ctx, final_step=step, elapsed=time.time() - started,
+             steps_run_this_start=step - start_step)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
