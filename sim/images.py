@@ -75,8 +75,9 @@ def _tree_files(root: Path) -> list[Path]:
 
 class ImageBuilder:
     def __init__(self, docker: Docker, progress: Progress = _stderr, images_dir: Path = IMAGES_DIR,
-                 trainer_dir: Path = TRAINER_DIR, cache_dir: Path | None = None):
+                 trainer_dir: Path = TRAINER_DIR, cache_dir: Path | None = None, repo: str = REPO):
         self.docker = docker
+        self.repo = repo
         self.progress = progress
         self.images_dir = images_dir
         self.trainer_dir = trainer_dir
@@ -92,20 +93,20 @@ class ImageBuilder:
         script = (self.images_dir / "base" / "bootstrap.sh").read_bytes()
         key = _digest(script, os.environ.get("SIM_DEBIAN_SUITE", ""), os.environ.get("SIM_DEBIAN_MIRROR", ""),
                       platform.machine())
-        return f"{REPO}/base:{key}"
+        return f"{self.repo}/base:{key}"
 
     def runtime_tag(self, base: str) -> str:
         ctx = self.images_dir / "runtime"
         key = _digest(base, (ctx / "Dockerfile").read_bytes(), (ctx / "requirements.txt").read_bytes())
-        return f"{REPO}/runtime:{key}"
+        return f"{self.repo}/runtime:{key}"
 
     def node_tag(self, runtime: str) -> str:
         key = _digest(runtime, (self.images_dir / "node" / "Dockerfile").read_bytes(), _tree_digest(self.trainer_dir))
-        return f"{REPO}/node:{key}"
+        return f"{self.repo}/node:{key}"
 
     def etcd_tag(self, base: str) -> str:
         key = _digest(base, (self.images_dir / "etcd" / "Dockerfile").read_bytes(), ETCD_PACKAGE)
-        return f"{REPO}/etcd:{key}"
+        return f"{self.repo}/etcd:{key}"
 
     def tags(self) -> ImageSet:
         base = self.base_tag()
@@ -148,7 +149,7 @@ class ImageBuilder:
         keep = set(dataclasses.astuple(current))
         out = self.docker.run("images", "--filter", f"label={labels.IMAGE}", "--format", "{{.Repository}}:{{.Tag}}",
                               check=False).stdout.split()
-        stale = [tag for tag in out if tag.startswith(f"{REPO}/") and tag not in keep]
+        stale = [tag for tag in out if tag.startswith(f"{self.repo}/") and tag not in keep]
         if stale:
             self.docker.run("rmi", *stale, check=False)
 

@@ -143,10 +143,14 @@ def list_checkpoints(ckpt_dir):
     return sorted(found, reverse=True)
 
 
+def checkpoint_path(ckpt_dir, step):
+    return os.path.join(ckpt_dir, f"ckpt-{step:08d}.pt")
+
+
 def write_checkpoint(ckpt_dir, step, state):
     """Atomically write the checkpoint for `step`, keep the newest CKPTS_KEPT."""
     os.makedirs(ckpt_dir, exist_ok=True)
-    path = os.path.join(ckpt_dir, f"ckpt-{step:08d}.pt")
+    path = checkpoint_path(ckpt_dir, step)
     tmp_path = f"{path}.tmp.{os.getpid()}"
     with open(tmp_path, "wb") as tmp_file:
         tmp_file.write(encode_checkpoint(state))
@@ -169,12 +173,12 @@ def write_checkpoint(ckpt_dir, step, state):
 
 
 def find_latest_checkpoint(ckpt_dir, warn):
-    """(path, sha256, state) of the newest intact checkpoint, or (None, None, None).
+    """(step, sha256 bytes, state) of the newest intact checkpoint, or (None, None, None).
 
     A corrupt or truncated file is reported through warn(message) and the next
     older one is tried.
     """
-    for _, path in list_checkpoints(ckpt_dir):
+    for step, path in list_checkpoints(ckpt_dir):
         try:
             with open(path, "rb") as ckpt_file:
                 data = ckpt_file.read()
@@ -182,7 +186,7 @@ def find_latest_checkpoint(ckpt_dir, warn):
         except (OSError, CheckpointError) as error:
             warn(f"skipping unusable checkpoint {path}: {error}")
             continue
-        return path, hashlib.sha256(data).hexdigest(), state
+        return step, hashlib.sha256(data).digest(), state
     return None, None, None
 
 
@@ -190,7 +194,11 @@ def find_latest_checkpoint(ckpt_dir, warn):
 
 def emit(kind, ctx, **fields):
     """Print one JSON line; ctx holds the identity fields of this process."""
-    print(json.dumps({"sim": kind, "t": time.time(), **ctx, **fields}), flush=True)
+    line = json.dumps({"sim": kind, "t": time.time(), **ctx, **fields}) + "\n"
+    # One write call per line: all workers share one stdout, and print() writes
+    # the newline separately, which interleaves lines under PYTHONUNBUFFERED=1.
+    sys.stdout.write(line)
+    sys.stdout.flush()
 
 
 def positive_int(text):
@@ -263,18 +271,22 @@ def main(argv=None):
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.5)
 
     # Rank 0 picks the checkpoint (warning about fallbacks once) and tells the
-    # others which file and checksum to load, so no rank resumes elsewhere.
-    choice = [None]
+    # others its step and sha256, so no rank resumes from another file. A plain
+    # tensor, not broadcast_object_list: that one needs numpy, which may be absent.
+    choice = torch.full((33,), -1, dtype=torch.int64)  # [step, 32 digest bytes]
     if rank == 0:
-        path, digest, _ = find_latest_checkpoint(args.ckpt_dir, lambda msg: emit("warning", ctx, message=msg))
-        choice = [(path, digest)]
-    dist.broadcast_object_list(choice, src=0, device=device)
-    ckpt_path, ckpt_digest = choice[0]
+        found_step, digest, _ = find_latest_checkpoint(args.ckpt_dir, lambda msg: emit("warning", ctx, message=msg))
+        if found_step is not None:
+            choice = torch.tensor([found_step, *digest], dtype=torch.int64)
+    choice = choice.to(device)
+    dist.broadcast(choice, src=0)
+    choice = choice.tolist()
     step, epoch, seen_in_epoch, ckpt_world_size = 0, 0, 0, None
-    if ckpt_path is not None:
+    if choice[0] >= 0:
+        ckpt_path = checkpoint_path(args.ckpt_dir, choice[0])
         with open(ckpt_path, "rb") as ckpt_file:
             data = ckpt_file.read()
-        if hashlib.sha256(data).hexdigest() != ckpt_digest:
+        if hashlib.sha256(data).digest() != bytes(choice[1:]):
             raise RuntimeError(f"{ckpt_path} differs from what rank 0 read: is {args.ckpt_dir} shared?")
         state = decode_checkpoint(data)
         model.load_state_dict(state["model"])
@@ -282,7 +294,7 @@ def main(argv=None):
         scheduler.load_state_dict(state["scheduler"])
         step, epoch, seen_in_epoch = state["step"], state["epoch"], state["samples_seen_in_epoch"]
         ckpt_world_size = state["world_size"]
-    emit("start", ctx, resumed_from=step, ckpt_world_size=ckpt_world_size, backend=backend)
+    emit("start", ctx, resumed_from=step, ckpt_world_size=ckpt_world_size, backend=backend, pid=os.getpid())
     start_step = step
 
     ddp_model = DistributedDataParallel(model, device_ids=[local_rank] if backend == "nccl" else None)

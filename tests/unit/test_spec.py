@@ -1,0 +1,76 @@
+import pytest
+
+from sim.errors import UsageError
+from sim.spec import DEFAULT_TRAINER_ARGS, SHIPPED_TRAINER, ClusterSpec, GpuRequest, parse_kv_list, spec_from_options
+
+
+def test_defaults_are_elastic_one_to_n():
+    spec = ClusterSpec(nodes=4)
+    assert (spec.min_nodes, spec.max_nodes, spec.nproc_per_node, spec.max_restarts) == (1, 4, 2, 3)
+    assert spec.rdzv_backend == "etcd-v2" and spec.uses_etcd
+    assert spec.node_names == ("node0", "node1", "node2", "node3")
+    assert spec.script_in_node == SHIPPED_TRAINER
+    assert spec.effective_script_args == DEFAULT_TRAINER_ARGS
+
+
+@pytest.mark.parametrize("kwargs, mentions", [
+    ({"nodes": 0}, "--nodes 0"),
+    ({"nodes": 2, "min_nodes": 3}, "--min-nodes 3 > --nodes 2"),
+    ({"nodes": 4, "min_nodes": 3, "max_nodes": 2}, "--min-nodes 3 > --max-nodes 2"),
+    ({"rdzv_backend": "zookeeper"}, "zookeeper"),
+    ({"script": "/no/such/train.py"}, "/no/such/train.py"),
+    ({"name": "Bad Name"}, "Bad Name"),
+    ({"max_restarts": -1}, "--max-restarts -1"),
+    ({"monitor_interval": 0.0}, "--monitor-interval"),
+    ({"nproc_per_node": 0}, "--nproc-per-node 0"),
+    ({"rdzv_backend": "static", "nodes": 2}, "static"),
+    ({"rdzv_conf": (("bad key", "1"),)}, "bad key"),
+])
+def test_bad_values_name_themselves(kwargs, mentions):
+    with pytest.raises(UsageError) as error:
+        ClusterSpec(**kwargs)
+    assert mentions in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_static_needs_fixed_size():
+    spec = ClusterSpec(nodes=2, min_nodes=2, max_nodes=2, rdzv_backend="static")
+    assert spec.rdzv_backend == "static"
+
+
+def test_user_script_is_resolved_and_mounted(tmp_path):
+    script = tmp_path / "mytrain.py"
+    script.write_text("print('hi')\n")
+    spec = ClusterSpec(nodes=1, script=str(script))
+    assert spec.script == str(script.resolve())
+    assert spec.script_in_node == "/opt/sim/user/mytrain.py"
+    assert spec.effective_script_args == ()
+
+
+def test_json_round_trip(tmp_path):
+    spec = ClusterSpec(nodes=3, rdzv_conf=(("join_timeout", "60"),), gpus=GpuRequest.parse("2"),
+                       script_args=("--steps", "5"))
+    assert ClusterSpec.from_json(spec.to_json()) == spec
+
+
+def test_gpu_requests():
+    assert not GpuRequest.parse("none").enabled
+    assert GpuRequest.parse("all").device_ids(3) is None
+    two = GpuRequest.parse("2")
+    assert two.device_ids(0) == ("0", "1") and two.device_ids(2) == ("4", "5")
+    with pytest.raises(UsageError, match="--gpus 'lots'"):
+        GpuRequest.parse("lots")
+
+
+def test_kv_list():
+    assert parse_kv_list("--rdzv-conf", "join_timeout=60, last_call_timeout=5") == (
+        ("join_timeout", "60"), ("last_call_timeout", "5"))
+    with pytest.raises(UsageError, match="'oops' is not key=value"):
+        parse_kv_list("--rdzv-conf", "a=1,oops")
+
+
+def test_spec_from_cli_options():
+    spec = spec_from_options({"nodes": 2, "rdzv_conf": "join_timeout=9", "gpus": None, "detach": True},
+                             ["--steps", "3"])
+    assert spec.nodes == 2 and spec.rdzv_conf == (("join_timeout", "9"),)
+    assert spec.script_args == ("--steps", "3")

@@ -1,0 +1,85 @@
+import pytest
+
+from sim.agentlog import node_log_facts
+from sim.errors import ClusterError
+from sim.logs import compact
+from sim.status import parse_process_table
+from sim.wait import Check, wait_for
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+class Scripted:
+    description = "waiting for the thing"
+
+    def __init__(self, checks):
+        self.checks = list(checks)
+
+    def check(self):
+        return self.checks.pop(0) if len(self.checks) > 1 else self.checks[0]
+
+
+def test_wait_ready_after_polls():
+    clock = FakeClock()
+    result = wait_for(Scripted([Check(False), Check(False), Check(True, detail="node1")]), timeout=10,
+                      clock=clock, sleep=clock.sleep)
+    assert result.detail == "node1" and clock.now == 2.0
+
+
+def test_wait_times_out_with_detail():
+    clock = FakeClock()
+    with pytest.raises(ClusterError, match=r"waiting for the thing: not reached within 5s \(node0 created\)"):
+        wait_for(Scripted([Check(False, detail="node0 created")]), timeout=5, clock=clock, sleep=clock.sleep)
+
+
+def test_wait_fails_fast():
+    clock = FakeClock()
+    with pytest.raises(ClusterError, match="node0 exited"):
+        wait_for(Scripted([Check(False, failure="node0 exited")]), timeout=100, clock=clock, sleep=clock.sleep)
+    assert clock.now == 0.0
+
+
+def test_process_table_finds_agent_and_workers():
+    table = """\
+      1       0 /sbin/docker-init -- torchrun --nnodes 1:2 train.py
+      7       1 /opt/venv/bin/python3 /opt/venv/bin/torchrun --nnodes 1:2 train.py
+     40       7 /opt/venv/bin/python3 -u /opt/sim/trainer/train.py
+     41       7 /opt/venv/bin/python3 -u /opt/sim/trainer/train.py
+     90       0 ps -eo pid=,ppid=,args=
+"""
+    assert parse_process_table(table) == (7, 2)  # docker-init's argv mentions torchrun too
+
+
+AGENT_LOG = """\
+I1129 10:57:15.272000 7 torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:1234] The node 'node0_7_0' has joined round 2 of the 'etcd-v2' rendezvous 'sim-r1' as rank 1 in a world of size 3.
+W1129 10:57:20.000000 7 torch/distributed/elastic/agent/server/api.py:900] [default] Worker group FAILED. 2/3 attempts left; will restart worker group
+{"sim": "progress", "t": 1.0, "node": "node0", "rank": 2, "local_rank": 0, "world_size": 6, "restart": 1, "step": 17, "epoch": 0, "loss": 0.5}
+"""
+
+
+def test_node_log_facts():
+    facts = node_log_facts(AGENT_LOG)
+    assert (facts.round, facts.group_rank, facts.nodes_in_round) == (2, 1, 3)
+    # "2/3 attempts left" is the agent's second failure: two restarts used (the progress line is older)
+    assert facts.restarts == 2 and facts.step == 17 and facts.world_size == 6 and not facts.finished
+
+
+def test_compact_follow_output():
+    lines = [
+        'node0-1  | I1129 agent line',
+        'node0-1  | {"sim": "progress", "rank": 0, "step": 10, "loss": 0.25, "world_size": 4, "restart": 0}',
+        'node0-1  | {"sim": "progress", "rank": 1, "step": 10, "loss": 0.25, "world_size": 4, "restart": 0}',
+        'node0-1  | {"sim": "progress", "rank": 0, "step": 11, "loss": 0.25, "world_size": 4, "restart": 0}',
+        'node0-1  | {"sim": "checkpoint", "rank": 0, "step": 10}',
+    ]
+    assert list(compact(lines)) == ["node0-1  | I1129 agent line",
+                                    "node0-1  | step 10 loss 0.2500 world 4 restart 0"]
