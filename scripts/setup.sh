@@ -60,7 +60,8 @@ stamp=.venv/.elastic-sim-installed
 want=$(cat pyproject.toml requirements-dev.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   log "installing the harness and test tools into .venv"
-  .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt -e .
+  # (the grep drops pip warnings about index locations this machine lists but lacks)
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt -e . 2>&1 | { grep -v "is ignored: it is neither" || true; }
   echo "$want" > "$stamp"
 fi
 

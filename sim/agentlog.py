@@ -9,7 +9,7 @@ import re
 from .cluster import iter_json_lines
 
 # torch/distributed/elastic/rendezvous/dynamic_rendezvous.py (etcd-v2, c10d)
-JOINED_ROUND = re.compile(r"has joined round (\d+) of the '([^']*)' rendezvous '([^']*)' as rank (\d+) in a world of size (\d+)")
+JOINED_ROUND = re.compile(r"has joined round (\d+) of the rendezvous '([^']*)' as rank (\d+) in a world of size (\d+)")
 # torch/distributed/elastic/agent/server/api.py
 GROUP_FAILED = re.compile(r"Worker group FAILED\. (\d+)/(\d+) attempts left")
 NEW_NODES = re.compile(r"Detected (\d+) new nodes")
@@ -32,8 +32,8 @@ def node_log_facts(text: str) -> NodeLogFacts:
         joined = JOINED_ROUND.search(line)
         if joined:
             facts.round = int(joined.group(1))
-            facts.group_rank = int(joined.group(4))
-            facts.nodes_in_round = int(joined.group(5))
+            facts.group_rank = int(joined.group(3))
+            facts.nodes_in_round = int(joined.group(4))
             continue
         failed = GROUP_FAILED.search(line)
         if failed:

@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--rdzv-backend", help=f"one of {', '.join(RDZV_BACKENDS)} (default etcd-v2; c10d uses node0 as the endpoint)")
     up.add_argument("--rdzv-conf", help="torchrun --rdzv-conf, passed unchanged: k=v,k2=v2")
     up.add_argument("--script", help="a torchrun training script on this machine (default: the shipped trainer)")
+    up.add_argument("--env", action="append", metavar="KEY=VALUE",
+                    help="extra environment for every node's agent and workers (repeatable)")
     up.add_argument("--gpus", help="GPUs per node: none, all or a number (default none)")
     up.add_argument("--name", default=DEFAULT_NAME, help=f"cluster name (default {DEFAULT_NAME})")
     up.add_argument("--detach", action="store_true", help="return once training has started instead of following it")
@@ -63,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("doctor", help="check Docker, Compose v2, images, kernel features for faults, GPU runtime")
     sub.add_parser("build", help="build the node and etcd images (cached by content)")
+    from chaos.cli import register as register_faults
+    COMMANDS.update(register_faults(sub))
     return parser
 
 

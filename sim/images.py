@@ -101,7 +101,7 @@ class ImageBuilder:
         return f"{self.repo}/runtime:{key}"
 
     def node_tag(self, runtime: str) -> str:
-        key = _digest(runtime, (self.images_dir / "node" / "Dockerfile").read_bytes(), _tree_digest(self.trainer_dir))
+        key = _digest(runtime, _tree_digest(self.images_dir / "node"), _tree_digest(self.trainer_dir))
         return f"{self.repo}/node:{key}"
 
     def etcd_tag(self, base: str) -> str:
@@ -187,7 +187,8 @@ class ImageBuilder:
     def _build_node(self, tags: ImageSet) -> None:
         with tempfile.TemporaryDirectory(prefix="elastic-sim-node-") as tmp:
             ctx = Path(tmp)
-            shutil.copy(self.images_dir / "node" / "Dockerfile", ctx / "Dockerfile")
+            for path in _tree_files(self.images_dir / "node"):
+                shutil.copy(path, ctx / path.name)
             for path in _tree_files(self.trainer_dir):
                 dest = ctx / "trainer" / path.relative_to(self.trainer_dir)
                 dest.parent.mkdir(parents=True, exist_ok=True)

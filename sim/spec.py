@@ -119,6 +119,9 @@ class ClusterSpec:
         for key, _ in self.rdzv_conf:
             if not _CONF_KEY_RE.match(key):
                 raise UsageError(f"--rdzv-conf key '{key}': not a valid key; use key=value pairs such as join_timeout=60")
+        for key, _ in self.env:
+            if not _CONF_KEY_RE.match(key):
+                raise UsageError(f"--env '{key}': not a valid variable name; use KEY=VALUE, e.g. NCCL_DEBUG=INFO")
         if self.script is not None:
             path = Path(self.script)
             if not path.is_file():
@@ -200,6 +203,8 @@ def spec_from_options(options: Mapping[str, object], script_args: Sequence[str] 
         values["rdzv_conf"] = parse_kv_list("--rdzv-conf", values["rdzv_conf"])
     if "gpus" in values:
         values["gpus"] = GpuRequest.parse(values["gpus"])
+    if "env" in values and isinstance(values["env"], list):
+        values["env"] = tuple(pair for item in values["env"] for pair in parse_kv_list("--env", item))
     if script_args:
         values["script_args"] = tuple(script_args)
     return ClusterSpec(**values)

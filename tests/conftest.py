@@ -4,8 +4,10 @@ failure, so `docker ps -a` shows nothing of ours afterwards."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +37,15 @@ def sweep_session(docker: Docker) -> None:
             docker.run(kind, "rm", *ids, check=False)
 
 
+def _interrupt_on_sigterm(signum, frame):
+    # A CI timeout or `kill` sends SIGTERM: turn it into the Ctrl-C path so
+    # pytest still runs every fixture's teardown.
+    raise KeyboardInterrupt
+
+
+signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+
+
 @pytest.fixture(scope="session")
 def docker() -> Docker:
     """A reachable Docker engine. In CI a missing engine fails the test; elsewhere it skips."""
@@ -46,6 +57,8 @@ def docker() -> Docker:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"Docker is required in CI: {error}")
         pytest.skip(f"Docker not available: {error}")
+    # The exit-time sweep catches what a killed run's teardown missed.
+    atexit.register(sweep_session, client)
     yield client
     sweep_session(client)
 

@@ -26,18 +26,23 @@ import argparse
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import socket
 import sys
 import time
+import uuid
+import warnings
 from datetime import timedelta
 
-import torch
-import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+# torch warns at import when numpy is missing; it is never needed here.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
 CKPT_MAGIC = b"ELASTIC-SIM-CKPT-1"
 CKPT_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
@@ -190,6 +195,54 @@ def find_latest_checkpoint(ckpt_dir, warn):
     return None, None, None
 
 
+# ---------------------------------------------------------------- rendezvous
+
+def agree_on_start_token(store, rank, world_size, timeout_s, poll_s=0.02):
+    """A fresh token that every rank of this start gets, for a key namespace.
+
+    torchrun's agent keeps one TCPStore for all restarts and the workers'
+    keys are not scoped per start, so a restarted gloo/NCCL group reads the
+    dead group's addresses. Only unique keys are trusted here: each rank > 0
+    posts a random nonce, rank 0 answers every nonce it sees with its token
+    under a key named by the nonce, and waits until each rank confirms under
+    a key named by the token. Stale hello keys only get answers no one reads.
+    """
+    deadline = time.monotonic() + timeout_s
+    if rank == 0:
+        token, answered = uuid.uuid4().hex, {}
+        confirmations = [f"sim-start/confirm/{token}/{peer}" for peer in range(1, world_size)]
+        while confirmations and not store.check(confirmations):
+            for peer in range(1, world_size):
+                hello_key = f"sim-start/hello/{peer}"
+                if store.check([hello_key]) and answered.get(peer) != (nonce := store.get(hello_key)):
+                    store.set(f"sim-start/answer/{nonce.decode()}", token)
+                    answered[peer] = nonce
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks did not confirm start token within {timeout_s}s")
+            time.sleep(poll_s)
+        return token
+    nonce = uuid.uuid4().hex
+    store.set(f"sim-start/hello/{rank}", nonce)
+    store.wait([f"sim-start/answer/{nonce}"], timedelta(seconds=max(0.0, deadline - time.monotonic())))
+    token = store.get(f"sim-start/answer/{nonce}").decode()
+    store.set(f"sim-start/confirm/{token}/{rank}", "1")
+    return token
+
+
+def init_process_group(backend, rank, world_size, timeout_s):
+    """init_process_group in a key namespace of its own for this start."""
+    timeout = timedelta(seconds=timeout_s)
+    if True:
+        # env:// makes this start's rank 0 host a brand-new store: nothing stale.
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    shared = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                           is_master=False, timeout=timeout)
+    token = agree_on_start_token(shared, rank, world_size, timeout_s)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"sim-pg/{token}/", shared),
+                            rank=rank, world_size=world_size, timeout=timeout)
+
+
 # ---------------------------------------------------------------- main
 
 def emit(kind, ctx, **fields):
@@ -201,40 +254,35 @@ def emit(kind, ctx, **fields):
     sys.stdout.flush()
 
 
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def non_negative_float(text):
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def positive_float(text):
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
+def number(kind, above=None, at_least=None):
+    """argparse type: a `kind` number with a lower bound."""
+    def parse(text):
+        value = kind(text)
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be finite, got {value}")
+        if (above is not None and value <= above) or (at_least is not None and value < at_least):
+            bound = f"> {above}" if above is not None else f">= {at_least}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names it in "invalid int value"
+    return parse
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=positive_int, default=200, help="global optimizer steps of the whole job")
-    parser.add_argument("--batch-size", type=positive_int, default=16, help="per-worker batch size")
-    parser.add_argument("--lr", type=positive_float, default=0.01, help="initial learning rate (SGD, momentum 0.9)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dataset-size", type=positive_int, default=4096)
-    parser.add_argument("--ckpt-dir", default=os.environ.get("SIM_CKPT_DIR", "/ckpt"),
-                        help="shared checkpoint directory (default: $SIM_CKPT_DIR, else /ckpt)")
-    parser.add_argument("--ckpt-interval", type=positive_int, default=10, help="checkpoint every N steps")
-    parser.add_argument("--step-time", type=non_negative_float, default=0.0, help="minimum seconds per step")
-    parser.add_argument("--pg-timeout", type=positive_float, default=60.0, help="process group timeout, seconds")
-    parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    add = parser.add_argument
+    add("--steps", type=number(int, at_least=1), default=200, help="global optimizer steps of the job")
+    add("--batch-size", type=number(int, at_least=1), default=16, help="per-worker batch size")
+    add("--lr", type=number(float, above=0), default=0.01, help="initial SGD learning rate")
+    add("--seed", type=int, default=0, help="seed of the data, its order and the initial weights")
+    add("--dataset-size", type=number(int, at_least=1), default=4096, help="samples in the dataset")
+    add("--ckpt-dir", default=os.environ.get("SIM_CKPT_DIR", "/ckpt"),
+        help="shared checkpoint directory (default: $SIM_CKPT_DIR, else /ckpt)")
+    add("--ckpt-interval", type=number(int, at_least=1), default=10, help="checkpoint every N steps")
+    add("--step-time", type=number(float, at_least=0), default=0.0, help="minimum seconds per step")
+    add("--pg-timeout", type=number(float, above=0), default=60.0, help="process group timeout (s)")
+    add("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+        help="auto: nccl if CUDA is available, else gloo")
     return parser.parse_args(argv)
 
 
@@ -244,6 +292,8 @@ def main(argv=None):
     started = time.time()
     # Read fresh on every start: a restarted worker is a new process whose
     # rank and world size may differ from the previous incarnation's.
+    if not {"RANK", "LOCAL_RANK", "WORLD_SIZE"} <= os.environ.keys():
+        raise SystemExit("train.py: RANK, LOCAL_RANK and WORLD_SIZE are unset: run it under torchrun")
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
@@ -262,7 +312,7 @@ def main(argv=None):
     if backend == "nccl":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=timedelta(seconds=args.pg_timeout))
+    init_process_group(backend, rank, world_size, args.pg_timeout)
 
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP broadcasts them anyway)
     model = torch.nn.Sequential(torch.nn.Linear(INPUT_DIM, HIDDEN_DIM), torch.nn.ReLU(),

@@ -60,7 +60,7 @@ def test_process_table_finds_agent_and_workers():
 
 
 AGENT_LOG = """\
-I1129 10:57:15.272000 7 torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:1234] The node 'node0_7_0' has joined round 2 of the 'etcd-v2' rendezvous 'sim-r1' as rank 1 in a world of size 3.
+I1129 10:57:15.272000 7 torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:1234] The node 'node0_7_0' has joined round 2 of the rendezvous 'sim-r1' as rank 1 in a world of size 3.
 W1129 10:57:20.000000 7 torch/distributed/elastic/agent/server/api.py:900] [default] Worker group FAILED. 2/3 attempts left; will restart worker group
 {"sim": "progress", "t": 1.0, "node": "node0", "rank": 2, "local_rank": 0, "world_size": 6, "restart": 1, "step": 17, "epoch": 0, "loss": 0.5}
 """

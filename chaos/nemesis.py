@@ -1,0 +1,461 @@
+"""The nemesis: every fault on a running cluster, each through one audited call.
+
+As in Blockade, each verb goes through `Nemesis.invoke`, which appends an
+`invoke` record to the run's history before acting and an `ok` (with what was
+actually done: the pid signalled, the rules installed) or `fail` (with why)
+after. Nothing is injected without a record. As in Jepsen, partitions are data
+(chaos.partition) applied by one mechanism (`_apply_partitions`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shlex
+import signal as signals
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Sequence
+
+from sim import labels
+from sim.cluster import Cluster, ContainerInfo, write_state
+from sim.errors import FaultError, SimError, UnsupportedFaultError, UsageError
+from sim.history import FILE_NAME, History
+from sim.images import ImageSet
+
+from . import netcmd
+from .partition import Partition, blocked_peers
+from .procs import PROBE_ARGV, NodeProcesses, parse_probe
+
+ETCD = "etcd"
+# Roles a target can name instead of a node.
+ROLE_TARGETS = ("random", "store-host", "rank0", ETCD)
+
+
+class Nemesis:
+    def __init__(self, cluster: Cluster, *, history: History | None = None, seed: int | None = None):
+        self.cluster = cluster
+        self.docker = cluster.docker
+        self.history = history or History(cluster.run_dir / FILE_NAME)
+        self.seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
+        self.rng = random.Random(self.seed)
+
+    # --- the one audited call ----------------------------------------------------
+
+    def invoke(self, fault: str, target: str | None, action: Callable[[], dict], **args) -> dict:
+        op = uuid.uuid4().hex[:8]
+        base = {"type": "fault", "op": op, "fault": fault, "target": target}
+        self.history.append({**base, "phase": "invoke", "args": args})
+        try:
+            result = action() or {}
+        except SimError as error:
+            self.history.append({**base, "phase": "fail", "error": str(error)})
+            raise
+        except BaseException as error:
+            # Unknown outcome (Jepsen's :info): it may or may not have happened.
+            self.history.append({**base, "phase": "info", "error": f"{type(error).__name__}: {error}"})
+            raise
+        self.history.append({**base, "phase": "ok", "result": result})
+        return {"op": op, **result}
+
+    # --- targets -------------------------------------------------------------------
+
+    def resolve(self, target: str, *, allow_etcd: bool = True) -> str:
+        """A node name, or a role: random (seeded), store-host, rank0, etcd."""
+        infos = {c.node: c for c in self.cluster.containers()}
+        if target == ETCD:
+            if not allow_etcd:
+                raise UsageError("target 'etcd': this fault acts on a node's training processes; name a node")
+            if ETCD not in infos:
+                raise UsageError(f"target 'etcd': cluster '{self.cluster.name}' has no etcd (its backend is c10d/static)")
+            return ETCD
+        if target == "random":
+            live = sorted((c.node for c in infos.values() if c.role == "node" and c.state == "running"),
+                          key=_node_order)
+            if not live:
+                raise FaultError(f"target 'random': no running node in cluster '{self.cluster.name}'")
+            return self.rng.choice(live)
+        if target == "store-host":
+            spec = self.cluster.spec
+            if spec is not None and spec.uses_etcd:
+                raise UsageError("target 'store-host': with the etcd backends the store is etcd; target 'etcd' instead")
+            return "node0"
+        if target == "rank0":
+            for info in sorted(infos.values(), key=lambda c: _node_order(c.node)):
+                if info.role == "node" and info.state == "running" and self.processes(info.node).group_rank == 0:
+                    return info.node
+            raise FaultError("target 'rank0': no running node has a worker group of rank 0 right now")
+        if target not in infos:
+            known = ", ".join(sorted(infos, key=_node_order)) or "none"
+            raise UsageError(f"target '{target}': no such node in cluster '{self.cluster.name}'; use one of {known}, "
+                             f"or random, store-host, rank0")
+        return target
+
+    def processes(self, node: str) -> NodeProcesses:
+        result = self.cluster.exec(node, *PROBE_ARGV)  # as the training user: root lacks CAP_SYS_PTRACE to read its environ
+        if not result.ok:
+            raise FaultError(f"{node}: cannot read its processes ({_last(result.stderr)}); is it running, not paused?")
+        return parse_probe(result.stdout)
+
+    def _info(self, node: str) -> ContainerInfo:
+        return self.cluster.container(node)
+
+    # --- process faults -------------------------------------------------------------
+
+    def kill_worker(self, target: str = "random", *, rank: int | None = None, local_rank: int | None = None,
+                    sig: signals.Signals = signals.SIGKILL) -> dict:
+        """Signal one training worker: by global rank (anywhere), or by local rank / at random on a node."""
+        def act() -> dict:
+            node = self._node_of_rank(rank) if rank is not None else self.resolve(target, allow_etcd=False)
+            procs = self.processes(node)
+            if rank is not None:
+                worker = procs.worker(rank=rank)
+            elif local_rank is not None:
+                worker = procs.worker(local_rank=local_rank)
+            else:
+                worker = self.rng.choice(procs.workers) if procs.workers else None
+            if worker is None:
+                which = f"rank {rank}" if rank is not None else (f"local rank {local_rank}" if local_rank is not None else "any worker")
+                raise FaultError(f"{node}: no running worker with {which} (workers: "
+                                 f"{[w.rank for w in procs.workers] or 'none'}); is the job between restarts?")
+            self._signal(node, worker.pid, sig)
+            return {"node": node, "pid": worker.pid, "rank": worker.rank, "local_rank": worker.local_rank,
+                    "signal": sig.name}
+        return self.invoke("kill-worker", target if rank is None else f"rank:{rank}", act,
+                           rank=rank, local_rank=local_rank, signal=sig.name, seed=self.seed)
+
+    def kill_agent(self, target: str, *, sig: signals.Signals = signals.SIGKILL) -> dict:
+        """Signal the torchrun agent itself. SIGKILL: abrupt; SIGTERM: torchrun's graceful path."""
+        def act() -> dict:
+            node = self.resolve(target, allow_etcd=False)
+            procs = self.processes(node)
+            if procs.agent_pid is None:
+                raise FaultError(f"{node}: no torchrun agent is running")
+            self._signal(node, procs.agent_pid, sig)
+            return {"node": node, "pid": procs.agent_pid, "signal": sig.name,
+                    "workers": [w.pid for w in procs.workers]}
+        return self.invoke("kill-agent", target, act, signal=sig.name, seed=self.seed)
+
+    def _signal(self, node: str, pid: int, sig: signals.Signals) -> None:
+        result = self.cluster.exec(node, "kill", f"-{sig.name.removeprefix('SIG')}", str(pid), user="root")
+        if not result.ok:
+            raise FaultError(f"{node}: kill -{sig.name} {pid} failed: {_last(result.stderr)}")
+
+    def _node_of_rank(self, rank: int) -> str:
+        for info in self.cluster.nodes():
+            if info.state == "running" and self.processes(info.node).worker(rank=rank):
+                return info.node
+        raise FaultError(f"rank {rank}: no running worker has it now (the world may be smaller, or restarting)")
+
+    # --- container faults -------------------------------------------------------------
+
+    def kill_node(self, target: str) -> dict:
+        """The whole node dies at once (SIGKILL to every process: `docker kill`)."""
+        def act() -> dict:
+            name = self.resolve(target)
+            self.docker.run("kill", self._info(name).id)
+            return {"node": name}
+        return self.invoke("kill-node", target, act, seed=self.seed)
+
+    def stop_node(self, target: str, *, grace: float = 10.0) -> dict:
+        """Preemption: SIGTERM, then SIGKILL after `grace` seconds (`docker stop -t`)."""
+        def act() -> dict:
+            name = self.resolve(target)
+            started = time.monotonic()
+            self.docker.run("stop", "-t", str(int(round(grace))), self._info(name).id, timeout=grace + 60)
+            return {"node": name, "grace": grace, "took": round(time.monotonic() - started, 2)}
+        return self.invoke("stop-node", target, act, grace=grace, seed=self.seed)
+
+    def restart_node(self, target: str, *, grace: float = 0.0) -> dict:
+        """The same node (same hostname) comes back: a quick rejoin."""
+        def act() -> dict:
+            name = self.resolve(target)
+            self.docker.run("restart", "-t", str(int(round(grace))), self._info(name).id, timeout=grace + 60)
+            self._reapply_network(name)
+            return {"node": name, "grace": grace}
+        return self.invoke("restart-node", target, act, grace=grace, seed=self.seed)
+
+    def start_node(self, target: str) -> dict:
+        """Start a node (or etcd) that was killed or stopped, keeping its data."""
+        def act() -> dict:
+            name = self.resolve(target)
+            self.docker.run("start", self._info(name).id)
+            self._reapply_network(name)
+            return {"node": name}
+        return self.invoke("start-node", target, act)
+
+    def pause(self, target: str) -> dict:
+        """Freeze every process of a node (cgroup freezer: `docker pause`)."""
+        def act() -> dict:
+            name = self.resolve(target)
+            info = self._info(name)
+            if info.state == "paused":
+                raise UsageError(f"{name}: already paused; `sim unpause {name}` resumes it")
+            self.docker.run("pause", info.id)
+            self._remember({"id": f"pause-{name}", "fault": "pause", "target": name, "detail": "frozen"})
+            return {"node": name}
+        return self.invoke("pause", target, act, seed=self.seed)
+
+    def unpause(self, target: str) -> dict:
+        def act() -> dict:
+            name = self.resolve(target)
+            info = self._info(name)
+            if info.state != "paused":
+                raise UsageError(f"{name}: not paused (it is {info.state})")
+            self.docker.run("unpause", info.id)
+            self._forget(f"pause-{name}")
+            return {"node": name}
+        return self.invoke("unpause", target, act)
+
+    # --- etcd -----------------------------------------------------------------------------
+
+    def wipe_etcd(self) -> dict:
+        """Restart etcd with an empty data dir: every rendezvous key is gone."""
+        def act() -> dict:
+            info = self._info(ETCD)
+            volume = next((m["Name"] for m in self.docker.inspect(info.id)[0]["Mounts"]
+                           if m.get("Destination") == "/var/lib/etcd"), None)
+            self.docker.run("stop", "-t", "5", info.id)
+            # The data lives in a named volume: a throwaway container with the etcd
+            # image clears it (labelled, removed on exit, like everything we make).
+            image = self.docker.inspect(info.id)[0]["Config"]["Image"]
+            label_args = [arg for key, value in labels.cluster_labels(self.cluster.name).items()
+                          for arg in ("--label", f"{key}={value}")]
+            self.docker.run("run", "--rm", "--user", "root", *label_args, "-v", f"{volume}:/var/lib/etcd",
+                            "--entrypoint", "sh", image, "-c", "rm -rf /var/lib/etcd/data")
+            self.docker.run("start", info.id)
+            self._reapply_network(ETCD)
+            return {"node": ETCD, "volume": volume}
+        return self.invoke("wipe-etcd", ETCD, act)
+
+    # --- scale ----------------------------------------------------------------------------------
+
+    def scale(self, nodes: int, *, abrupt: bool = False, grace: float = 10.0) -> dict:
+        """Run exactly node0..node{nodes-1}: new nodes join the running job (torch
+        decides whether now or as spares); the highest ones leave, gracefully
+        (`docker stop -t grace`) or abruptly (`docker kill`)."""
+        if not isinstance(nodes, int) or nodes < 0:
+            raise UsageError(f"scale --nodes {nodes!r}: must be a whole number >= 0")
+
+        def act() -> dict:
+            spec = self.cluster.spec
+            if spec is None:
+                raise FaultError(f"cluster '{self.cluster.name}': its spec.json is missing; cannot add nodes")
+            existing = {c.node: c for c in self.cluster.nodes()}
+            wanted = [f"node{i}" for i in range(nodes)]
+            leaving = sorted((n for n, c in existing.items() if n not in wanted and c.state in ("running", "paused")),
+                             key=_node_order, reverse=True)
+            for name in leaving:
+                info = existing[name]
+                if info.state == "paused":
+                    self.docker.run("unpause", info.id)
+                if abrupt:
+                    self.docker.run("kill", info.id)
+                else:
+                    self.docker.run("stop", "-t", str(int(round(grace))), info.id, timeout=grace + 60)
+                self.docker.run("rm", "-f", info.id)
+            joining = [n for n in wanted if n not in existing or existing[n].state not in ("running", "paused")]
+            if joining:
+                if nodes > spec.nodes:
+                    images = ImageSet(**json.loads((self.cluster.state_dir / "images.json").read_text()))
+                    write_state(self.cluster, spec.with_nodes(nodes), images, self.cluster.run_id or "")
+                self.docker.compose(self.cluster.name, self.cluster.compose_file, "up", "--detach", "--no-deps",
+                                    "--no-recreate", "--no-build", *joining)
+                self._apply_partitions()
+            return {"joined": joining, "left": leaving, "abrupt": abrupt}
+        return self.invoke("scale", f"nodes={nodes}", act, nodes=nodes, abrupt=abrupt, grace=grace)
+
+    # --- network ---------------------------------------------------------------------------
+
+    def partition(self, partition: Partition) -> dict:
+        """Add a partition to those in force and re-apply them all."""
+        def act() -> dict:
+            fault_id = f"partition-{uuid.uuid4().hex[:6]}"
+            self._remember({"id": fault_id, "fault": "partition", "target": partition.describe(),
+                            "cuts": sorted(map(list, partition.cuts))})
+            try:
+                rules = self._apply_partitions()
+            except SimError:
+                self._forget(fault_id)
+                self._apply_partitions()
+                raise
+            return {"id": fault_id, "partition": partition.describe(), "rules": rules}
+        return self.invoke("partition", partition.describe(), act)
+
+    def heal(self, fault_id: str | None = None) -> dict:
+        """Undo one fault by id, or every reversible one (partitions, link faults, pauses)."""
+        def act() -> dict:
+            active = self.active()
+            chosen = active if fault_id is None else [f for f in active if f["id"] == fault_id]
+            if fault_id is not None and not chosen:
+                ids = ", ".join(f["id"] for f in active) or "none"
+                raise UsageError(f"fault '{fault_id}': not in force (in force: {ids}); `sim faults` lists them")
+            healed = []
+            for fault in chosen:
+                if fault["fault"] == "pause":
+                    info = self._info(fault["target"])
+                    if info.state == "paused":
+                        self.docker.run("unpause", info.id)
+                elif fault["fault"] == "link":
+                    self._clear_link(fault["target"])
+                self._forget(fault["id"])
+                healed.append(fault["id"])
+            if fault_id is None:
+                # Heal what reality holds too, even if our record of it was lost.
+                for info in self.cluster.containers():
+                    if info.state == "paused":
+                        self.docker.run("unpause", info.id)
+                for info in self.cluster.containers():
+                    if info.state == "running":
+                        self._clear_link(info.node, quiet=True)
+            self._apply_partitions()
+            return {"healed": healed}
+        return self.invoke("heal", fault_id or "all", act)
+
+    def link(self, target: str, *, loss_pct: float | None = None, rate_bps: int | None = None,
+             netem: dict | None = None) -> dict:
+        """Degrade one node's link: random loss (iptables), bandwidth (tc tbf), or netem options."""
+        netem = {k: v for k, v in (netem or {}).items() if v is not None}
+        if loss_pct is None and rate_bps is None and not netem:
+            raise UsageError("netem: nothing to do; give --loss, --rate, or --delay/--jitter/--duplicate/--corrupt")
+        if rate_bps is not None and netem:
+            raise UsageError("netem: --rate and --delay/--jitter/--duplicate/--corrupt both replace the root qdisc; use one")
+
+        def act() -> dict:
+            name = self.resolve(target)
+            argvs: list[list[str]] = []
+            if loss_pct is not None:
+                argvs += self._chain_setup(netcmd.LOSS_IN_CHAIN) + self._chain_setup(netcmd.LOSS_OUT_CHAIN)
+                argvs += [netcmd.flush_chain(netcmd.LOSS_IN_CHAIN), netcmd.flush_chain(netcmd.LOSS_OUT_CHAIN)]
+                argvs += netcmd.loss_rules(loss_pct)
+            iface = None
+            if rate_bps is not None or netem:
+                iface = self._iface(name)
+                argvs.append(netcmd.bandwidth_qdisc(iface, rate_bps) if rate_bps is not None
+                             else netcmd.netem_qdisc(iface, **netem))
+            result = self._run_script(name, argvs)
+            if not result.ok:
+                if netem and netcmd.netem_unsupported(result.stderr):
+                    raise UnsupportedFaultError(
+                        "netem: this kernel has no netem qdisc (delay, jitter, duplicate, corrupt); "
+                        "use --loss or --rate, which work here (see `sim doctor`)")
+                raise FaultError(f"{name}: link fault failed: {_last(result.stderr)}")
+            self._remember({"id": f"link-{name}", "fault": "link", "target": name,
+                            "loss_pct": loss_pct, "rate_bps": rate_bps, "netem": netem, "iface": iface})
+            return {"node": name, "commands": [shlex.join(a) if isinstance(a, list) else a for a in argvs]}
+        return self.invoke("link", target, act, loss_pct=loss_pct, rate_bps=rate_bps, netem=netem)
+
+    def _clear_link(self, node: str, quiet: bool = False) -> None:
+        lines = [f"{shlex.join(netcmd.flush_chain(c))} 2>/dev/null || true"
+                 for c in (netcmd.LOSS_IN_CHAIN, netcmd.LOSS_OUT_CHAIN)]
+        for iface in self._ifaces(node):
+            lines.append(f"{shlex.join(netcmd.clear_qdisc(iface))} 2>/dev/null || true")
+        result = self.cluster.exec(node, "sh", "-c", "\n".join(lines), user="root")
+        if not result.ok and not quiet:
+            raise FaultError(f"{node}: clearing link faults failed: {_last(result.stderr)}")
+
+    def _iface(self, node: str) -> str:
+        """The interface that carries cluster traffic; never assume eth0 (it is renamed on reconnect)."""
+        peer = next((ip for name, ip in self._ips().items() if name != node), None)
+        if peer is None:
+            ifaces = self._ifaces(node)
+            if not ifaces:
+                raise FaultError(f"{node}: no network interface found")
+            return ifaces[0]
+        result = self.cluster.exec(node, *netcmd.iface_lookup_argv(peer), user="root")
+        if not result.ok:
+            raise FaultError(f"{node}: `ip route get {peer}` failed: {_last(result.stderr)}")
+        return netcmd.parse_route_get(result.stdout)
+
+    def _ifaces(self, node: str) -> tuple[str, ...]:
+        result = self.cluster.exec(node, "ip", "-o", "link", "show", user="root")
+        return netcmd.parse_ip_link(result.stdout) if result.ok else ()
+
+    def _ips(self) -> dict[str, str]:
+        """Each running container's address on the cluster network, looked up now."""
+        infos = [c for c in self.cluster.containers() if c.state in ("running", "paused")]
+        ips = {}
+        for info, data in zip(infos, self.docker.inspect(*[c.id for c in infos])):
+            for network in (data.get("NetworkSettings", {}).get("Networks") or {}).values():
+                if network.get("IPAddress"):
+                    ips[info.node] = network["IPAddress"]
+        return ips
+
+    def _chain_setup(self, chain: str) -> list[str]:
+        return [f"{shlex.join(step.check)} >/dev/null 2>&1 || {shlex.join(step.add)}"
+                for step in netcmd.chain_setup(chain)]
+
+    def _apply_partitions(self) -> dict[str, list[str]]:
+        """The one mechanism: the union of every partition in force, as iptables
+        rules in each container's own namespace (flush, then add)."""
+        union = Partition()
+        for fault in self.active():
+            if fault["fault"] == "partition":
+                union = union | Partition(frozenset(tuple(c) for c in fault["cuts"]))
+        ips = self._ips()
+        applied = {}
+        for info in self.cluster.containers():
+            if info.state != "running":
+                continue
+            drop_in, drop_out = blocked_peers(union, info.node)
+            unknown = (drop_in | drop_out) - ips.keys()
+            if unknown:
+                raise FaultError(f"partition: no address for {', '.join(sorted(unknown))} (not running?)")
+            rules = netcmd.partition_rules([ips[n] for n in drop_in], [ips[n] for n in drop_out])
+            if not rules and not self._has_chain(info.node):
+                continue
+            argvs = self._chain_setup(netcmd.PARTITION_CHAIN) + [netcmd.flush_chain(netcmd.PARTITION_CHAIN)] + rules
+            result = self._run_script(info.node, argvs)
+            if not result.ok:
+                raise FaultError(f"{info.node}: applying partition rules failed: {_last(result.stderr)}")
+            applied[info.node] = [shlex.join(r) for r in rules]
+        return applied
+
+    def _has_chain(self, node: str) -> bool:
+        return self.cluster.exec(node, "iptables", "-w", "-S", netcmd.PARTITION_CHAIN, user="root").ok
+
+    def _reapply_network(self, node: str) -> None:
+        # A restarted container has a fresh network namespace: our rules are gone from it.
+        if any(f["fault"] == "partition" for f in self.active()):
+            self._apply_partitions()
+        self._forget(f"link-{node}")
+
+    def _run_script(self, node: str, argvs: Sequence[list[str] | str]):
+        script = "set -e\n" + "\n".join(a if isinstance(a, str) else shlex.join(a) for a in argvs)
+        return self.cluster.exec(node, "sh", "-c", script, user="root")
+
+    # --- faults in force (a small file beside the compose file) ---------------------------
+
+    @property
+    def _faults_file(self) -> Path:
+        return self.cluster.state_dir / "faults.json"
+
+    def active(self) -> list[dict]:
+        if not self._faults_file.exists():
+            return []
+        return json.loads(self._faults_file.read_text())
+
+    def _remember(self, fault: dict) -> None:
+        faults = [f for f in self.active() if f["id"] != fault["id"]] + [{**fault, "since": time.time()}]
+        self._write_faults(faults)
+
+    def _forget(self, fault_id: str) -> None:
+        self._write_faults([f for f in self.active() if f["id"] != fault_id])
+
+    def _write_faults(self, faults: list[dict]) -> None:
+        self._faults_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._faults_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(faults, indent=2))
+        os.replace(tmp, self._faults_file)
+
+
+def _node_order(name: str) -> tuple[int, str]:
+    digits = name[4:] if name.startswith("node") else ""
+    return (int(digits) if digits.isdigit() else 10**6, name)
+
+
+def _last(text: str) -> str:
+    lines = [l for l in text.strip().splitlines() if l.strip()]
+    return lines[-1] if lines else "no output"

@@ -1,0 +1,41 @@
+"""The run's history: one append-only JSONL file, one clock (wall time).
+
+Like Jepsen's history, it is data: every fault is an operation recorded as
+`invoke` then `ok`/`fail`/`info`; later issues add trainer, agent and Docker
+events. Checkers read it; nothing rewrites it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+FILE_NAME = "history.jsonl"
+
+
+class History:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    def append(self, record: dict) -> dict:
+        record = {"t": time.time(), **record}
+        line = json.dumps(record, sort_keys=False, default=str) + "\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            # O_APPEND: concurrent writers (two CLI calls) never interleave a line.
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        return record
+
+    def records(self) -> Iterator[dict]:
+        if not self.path.exists():
+            return iter(())
+        return (json.loads(line) for line in self.path.read_text().splitlines() if line.strip())
