@@ -1,18 +1,133 @@
-"""Facts read from a node's log: the torchrun agent's own INFO lines and the
-trainer's JSON lines. Pure functions of text, unit-tested on captured lines."""
+"""A node's log -> history records: the trainer's JSON lines and the torchrun
+agent's own INFO lines. Pure functions of text, unit-tested on captured lines.
+
+The agent prints some facts over several lines (the "Rendezvous complete ...
+Result:" block), so parsing is a small state machine per node: NodeLogParser.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+from datetime import datetime, timezone
+from typing import Iterable, Iterator
 
-from .cluster import iter_json_lines
-
-# torch/distributed/elastic/rendezvous/dynamic_rendezvous.py (etcd-v2, c10d)
+# torch/distributed/elastic/rendezvous/dynamic_rendezvous.py (etcd-v2, c10d); needs the
+# node image's rendezvous log hook (images/node/elastic_sim_rdzv_log.py).
 JOINED_ROUND = re.compile(r"has joined round (\d+) of the rendezvous '([^']*)' as rank (\d+) in a world of size (\d+)")
+KEEPALIVE_FAILED = re.compile(r"failed to send a keep-alive heartbeat")
 # torch/distributed/elastic/agent/server/api.py
+RDZV_COMPLETE = "Rendezvous complete for workers. Result:"
 GROUP_FAILED = re.compile(r"Worker group FAILED\. (\d+)/(\d+) attempts left")
 NEW_NODES = re.compile(r"Detected (\d+) new nodes")
+GROUP_FINISHED = "worker group successfully finished"
+# torch/distributed/elastic/multiprocessing/api.py
+WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+RDZV_ERRORS = (("RendezvousClosedError", "rdzv_closed"), ("RendezvousTimeoutError", "rdzv_timeout"),
+               ("RendezvousConnectionError", "rdzv_error"), ("RendezvousStateError", "rdzv_error"))
+# torchrun's closing "Root Cause (first observed failure)" block (from @record error files)
+ROOT_CAUSE = "Root Cause (first observed failure):"
+_KV = re.compile(r"^\s+(\w+)=(.*)$")
+_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z ")
+
+
+def parse_docker_timestamp(line: str) -> tuple[float | None, str]:
+    """`docker logs --timestamps` prefixes each line with RFC 3339 UTC time."""
+    match = _TS.match(line)
+    if not match:
+        return None, line
+    whole = datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    fraction = float(match.group(2) or 0)
+    return whole.timestamp() + fraction, line[match.end():]
+
+
+class NodeLogParser:
+    """Feed it one node's log lines in order; it yields history records."""
+
+    def __init__(self, node: str):
+        self.node = node
+        self._block: dict | None = None  # an open "Rendezvous complete" block
+        self._block_t = 0.0
+        self._root_cause: list[str] | None = None
+
+    def feed(self, t: float | None, text: str) -> Iterator[dict]:
+        t = t if t is not None else 0.0
+        start = text.find('{"sim"')
+        if start >= 0:
+            record = _json(text[start:])
+            if record is not None:
+                kind = record.pop("sim")
+                yield {"t": record.pop("t", t), "type": "trainer", "node": record.pop("node", self.node),
+                       "kind": kind, **record}
+                return
+        yield from self._agent(t, text)
+
+    def _agent(self, t: float, text: str) -> Iterator[dict]:
+        if self._block is not None:
+            kv = _KV.match(text.split("] ", 1)[-1]) if "] " in text else None
+            if kv:
+                self._block[kv.group(1)] = kv.group(2).strip()
+                return
+            yield self._close_block()
+        if self._root_cause is not None:
+            body = text.strip()
+            if body.startswith("=") and len(self._root_cause) > 1:
+                yield self._agent_record(t, "error_file", message=" | ".join(self._root_cause)[:2000])
+                self._root_cause = None
+            elif body and not body.startswith("="):
+                self._root_cause.append(body)
+            return
+        if RDZV_COMPLETE in text:
+            self._block, self._block_t = {}, t
+            return
+        if ROOT_CAUSE in text:
+            self._root_cause = []
+            return
+        if (m := JOINED_ROUND.search(text)):
+            yield self._agent_record(t, "rdzv_joined", round=int(m.group(1)), group_rank=int(m.group(3)),
+                                     nodes=int(m.group(4)))
+        elif (m := GROUP_FAILED.search(text)):
+            yield self._agent_record(t, "group_failed", attempts_left=int(m.group(1)), max_restarts=int(m.group(2)))
+        elif (m := NEW_NODES.search(text)):
+            yield self._agent_record(t, "new_nodes", count=int(m.group(1)))
+        elif (m := WORKER_FAILED.search(text)):
+            yield self._agent_record(t, "worker_failed", exitcode=int(m.group(1)), local_rank=int(m.group(2)),
+                                     pid=int(m.group(3)))
+        elif GROUP_FINISHED in text:
+            yield self._agent_record(t, "group_finished")
+        elif KEEPALIVE_FAILED.search(text):
+            yield self._agent_record(t, "keepalive_failed", message=text.strip()[-300:])
+        else:
+            for marker, event in RDZV_ERRORS:
+                if marker in text and not text.lstrip().startswith(("File ", "raise ", "^")):
+                    yield self._agent_record(t, event, message=text.strip()[-300:])
+                    break
+
+    def close(self) -> Iterator[dict]:
+        if self._block is not None:
+            yield self._close_block()
+
+    def _close_block(self) -> dict:
+        block, self._block = self._block or {}, None
+        return self._agent_record(
+            self._block_t, "rdzv_complete", restart_count=_int(block.get("restart_count")),
+            group_rank=_int(block.get("group_rank")), group_world_size=_int(block.get("group_world_size")),
+            global_world_size=_first_int(block.get("global_world_sizes")), master_addr=block.get("master_addr"))
+
+    def _agent_record(self, t: float, event: str, **fields) -> dict:
+        return {"t": t, "type": "agent", "node": self.node, "event": event, **fields}
+
+
+def parse_node_log(node: str, text: str) -> list[dict]:
+    """A whole `docker logs --timestamps` text -> records (for logs saved on disk)."""
+    parser = NodeLogParser(node)
+    records = []
+    for line in text.splitlines():
+        t, body = parse_docker_timestamp(line)
+        records.extend(parser.feed(t, body))
+    records.extend(parser.close())
+    return records
 
 
 @dataclasses.dataclass
@@ -26,25 +141,45 @@ class NodeLogFacts:
     finished: bool = False
 
 
-def node_log_facts(text: str) -> NodeLogFacts:
+def node_facts(records: Iterable[dict]) -> NodeLogFacts:
+    """The latest state of one node, from its history records (in time order)."""
     facts = NodeLogFacts()
-    for line in text.splitlines():
-        joined = JOINED_ROUND.search(line)
-        if joined:
-            facts.round = int(joined.group(1))
-            facts.group_rank = int(joined.group(3))
-            facts.nodes_in_round = int(joined.group(4))
-            continue
-        failed = GROUP_FAILED.search(line)
-        if failed:
-            left, total = int(failed.group(1)), int(failed.group(2))
-            facts.restarts = max(facts.restarts, total - left + 1) if left > 0 else total
-    for record in iter_json_lines(text):
-        kind = record.get("sim")
-        if kind == "progress":
-            facts.step = record.get("step", facts.step)
-            facts.world_size = record.get("world_size", facts.world_size)
-            facts.restarts = max(facts.restarts, int(record.get("restart") or 0))
-        elif kind == "summary":
-            facts.finished = True
+    for r in records:
+        if r["type"] == "agent":
+            if r["event"] == "rdzv_joined":
+                facts.round, facts.group_rank, facts.nodes_in_round = r["round"], r["group_rank"], r["nodes"]
+            elif r["event"] == "group_failed":
+                used = r["max_restarts"] - r["attempts_left"] + 1 if r["attempts_left"] > 0 else r["max_restarts"]
+                facts.restarts = max(facts.restarts, used)
+        elif r["type"] == "trainer":
+            if r["kind"] == "progress":
+                facts.step, facts.world_size = r.get("step", facts.step), r.get("world_size", facts.world_size)
+                facts.restarts = max(facts.restarts, int(r.get("restart") or 0))
+            elif r["kind"] == "summary":
+                facts.finished = True
     return facts
+
+
+def node_log_facts(text: str, node: str = "node") -> NodeLogFacts:
+    return node_facts(parse_node_log(node, text))
+
+
+def _json(text: str) -> dict | None:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _first_int(value: str | None) -> int | None:
+    match = re.search(r"-?\d+", value or "")
+    return int(match.group()) if match else None
+

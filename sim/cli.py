@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="per node: container, agent, workers, round, world size, restarts, step")
     status.add_argument("name", nargs="?", default=DEFAULT_NAME)
+    status.add_argument("--watch", action="store_true", help="refresh every 2 s until Ctrl-C")
+
+    report = sub.add_parser("report", help="check a run's history: verdict, recovery times, timeline picture")
+    report.add_argument("run", nargs="?", help="a run folder, run name, or cluster name (default: the newest run)")
+    report.add_argument("--expect", choices=["recovers", "fails"], default="recovers",
+                        help="the outcome the run should have (default recovers)")
 
     logs = sub.add_parser("logs", help="container logs, prefixed and colored per node (docker compose logs)")
     logs.add_argument("node", nargs="?", help="one node (default all)")
@@ -164,8 +170,26 @@ def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
     cluster = cluster_mod.Cluster(args.name, docker)
     if not cluster.containers():
         raise UsageError(f"cluster '{args.name}': not found; `python -m sim ls` lists clusters")
-    print(format_status(cluster_status(cluster)))
+    if not args.watch:
+        print(format_status(cluster_status(cluster)))
+        return 0
+    import time
+    try:
+        while cluster.containers():
+            table = format_status(cluster_status(cluster))
+            print(f"\033[H\033[J{time.strftime('%H:%M:%S')}  cluster '{args.name}'  (Ctrl-C to stop)\n{table}", flush=True)
+            time.sleep(2)
+    except KeyboardInterrupt:
+        pass
     return 0
+
+
+def cmd_report(args: argparse.Namespace, _: list[str] | None) -> int:
+    from .runreport import report_run, resolve_run_dir
+    run_dir = resolve_run_dir(args.run)
+    verdict, summary = report_run(run_dir, expected=args.expect)
+    print(summary)
+    return 0 if verdict.valid else 1
 
 
 def cmd_logs(args: argparse.Namespace, _: list[str] | None) -> int:
@@ -202,7 +226,7 @@ def cmd_build(args: argparse.Namespace, _: list[str] | None) -> int:
     return 0
 
 
-COMMANDS = {"up": cmd_up, "down": cmd_down, "ls": cmd_ls, "status": cmd_status, "logs": cmd_logs,
+COMMANDS = {"up": cmd_up, "down": cmd_down, "ls": cmd_ls, "status": cmd_status, "report": cmd_report, "logs": cmd_logs,
             "doctor": cmd_doctor, "build": cmd_build}
 
 

@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 from . import labels
 from .docker import Docker
 from .errors import ClusterError, ClusterNotFoundError, SimError, UsageError
+from .history import FILE_NAME, History
 from .images import ImageBuilder, ImageSet
 from .paths import cluster_dir, state_home
 from .render import render, to_yaml
@@ -149,10 +150,15 @@ class Cluster:
             self.save_logs()
         flt = labels.cluster_filter(self.name)
         removed = {"containers": 0, "networks": 0, "volumes": 0}
+        run_dir = self.run_dir
         ids = self.docker.ids("container", flt)
         if ids:
             self.docker.run("rm", "-f", "-v", *ids, timeout=120)
             removed["containers"] = len(ids)
+        from .collector import stop_collector  # the collector imports this module
+        stop_collector(self)
+        if (run_dir / FILE_NAME).exists():
+            History(run_dir / FILE_NAME).append({"type": "run", "event": "end", "cluster": self.name})
         for kind, key in (("network", "networks"), ("volume", "volumes")):
             ids = self.docker.ids(kind, flt)
             if ids:
@@ -251,8 +257,12 @@ def up(spec: ClusterSpec, docker: Docker, *, builder: ImageBuilder | None = None
     created = False
     try:
         write_state(cluster, spec, images, run_id)
+        History(cluster.run_dir / FILE_NAME).append(run_start_record(spec, run_id))
         progress(f"[up] starting cluster '{spec.name}' ({spec.nodes} nodes, {spec.rdzv_backend}, run {run_id})")
         created = True
+        from .collector import start_collector  # the collector imports this module
+        # Before the containers exist, so the history sees them created and started.
+        start_collector(cluster)
         docker.compose(spec.name, cluster.compose_file, "up", "--detach", "--no-build", timeout=600)
         if wait:
             check = wait_for(FirstProgressLine(cluster), timeout=timeout)
@@ -272,6 +282,26 @@ def up(spec: ClusterSpec, docker: Docker, *, builder: ImageBuilder | None = None
         elif not created:
             shutil.rmtree(cluster.state_dir, ignore_errors=True)
         raise
+
+
+def run_start_record(spec: ClusterSpec, run_id: str, profile: str | None = None) -> dict:
+    """The history's first line: what ran, and what the checkers measure against."""
+    args = list(spec.effective_script_args)
+    shipped = spec.script is None
+
+    def arg(flag: str, default: int) -> int | None:
+        if flag in args[:-1]:
+            return int(args[args.index(flag) + 1])
+        return default if shipped else None
+
+    return {"type": "run", "event": "start", "cluster": spec.name, "run_id": run_id,
+            "spec": json.loads(spec.to_json()), "profile": profile,
+            "target_steps": arg("--steps", SHIPPED_TRAINER_DEFAULTS["--steps"]),
+            "ckpt_interval": arg("--ckpt-interval", SHIPPED_TRAINER_DEFAULTS["--ckpt-interval"])}
+
+
+# trainer/train.py's own defaults, for runs that do not pass these flags.
+SHIPPED_TRAINER_DEFAULTS = {"--steps": 200, "--ckpt-interval": 10}
 
 
 def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: str) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from .agentlog import node_log_facts
+from .agentlog import node_facts, node_log_facts
 from .cluster import Cluster
+from .history import FILE_NAME, History
 
 AGENT_MARKERS = ("torch.distributed.run", "/torchrun")
 
@@ -37,6 +38,13 @@ def parse_process_table(text: str) -> tuple[int | None, int]:
 
 
 def cluster_status(cluster: Cluster) -> list[NodeStatus]:
+    """Containers and processes from Docker now; rounds, steps and restarts from the run's history."""
+    history_path = cluster.run_dir / FILE_NAME
+    by_node: dict[str, list[dict]] = {}
+    if history_path.exists():
+        for record in sorted(History(history_path).records(), key=lambda r: r["t"]):
+            if record.get("type") in ("agent", "trainer"):
+                by_node.setdefault(record.get("node"), []).append(record)
     rows = []
     for info in cluster.containers():
         if info.role != "node":
@@ -50,7 +58,10 @@ def cluster_status(cluster: Cluster) -> list[NodeStatus]:
                 agent = "alive" if pid else "gone"
         elif info.state in ("exited", "dead", "created"):
             agent, workers = "gone", 0
-        facts = node_log_facts(cluster.logs(info.node))
+        if by_node:
+            facts = node_facts(by_node.get(info.node, []))
+        else:  # a cluster started without a collector: read its log directly
+            facts = node_log_facts(cluster.logs(info.node), info.node)
         state = info.state if info.exit_code is None else f"exited({info.exit_code})"
         rows.append(NodeStatus(info.node, state, agent, workers, facts.round, facts.world_size, facts.restarts, facts.step))
     return rows

@@ -1,0 +1,44 @@
+"""`sim report`: find a run, check its history, write the report files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import UsageError
+from .history import FILE_NAME, History
+from .paths import state_home
+from .verdict import Verdict
+
+
+def resolve_run_dir(run: str | None) -> Path:
+    """A run folder path, a run name (CLUSTER-RUNID), a cluster name (its newest run), or the newest run."""
+    runs = state_home() / "runs"
+    candidates = sorted((p for p in runs.glob("*") if (p / FILE_NAME).exists()), key=lambda p: p.stat().st_mtime) \
+        if runs.exists() else []
+    if run is None:
+        if not candidates:
+            raise UsageError(f"report: no runs under {runs}; start one with `python -m sim up`")
+        return candidates[-1]
+    path = Path(run)
+    if (path / FILE_NAME).exists():
+        return path
+    if (runs / run / FILE_NAME).exists():
+        return runs / run
+    same_cluster = [p for p in candidates if p.name.startswith(f"{run}-")]
+    if same_cluster:
+        return same_cluster[-1]
+    raise UsageError(f"report '{run}': no such run folder, run or cluster; runs are in {runs}")
+
+
+def report_run(run_dir: Path, *, expected: str = "recovers", title: str | None = None,
+               profile: str | None = None, **bounds) -> tuple[Verdict, str]:
+    from .checkers import RunSpec, check_all
+    from .report import format_summary, write_report
+    history = sorted(History(run_dir / FILE_NAME).records(), key=lambda r: r["t"])
+    spec = RunSpec.from_history(history, expected=expected, **bounds)
+    verdict = check_all(history, spec)
+    start = next((r for r in history if r.get("type") == "run" and r.get("event") == "start"), {})
+    profile = profile or start.get("profile")
+    title = title or run_dir.name
+    write_report(history, verdict, run_dir / "report", title=title, profile=profile)
+    return verdict, format_summary(verdict, history, title=title, profile=profile)

@@ -1,0 +1,62 @@
+"""What checkers return: plain frozen data, shared by checkers, report and runner.
+
+The history these are computed from is a list of dicts (one JSONL line each),
+all with "t" (unix seconds, one clock) and "type":
+
+  {"type": "run", "event": "start"|"end", "spec": {...ClusterSpec fields...}, "profile": "fast"|"torch-defaults",
+   "target_steps": int|None, "ckpt_interval": int|None}
+  {"type": "trainer", "node": "node0", "kind": "start"|"progress"|"checkpoint"|"summary"|"warning",
+   "rank", "local_rank", "world_size", "restart", "run_id",
+   progress: "step", "epoch", "loss";  start: "resumed_from", "ckpt_world_size", "backend";
+   checkpoint: "step", "path";  summary: "final_step", "elapsed", "steps_run_this_start";  warning: "message"}
+  {"type": "agent", "node", "event": ...} with event one of
+     "rdzv_joined"   round, group_rank, nodes           (the node joined round N as rank R of W nodes)
+     "rdzv_complete" restart_count, group_rank, group_world_size, global_world_size (trainers)
+     "group_failed"  attempts_left, max_restarts        (torch: "Worker group FAILED. k/m attempts left")
+     "worker_failed" local_rank, exitcode, pid          (a worker process failed)
+     "new_nodes"     count                              (membership change; the agent restarts its group)
+     "group_finished"                                    (this agent's workers all exited 0)
+     "keepalive_failed" | "rdzv_closed" | "rdzv_timeout" | "rdzv_error" (message)
+     "error_file"    message                            (the @record error-file contents torchrun printed)
+  {"type": "docker", "node", "action": "create"|"start"|"die"|"kill"|"stop"|"pause"|"unpause"|"oom"|"destroy"|
+   "network_connect"|"network_disconnect", "exit_code"?: int, "signal"?: str}
+  {"type": "fault", "op", "fault", "target", "phase": "invoke"|"ok"|"fail"|"info", "args"|"result"|"error"}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    name: str
+    valid: bool
+    reasons: tuple[str, ...] = ()  # why it failed, or notable facts when it passed
+    metrics: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultRecovery:
+    op: str
+    fault: str
+    target: str | None
+    t_fault: float  # when the fault's `ok` record was written
+    t_recovered: float | None  # first progress step at the post-fault world size; None: never
+    recovery_s: float | None
+    steps_lost: int | None  # highest step before the fault minus the step training resumed from
+    world_before: int | None
+    world_after: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    valid: bool
+    expected: str  # "recovers" | "fails"
+    results: tuple[CheckResult, ...]
+    recoveries: tuple[FaultRecovery, ...]
+    restarts_per_node: dict  # node -> restarts used (torch counts per agent)
+    rounds: int  # rendezvous rounds seen
+
+    def result(self, name: str) -> CheckResult | None:
+        return next((r for r in self.results if r.name == name), None)

@@ -1,0 +1,63 @@
+"""Parsing real torchrun 2.13 agent lines (captured from sim nodes) into history records."""
+
+from sim.agentlog import node_facts, parse_docker_timestamp, parse_node_log
+from sim.collector import Collector
+
+LOG = """\
+2026-11-29T11:11:21.046000000Z I1129 11:11:21.046000 7 torch/distributed/elastic/agent/server/api.py:962] [default] Detected 3 new nodes from group_rank=0; will restart worker group
+2026-11-29T11:11:22.120000000Z I2026-11-29 11:11:22,120 7 torch.distributed.elastic.rendezvous.dynamic_rendezvous] The node 'node0_7_0' has joined round 3 of the rendezvous 't-faults-bf9150-20261129-111038-cafb' as rank 0 in a world of size 4.
+2026-11-29T11:11:22.949000000Z I1129 11:11:22.949000 7 torch/distributed/elastic/agent/server/api.py:553] [default] Rendezvous complete for workers. Result:
+2026-11-29T11:11:22.949000000Z I1129 11:11:22.949000 7 torch/distributed/elastic/agent/server/api.py:553]   restart_count=1
+2026-11-29T11:11:22.949000000Z I1129 11:11:22.949000 7 torch/distributed/elastic/agent/server/api.py:553]   master_addr=node0
+2026-11-29T11:11:22.949000000Z I1129 11:11:22.949000 7 torch/distributed/elastic/agent/server/api.py:553]   group_rank=0
+2026-11-29T11:11:22.949000000Z I1129 11:11:22.949000 7 torch/distributed/elastic/agent/server/api.py:553]   group_world_size=4
+2026-11-29T11:11:22.949000000Z I1129 11:11:22.949000 7 torch/distributed/elastic/agent/server/api.py:553]   global_world_sizes=[8, 8]
+2026-11-29T11:11:22.949000000Z I1129 11:11:22.949000 7 torch/distributed/elastic/agent/server/api.py:553] 
+2026-11-29T11:11:22.950000000Z I1129 11:11:22.950000 7 torch/distributed/elastic/agent/server/api.py:715] [default] Starting worker group
+2026-11-29T11:11:24.500000000Z {"sim": "progress", "t": 1795950684.5, "node": "node0", "rank": 0, "local_rank": 0, "world_size": 8, "restart": 1, "run_id": "r", "step": 41, "epoch": 0, "loss": 0.25}
+2026-11-29T11:11:30.000000000Z E1129 11:11:30.000000 7 torch/distributed/elastic/multiprocessing/api.py:900] failed (exitcode: -9) local_rank: 1 (pid: 10) of binary: /opt/venv/bin/python3
+2026-11-29T11:11:30.100000000Z W1129 11:11:30.100000 7 torch/distributed/elastic/agent/server/api.py:720] [default] Worker group FAILED. 3/3 attempts left; will restart worker group
+2026-11-29T11:12:00.000000000Z I1129 11:12:00.000000 7 torch/distributed/elastic/agent/server/api.py:800] [default] worker group successfully finished. Waiting 300 seconds for other agents to finish.
+"""
+
+
+def test_docker_timestamps():
+    t, body = parse_docker_timestamp("2026-11-29T11:11:22.120000000Z hello")
+    assert body == "hello" and abs(t - 1795950682.12) < 1e-3
+    assert parse_docker_timestamp("no stamp") == (None, "no stamp")
+
+
+def test_agent_and_trainer_lines_become_records():
+    records = parse_node_log("node0", LOG)
+    events = [(r["type"], r.get("event") or r.get("kind")) for r in records]
+    assert events == [("agent", "new_nodes"), ("agent", "rdzv_joined"), ("agent", "rdzv_complete"),
+                      ("trainer", "progress"), ("agent", "worker_failed"), ("agent", "group_failed"),
+                      ("agent", "group_finished")]
+    joined = records[1]
+    assert (joined["round"], joined["group_rank"], joined["nodes"]) == (3, 0, 4)
+    complete = records[2]
+    assert (complete["restart_count"], complete["group_rank"], complete["group_world_size"],
+            complete["global_world_size"], complete["master_addr"]) == (1, 0, 4, 8, "node0")
+    assert records[3]["t"] == 1795950684.5 and records[3]["step"] == 41 and records[3]["node"] == "node0"
+    assert (records[4]["exitcode"], records[4]["local_rank"], records[4]["pid"]) == (-9, 1, 10)
+    assert (records[5]["attempts_left"], records[5]["max_restarts"]) == (3, 3)
+
+
+def test_node_facts_from_records():
+    facts = node_facts(parse_node_log("node0", LOG))
+    assert (facts.round, facts.group_rank, facts.nodes_in_round) == (3, 0, 4)
+    assert facts.step == 41 and facts.world_size == 8 and facts.restarts == 1
+
+
+def test_docker_events_become_records():
+    collector = Collector.__new__(Collector)
+    collector._nodes = {}
+    die = {"Type": "container", "Action": "die", "id": "abc", "timeNano": 1795950684500000000,
+           "Actor": {"ID": "abc", "Attributes": {"elastic-sim.node": "node2", "exitCode": "137", "name": "c-node2"}}}
+    assert collector._docker_record(die) == {"t": 1795950684.5, "type": "docker", "node": "node2", "action": "die",
+                                             "exit_code": 137}
+    noise = {**die, "Action": "exec_start: python3 -c ..."}
+    assert collector._docker_record(noise) is None
+    connect = {"Type": "network", "Action": "disconnect", "timeNano": 1795950685000000000,
+               "Actor": {"ID": "net", "Attributes": {"container": "abc", "name": "c_cluster"}}}
+    assert collector._docker_record(connect)["node"] == "node2"
