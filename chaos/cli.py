@@ -19,7 +19,7 @@ from sim.spec import DEFAULT_NAME
 
 from . import partition as partitions
 from .nemesis import ETCD, Nemesis
-from .parse import parse_duration, parse_node_list, parse_percent, parse_rate, parse_signal
+from .parse import parse_duration, parse_percent, parse_rate, parse_signal
 
 TARGET_HELP = "a node (node0, ...), or random (seeded), store-host, rank0, etcd"
 
@@ -95,10 +95,23 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable]:
 
     verb("faults", "list the faults now in force")
 
+    chaos = sub.add_parser("chaos", help="run chaos scenario files (sim chaos run FILE | sim chaos list)")
+    # The same one-line-error parser class as every other verb.
+    chaos_sub = chaos.add_subparsers(dest="chaos_command", metavar="SUBCOMMAND", parser_class=sub._parser_class)
+    chaos_sub.required = True
+    run = chaos_sub.add_parser("run", help="run a scenario: up, faults, wait, check, report, down; exit 0 when the "
+                                           "verdict matches the expectation")
+    run.add_argument("file", help="a scenario file, or the name of a shipped one (see `sim chaos list`)")
+    run.add_argument("--seed", type=int, help="seed for random choices (default: the file's, else random; recorded)")
+    run.add_argument("--backend", help="run on this backend only (default: every backend the scenario names)")
+    run.add_argument("--keep", action="store_true", help="keep the cluster afterwards")
+    run.add_argument("--cluster", help="use this running cluster instead of starting one")
+    chaos_sub.add_parser("list", help="the shipped scenarios, one line each")
+
     return {"kill-worker": cmd_kill_worker, "kill-agent": cmd_kill_agent, "kill": cmd_kill, "stop": cmd_stop,
             "restart": cmd_restart, "start": cmd_start, "pause": cmd_pause, "unpause": cmd_unpause,
             "partition": cmd_partition, "heal": cmd_heal, "netem": cmd_netem, "etcd": cmd_etcd,
-            "scale": cmd_scale, "faults": cmd_faults}
+            "scale": cmd_scale, "faults": cmd_faults, "chaos": cmd_chaos}
 
 
 def _nemesis(args: argparse.Namespace) -> Nemesis:
@@ -179,25 +192,12 @@ def cmd_partition(args, _):
     _check_duration(args)
     nemesis = _nemesis(args)
     nodes = [c.node for c in nemesis.cluster.nodes()]
-    everyone = nodes + ([ETCD] if any(c.node == ETCD for c in nemesis.cluster.containers()) else [])
-    chosen = [flag for flag in ("groups", "isolate", "from_etcd", "from_peers", "one_way") if getattr(args, flag)]
-    if len(chosen) != 1:
-        raise UsageError("partition: give exactly one of GROUPS ('node0,node1|node2,node3'), --isolate, "
-                         "--from-etcd, --from-peers or --one-way")
-    if args.groups:
-        shape = partitions.parse_partition_spec(args.groups, nodes)
-    elif args.isolate:
-        shape = partitions.isolate(parse_node_list(args.isolate, nodes), everyone)
-    elif args.from_etcd:
-        if ETCD not in everyone:
-            raise UsageError(f"partition --from-etcd: cluster '{args.name}' has no etcd (c10d/static backend)")
-        shape = partitions.cut_from(parse_node_list(args.from_etcd, nodes), [ETCD], everyone)
-    elif args.from_peers:
-        cut = parse_node_list(args.from_peers, nodes)
-        shape = partitions.cut_from(cut, [n for n in nodes if n not in cut], everyone)
-    else:
-        src, dst = (parse_node_list(side, everyone) for side in args.one_way)
-        shape = partitions.one_way(src, dst)
+    has_etcd = any(c.node == ETCD for c in nemesis.cluster.containers())
+    split = lambda text: [n.strip() for n in text.split(",")] if text else None  # noqa: E731
+    shape = partitions.partition_shape(
+        nodes, has_etcd=has_etcd, groups=args.groups, isolate_nodes=split(args.isolate),
+        from_etcd=split(args.from_etcd), from_peers=split(args.from_peers),
+        one_way_pair=[split(side) for side in args.one_way] if args.one_way else None)
     result = nemesis.partition(shape)
     _report(result)
     _hold(args.duration, lambda: nemesis.heal(result["id"]))
@@ -270,3 +270,27 @@ def cmd_faults(args, _):
         since = time.strftime("%H:%M:%S", time.localtime(fault["since"]))
         print(f"{fault['id']:<20} {fault['fault']:<10} {fault['target']:<30} {since}")
     return 0
+
+
+def cmd_chaos(args, _):
+    from .scenario import load_scenario
+    from .runner import ScenarioRunner
+    from .catalog import find_scenario, shipped_scenarios
+    if args.chaos_command == "list":
+        for scenario in shipped_scenarios():
+            outcomes = ", ".join(f"{b}: {scenario.expect.outcome(b)}" for b in scenario.backends)
+            print(f"{scenario.name:<28} {scenario.description}  [{outcomes}]")
+        return 0
+    scenario = load_scenario(find_scenario(args.file))
+    backends = scenario.backends if args.backend is None else (args.backend,)
+    docker = Docker()
+    docker.ping()
+    results = [ScenarioRunner(scenario, backend, docker=docker, seed=args.seed, keep=args.keep,
+                              cluster_name=args.cluster).run() for backend in backends]
+    for result in results:
+        print(result.summary)
+    for result in results:
+        mark = "PASS" if result.passed else "FAIL"
+        print(f"{mark} {result.scenario} [{result.backend}] expected {result.expected}; seed {result.seed}; "
+              f"timeline {result.timeline}")
+    return 0 if all(r.passed for r in results) else 1

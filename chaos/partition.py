@@ -185,3 +185,30 @@ def _describe_one_way(cuts: Iterable[Cut]) -> list[str]:
         srcs_of[frozenset(dsts)].append(src)
     lines = [(sorted(map(_node_key, srcs)), f"{_join(srcs)} -/-> {_join(dsts)}") for dsts, srcs in srcs_of.items()]
     return [text for _, text in sorted(lines)]
+
+
+def partition_shape(nodes: Sequence[str], *, has_etcd: bool, groups: str | None = None,
+                    isolate_nodes: Sequence[str] | None = None, from_etcd: Sequence[str] | None = None,
+                    from_peers: Sequence[str] | None = None, one_way_pair: Sequence[Sequence[str]] | None = None
+                    ) -> Partition:
+    """The one way the CLI and scenarios name a partition: exactly one of the shapes."""
+    given = {"groups": groups, "isolate": isolate_nodes, "from_etcd": from_etcd, "from_peers": from_peers,
+             "one_way": one_way_pair}
+    chosen = [name for name, value in given.items() if value]
+    if len(chosen) != 1:
+        raise UsageError("partition: give exactly one of groups ('node0,node1|node2,node3'), isolate, "
+                         "from_etcd, from_peers or one_way")
+    everyone = list(nodes) + (["etcd"] if has_etcd else [])
+    if groups:
+        return parse_partition_spec(groups, nodes)
+    if isolate_nodes:
+        return isolate(check_node_names(isolate_nodes, nodes, "partition isolate"), everyone)
+    if from_etcd:
+        if not has_etcd:
+            raise UsageError("partition from_etcd: this cluster has no etcd (c10d/static backend)")
+        return cut_from(check_node_names(from_etcd, nodes, "partition from_etcd"), ["etcd"], everyone)
+    if from_peers:
+        cut = check_node_names(from_peers, nodes, "partition from_peers")
+        return cut_from(cut, [n for n in nodes if n not in cut], everyone)
+    src, dst = (check_node_names(side, everyone, "partition one_way") for side in one_way_pair)
+    return one_way(src, dst)

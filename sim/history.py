@@ -39,3 +39,25 @@ class History:
         if not self.path.exists():
             return iter(())
         return (json.loads(line) for line in self.path.read_text().splitlines() if line.strip())
+
+
+class HistoryTail:
+    """Reads only what was appended since the last poll (the file grows by many
+    lines a second during training; re-reading it whole would not scale)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._offset = 0
+        self._partial = b""
+
+    def poll(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        self._offset += len(data)
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()  # an unfinished last line waits for the next poll
+        return [json.loads(line) for line in lines if line.strip()]

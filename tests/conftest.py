@@ -20,7 +20,6 @@ sys.path.insert(0, str(ROOT))
 
 from sim import labels  # noqa: E402
 from sim.docker import Docker  # noqa: E402
-from sim.errors import SimError  # noqa: E402
 
 SESSION = os.environ.setdefault(labels.SESSION_ENV, f"pytest-{secrets.token_hex(4)}")
 os.environ.setdefault("SIM_HOME", tempfile.mkdtemp(prefix="elastic-sim-test-home-"))
@@ -47,20 +46,12 @@ signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
 
 
 @pytest.fixture(scope="session")
-def docker() -> Docker:
-    """A reachable Docker engine. In CI a missing engine fails the test; elsewhere it skips."""
-    client = Docker()
-    try:
-        client.ping()
-        client.compose_argv
-    except SimError as error:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"Docker is required in CI: {error}")
-        pytest.skip(f"Docker not available: {error}")
+def docker(sim_docker) -> Docker:
+    """The plugin's engine check (fails in CI without Docker), plus this session's sweep."""
     # The exit-time sweep catches what a killed run's teardown missed.
-    atexit.register(sweep_session, client)
-    yield client
-    sweep_session(client)
+    atexit.register(sweep_session, sim_docker)
+    yield sim_docker
+    sweep_session(sim_docker)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,240 @@
+"""Run a chaos scenario: bring up (or reuse) a cluster, fire its steps when the
+history says so, wait for the end, check the history, report, tear down.
+
+A run passes exactly when its verdict matches the scenario's expectation:
+`recovers` (every checker valid) or `fails` (it failed the way torch is known
+to, fast and cleanly). Triggers read the history as it grows, never sleep for
+a guessed time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from sim.cluster import Cluster, JobFinished, up
+from sim.docker import Docker
+from sim.errors import ClusterError, SimError, UsageError
+from sim.history import FILE_NAME, History, HistoryTail
+from sim.runreport import report_run
+from sim.spec import spec_from_options
+from sim.verdict import Verdict
+
+from .nemesis import ETCD, Nemesis
+from .partition import cut_from, partition_shape
+from .scenario import Scenario, Step, scenario_spec_options
+
+Progress = Callable[[str], None]
+POLL_S = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class ScenarioResult:
+    scenario: str
+    backend: str
+    expected: str
+    verdict: Verdict
+    summary: str
+    run_dir: Path
+    seed: int
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict.valid
+
+    @property
+    def timeline(self) -> Path:
+        return self.run_dir / "report" / "timeline.png"
+
+
+class HistoryState:
+    """What the triggers need to know, folded from the history as it grows."""
+
+    def __init__(self, path: Path):
+        self.tail = HistoryTail(path)
+        self.first_step_t: float | None = None
+        self.max_step = 0
+        self.world_size: int | None = None
+        self.world_size_t = 0.0
+        self.max_round = -1
+
+    def update(self) -> None:
+        for r in self.tail.poll():
+            if r.get("type") == "trainer" and r.get("kind") == "progress":
+                if self.first_step_t is None:
+                    self.first_step_t = r["t"]
+                self.max_step = max(self.max_step, r.get("step", 0))
+                if r.get("world_size") != self.world_size:
+                    self.world_size, self.world_size_t = r.get("world_size"), r["t"]
+            elif r.get("type") == "agent" and r.get("event") == "rdzv_joined":
+                self.max_round = max(self.max_round, r.get("round", -1))
+
+
+class ScenarioRunner:
+    def __init__(self, scenario: Scenario, backend: str, *, docker: Docker | None = None, seed: int | None = None,
+                 keep: bool = False, cluster_name: str | None = None, progress: Progress = print):
+        if backend not in scenario.backends:
+            raise UsageError(f"backend '{backend}': scenario '{scenario.name}' runs on {', '.join(scenario.backends)}")
+        self.scenario = scenario
+        self.backend = backend
+        self.docker = docker or Docker()
+        self.seed = seed if seed is not None else (scenario.seed if scenario.seed is not None
+                                                   else random.SystemRandom().randrange(2**31))
+        self.keep = keep
+        self.cluster_name = cluster_name
+        self.progress = progress
+        self._undo_timers: list[threading.Timer] = []
+
+    def run(self) -> ScenarioResult:
+        scenario, expected = self.scenario, self.scenario.expect.outcome(self.backend)
+        deadline = time.monotonic() + scenario.timeout_s
+        cluster = self._cluster()
+        run_dir = cluster.run_dir
+        history = History(run_dir / FILE_NAME)
+        history.append({"type": "run", "event": "scenario", "scenario": scenario.name, "backend": self.backend,
+                        "seed": self.seed, "profile": scenario.profile, "expected": expected})
+        nemesis = Nemesis(cluster, history=history, seed=self.seed)
+        state = HistoryState(run_dir / FILE_NAME)
+        try:
+            self._run_steps(nemesis, state, deadline)
+            self.progress(f"[chaos] waiting for the job to end ({expected} expected)")
+            self._wait_end(cluster, deadline)
+        finally:
+            for timer in self._undo_timers:
+                timer.cancel()
+            if not self.keep and self.cluster_name is None:
+                cluster.down()
+        bounds = {k: v for k, v in dataclasses.asdict(scenario.expect).items()
+                  if k in ("max_recovery_s", "max_steps_lost", "hang_s", "fail_fast_s") and v is not None}
+        verdict, summary = report_run(run_dir, expected=expected, title=f"{scenario.name} [{self.backend}]",
+                                      profile=scenario.profile, **bounds)
+        return ScenarioResult(scenario.name, self.backend, expected, verdict, summary, run_dir, self.seed)
+
+    def _cluster(self) -> Cluster:
+        if self.cluster_name:
+            cluster = Cluster(self.cluster_name, self.docker)
+            cluster.require_running()
+            return cluster
+        options = scenario_spec_options(self.scenario, self.backend)
+        options.setdefault("name", f"chaos-{self.scenario.name}"[:40].rstrip("-"))
+        spec = spec_from_options(options, options.pop("script_args", None))
+        self.progress(f"[chaos] {self.scenario.name} on {self.backend}: {spec.nodes} nodes, seed {self.seed}")
+        return up(spec, self.docker, progress=self.progress)
+
+    # --- the schedule ------------------------------------------------------------------
+
+    def _run_steps(self, nemesis: Nemesis, state: HistoryState, deadline: float) -> None:
+        previous_done = time.time()
+        for step in self.scenario.steps:
+            for _ in range(max(step.repeat_times, 1)):
+                self._wait_trigger(step, state, previous_done, deadline)
+                self.progress(f"[chaos] {step.fault} {step.options.get('target', '')}".rstrip())
+                self._fire(nemesis, step)
+                previous_done = time.time()
+                if step.repeat_times > 1:
+                    step = dataclasses.replace(step, trigger=dataclasses.replace(
+                        step.trigger, kind="after", value=step.repeat_every_s))
+
+    def _wait_trigger(self, step: Step, state: HistoryState, previous_done: float, deadline: float) -> None:
+        kind, value = step.trigger.kind, step.trigger.value
+        while True:
+            state.update()
+            now = time.time()
+            if kind == "step" and state.max_step >= value:
+                return
+            if kind == "time" and state.first_step_t is not None and now - state.first_step_t >= value:
+                return
+            if kind == "after" and now - previous_done >= value:
+                return
+            if kind == "world_size" and state.world_size == value and state.world_size_t > previous_done - 1:
+                return
+            if kind == "round" and state.max_round >= value:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"scenario '{self.scenario.name}': trigger {kind}={value} of step "
+                                   f"'{step.fault}' (line {step.line}) not reached before the scenario timeout")
+            time.sleep(POLL_S)
+
+    def _fire(self, nemesis: Nemesis, step: Step) -> None:
+        action, undo = fault_call(nemesis, step)
+        try:
+            result = action()
+        except SimError as error:
+            # Recorded as `fail` in the history; the checkers judge what followed.
+            self.progress(f"[chaos] {step.fault} failed: {error}")
+            return
+        if step.duration_s and undo is not None:
+            timer = threading.Timer(step.duration_s, _quietly(lambda: undo(result)))
+            timer.daemon = True
+            timer.start()
+            self._undo_timers.append(timer)
+
+    def _wait_end(self, cluster: Cluster, deadline: float) -> None:
+        strategy = JobFinished(cluster)
+        while True:
+            check = strategy.check()
+            if check.ready or check.failure:
+                return
+            if time.monotonic() > deadline:
+                self.progress("[chaos] scenario timeout: the job did not end (the checkers will say hang)")
+                return
+            time.sleep(1.0)
+
+
+def fault_call(nemesis: Nemesis, step: Step) -> tuple[Callable[[], dict], Callable[[dict], dict] | None]:
+    """A scenario step -> (the nemesis call, its undo for `duration`)."""
+    o, fault = step.options, step.fault
+    target = o.get("target", "random")
+    nodes = [c.node for c in nemesis.cluster.nodes()]
+    has_etcd = any(c.node == ETCD for c in nemesis.cluster.containers())
+    heal_it = lambda result: nemesis.heal(result["id"])  # noqa: E731
+    table: dict[str, tuple[Callable[[], dict], Callable[[dict], dict] | None]] = {
+        "kill-worker": (lambda: nemesis.kill_worker(target, rank=o.get("rank"), local_rank=o.get("local_rank"),
+                                                    **_signal(o)), None),
+        "kill-agent": (lambda: nemesis.kill_agent(target, **_signal(o)), None),
+        "kill-node": (lambda: nemesis.kill_node(target), None),
+        "stop-node": (lambda: nemesis.stop_node(target, grace=o.get("grace", 10.0)), None),
+        "restart-node": (lambda: nemesis.restart_node(target, grace=o.get("grace", 0.0)), None),
+        "start-node": (lambda: nemesis.start_node(target), None),
+        "pause": (lambda: nemesis.pause(target), lambda result: nemesis.unpause(result["node"])),
+        "unpause": (lambda: nemesis.unpause(target), None),
+        "partition": (lambda: nemesis.partition(partition_shape(
+            nodes, has_etcd=has_etcd, groups=o.get("groups"), isolate_nodes=o.get("isolate"),
+            from_etcd=o.get("from_etcd"), from_peers=o.get("from_peers"), one_way_pair=o.get("one_way"))), heal_it),
+        "heal": (lambda: nemesis.heal(None if o.get("all") else o.get("id")), None),
+        "netem": (lambda: nemesis.link(target, loss_pct=o.get("loss"), rate_bps=o.get("rate"), netem={
+            "delay_ms": _ms(o.get("delay")), "jitter_ms": _ms(o.get("jitter")),
+            "duplicate_pct": o.get("duplicate"), "corrupt_pct": o.get("corrupt")}),
+            lambda result: nemesis.heal(f"link-{result['node']}")),
+        "etcd-kill": (lambda: nemesis.kill_node(ETCD), None),
+        "etcd-start": (lambda: nemesis.start_node(ETCD), None),
+        "etcd-restart": (lambda: nemesis.restart_node(ETCD), None),
+        "etcd-wipe": (nemesis.wipe_etcd, None),
+        "etcd-pause": (lambda: nemesis.pause(ETCD), lambda result: nemesis.unpause(ETCD)),
+        "etcd-isolate": (lambda: nemesis.partition(cut_from([ETCD], nodes, nodes + [ETCD])), heal_it),
+        "scale": (lambda: nemesis.scale(o["nodes"], abrupt=o.get("abrupt", False), grace=o.get("grace", 10.0)), None),
+    }
+    if fault not in table:
+        raise UsageError(f"fault '{fault}': unknown")
+    return table[fault]
+
+
+def _signal(options: dict) -> dict:
+    return {"sig": options["signal"]} if options.get("signal") is not None else {}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def _quietly(fn: Callable[[], object]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            fn()
+        except SimError:
+            pass  # the nemesis recorded the failure in the history
+    return run

@@ -1,0 +1,84 @@
+"""pytest plugin (entry point `pytest11`): fault-tolerance tests for your own training script.
+
+    def test_my_job_survives_a_node_loss(sim_cluster):
+        cluster = sim_cluster(nodes=3, script="train.py", max_restarts=3)
+        ...
+
+    def test_worker_crash(sim_scenario):
+        for result in sim_scenario("worker-crash"):      # a shipped name or a YAML path
+            assert_verdict(result)
+
+Clusters made through the fixtures are always torn down: on success, on
+failure, and on Ctrl-C (pytest runs finalizers on KeyboardInterrupt).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterator
+
+import pytest
+
+from .cluster import Cluster, up
+from .docker import Docker
+from .errors import SimError
+from .spec import ClusterSpec, spec_from_options
+
+
+class VerdictMismatch(AssertionError):
+    pass
+
+
+def assert_verdict(result) -> None:
+    """Fail with the run's summary and the path of its timeline picture."""
+    if not result.passed:
+        raise VerdictMismatch(
+            f"scenario {result.scenario} [{result.backend}]: expected {result.expected}, the verdict disagrees\n"
+            f"{result.summary}\ntimeline: {result.timeline}")
+
+
+@pytest.fixture(scope="session")
+def sim_docker() -> Docker:
+    """A reachable Docker engine with Compose v2. With CI=true a missing engine fails; elsewhere it skips."""
+    docker = Docker()
+    try:
+        docker.ping()
+        docker.compose_argv
+    except SimError as error:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"Docker is required in CI: {error}")
+        pytest.skip(f"Docker not available: {error}")
+    return docker
+
+
+@pytest.fixture
+def sim_cluster(sim_docker) -> Iterator[Callable[..., Cluster]]:
+    """Factory: `sim_cluster(ClusterSpec(...))` or `sim_cluster(nodes=3, ...)` -> a running Cluster."""
+    made: list[Cluster] = []
+
+    def make(spec: ClusterSpec | None = None, *, script_args=None, **options) -> Cluster:
+        spec = spec or spec_from_options(options, script_args)
+        cluster = up(spec, sim_docker)
+        made.append(cluster)
+        return cluster
+
+    try:
+        yield make
+    finally:
+        for cluster in made:
+            cluster.down()
+
+
+@pytest.fixture
+def sim_scenario(sim_docker) -> Callable[..., list]:
+    """Run a scenario file (or shipped name) on each of its backends; returns ScenarioResults."""
+    from chaos.catalog import find_scenario
+    from chaos.runner import ScenarioRunner
+    from chaos.scenario import load_scenario
+
+    def run(name_or_path: str, *, backend: str | None = None, seed: int | None = None) -> list:
+        scenario = load_scenario(find_scenario(name_or_path))
+        backends = scenario.backends if backend is None else (backend,)
+        return [ScenarioRunner(scenario, b, docker=sim_docker, seed=seed).run() for b in backends]
+
+    return run
