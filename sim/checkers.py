@@ -9,9 +9,13 @@ Terms used throughout:
   heal operations (heal, unpause) that undo earlier faults;
 - a *cohort* is the set of worker processes started together for one
   rendezvous round: their trainer "start" records;
-- a fault's *restart* is the first cohort started after the fault, and it
-  *recovered* at the first progress step after that restart (or, when no
-  restart followed, at the first progress step after the fault).
+- a fault's *restart* is the first cohort started after the fault was
+  invoked, unless training went on after the fault and that cohort came only
+  after the next fault; the fault *recovered* at the first progress step after
+  its restart (or, when no restart followed, the first one after the fault).
+
+Records are sorted by time first; what follows the run's end (the run "end"
+record, or `down` killing the containers still running) is ignored.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import re
 import time
 from typing import Callable, Sequence
 
@@ -31,8 +36,9 @@ HEAL_OPS = ("heal", "unpause")
 REVERSIBLE_FAULTS = ("pause", "partition", "link")
 # Faults that take a whole node out on purpose.
 NODE_REMOVING_FAULTS = ("kill-node", "stop-node")
-# Containers that run no torchrun agent.
-NOT_AGENTS = ("etcd",)
+# Node containers (sim.spec.node_name); others (etcd, the throwaway container
+# wipe-etcd runs) have no torchrun agent.
+AGENT_CONTAINER = re.compile(r"^node\d+$")
 # Start records further apart than this belong to different cohorts even with
 # no other evidence (one cohort's starts are within a second or two).
 COHORT_GAP_S = 30.0
@@ -40,7 +46,7 @@ COHORT_GAP_S = 30.0
 RENDEZVOUS_EVENTS = ("rdzv_joined", "rdzv_complete")
 # Steps averaged on each side of a resume, so one noisy batch does not decide.
 LOSS_WINDOW = 3
-# At most this many examples of one kind of violation in a result's reasons.
+# At most this many violations listed in one result's reasons.
 MAX_EXAMPLES = 5
 
 
@@ -187,8 +193,11 @@ class _Run:
         records = sorted(history, key=lambda r: r["t"])  # stable: equal times keep their order
         ends = [r for r in records if r.get("type") == "run" and r.get("event") == "end"]
         if ends:
-            # What happens after the end (e.g. `down` killing containers) is not the run's doing.
             records = [r for r in records if r["t"] <= ends[-1]["t"]]
+        teardown = _teardown_start(records)
+        if teardown is not None:
+            # What `down` does (kill the containers still running) is not the run's doing.
+            records = [r for r in records if r["t"] < teardown]
         self.records = records
         self.t_begin = records[0]["t"] if records else 0.0
         self.t_end = records[-1]["t"] if records else 0.0
@@ -203,8 +212,9 @@ class _Run:
         self.cohorts = _cohorts(self.starts, self.progress_times,
                                 [r["t"] for r in self.agent if r.get("event") in RENDEZVOUS_EVENTS])
         self.cohort_times = [c.t for c in self.cohorts]
-        nodes = {r.get("node") for r in trainer + self.agent + self.docker} - {None, *NOT_AGENTS}
-        self.agent_nodes = sorted(nodes, key=_node_order)
+        nodes = {r.get("node") for r in trainer + self.agent}
+        nodes |= {r.get("node") for r in self.docker if AGENT_CONTAINER.match(str(r.get("node")))}
+        self.agent_nodes = sorted(nodes - {None}, key=_node_order)
 
     # --- time queries ---
 
@@ -269,6 +279,24 @@ class _Run:
                 if not restarted:
                     removed[node] = fault
         return removed
+
+
+def _teardown_start(records: list[dict]) -> float | None:
+    """When `down` began: the first docker kill of a node container that no fault operation
+    explains. A safety net: down() writes the run "end" record before it removes the
+    containers, but a history cut short (a killed harness) may have no end record."""
+    in_progress, operations = {}, []  # op -> invoke time; (invoke, outcome) times
+    for record in records:
+        if record.get("type") == "fault":
+            if record.get("phase") == "invoke":
+                in_progress[record.get("op")] = record["t"]
+            elif record.get("op") in in_progress:
+                operations.append((in_progress.pop(record.get("op")), record["t"]))
+        elif (record.get("type") == "docker" and record.get("action") == "kill"
+              and AGENT_CONTAINER.match(str(record.get("node"))) and not in_progress
+              and not any(begin <= record["t"] <= end for begin, end in operations)):
+            return record["t"]
+    return None
 
 
 def _faults(records: list[dict]) -> tuple[list[_Fault], list[_Fault]]:
@@ -530,8 +558,16 @@ def check_loss_continuity(history: Sequence[dict], spec: RunSpec) -> CheckResult
     for cohort in run.cohorts:
         if cohort.resumed_from == 0:
             continue  # a fresh start: nothing to continue from
-        before = _losses_up_to(run, cohort)
         after = _first_losses(run, cohort)
+        # The steps after a resume replay steps that already ran before the fault: compare
+        # the same steps where possible (immune to the loss's own ups and downs), else the
+        # last steps at or before the resumed one.
+        replayed = _losses_before(run, cohort)
+        overlap = sorted(set(after) & set(replayed))
+        if overlap:
+            before, after = {s: replayed[s] for s in overlap}, {s: after[s] for s in overlap}
+        else:
+            before = _losses_up_to(run, cohort)
         if not before or not after:
             continue
         mean_before, mean_after = _mean(before.values()), _mean(after.values())
@@ -543,6 +579,15 @@ def check_loss_continuity(history: Sequence[dict], spec: RunSpec) -> CheckResult
                            f"{_clock(cohort.t)}: {mean_before:.4g} over steps {_span(before)} before, "
                            f"{mean_after:.4g} over steps {_span(after)} after (tolerance {spec.loss_jump_tolerance:.0%})")
     return CheckResult("loss_continuity", not reasons, tuple(reasons[:MAX_EXAMPLES]), {"relative_jumps": jumps})
+
+
+def _losses_before(run: _Run, cohort: _Cohort) -> dict[int, float]:
+    """Every step's loss as last recorded before the cohort started."""
+    latest: dict[int, float] = {}
+    for record in run.progress[:bisect.bisect_left(run.progress_times, cohort.t)]:
+        if record.get("loss") is not None:
+            latest[record["step"]] = record["loss"]
+    return latest
 
 
 def _losses_up_to(run: _Run, cohort: _Cohort) -> dict[int, float]:

@@ -151,14 +151,15 @@ class Cluster:
         flt = labels.cluster_filter(self.name)
         removed = {"containers": 0, "networks": 0, "volumes": 0}
         run_dir = self.run_dir
+        if (run_dir / FILE_NAME).exists():
+            # Before the teardown: the kills that follow are not the job's own exits.
+            History(run_dir / FILE_NAME).append({"type": "run", "event": "end", "cluster": self.name})
         ids = self.docker.ids("container", flt)
         if ids:
             self.docker.run("rm", "-f", "-v", *ids, timeout=120)
             removed["containers"] = len(ids)
         from .collector import stop_collector  # the collector imports this module
         stop_collector(self)
-        if (run_dir / FILE_NAME).exists():
-            History(run_dir / FILE_NAME).append({"type": "run", "event": "end", "cluster": self.name})
         for kind, key in (("network", "networks"), ("volume", "volumes")):
             ids = self.docker.ids(kind, flt)
             if ids:
@@ -295,7 +296,8 @@ def run_start_record(spec: ClusterSpec, run_id: str, profile: str | None = None)
         return default if shipped else None
 
     return {"type": "run", "event": "start", "cluster": spec.name, "run_id": run_id,
-            "spec": json.loads(spec.to_json()), "profile": profile,
+            "spec": json.loads(spec.to_json()),
+            "profile": profile or ("custom" if spec.rdzv_conf else "torch-defaults"),
             "target_steps": arg("--steps", SHIPPED_TRAINER_DEFAULTS["--steps"]),
             "ckpt_interval": arg("--ckpt-interval", SHIPPED_TRAINER_DEFAULTS["--ckpt-interval"])}
 

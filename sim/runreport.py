@@ -40,5 +40,5 @@ def report_run(run_dir: Path, *, expected: str = "recovers", title: str | None =
     start = next((r for r in history if r.get("type") == "run" and r.get("event") == "start"), {})
     profile = profile or start.get("profile")
     title = title or run_dir.name
-    write_report(history, verdict, run_dir / "report", title=title, profile=profile)
-    return verdict, format_summary(verdict, history, title=title, profile=profile)
+    files = write_report(history, verdict, run_dir / "report", title=title, profile=profile)
+    return verdict, format_summary(verdict, history, title=title, profile=profile, files=files)

@@ -232,7 +232,7 @@ def agree_on_start_token(store, rank, world_size, timeout_s, poll_s=0.02):
 def init_process_group(backend, rank, world_size, timeout_s):
     """init_process_group in a key namespace of its own for this start."""
     timeout = timedelta(seconds=timeout_s)
-    if True:
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         # env:// makes this start's rank 0 host a brand-new store: nothing stale.
         dist.init_process_group(backend, timeout=timeout)
         return

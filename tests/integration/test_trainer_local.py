@@ -20,6 +20,33 @@ TARGET_STEPS, KILL_AT_STEP, CKPT_INTERVAL = 30, 15, 10
 DEADLINE_S = 120  # a hung rendezvous fails the test instead of hanging CI
 
 
+def process_tree(pid):
+    """pid and its descendants (Linux /proc)."""
+    children = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name)) if entry.name.isdigit() else None
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo.extend(children.get(tree[-1], []))
+    return tree
+
+
+def kill_tree(pid):
+    # torchrun starts each worker in a session of its own: killing the agent
+    # alone would leave workers holding stdout open until their gloo timeout.
+    for member in process_tree(pid):
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @pytest.mark.parametrize("shared_store", [True, False], ids=["agent-store", "own-store"])
 def test_killed_worker_is_restarted_and_the_job_resumes_from_the_last_checkpoint(tmp_path, shared_store):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -31,9 +58,8 @@ def test_killed_worker_is_restarted_and_the_job_resumes_from_the_last_checkpoint
                str(TRAIN_PY), "--steps", str(TARGET_STEPS), "--ckpt-interval", str(CKPT_INTERVAL),
                "--ckpt-dir", str(tmp_path / "ckpt"), "--step-time", "0.1", "--dataset-size", "1024"]
     agent_log = open(tmp_path / "torchrun.log", "w")
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=agent_log, text=True, env=env,
-                            start_new_session=True)  # its own group, so cleanup reaches the workers
-    watchdog = threading.Timer(DEADLINE_S, os.killpg, (proc.pid, signal.SIGKILL))
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=agent_log, text=True, env=env)
+    watchdog = threading.Timer(DEADLINE_S, kill_tree, (proc.pid,))
     watchdog.start()
     lines, killed_pid = [], None
     try:
@@ -48,7 +74,7 @@ def test_killed_worker_is_restarted_and_the_job_resumes_from_the_last_checkpoint
     finally:
         watchdog.cancel()
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
         agent_log.close()
     log = (tmp_path / "torchrun.log").read_text()
     assert returncode == 0, log[-4000:]

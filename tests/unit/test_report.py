@@ -8,10 +8,8 @@ import json
 
 import pytest
 
-pytest.importorskip("matplotlib")
-
-from sim.report import ReportFiles, build_timeline, format_summary, write_report  # noqa: E402
-from sim.verdict import CheckResult, FaultRecovery, Verdict  # noqa: E402
+from sim.report import ReportFiles, build_timeline, format_summary, write_report
+from sim.verdict import CheckResult, FaultRecovery, Verdict
 
 T0 = 1_700_000_000.0
 NODES = ("node0", "node1", "node2")
