@@ -194,10 +194,10 @@ def cmd_partition(args, _):
     nodes = [c.node for c in nemesis.cluster.nodes()]
     has_etcd = any(c.node == ETCD for c in nemesis.cluster.containers())
     split = lambda text: [n.strip() for n in text.split(",")] if text else None  # noqa: E731
-    shape = partitions.partition_shape(
-        nodes, has_etcd=has_etcd, groups=args.groups, isolate_nodes=split(args.isolate),
-        from_etcd=split(args.from_etcd), from_peers=split(args.from_peers),
-        one_way_pair=[split(side) for side in args.one_way] if args.one_way else None)
+    shape = partitions.partition_from_options(
+        {"groups": args.groups, "isolate": split(args.isolate), "from_etcd": split(args.from_etcd),
+         "from_peers": split(args.from_peers), "one_way": [split(side) for side in args.one_way] if args.one_way else None},
+        nodes, has_etcd=has_etcd)
     result = nemesis.partition(shape)
     _report(result)
     _hold(args.duration, lambda: nemesis.heal(result["id"]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from chaos.parse import check_node_names
@@ -187,28 +187,26 @@ def _describe_one_way(cuts: Iterable[Cut]) -> list[str]:
     return [text for _, text in sorted(lines)]
 
 
-def partition_shape(nodes: Sequence[str], *, has_etcd: bool, groups: str | None = None,
-                    isolate_nodes: Sequence[str] | None = None, from_etcd: Sequence[str] | None = None,
-                    from_peers: Sequence[str] | None = None, one_way_pair: Sequence[Sequence[str]] | None = None
-                    ) -> Partition:
-    """The one way the CLI and scenarios name a partition: exactly one of the shapes."""
-    given = {"groups": groups, "isolate": isolate_nodes, "from_etcd": from_etcd, "from_peers": from_peers,
-             "one_way": one_way_pair}
-    chosen = [name for name, value in given.items() if value]
-    if len(chosen) != 1:
+
+def partition_from_options(options: Mapping[str, object], nodes: Sequence[str], *, has_etcd: bool) -> Partition:
+    """The one way the CLI and scenario steps name a partition: exactly one of groups
+    ("node0|node1,node2" or [[...], [...]]), isolate, from_etcd, from_peers, one_way [from, to]."""
+    shapes = [key for key in ("groups", "isolate", "from_etcd", "from_peers", "one_way") if options.get(key)]
+    if len(shapes) != 1:
         raise UsageError("partition: give exactly one of groups ('node0,node1|node2,node3'), isolate, "
                          "from_etcd, from_peers or one_way")
-    everyone = list(nodes) + (["etcd"] if has_etcd else [])
-    if groups:
-        return parse_partition_spec(groups, nodes)
-    if isolate_nodes:
-        return isolate(check_node_names(isolate_nodes, nodes, "partition isolate"), everyone)
-    if from_etcd:
+    shape, value = shapes[0], options[shapes[0]]
+    everyone = [*nodes, "etcd"] if has_etcd else list(nodes)
+    if shape == "groups":
+        return parse_partition_spec(value, nodes) if isinstance(value, str) else split(value, nodes)
+    if shape == "one_way":
+        src, dst = (check_node_names(side, everyone, f"one_way {label}") for side, label in zip(value, ("from", "to")))
+        return one_way(src, dst)
+    chosen = check_node_names(value, nodes, shape)
+    if shape == "isolate":
+        return isolate(chosen, everyone)
+    if shape == "from_etcd":
         if not has_etcd:
-            raise UsageError("partition from_etcd: this cluster has no etcd (c10d/static backend)")
-        return cut_from(check_node_names(from_etcd, nodes, "partition from_etcd"), ["etcd"], everyone)
-    if from_peers:
-        cut = check_node_names(from_peers, nodes, "partition from_peers")
-        return cut_from(cut, [n for n in nodes if n not in cut], everyone)
-    src, dst = (check_node_names(side, everyone, "partition one_way") for side in one_way_pair)
-    return one_way(src, dst)
+            raise UsageError("from_etcd: this cluster has no etcd (c10d/static backend); use from_peers or isolate")
+        return cut_from(chosen, ["etcd"], everyone)
+    return cut_from(chosen, [n for n in nodes if n not in chosen], everyone)

@@ -25,8 +25,8 @@ from sim.spec import spec_from_options
 from sim.verdict import Verdict
 
 from .nemesis import ETCD, Nemesis
-from .partition import cut_from, partition_shape
-from .scenario import Scenario, Step, scenario_spec_options
+from .partition import cut_from
+from .scenario import Scenario, Step, partition_of, scenario_spec_options
 
 Progress = Callable[[str], None]
 POLL_S = 0.5
@@ -160,7 +160,7 @@ class ScenarioRunner:
             time.sleep(POLL_S)
 
     def _fire(self, nemesis: Nemesis, step: Step) -> None:
-        action, undo = fault_call(nemesis, step)
+        action, undo = fault_call(nemesis, step, self.backend)
         try:
             result = action()
         except SimError as error:
@@ -185,12 +185,11 @@ class ScenarioRunner:
             time.sleep(1.0)
 
 
-def fault_call(nemesis: Nemesis, step: Step) -> tuple[Callable[[], dict], Callable[[dict], dict] | None]:
+def fault_call(nemesis: Nemesis, step: Step, backend: str) -> tuple[Callable[[], dict], Callable[[dict], dict] | None]:
     """A scenario step -> (the nemesis call, its undo for `duration`)."""
     o, fault = step.options, step.fault
     target = o.get("target", "random")
     nodes = [c.node for c in nemesis.cluster.nodes()]
-    has_etcd = any(c.node == ETCD for c in nemesis.cluster.containers())
     heal_it = lambda result: nemesis.heal(result["id"])  # noqa: E731
     table: dict[str, tuple[Callable[[], dict], Callable[[dict], dict] | None]] = {
         "kill-worker": (lambda: nemesis.kill_worker(target, rank=o.get("rank"), local_rank=o.get("local_rank"),
@@ -202,9 +201,7 @@ def fault_call(nemesis: Nemesis, step: Step) -> tuple[Callable[[], dict], Callab
         "start-node": (lambda: nemesis.start_node(target), None),
         "pause": (lambda: nemesis.pause(target), lambda result: nemesis.unpause(result["node"])),
         "unpause": (lambda: nemesis.unpause(target), None),
-        "partition": (lambda: nemesis.partition(partition_shape(
-            nodes, has_etcd=has_etcd, groups=o.get("groups"), isolate_nodes=o.get("isolate"),
-            from_etcd=o.get("from_etcd"), from_peers=o.get("from_peers"), one_way_pair=o.get("one_way"))), heal_it),
+        "partition": (lambda: nemesis.partition(partition_of(o, nodes, backend)), heal_it),
         "heal": (lambda: nemesis.heal(None if o.get("all") else o.get("id")), None),
         "netem": (lambda: nemesis.link(target, loss_pct=o.get("loss"), rate_bps=o.get("rate"), netem={
             "delay_ms": _ms(o.get("delay")), "jitter_ms": _ms(o.get("jitter")),

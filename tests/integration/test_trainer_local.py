@@ -21,19 +21,20 @@ DEADLINE_S = 120  # a hung rendezvous fails the test instead of hanging CI
 
 
 def process_tree(pid):
-    """pid and its descendants (Linux /proc)."""
-    children = {}
+    """pid and all its descendants, from Linux /proc."""
+    parent_of = {}
     for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-        except (OSError, ValueError):
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name)) if entry.name.isdigit() else None
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(todo.pop())
-        todo.extend(children.get(tree[-1], []))
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent_of[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])  # "pid (comm) state ppid"
+    tree, frontier = [], [pid]
+    while frontier:
+        current = frontier.pop()
+        tree.append(current)
+        frontier += [child for child, parent in parent_of.items() if parent == current]
     return tree
 
 

@@ -1,0 +1,712 @@
+"""Chaos scenario files (YAML): a cluster, a schedule of faults and the outcome expected.
+
+A file is parsed and checked whole before anything starts, and every error is one line naming
+the file, the line and the field, e.g.
+`chaos/scenarios/x.yaml:14: steps[1].at.step: 'ten' is not a whole number; use e.g. step: 30`.
+To know lines, the file is read as PyYAML's node tree (`compose`), not as plain Python values.
+The format, field by field, is in chaos/scenarios/FORMAT.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import signal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sim.errors import UsageError
+from sim.spec import (DEFAULT_TRAINER_ARGS, ETCD_BACKENDS, RDZV_BACKENDS, ClusterSpec, GpuRequest, node_name,
+                      spec_from_options)
+
+from . import partition as partitions
+from .nemesis import ETCD, ROLE_TARGETS
+from .parse import check_node_names, parse_duration, parse_percent, parse_rate, parse_signal
+
+OUTCOMES = ("recovers", "fails")  # as sim.checkers.RunSpec.expected
+TRIGGER_KINDS = ("time", "step", "after", "world_size", "round")
+PARTITION_SHAPES = ("groups", "isolate", "from_etcd", "from_peers", "one_way")
+DEFAULT_PROFILE = "fast"
+DEFAULT_TIMEOUT_S = 600.0
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+PROFILES: dict[str, dict[str, dict]] = {
+    # Feedback in seconds: torch's defaults wait 30 s per rendezvous below max nodes, notice a
+    # lost node after 15 s, and gloo times out after 30 minutes. Whole numbers: torch reads these
+    # with get_as_int, and only these keys: it ignores unknown ones silently.
+    "fast": {
+        "rdzv_conf": {"last_call_timeout": 2, "join_timeout": 120, "keep_alive_interval": 1,
+                      "keep_alive_max_attempt": 3, "close_timeout": 5},
+        "trainer": {"pg_timeout": 15},
+        # torch 2.13's shared rendezvous TCP store makes joining nodes hang (README, known torch behaviour).
+        "env": {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+    },
+    "torch-defaults": {},
+}
+
+
+# ---------------------------------------------------------------- the scenario as data
+
+@dataclass(frozen=True)
+class Trigger:
+    """When a step fires: `time`/`after` in seconds, the others whole numbers."""
+
+    kind: str
+    value: float | int
+
+    def __post_init__(self) -> None:
+        if self.kind not in TRIGGER_KINDS:
+            raise UsageError(f"trigger {self.kind!r}: unknown; use one of {', '.join(TRIGGER_KINDS)}")
+        seconds = self.kind in ("time", "after")
+        least = 1 if self.kind == "world_size" else 0
+        if isinstance(self.value, bool) or not isinstance(self.value, (int, float) if seconds else int) \
+                or not self.value >= least:
+            unit = "a number of seconds" if seconds else "a whole number"
+            raise UsageError(f"trigger {self.kind} {self.value!r}: must be {unit} >= {least}")
+        if seconds:
+            object.__setattr__(self, "value", float(self.value))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One fault of the schedule. `options` hold parsed values (seconds as float, signals as
+    signal.Signals, percents as float, rates as int bits/s), defaults filled in."""
+
+    fault: str
+    options: dict = field(default_factory=dict)
+    trigger: Trigger = Trigger("after", 0.0)
+    duration_s: float | None = None  # undo after this long (reversible faults only)
+    repeat_times: int = 1
+    repeat_every_s: float | None = None
+    line: int = 0  # in the scenario file; 0 when built in Python
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise UsageError(f"fault {self.fault!r}: unknown; use one of {', '.join(FAULTS)}")
+        unknown = sorted(set(self.options) - set(FAULTS[self.fault].options))
+        if unknown:
+            raise UsageError(f"{self.fault}: takes no {', '.join(unknown)}; "
+                             f"its options: {', '.join(FAULTS[self.fault].options) or 'none'}")
+        _check_duration(self.fault, self.duration_s)
+        _check_repeat(self.repeat_times, self.repeat_every_s, self.duration_s)
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """The verdict the checkers must reach, per backend, and the bounds they enforce."""
+
+    outcome_by_backend: dict[str, str]
+    max_recovery_s: float | None = None
+    max_steps_lost: int | None = None
+    hang_s: float | None = None
+    fail_fast_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for backend, outcome in self.outcome_by_backend.items():
+            if outcome not in OUTCOMES:
+                raise UsageError(f"outcome {outcome!r} for {backend}: use one of {', '.join(OUTCOMES)}")
+        for name in ("max_recovery_s", "hang_s", "fail_fast_s"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise UsageError(f"{name} {value!r}: must be a number of seconds > 0")
+        if self.max_steps_lost is not None and not _is_whole(self.max_steps_lost, 0):
+            raise UsageError(f"max_steps_lost {self.max_steps_lost!r}: must be a whole number >= 0")
+
+    def outcome(self, backend: str) -> str:
+        if backend not in self.outcome_by_backend:
+            given = ", ".join(self.outcome_by_backend) or "none"
+            raise UsageError(f"backend {backend!r}: no expected outcome (given for {given})")
+        return self.outcome_by_backend[backend]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    path: str | None = None  # the file it came from
+    cluster: dict = field(default_factory=dict)  # ClusterSpec keyword arguments, rdzv_backend aside
+    backends: tuple[str, ...] = ("etcd-v2",)  # the scenario runs once per backend
+    trainer: dict = field(default_factory=dict)  # the shipped trainer's args (TRAINER_KEYS)
+    profile: str = DEFAULT_PROFILE
+    seed: int | None = None  # None: chosen at run time, and recorded
+    steps: tuple[Step, ...] = ()
+    expect: Expectation | None = None  # None: recovers, on every backend
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        _check_description(self.description)
+        if self.profile not in PROFILES:
+            raise UsageError(f"profile {self.profile!r}: unknown; use one of {', '.join(PROFILES)}")
+        _check_backends(tuple(self.backends))
+        object.__setattr__(self, "backends", tuple(self.backends))
+        object.__setattr__(self, "steps", tuple(self.steps))
+        if self.expect is None:
+            object.__setattr__(self, "expect", Expectation(dict.fromkeys(self.backends, "recovers")))
+        for backend in self.backends:
+            self.expect.outcome(backend)
+        if self.seed is not None and not _is_whole(self.seed, 0):
+            raise UsageError(f"seed {self.seed!r}: must be a whole number >= 0")
+        if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
+            raise UsageError(f"timeout {self.timeout_s!r}: must be a number of seconds > 0")
+
+
+def _is_whole(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _check_name(name: str) -> None:
+    if not _NAME_RE.match(name):
+        raise UsageError(f"{name!r} is not a scenario name; use lowercase letters, digits and '-', e.g. worker-crash")
+
+
+def _check_description(text: str) -> None:
+    if not text.strip() or "\n" in text.strip():
+        raise UsageError("a description is one line of text, shown by `sim chaos list`")
+
+
+def _check_backends(backends: tuple[str, ...]) -> None:
+    if not backends:
+        raise UsageError("no backend; name at least one, e.g. etcd-v2")
+    for backend in backends:
+        if backend not in RDZV_BACKENDS:
+            raise UsageError(f"backend {backend!r}: unknown; use one of {', '.join(RDZV_BACKENDS)}")
+        if backends.count(backend) > 1:
+            raise UsageError(f"backend {backend!r} named twice; name each once")
+
+
+def _check_duration(fault: str, duration_s: float | None) -> None:
+    if duration_s is None:
+        return
+    if not FAULTS[fault].reversible:
+        reversible = ", ".join(name for name, kind in FAULTS.items() if kind.reversible)
+        raise UsageError(f"{fault} cannot be undone, so it takes no duration; only {reversible} do")
+    if not duration_s > 0:
+        raise UsageError(f"duration {duration_s!r}: must be above zero, e.g. 20s")
+
+
+def _check_repeat(times: int, every_s: float | None, duration_s: float | None) -> None:
+    if not _is_whole(times, 1):
+        raise UsageError(f"repeat times {times!r}: must be a whole number >= 1")
+    if times > 1 and not (every_s is not None and every_s > 0):
+        raise UsageError("repeat: give every, the time between repetitions, e.g. every: 20s")
+    if times > 1 and duration_s is not None and duration_s >= every_s:
+        raise UsageError(f"repeat every {every_s:g}s, but each lasts {duration_s:g}s: the next would start "
+                         "before the last is undone; make every longer than duration")
+
+
+# ---------------------------------------------------------------- the file, node by node
+
+class _Field:
+    """One YAML node and where it is: the file, its line and the path of keys to it."""
+
+    def __init__(self, node: yaml.Node, path: str, doc: _Doc):
+        self.node, self.path, self.doc = node, path, doc
+
+    @property
+    def line(self) -> int:
+        return self.node.start_mark.line + 1
+
+    @property
+    def key(self) -> str:
+        """The last key of the path: "step" of steps[1].at.step."""
+        return self.path.rsplit(".", 1)[-1]
+
+    def child(self, path: str, node: yaml.Node | None = None) -> _Field:
+        return _Field(self.node if node is None else node, f"{self.path}.{path}" if self.path else path, self.doc)
+
+    def absent(self, key: str) -> _Field:
+        """A key not given, as if given empty (null), at this field's line."""
+        mark = self.node.start_mark
+        return self.child(key, yaml.ScalarNode("tag:yaml.org,2002:null", "", mark, mark))
+
+    def error(self, problem: str) -> UsageError:
+        return UsageError(f"{self.doc.source}:{self.line}: {self.path or 'top level'}: {problem}")
+
+    def checked(self, build: Callable, *args: Any, **kwargs: Any) -> Any:
+        """build(...), a UsageError from it placed at this field."""
+        try:
+            return build(*args, **kwargs)
+        except UsageError as error:
+            raise self.error(str(error)) from None
+
+    def is_null(self) -> bool:
+        return isinstance(self.node, yaml.ScalarNode) and self.value() is None
+
+    def what(self) -> str:
+        if isinstance(self.node, yaml.ScalarNode):
+            return repr(self.node.value) if self.node.value else "nothing"
+        return "a list" if isinstance(self.node, yaml.SequenceNode) else "a mapping"
+
+    # --- shapes
+
+    def mapping(self, keys: Sequence[str] | None, required: Iterable[str] = ()) -> dict[str, _Field]:
+        """Its values by key. Keys outside `keys` (None: any) are errors; nothing given is empty."""
+        if self.is_null():
+            fields = {}
+        elif not isinstance(self.node, yaml.MappingNode):
+            raise self.error(f"expected a mapping (key: value lines); got {self.what()}")
+        else:
+            self.doc.loader.flatten_mapping(self.node)  # YAML merge keys (<<: *defaults)
+            fields = {}
+            for key_node, value_node in self.node.value:
+                name = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+                at_key = self.child(str(name), key_node)
+                if not name:
+                    raise at_key.error("a key must be a plain name")
+                if keys is not None and name not in keys:
+                    hint = _did_you_mean(name, keys)
+                    raise at_key.error(f"unknown key {name!r}{hint}; use one of: {', '.join(keys)}")
+                if name in fields:
+                    raise at_key.error("given twice; keep one")
+                fields[name] = self.child(name, value_node)
+        for name in required:
+            if name not in fields:
+                raise self.child(name).error("missing; it is required here")
+        return fields
+
+    def items(self) -> list[_Field]:
+        if self.is_null():
+            return []
+        if not isinstance(self.node, yaml.SequenceNode):
+            raise self.error(f"expected a list; got {self.what()}")
+        return [_Field(node, f"{self.path}[{i}]", self.doc) for i, node in enumerate(self.node.value)]
+
+    # --- single values
+
+    def value(self) -> Any:
+        if not isinstance(self.node, yaml.ScalarNode):
+            raise self.error(f"expected a single value; got {self.what()}")
+        try:
+            return self.doc.loader.construct_object(self.node)
+        except yaml.YAMLError as error:
+            raise self.error(getattr(error, "problem", None) or str(error)) from None
+
+    def text(self) -> str:
+        """The scalar as written (so 1:30 stays "1:30", not YAML 1.1's sexagesimal 90)."""
+        if self.value() is None:
+            raise self.error("no value; give one")
+        return self.node.value
+
+    def whole(self, least: int, example: int) -> int:
+        value = self.value()
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(f"{self.node.value!r} is not a whole number; use e.g. {self.key}: {example}")
+        if value < least:
+            raise self.error(f"{value} is below {least}; use e.g. {self.key}: {example}")
+        return value
+
+    def seconds(self, positive: bool = False) -> float:
+        seconds = self.checked(parse_duration, self.text())
+        if positive and seconds <= 0:
+            raise self.error(f"{self.node.value!r} must be above zero; use e.g. {self.key}: 30s")
+        return seconds
+
+    def flag(self) -> bool:
+        value = self.value()
+        if not isinstance(value, bool):
+            raise self.error(f"{self.node.value!r} is not true or false")
+        return value
+
+    def choice(self, choices: Sequence[str], what: str) -> str:
+        text = self.text()
+        if text not in choices:
+            hint = _did_you_mean(text, choices)
+            raise self.error(f"{text!r} is not {what}{hint}; use one of: {', '.join(choices)}")
+        return text
+
+
+@dataclass
+class _Doc:
+    source: str
+    loader: yaml.SafeLoader  # constructs scalars (ints, bools, nulls) as YAML types them
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# ---------------------------------------------------------------- faults: options and their rules
+
+@dataclass(frozen=True)
+class _Where:
+    """What a step may name at its place in the schedule: the nodes that exist then (a `scale`
+    step before it changes them), the backends, the largest world size torchrun allows, and the
+    shipped trainer's last step (None for a user script)."""
+
+    nodes: tuple[str, ...]
+    backends: tuple[str, ...]
+    max_world: int
+    last_step: int | None
+
+    def check_node(self, field: _Field, name: str) -> None:
+        if name not in self.nodes:
+            known = ", ".join(self.nodes) or "no nodes"
+            raise field.error(f"unknown node {name!r}; the cluster has {known} at this step")
+
+    def require_etcd(self, field: _Field, what: str) -> None:
+        for backend in self.backends:
+            if backend not in ETCD_BACKENDS:
+                raise field.error(f"{what} needs an etcd backend ({' or '.join(ETCD_BACKENDS)}), "
+                                  f"but the scenario runs on {backend}, which has no etcd")
+
+
+Reader = Callable[[_Field, _Where], Any]
+
+
+def _whole(least: int, example: int) -> Reader:
+    return lambda f, where: f.whole(least, example)
+
+
+def _parsed(parse: Callable[[str], Any]) -> Reader:
+    return lambda f, where: f.checked(parse, f.text())
+
+
+def _target(allow_etcd: bool) -> Reader:
+    def read(f: _Field, where: _Where) -> str:
+        target = f.text()
+        if target == ETCD:
+            if not allow_etcd:
+                raise f.error("this fault acts on a node's training processes, which etcd has none of; name a node")
+            where.require_etcd(f, "target etcd")
+        elif target == "store-host":
+            for backend in where.backends:
+                if backend in ETCD_BACKENDS:
+                    raise f.error(f"with backend {backend} the store is etcd; target etcd instead")
+        elif target not in ROLE_TARGETS:
+            where.check_node(f, target)
+        return target
+    return read
+
+
+def _true(f: _Field, where: _Where) -> bool:
+    if not f.flag():
+        raise f.error("false heals nothing; give all: true, or an id")
+    return True
+
+
+def _node_list(f: _Field) -> tuple[str, ...]:
+    """A YAML list of node names, or one comma-separated string as on the command line."""
+    if isinstance(f.node, yaml.SequenceNode):
+        return tuple(item.text() for item in f.items())
+    return tuple(name.strip() for name in f.text().split(","))
+
+
+def _groups(f: _Field) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(name.strip() for name in group.split(",")) for group in f.text().split("|"))
+
+
+def _one_way(f: _Field) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    sides = f.items()
+    if len(sides) != 2:
+        raise f.error("give [from, to], e.g. one_way: [node0, etcd]")
+    return _node_list(sides[0]), _node_list(sides[1])
+
+
+def _cut(read: Callable[[_Field], Any]) -> Reader:
+    """A partition shape, checked by building it on each backend (node named twice, unknown...)."""
+    def read_and_check(f: _Field, where: _Where) -> Any:
+        shape = read(f)
+        for backend in where.backends:
+            f.checked(partition_of, {f.key: shape}, where.nodes, backend)
+        return shape
+    return read_and_check
+
+
+def partition_of(options: Mapping[str, Any], nodes: Sequence[str], backend: str) -> partitions.Partition:
+    """The cuts of a partition step's options among `nodes` (and etcd, on an etcd backend)."""
+    if options.get("from_etcd") and backend not in ETCD_BACKENDS:
+        raise UsageError(f"from_etcd: backend {backend} has no etcd; use from_peers or isolate")
+    return partitions.partition_from_options(options, nodes, has_etcd=backend in ETCD_BACKENDS)
+
+
+_NETEM_QDISC = ("delay", "jitter", "duplicate", "corrupt")
+
+
+def _netem_problem(options: Mapping[str, Any]) -> str | None:
+    # Nemesis.link's own rules, checked before the run rather than at the fault.
+    if not {"loss", "rate", *_NETEM_QDISC} & options.keys():
+        return "nothing to degrade; give loss, rate, or delay/jitter/duplicate/corrupt"
+    if "rate" in options and set(_NETEM_QDISC) & options.keys():
+        return "rate and delay/jitter/duplicate/corrupt both replace the root qdisc; use one"
+    if "jitter" in options and "delay" not in options:
+        return "jitter varies a delay; add one, e.g. delay: 100ms"
+    return None
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    """A fault a step may name: its options (name -> reader) mirroring the CLI verb's flags."""
+
+    options: Mapping[str, Reader] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    required: tuple[str, ...] = ()
+    one_of: tuple[str, ...] = ()  # exactly one of these
+    at_most_one: tuple[str, ...] = ()
+    reversible: bool = False  # takes a duration, after which it is undone
+    needs_etcd: bool = False
+    check: Callable[[Mapping[str, Any]], str | None] | None = None  # a rule among the parsed options
+
+
+_NODE_TARGET, _ANY_TARGET = _target(allow_etcd=False), _target(allow_etcd=True)
+_SECONDS: Reader = lambda f, where: f.seconds()
+_SIGNAL, _PERCENT, _RATE = _parsed(parse_signal), _parsed(parse_percent), _parsed(parse_rate)
+_TARGET = ("target",)
+
+FAULTS: dict[str, FaultKind] = {
+    "kill-worker": FaultKind({"target": _NODE_TARGET, "rank": _whole(0, 0), "local_rank": _whole(0, 0),
+                              "signal": _SIGNAL}, defaults={"target": "random", "signal": signal.SIGKILL},
+                             at_most_one=("rank", "local_rank")),
+    "kill-agent": FaultKind({"target": _NODE_TARGET, "signal": _SIGNAL}, defaults={"signal": signal.SIGKILL},
+                            required=_TARGET),
+    "kill-node": FaultKind({"target": _ANY_TARGET}, required=_TARGET),
+    "stop-node": FaultKind({"target": _ANY_TARGET, "grace": _SECONDS}, defaults={"grace": 10.0}, required=_TARGET),
+    "restart-node": FaultKind({"target": _ANY_TARGET, "grace": _SECONDS}, defaults={"grace": 0.0}, required=_TARGET),
+    "start-node": FaultKind({"target": _ANY_TARGET}, required=_TARGET),
+    "pause": FaultKind({"target": _ANY_TARGET}, reversible=True, required=_TARGET),
+    "unpause": FaultKind({"target": _ANY_TARGET}, required=_TARGET),
+    "partition": FaultKind({"groups": _cut(_groups), "isolate": _cut(_node_list), "from_etcd": _cut(_node_list),
+                            "from_peers": _cut(_node_list), "one_way": _cut(_one_way)},
+                           one_of=PARTITION_SHAPES, reversible=True),
+    "heal": FaultKind({"id": lambda f, where: f.text(), "all": _true}, one_of=("id", "all")),
+    "netem": FaultKind({"target": _ANY_TARGET, "loss": _PERCENT, "rate": _RATE, "delay": _SECONDS,
+                        "jitter": _SECONDS, "duplicate": _PERCENT, "corrupt": _PERCENT},
+                       reversible=True, check=_netem_problem, required=_TARGET),
+    "etcd-kill": FaultKind(needs_etcd=True),
+    "etcd-start": FaultKind(needs_etcd=True),
+    "etcd-restart": FaultKind(needs_etcd=True),
+    "etcd-wipe": FaultKind(needs_etcd=True),
+    "etcd-pause": FaultKind(needs_etcd=True, reversible=True),
+    "etcd-isolate": FaultKind(needs_etcd=True, reversible=True),
+    "scale": FaultKind({"nodes": _whole(0, 3), "abrupt": lambda f, where: f.flag(), "grace": _SECONDS},
+                       defaults={"abrupt": False, "grace": 10.0}, required=("nodes",)),
+}
+
+
+# ---------------------------------------------------------------- reading each section
+
+_TOP_KEYS = ("name", "description", "cluster", "trainer", "profile", "seed", "steps", "expect", "timeout")
+_CLUSTER_WHOLE = {"nodes": 1, "min_nodes": 1, "max_nodes": 1, "nproc_per_node": 1, "max_restarts": 0}  # -> least
+_CLUSTER_KEYS = (*_CLUSTER_WHOLE, "monitor_interval", "gpus", "rdzv_backend", "rdzv_conf", "env", "script",
+                 "script_args")
+_TRAINER_READERS: dict[str, Callable[[_Field], Any]] = {
+    "steps": lambda f: f.whole(1, 120), "step_time": lambda f: f.seconds(), "ckpt_interval": lambda f: f.whole(1, 10),
+    "pg_timeout": lambda f: f.seconds(positive=True), "batch_size": lambda f: f.whole(1, 16),
+}
+TRAINER_KEYS = tuple(_TRAINER_READERS)
+# Under the profile's and the scenario's trainer args: `sim up`'s own defaults for the shipped trainer.
+_TRAINER_BASE = {flag[2:].replace("-", "_"): float(value) if "." in value else int(value)
+                 for flag, value in zip(DEFAULT_TRAINER_ARGS[::2], DEFAULT_TRAINER_ARGS[1::2])}
+_STEP_KEYS = ("fault", "at", "duration", "repeat")
+_TRIGGER_EXAMPLES = {"step": 30, "world_size": 4, "round": 1}
+_EXPECT_KEYS = ("outcome", "max_recovery_s", "max_steps_lost", "hang_s", "fail_fast_s")
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such scenario file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"{path}: cannot read it ({error})") from None
+    return parse_scenario(text, str(path))
+
+
+def parse_scenario(text: str, source_name: str = "<scenario>") -> Scenario:
+    """Parse and check a whole scenario; relative script paths are relative to `source_name`."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        raise UsageError(f"{source_name}:{mark.line + 1 if mark else 1}: not valid YAML: {error.problem}") from None
+    except yaml.YAMLError as error:
+        raise UsageError(f"{source_name}:1: not valid YAML: {error}") from None
+    if root is None:
+        raise UsageError(f"{source_name}:1: empty; a scenario needs at least name, description and expect")
+    try:
+        return _read_scenario(_Field(root, "", _Doc(source_name, loader)))
+    finally:
+        loader.dispose()
+
+
+def _read_scenario(top: _Field) -> Scenario:
+    fields = top.mapping(_TOP_KEYS, required=("name", "description", "expect"))
+    name, description = fields["name"].text(), fields["description"].text()
+    fields["name"].checked(_check_name, name)
+    fields["description"].checked(_check_description, description)
+    cluster_field = fields.get("cluster") or top.absent("cluster")
+    cluster, backends = _read_cluster(cluster_field, Path(top.doc.source).parent)
+    trainer = _read_trainer(fields["trainer"], cluster) if "trainer" in fields else {}
+    profile = fields["profile"].choice(tuple(PROFILES), "a profile") if "profile" in fields else DEFAULT_PROFILE
+    for backend in backends:  # the cluster `sim up` would make, checked now rather than at `up`
+        cluster_field.checked(spec_from_options, _spec_options(profile, cluster, trainer, backend), None)
+    seed = None if "seed" not in fields or fields["seed"].is_null() else fields["seed"].whole(0, 7)
+    where = _where(cluster, backends, None if "script" in cluster else _trainer_args(profile, trainer)["steps"])
+    steps = []
+    for item in fields["steps"].items() if "steps" in fields else []:
+        steps.append(_read_step(item, where))
+        if steps[-1].fault == "scale":
+            where = dataclasses.replace(where, nodes=_node_names(steps[-1].options["nodes"]))
+    expect = _read_expect(fields["expect"], backends)
+    timeout = fields["timeout"].seconds(positive=True) if "timeout" in fields else DEFAULT_TIMEOUT_S
+    return top.checked(Scenario, name, description, top.doc.source, cluster, backends, trainer, profile, seed,
+                       tuple(steps), expect, timeout)
+
+
+def _read_cluster(f: _Field, base_dir: Path) -> tuple[dict, tuple[str, ...]]:
+    fields = f.mapping(_CLUSTER_KEYS)
+    cluster: dict[str, Any] = {key: fields[key].whole(least, 2) for key, least in _CLUSTER_WHOLE.items()
+                               if key in fields}
+    if "monitor_interval" in fields:
+        cluster["monitor_interval"] = fields["monitor_interval"].seconds(positive=True)
+    if "gpus" in fields:
+        cluster["gpus"] = fields["gpus"].checked(GpuRequest.parse, fields["gpus"].text())
+    for key in ("rdzv_conf", "env"):
+        if key in fields:
+            cluster[key] = tuple((name, value.text()) for name, value in fields[key].mapping(None).items())
+    if "script" in fields and not fields["script"].is_null():
+        script = base_dir / fields["script"].text()
+        if not script.is_file():
+            raise fields["script"].error(f"no such file {str(script)!r}; give a path relative to the scenario file")
+        cluster["script"] = str(script.resolve())
+    if "script_args" in fields:
+        if "script" not in cluster:
+            raise fields["script_args"].error("only for a user script (cluster.script); "
+                                              "give the shipped trainer's args under trainer:")
+        cluster["script_args"] = tuple(arg.text() for arg in fields["script_args"].items())
+    backends = _read_backends(fields["rdzv_backend"]) if "rdzv_backend" in fields else (ClusterSpec.rdzv_backend,)
+    return cluster, backends
+
+
+def _read_backends(f: _Field) -> tuple[str, ...]:
+    items = f.items() if isinstance(f.node, yaml.SequenceNode) else [f]
+    backends = tuple(item.choice(RDZV_BACKENDS, "a rendezvous backend") for item in items)
+    f.checked(_check_backends, backends)
+    return backends
+
+
+def _read_trainer(f: _Field, cluster: Mapping[str, Any]) -> dict:
+    if "script" in cluster:
+        raise f.error("args of the shipped trainer, but cluster.script names your own; pass its args in "
+                      "cluster.script_args")
+    return {key: _TRAINER_READERS[key](value) for key, value in f.mapping(TRAINER_KEYS).items()}
+
+
+def _node_names(count: int) -> tuple[str, ...]:
+    return tuple(node_name(i) for i in range(count))
+
+
+def _where(cluster: Mapping[str, Any], backends: tuple[str, ...], last_step: int | None) -> _Where:
+    nodes = cluster.get("nodes", ClusterSpec.nodes)
+    max_nodes = cluster.get("max_nodes") or max(nodes, cluster.get("min_nodes", ClusterSpec.min_nodes))
+    max_world = max_nodes * cluster.get("nproc_per_node", ClusterSpec.nproc_per_node)
+    return _Where(_node_names(nodes), backends, max_world, last_step)
+
+
+def _read_step(item: _Field, where: _Where) -> Step:
+    fault_field = item.mapping(None, required=("fault",))["fault"]
+    fault = fault_field.choice(tuple(FAULTS), "a fault")
+    kind = FAULTS[fault]
+    fields = item.mapping((*_STEP_KEYS, *kind.options), required=("at", *kind.required))
+    _check_exclusive(item, fields, kind)
+    if kind.needs_etcd:
+        where.require_etcd(fault_field, fault)
+    options = dict(kind.defaults)
+    options.update({key: read(fields[key], where) for key, read in kind.options.items() if key in fields})
+    problem = kind.check(options) if kind.check else None
+    if problem:
+        raise item.error(f"{fault}: {problem}")
+    trigger = _read_trigger(fields["at"], where)
+    duration = None
+    if "duration" in fields:
+        duration = fields["duration"].seconds()
+        fields["duration"].checked(_check_duration, fault, duration)
+    times, every = _read_repeat(fields["repeat"], duration) if "repeat" in fields else (1, None)
+    return item.checked(Step, fault, options, trigger, duration, times, every, item.line)
+
+
+def _check_exclusive(item: _Field, fields: Mapping[str, _Field], kind: FaultKind) -> None:
+    for group, exactly in ((kind.one_of, True), (kind.at_most_one, False)):
+        given = [key for key in group if key in fields]
+        if len(given) > 1 or (exactly and group and not given):
+            rule = "exactly one" if exactly else "at most one"
+            raise item.error(f"give {rule} of {', '.join(group)}; got {' and '.join(given) or 'none'}")
+
+
+def _read_trigger(f: _Field, where: _Where) -> Trigger:
+    fields = f.mapping(TRIGGER_KINDS)
+    if len(fields) != 1:
+        raise f.error(f"give exactly one of {', '.join(TRIGGER_KINDS)}; got {' and '.join(fields) or 'none'}")
+    (kind, value), = fields.items()
+    if kind in ("time", "after"):
+        return value.checked(Trigger, kind, value.seconds())
+    trigger = value.checked(Trigger, kind, value.whole(0, _TRIGGER_EXAMPLES[kind]))
+    if kind == "world_size" and trigger.value > where.max_world:
+        raise value.error(f"{trigger.value} is never reached: at most max_nodes x nproc_per_node = {where.max_world}")
+    if kind == "step" and where.last_step is not None and trigger.value > where.last_step:
+        raise value.error(f"{trigger.value} is never reached: the trainer runs {where.last_step} steps "
+                          "(trainer.steps)")
+    return trigger
+
+
+def _read_repeat(f: _Field, duration: float | None) -> tuple[int, float | None]:
+    fields = f.mapping(("times", "every"), required=("times",))
+    times = fields["times"].whole(1, 3)
+    every = fields["every"].seconds(positive=True) if "every" in fields else None
+    f.checked(_check_repeat, times, every, duration)
+    return times, every
+
+
+def _read_expect(f: _Field, backends: tuple[str, ...]) -> Expectation:
+    fields = f.mapping(_EXPECT_KEYS, required=("outcome",))
+    outcome = fields["outcome"]
+    if isinstance(outcome.node, yaml.MappingNode):
+        by_backend = {backend: value.choice(OUTCOMES, "an outcome")
+                      for backend, value in outcome.mapping(backends, required=backends).items()}
+    else:
+        by_backend = dict.fromkeys(backends, outcome.choice(OUTCOMES, "an outcome"))
+    bounds = {key: fields[key].seconds(positive=True) for key in ("max_recovery_s", "hang_s", "fail_fast_s")
+              if key in fields}
+    if "max_steps_lost" in fields:
+        bounds["max_steps_lost"] = fields["max_steps_lost"].whole(0, 10)
+    return f.checked(Expectation, by_backend, **bounds)
+
+
+# ---------------------------------------------------------------- to a cluster
+
+def trainer_args(scenario: Scenario) -> dict:
+    """The shipped trainer's args: `sim up`'s defaults, then the profile's, then the scenario's."""
+    return _trainer_args(scenario.profile, scenario.trainer)
+
+
+def _trainer_args(profile_name: str, trainer: Mapping[str, Any]) -> dict:
+    return {**_TRAINER_BASE, **PROFILES[profile_name].get("trainer", {}), **trainer}
+
+
+def scenario_spec_options(scenario: Scenario, backend: str) -> dict:
+    """Options for sim.spec.spec_from_options(options, None) to build the cluster on `backend`."""
+    if backend not in scenario.backends:
+        raise UsageError(f"backend {backend!r}: scenario {scenario.name} runs on {', '.join(scenario.backends)}")
+    return _spec_options(scenario.profile, scenario.cluster, scenario.trainer, backend)
+
+
+def _spec_options(profile_name: str, cluster: Mapping[str, Any], trainer: Mapping[str, Any], backend: str) -> dict:
+    profile = PROFILES[profile_name]
+    options = {**cluster, "rdzv_backend": backend}
+    for key in ("rdzv_conf", "env"):  # the scenario's pairs over the profile's
+        merged = {name: str(value) for name, value in profile.get(key, {}).items()}
+        merged.update(cluster.get(key, ()))
+        options[key] = tuple(merged.items())
+    if cluster.get("script") is None:
+        args = _trainer_args(profile_name, trainer)
+        options["script_args"] = tuple(part for key in TRAINER_KEYS if key in args
+                                       for part in ("--" + key.replace("_", "-"), str(args[key])))
+    return options
