@@ -16,6 +16,9 @@ same or a different number of workers:
 - The data position is stored as (epoch, samples consumed in that epoch), not
   per rank, so that the rest of the epoch can be resharded over any world
   size without replaying or skipping samples.
+- Each start builds its process group in a key namespace of its own: torchrun
+  keeps one TCPStore across restarts, and a restarted group that read the dead
+  group's gloo/NCCL addresses from it would fail or hang (init_process_group).
 - The job ends by itself after --steps global steps, so the harness can tell
   "finished" from "lost".
 
