@@ -284,8 +284,8 @@ def parse_args(argv=None):
     add("--ckpt-interval", type=number(int, at_least=1), default=10, help="checkpoint every N steps")
     add("--step-time", type=number(float, at_least=0), default=0.0, help="minimum seconds per step")
     add("--pg-timeout", type=number(float, above=0), default=60.0, help="process group timeout (s)")
-    add("--backend", choices=["auto", "gloo", "nccl"], default="auto",
-        help="auto: nccl if CUDA is available, else gloo")
+    add("--backend", choices=["auto", "gloo", "nccl"], default=os.environ.get("SIM_BACKEND", "auto"),
+        help="auto: nccl if CUDA is available, else gloo (default: $SIM_BACKEND, else auto)")
     return parser.parse_args(argv)
 
 
