@@ -35,7 +35,8 @@ HEAL_OPS = ("heal", "unpause")
 # Faults in force until a heal undoes them.
 REVERSIBLE_FAULTS = ("pause", "partition", "link")
 # Faults that take a whole node out on purpose.
-NODE_REMOVING_FAULTS = ("kill-node", "stop-node")
+# The agent is its container's main process: killing it takes the whole node out too.
+NODE_REMOVING_FAULTS = ("kill-node", "stop-node", "kill-agent")
 # Node containers (sim.spec.node_name); others (etcd, the throwaway container
 # wipe-etcd runs) have no torchrun agent.
 AGENT_CONTAINER = re.compile(r"^node\d+$")

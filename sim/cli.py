@@ -61,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="check a run's history: verdict, recovery times, timeline picture")
     report.add_argument("run", nargs="?", help="a run folder, run name, or cluster name (default: the newest run)")
-    report.add_argument("--expect", choices=["recovers", "fails"], default="recovers",
-                        help="the outcome the run should have (default recovers)")
+    report.add_argument("--expect", choices=["recovers", "fails"],
+                        help="the outcome the run should have (default: its scenario's, else recovers)")
 
     logs = sub.add_parser("logs", help="container logs, prefixed and colored per node (docker compose logs)")
     logs.add_argument("node", nargs="?", help="one node (default all)")
@@ -95,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"sim {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `sim report | head`: the reader left; that is not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _docker() -> Docker:

@@ -12,28 +12,23 @@ import json
 import os
 import secrets
 import shutil
-import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from . import labels
 from .docker import Docker
 from .errors import ClusterError, ClusterNotFoundError, SimError, UsageError
 from .history import FILE_NAME, History
 from .images import ImageBuilder, ImageSet
+from .progress import Progress, to_stderr
 from .paths import cluster_dir, state_home
 from .render import render, to_yaml
 from .spec import ClusterSpec
 from .wait import Check, wait_for
 
-Progress = Callable[[str], None]
 PROGRESS_MARK = '"sim": "progress"'
 DEFAULT_START_TIMEOUT = 300.0
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +236,7 @@ def _last_meaningful_line(text: str) -> str:
 
 
 def up(spec: ClusterSpec, docker: Docker, *, builder: ImageBuilder | None = None, keep: bool = False,
-       wait: bool = True, timeout: float = DEFAULT_START_TIMEOUT, progress: Progress = _stderr) -> Cluster:
+       wait: bool = True, timeout: float = DEFAULT_START_TIMEOUT, progress: Progress = to_stderr) -> Cluster:
     """Build images if needed, render and start the compose project, wait for
     the first training step. On any failure (Ctrl-C included) remove what was
     made, unless keep=True."""

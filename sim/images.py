@@ -22,20 +22,15 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
 
 from . import labels
 from .docker import Docker, stream
 from .errors import ImageBuildError
+from .progress import Progress, to_stderr
 from .paths import IMAGES_DIR, TRAINER_DIR, cache_home
 
-Progress = Callable[[str], None]
 REPO = "elastic-sim"
 ETCD_PACKAGE = "etcd-server"
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +69,7 @@ def _tree_files(root: Path) -> list[Path]:
 
 
 class ImageBuilder:
-    def __init__(self, docker: Docker, progress: Progress = _stderr, images_dir: Path = IMAGES_DIR,
+    def __init__(self, docker: Docker, progress: Progress = to_stderr, images_dir: Path = IMAGES_DIR,
                  trainer_dir: Path = TRAINER_DIR, cache_dir: Path | None = None, repo: str = REPO):
         self.docker = docker
         self.repo = repo

@@ -30,15 +30,20 @@ def resolve_run_dir(run: str | None) -> Path:
     raise UsageError(f"report '{run}': no such run folder, run or cluster; runs are in {runs}")
 
 
-def report_run(run_dir: Path, *, expected: str = "recovers", title: str | None = None,
+def report_run(run_dir: Path, *, expected: str | None = None, title: str | None = None,
                profile: str | None = None, **bounds) -> tuple[Verdict, str]:
     from .checkers import RunSpec, check_all
     from .report import format_summary, write_report
     history = sorted(History(run_dir / FILE_NAME).records(), key=lambda r: r["t"])
+    scenario = next((r for r in history if r.get("type") == "run" and r.get("event") == "scenario"), {})
+    # Unless told, a scenario run is judged against the outcome its scenario expected.
+    expected = expected or scenario.get("expected") or "recovers"
     spec = RunSpec.from_history(history, expected=expected, **bounds)
     verdict = check_all(history, spec)
-    start = next((r for r in history if r.get("type") == "run" and r.get("event") == "start"), {})
-    profile = profile or start.get("profile")
+    # A scenario run records its profile in its own line; a plain `up` in the start line.
+    runs = [r for r in history if r.get("type") == "run" and r.get("event") in ("scenario", "start")]
+    profile = profile or next((r.get("profile") for r in runs if r.get("event") == "scenario"),
+                              next((r.get("profile") for r in runs), None))
     title = title or run_dir.name
     files = write_report(history, verdict, run_dir / "report", title=title, profile=profile)
     return verdict, format_summary(verdict, history, title=title, profile=profile, files=files)

@@ -51,3 +51,15 @@ def test_verbs_on_a_missing_cluster(docker):
         result = run_sim(*verb)
         assert result.returncode == 2, verb
         assert result.stderr.strip().count("\n") == 0 and "not found" in result.stderr, result.stderr
+
+
+def test_invalid_scenario_file_is_one_line_naming_file_line_and_field(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ndescription: a typo\nsteps:\n  - fault: kill-worker\n    at: {step: ten}\n"
+                   "expect: {outcome: recovers}\n")
+    result = run_sim("chaos", "run", str(bad))
+    assert result.returncode == 2
+    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and f"{bad}:5: steps[0].at.step" in lines[0], result.stderr
+    unknown = run_sim("chaos", "run", "no-such-scenario")
+    assert unknown.returncode == 2 and "shipped:" in unknown.stderr
