@@ -18,7 +18,7 @@ from typing import Callable
 
 from sim.cluster import Cluster, JobFinished, up
 from sim.docker import Docker
-from sim.errors import ClusterError, SimError, UsageError
+from sim.errors import SimError, UsageError
 from sim.history import FILE_NAME, History, HistoryTail
 from sim.runreport import report_run
 from sim.spec import spec_from_options
@@ -32,6 +32,10 @@ Progress = Callable[[str], None]
 POLL_S = 0.5
 
 
+class StepNotFired(SimError):
+    """A step's trigger was never reached (the job ended first, or the timeout came)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ScenarioResult:
     scenario: str
@@ -41,10 +45,11 @@ class ScenarioResult:
     summary: str
     run_dir: Path
     seed: int
+    unfired: str | None = None  # why a step never fired, if one did not
 
     @property
     def passed(self) -> bool:
-        return self.verdict.valid
+        return self.verdict.valid and self.unfired is None
 
     @property
     def timeline(self) -> Path:
@@ -58,8 +63,8 @@ class HistoryState:
         self.tail = HistoryTail(path)
         self.first_step_t: float | None = None
         self.max_step = 0
-        self.world_size: int | None = None
-        self.world_size_t = 0.0
+        self.world_size: int | None = None  # as of the newest progress line
+        self.last_progress_t = 0.0
         self.max_round = -1
 
     def update(self) -> None:
@@ -68,8 +73,8 @@ class HistoryState:
                 if self.first_step_t is None:
                     self.first_step_t = r["t"]
                 self.max_step = max(self.max_step, r.get("step", 0))
-                if r.get("world_size") != self.world_size:
-                    self.world_size, self.world_size_t = r.get("world_size"), r["t"]
+                if r["t"] >= self.last_progress_t:
+                    self.world_size, self.last_progress_t = r.get("world_size"), r["t"]
             elif r.get("type") == "agent" and r.get("event") == "rdzv_joined":
                 self.max_round = max(self.max_round, r.get("round", -1))
 
@@ -99,8 +104,15 @@ class ScenarioRunner:
                         "seed": self.seed, "profile": scenario.profile, "expected": expected})
         nemesis = Nemesis(cluster, history=history, seed=self.seed)
         state = HistoryState(run_dir / FILE_NAME)
+        unfired = None
         try:
-            self._run_steps(nemesis, state, deadline)
+            try:
+                self._run_steps(nemesis, state, deadline)
+            except StepNotFired as why:
+                # The experiment did not happen as written: the run cannot pass.
+                unfired = str(why)
+                history.append({"type": "run", "event": "step_not_fired", "why": unfired})
+                self.progress(f"[chaos] {unfired}")
             self.progress(f"[chaos] waiting for the job to end ({expected} expected)")
             self._wait_end(cluster, deadline)
         finally:
@@ -112,7 +124,9 @@ class ScenarioRunner:
                   if k in ("max_recovery_s", "max_steps_lost", "hang_s", "fail_fast_s") and v is not None}
         verdict, summary = report_run(run_dir, expected=expected, title=f"{scenario.name} [{self.backend}]",
                                       profile=scenario.profile, **bounds)
-        return ScenarioResult(scenario.name, self.backend, expected, verdict, summary, run_dir, self.seed)
+        if unfired:
+            summary += f"\nNOT VALID: {unfired}"
+        return ScenarioResult(scenario.name, self.backend, expected, verdict, summary, run_dir, self.seed, unfired)
 
     def _cluster(self) -> Cluster:
         if self.cluster_name:
@@ -131,7 +145,7 @@ class ScenarioRunner:
         previous_done = time.time()
         for step in self.scenario.steps:
             for _ in range(max(step.repeat_times, 1)):
-                self._wait_trigger(step, state, previous_done, deadline)
+                self._wait_trigger(nemesis, step, state, previous_done, deadline)
                 self.progress(f"[chaos] {step.fault} {step.options.get('target', '')}".rstrip())
                 self._fire(nemesis, step)
                 previous_done = time.time()
@@ -139,8 +153,10 @@ class ScenarioRunner:
                     step = dataclasses.replace(step, trigger=dataclasses.replace(
                         step.trigger, kind="after", value=step.repeat_every_s))
 
-    def _wait_trigger(self, step: Step, state: HistoryState, previous_done: float, deadline: float) -> None:
+    def _wait_trigger(self, nemesis: Nemesis, step: Step, state: HistoryState, previous_done: float,
+                      deadline: float) -> None:
         kind, value = step.trigger.kind, step.trigger.value
+        next_liveness_check = time.monotonic() + 2.0
         while True:
             state.update()
             now = time.time()
@@ -150,13 +166,19 @@ class ScenarioRunner:
                 return
             if kind == "after" and now - previous_done >= value:
                 return
-            if kind == "world_size" and state.world_size == value and state.world_size_t > previous_done - 1:
+            # Training at that size since the previous step acted (not a stale line from before).
+            if kind == "world_size" and state.world_size == value and state.last_progress_t > previous_done:
                 return
             if kind == "round" and state.max_round >= value:
                 return
             if time.monotonic() > deadline:
-                raise ClusterError(f"scenario '{self.scenario.name}': trigger {kind}={value} of step "
-                                   f"'{step.fault}' (line {step.line}) not reached before the scenario timeout")
+                raise StepNotFired(f"trigger {kind}={value} of step '{step.fault}' (line {step.line}) "
+                                   f"not reached before the scenario timeout")
+            if time.monotonic() >= next_liveness_check:
+                next_liveness_check = time.monotonic() + 2.0
+                if self._job_ended(nemesis.cluster):
+                    raise StepNotFired(f"the job ended before the trigger {kind}={value} of step "
+                                       f"'{step.fault}' (line {step.line}) was reached")
             time.sleep(POLL_S)
 
     def _fire(self, nemesis: Nemesis, step: Step) -> None:
@@ -172,6 +194,11 @@ class ScenarioRunner:
             timer.daemon = True
             timer.start()
             self._undo_timers.append(timer)
+
+    @staticmethod
+    def _job_ended(cluster: Cluster) -> bool:
+        check = JobFinished(cluster).check()
+        return check.ready or check.failure is not None
 
     def _wait_end(self, cluster: Cluster, deadline: float) -> None:
         strategy = JobFinished(cluster)

@@ -31,7 +31,7 @@ def test_history_state_follows_a_growing_file(tmp_path):
     with open(history.path, "a") as f:
         f.write(json.dumps({"t": 13.0, "type": "trainer", "kind": "progress", "step": 3, "world_size": 2})[20:] + "\n")
     state.update()
-    assert (state.max_step, state.world_size, state.world_size_t) == (3, 2, 13.0)
+    assert (state.max_step, state.world_size, state.last_progress_t) == (3, 2, 13.0)
 
 
 class RecordingNemesis:
