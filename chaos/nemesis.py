@@ -27,7 +27,7 @@ from sim.images import ImageSet
 
 from . import netcmd
 from .partition import Partition, blocked_peers
-from .procs import PROBE_ARGV, NodeProcesses, parse_probe
+from sim.procs import PROBE_ARGV, NodeProcesses, parse_probe
 
 ETCD = "etcd"
 # Roles a target can name instead of a node.

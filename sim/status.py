@@ -7,9 +7,7 @@ import dataclasses
 from .agentlog import node_facts, node_log_facts
 from .cluster import Cluster
 from .history import FILE_NAME, History
-
-AGENT_MARKERS = ("torch.distributed.run", "/torchrun")
-
+from .procs import PROBE_ARGV, parse_probe
 
 @dataclasses.dataclass(frozen=True)
 class NodeStatus:
@@ -21,20 +19,6 @@ class NodeStatus:
     world_size: int | None
     restarts: int
     step: int | None
-
-
-def parse_process_table(text: str) -> tuple[int | None, int]:
-    """`ps -eo pid=,ppid=,args=` -> (agent pid, number of its worker children)."""
-    rows = []
-    for line in text.splitlines():
-        parts = line.split(None, 2)
-        if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
-            rows.append((int(parts[0]), int(parts[1]), parts[2]))
-    agents = [pid for pid, _, args in rows if any(m in args for m in AGENT_MARKERS)]
-    if not agents:
-        return None, 0
-    agent = min(agents)
-    return agent, sum(1 for _, ppid, _ in rows if ppid == agent)
 
 
 def cluster_status(cluster: Cluster) -> list[NodeStatus]:
@@ -52,10 +36,10 @@ def cluster_status(cluster: Cluster) -> list[NodeStatus]:
             continue
         agent, workers = "?", None
         if info.state == "running":
-            table = cluster.exec(info.node, "ps", "-eo", "pid=,ppid=,args=")
-            if table.ok:
-                pid, workers = parse_process_table(table.stdout)
-                agent = "alive" if pid else "gone"
+            probe = cluster.exec(info.node, *PROBE_ARGV)
+            if probe.ok:
+                procs = parse_probe(probe.stdout)
+                agent, workers = ("alive" if procs.agent_pid else "gone"), len(procs.workers)
         elif info.state in ("exited", "dead", "created"):
             agent, workers = "gone", 0
         if by_node:

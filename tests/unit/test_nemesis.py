@@ -10,7 +10,7 @@ import pytest
 
 from chaos.nemesis import Nemesis
 from chaos.partition import isolate, parse_partition_spec
-from chaos.procs import parse_probe
+from sim.procs import parse_probe
 from sim.cluster import Cluster
 from sim.docker import Completed, Docker
 from sim.errors import FaultError, UsageError

@@ -3,7 +3,6 @@ import pytest
 from sim.agentlog import node_log_facts
 from sim.errors import ClusterError
 from sim.logs import compact
-from sim.status import parse_process_table
 from sim.wait import Check, wait_for
 
 
@@ -46,17 +45,6 @@ def test_wait_fails_fast():
     with pytest.raises(ClusterError, match="node0 exited"):
         wait_for(Scripted([Check(False, failure="node0 exited")]), timeout=100, clock=clock, sleep=clock.sleep)
     assert clock.now == 0.0
-
-
-def test_process_table_finds_agent_and_workers():
-    table = """\
-      1       0 /sbin/docker-init -- torchrun --nnodes 1:2 train.py
-      7       1 /opt/venv/bin/python3 /opt/venv/bin/torchrun --nnodes 1:2 train.py
-     40       7 /opt/venv/bin/python3 -u /opt/sim/trainer/train.py
-     41       7 /opt/venv/bin/python3 -u /opt/sim/trainer/train.py
-     90       0 ps -eo pid=,ppid=,args=
-"""
-    assert parse_process_table(table) == (7, 2)  # docker-init's argv mentions torchrun too
 
 
 AGENT_LOG = """\

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from sim.errors import FaultError
+from .errors import FaultError
 
 # Runs inside the node as the training user (the owner of every process whose environ it reads). Stdlib only.
 PROBE = r"""
