@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable]:
     p = verb("restart", "restart a node or etcd with the same hostname (quick rejoin; etcd keeps its data)")
     p.add_argument("target", help=TARGET_HELP)
     p.add_argument("--grace", default="0s", help="grace period before the kill (default 0s)")
+    p.add_argument("--downtime", default="0s", help="stay down this long before starting again (default 0s)")
 
     p = verb("start", "start a node or etcd that was killed or stopped")
     p.add_argument("target", help=TARGET_HELP)
@@ -86,6 +87,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable]:
 
     p = verb("etcd", "etcd faults: kill, restart (keeps data), wipe (restart empty), pause, unpause, isolate")
     p.add_argument("action", choices=["kill", "restart", "wipe", "pause", "unpause", "isolate", "start"])
+    p.add_argument("--downtime", default="0s", help="for restart/wipe: stay down this long (default 0s)")
     p.add_argument("--for", dest="duration", help="for pause/isolate: undo after this long")
 
     p = verb("scale", "add nodes that join the running job, or remove the highest ones")
@@ -167,8 +169,8 @@ def cmd_stop(args, _):
 
 
 def cmd_restart(args, _):
-    grace = parse_duration(args.grace)
-    return _report(_nemesis(args).restart_node(args.target, grace=grace))
+    grace, downtime = parse_duration(args.grace), parse_duration(args.downtime)
+    return _report(_nemesis(args).restart_node(args.target, grace=grace, downtime=downtime))
 
 
 def cmd_start(args, _):
@@ -230,6 +232,7 @@ def _ms(text: str | None) -> float | None:
 
 def cmd_etcd(args, _):
     _check_duration(args)
+    downtime = parse_duration(args.downtime)
     nemesis = _nemesis(args)
     nemesis.resolve(ETCD)  # a clear error when the cluster has no etcd
     if args.action == "kill":
@@ -237,9 +240,9 @@ def cmd_etcd(args, _):
     if args.action == "start":
         return _report(nemesis.start_node(ETCD))
     if args.action == "restart":
-        return _report(nemesis.restart_node(ETCD))
+        return _report(nemesis.restart_node(ETCD, downtime=downtime))
     if args.action == "wipe":
-        return _report(nemesis.wipe_etcd())
+        return _report(nemesis.wipe_etcd(downtime=downtime))
     if args.action == "unpause":
         return _report(nemesis.unpause(ETCD))
     if args.action == "pause":

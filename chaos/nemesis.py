@@ -19,7 +19,6 @@ import uuid
 from pathlib import Path
 from typing import Callable, Sequence
 
-from sim import labels
 from sim.cluster import Cluster, ContainerInfo, write_state
 from sim.errors import FaultError, SimError, UnsupportedFaultError, UsageError
 from sim.history import FILE_NAME, History
@@ -168,14 +167,22 @@ class Nemesis:
             return {"node": name, "grace": grace, "took": round(time.monotonic() - started, 2)}
         return self.invoke("stop-node", target, act, grace=grace, seed=self.seed)
 
-    def restart_node(self, target: str, *, grace: float = 0.0) -> dict:
-        """The same node (same hostname) comes back: a quick rejoin."""
+    def restart_node(self, target: str, *, grace: float = 0.0, downtime: float = 0.0) -> dict:
+        """The same node (same hostname) comes back: a quick rejoin, or after `downtime`
+        seconds down (a real restart takes seconds; whether a peer's call lands in the gap
+        decides what torch does, so a scenario can make the gap certain)."""
         def act() -> dict:
             name = self.resolve(target)
-            self.docker.run("restart", "-t", str(int(round(grace))), self._info(name).id, timeout=grace + 60)
+            cid = self._info(name).id
+            if downtime > 0:
+                self.docker.run("stop", "-t", str(int(round(grace))), cid, timeout=grace + 60)
+                time.sleep(downtime)
+                self.docker.run("start", cid)
+            else:
+                self.docker.run("restart", "-t", str(int(round(grace))), cid, timeout=grace + 60)
             self._reapply_network(name)
-            return {"node": name, "grace": grace}
-        return self.invoke("restart-node", target, act, grace=grace, seed=self.seed)
+            return {"node": name, "grace": grace, "downtime": downtime}
+        return self.invoke("restart-node", target, act, grace=grace, downtime=downtime, seed=self.seed)
 
     def start_node(self, target: str) -> dict:
         """Start a node (or etcd) that was killed or stopped, keeping its data."""
@@ -211,24 +218,24 @@ class Nemesis:
 
     # --- etcd -----------------------------------------------------------------------------
 
-    def wipe_etcd(self) -> dict:
-        """Restart etcd with an empty data dir: every rendezvous key is gone."""
+    def wipe_etcd(self, *, downtime: float = 0.0) -> dict:
+        """Restart etcd with an empty data dir: every rendezvous key is gone. The data is
+        unlinked while etcd runs (it keeps its open files until it stops), so etcd is down
+        no longer than a plain restart, or for `downtime` seconds when given."""
         def act() -> dict:
             info = self._info(ETCD)
-            volume = next((m["Name"] for m in self.docker.inspect(info.id)[0]["Mounts"]
-                           if m.get("Destination") == "/var/lib/etcd"), None)
-            self.docker.run("stop", "-t", "5", info.id)
-            # The data lives in a named volume: a throwaway container with the etcd
-            # image clears it (labelled, removed on exit, like everything we make).
-            image = self.docker.inspect(info.id)[0]["Config"]["Image"]
-            label_args = [arg for key, value in labels.cluster_labels(self.cluster.name).items()
-                          for arg in ("--label", f"{key}={value}")]
-            self.docker.run("run", "--rm", "--user", "root", *label_args, "-v", f"{volume}:/var/lib/etcd",
-                            "--entrypoint", "sh", image, "-c", "rm -rf /var/lib/etcd/data")
-            self.docker.run("start", info.id)
+            removed = self.cluster.exec(ETCD, "sh", "-c", "rm -rf /var/lib/etcd/data")
+            if not removed.ok:
+                raise FaultError(f"etcd: clearing its data failed: {_last(removed.stderr)}")
+            if downtime > 0:
+                self.docker.run("kill", info.id)
+                time.sleep(downtime)
+                self.docker.run("start", info.id)
+            else:
+                self.docker.run("restart", "-t", "0", info.id)
             self._reapply_network(ETCD)
-            return {"node": ETCD, "volume": volume}
-        return self.invoke("wipe-etcd", ETCD, act)
+            return {"node": ETCD, "downtime": downtime}
+        return self.invoke("wipe-etcd", ETCD, act, downtime=downtime)
 
     # --- scale ----------------------------------------------------------------------------------
 
