@@ -14,7 +14,7 @@ from typing import Callable
 
 from sim.cluster import Cluster
 from sim.docker import Docker
-from sim.errors import UsageError
+from sim.errors import ClusterNotFoundError, UsageError
 from sim.spec import DEFAULT_NAME
 
 from . import partition as partitions
@@ -116,11 +116,15 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable]:
             "scale": cmd_scale, "faults": cmd_faults, "chaos": cmd_chaos}
 
 
-def _nemesis(args: argparse.Namespace) -> Nemesis:
+def _nemesis(args: argparse.Namespace, *, running: bool = True) -> Nemesis:
+    """The cluster's nemesis; `running=False` for verbs that bring stopped containers back."""
     docker = Docker()
     docker.ping()
     cluster = Cluster(args.name, docker)
-    cluster.require_running()
+    if running:
+        cluster.require_running()
+    elif not cluster.containers():
+        raise ClusterNotFoundError(f"cluster '{args.name}': not found; `python -m sim ls` lists clusters")
     return Nemesis(cluster, seed=args.seed)
 
 
@@ -174,7 +178,7 @@ def cmd_restart(args, _):
 
 
 def cmd_start(args, _):
-    return _report(_nemesis(args).start_node(args.target))
+    return _report(_nemesis(args, running=False).start_node(args.target))
 
 
 def cmd_pause(args, _):
@@ -233,7 +237,7 @@ def _ms(text: str | None) -> float | None:
 def cmd_etcd(args, _):
     _check_duration(args)
     downtime = parse_duration(args.downtime)
-    nemesis = _nemesis(args)
+    nemesis = _nemesis(args, running=args.action != "start")
     nemesis.resolve(ETCD)  # a clear error when the cluster has no etcd
     if args.action == "kill":
         return _report(nemesis.kill_node(ETCD))

@@ -147,10 +147,16 @@ def test_pause_freezes_every_process_and_unpause_resumes(cluster):
     assert any(line.split()[1][0] in "SR" for line in top), top
 
 
-def test_partition_cuts_tcp_between_groups_and_heal_restores(cluster):
+def probe_servers(cluster):
+    """A TCP probe server on every node (a second start finds the port taken and exits)."""
     for node in ("node0", "node1", "node2"):
         start_tcp_server(cluster, node)
-    eventually(lambda: tcp_connects(cluster, "node0", "node1"), 20, what="probe servers up")
+    for src, dst in (("node0", "node1"), ("node1", "node2"), ("node2", "node0")):
+        eventually(lambda: tcp_connects(cluster, src, dst), 20, what=f"probe server on {dst}")
+
+
+def test_partition_cuts_tcp_between_groups_and_heal_restores(cluster):
+    probe_servers(cluster)
     result = sim(cluster, "partition", "node0|node1,node2")
     assert not tcp_connects(cluster, "node0", "node1")
     assert not tcp_connects(cluster, "node2", "node0")
@@ -160,6 +166,7 @@ def test_partition_cuts_tcp_between_groups_and_heal_restores(cluster):
 
 
 def test_cut_from_etcd_only_keeps_peers(cluster):
+    probe_servers(cluster)
     sim(cluster, "partition", "--from-etcd", "node2")
     # etcd's own client port is the probe here.
     probe = cluster.exec("node2", "python3", "-c",
