@@ -19,7 +19,7 @@ from typing import Iterator
 from . import labels
 from .docker import Docker
 from .errors import ClusterError, ClusterNotFoundError, SimError, UsageError
-from .history import FILE_NAME, History
+from .history import FILE_NAME, History, HistoryTail
 from .images import ImageBuilder, ImageSet
 from .progress import Progress, to_stderr
 from .paths import cluster_dir, state_home
@@ -27,7 +27,6 @@ from .render import render, to_yaml
 from .spec import ClusterSpec
 from .wait import Check, wait_for
 
-PROGRESS_MARK = '"sim": "progress"'
 DEFAULT_START_TIMEOUT = 300.0
 
 
@@ -189,20 +188,25 @@ def new_run_id() -> str:
 
 class FirstProgressLine:
     """Ready when any node has printed a trainer progress line; failed when a
-    node container has already exited before training started."""
+    node container has already exited before training started.
+
+    It reads the run's history (the collector already follows every log), so
+    waiting costs one `docker ps` a poll, not a `docker logs` per node: start-up
+    is CPU-bound and every process the harness runs slows it down."""
 
     description = "waiting for the first training step"
 
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
+        self.tail = HistoryTail(cluster.run_dir / FILE_NAME)
 
     def check(self) -> Check:
+        for record in self.tail.poll():
+            if record.get("type") == "trainer" and record.get("kind") == "progress":
+                return Check(True, detail=record.get("node", "?"))
         nodes = self.cluster.nodes()
         if not nodes:
             return Check(False, failure="no node containers exist")
-        for info in nodes:
-            if PROGRESS_MARK in self.cluster.logs(info.node, tail=400):
-                return Check(True, detail=info.node)
         exited = [c for c in nodes if c.state in ("exited", "dead")]
         if exited:
             first = exited[0]
