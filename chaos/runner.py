@@ -101,7 +101,8 @@ class ScenarioRunner:
         run_dir = cluster.run_dir
         history = History(run_dir / FILE_NAME)
         history.append({"type": "run", "event": "scenario", "scenario": scenario.name, "backend": self.backend,
-                        "seed": self.seed, "profile": scenario.profile, "expected": expected})
+                        "seed": self.seed, "profile": scenario.profile, "expected": expected,
+                        "checkers": list(scenario.expect.checkers) if scenario.expect.checkers else None})
         nemesis = Nemesis(cluster, history=history, seed=self.seed)
         state = HistoryState(run_dir / FILE_NAME)
         unfired = None

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from sim.errors import UsageError
+from sim.checkers import CHECKERS
 from sim.spec import (DEFAULT_TRAINER_ARGS, ETCD_BACKENDS, RDZV_BACKENDS, ClusterSpec, GpuRequest, node_name,
                       spec_from_options)
 
@@ -105,8 +106,12 @@ class Expectation:
     max_steps_lost: int | None = None
     hang_s: float | None = None
     fail_fast_s: float | None = None
+    checkers: tuple[str, ...] | None = None  # None: every checker that applies to the outcome
 
     def __post_init__(self) -> None:
+        for name in self.checkers or ():
+            if name not in CHECKERS:
+                raise UsageError(f"checker {name!r}: unknown; use some of {', '.join(CHECKERS)}")
         for backend, outcome in self.outcome_by_backend.items():
             if outcome not in OUTCOMES:
                 raise UsageError(f"outcome {outcome!r} for {backend}: use one of {', '.join(OUTCOMES)}")
@@ -506,7 +511,7 @@ _TRAINER_BASE = {flag[2:].replace("-", "_"): float(value) if "." in value else i
                  for flag, value in zip(DEFAULT_TRAINER_ARGS[::2], DEFAULT_TRAINER_ARGS[1::2])}
 _STEP_KEYS = ("fault", "at", "duration", "repeat")
 _TRIGGER_EXAMPLES = {"step": 30, "world_size": 4, "round": 1}
-_EXPECT_KEYS = ("outcome", "max_recovery_s", "max_steps_lost", "hang_s", "fail_fast_s")
+_EXPECT_KEYS = ("outcome", "checkers", "max_recovery_s", "max_steps_lost", "hang_s", "fail_fast_s")
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -678,6 +683,9 @@ def _read_expect(f: _Field, backends: tuple[str, ...]) -> Expectation:
               if key in fields}
     if "max_steps_lost" in fields:
         bounds["max_steps_lost"] = fields["max_steps_lost"].whole(0, 10)
+    if "checkers" in fields:
+        names = tuple(item.choice(tuple(CHECKERS), "a checker") for item in fields["checkers"].items())
+        bounds["checkers"] = names
     return f.checked(Expectation, by_backend, **bounds)
 
 

@@ -744,9 +744,12 @@ CHECKS_FOR = {
 }
 
 
-def check_all(history: Sequence[dict], spec: RunSpec) -> Verdict:
-    """Run the checkers that apply to the spec's expected outcome."""
-    results = tuple(CHECKERS[name](history, spec) for name in CHECKS_FOR[spec.expected])
+def check_all(history: Sequence[dict], spec: RunSpec, only: Sequence[str] | None = None) -> Verdict:
+    """Run the checkers that apply to the spec's expected outcome (or just those in `only`;
+    restart_budget always runs, since the verdict reports restarts per node from it)."""
+    names = CHECKS_FOR[spec.expected] if only is None else \
+        tuple(dict.fromkeys([*only, "restart_budget"]))
+    results = tuple(CHECKERS[name](history, spec) for name in names)
     by_name = {r.name: r for r in results}
     recoveries = tuple(FaultRecovery(**d) for d in by_name["recovery"].metrics["recoveries"]) \
         if "recovery" in by_name else ()

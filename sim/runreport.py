@@ -31,7 +31,7 @@ def resolve_run_dir(run: str | None) -> Path:
 
 
 def report_run(run_dir: Path, *, expected: str | None = None, title: str | None = None,
-               profile: str | None = None, **bounds) -> tuple[Verdict, str]:
+               profile: str | None = None, checkers: tuple[str, ...] | None = None, **bounds) -> tuple[Verdict, str]:
     from .checkers import RunSpec, check_all
     from .report import format_summary, write_report
     history = sorted(History(run_dir / FILE_NAME).records(), key=lambda r: r["t"])
@@ -39,7 +39,8 @@ def report_run(run_dir: Path, *, expected: str | None = None, title: str | None 
     # Unless told, a scenario run is judged against the outcome its scenario expected.
     expected = expected or scenario.get("expected") or "recovers"
     spec = RunSpec.from_history(history, expected=expected, **bounds)
-    verdict = check_all(history, spec)
+    checkers = checkers or scenario.get("checkers")
+    verdict = check_all(history, spec, only=checkers)
     # A scenario run records its profile in its own line; a plain `up` in the start line.
     runs = [r for r in history if r.get("type") == "run" and r.get("event") in ("scenario", "start")]
     profile = profile or next((r.get("profile") for r in runs if r.get("event") == "scenario"),

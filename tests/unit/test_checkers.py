@@ -654,3 +654,9 @@ def test_check_results_are_frozen_data():
     result = check_completed(clean_run().records, clean_run().spec())
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.valid = False
+
+
+def test_check_all_can_run_only_named_checkers():
+    run = clean_run()
+    verdict = check_all(run.records, run.spec(), only=["completed"])
+    assert [r.name for r in verdict.results] == ["completed", "restart_budget"] and verdict.valid

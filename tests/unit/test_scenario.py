@@ -289,3 +289,12 @@ def test_trainer_args_with_a_user_script_are_an_error(tmp_path):
 ])
 def test_file_level_errors(text, start):
     assert error_of(text).startswith(start)
+
+
+def test_expect_can_name_the_checkers_that_apply():
+    text = ("name: some-checks\ndescription: only two checkers\nexpect:\n  outcome: recovers\n"
+            "  checkers: [completed, progress]\n")
+    assert parse_scenario(text, "s.yaml").expect.checkers == ("completed", "progress")
+    bad = text.replace("progress]", "progres]")
+    with pytest.raises(UsageError, match=r"s.yaml:5: expect.checkers\[1\]: .*progres"):
+        parse_scenario(bad, "s.yaml")
