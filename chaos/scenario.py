@@ -27,7 +27,7 @@ from sim.spec import (DEFAULT_TRAINER_ARGS, ETCD_BACKENDS, RDZV_BACKENDS, Cluste
 
 from . import partition as partitions
 from .nemesis import ETCD, ROLE_TARGETS
-from .parse import check_node_names, parse_duration, parse_percent, parse_rate, parse_signal
+from .parse import parse_duration, parse_percent, parse_rate, parse_signal
 
 OUTCOMES = ("recovers", "fails")  # as sim.checkers.RunSpec.expected
 TRIGGER_KINDS = ("time", "step", "after", "world_size", "round")

@@ -120,7 +120,7 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
     if args.detach:
         return 0
     from .logs import follow_job
-    print(f"following the job (Ctrl-C stops following; the cluster keeps running)", flush=True)
+    print("following the job (Ctrl-C stops following; the cluster keeps running)", flush=True)
     try:
         return follow_job(cluster)
     except KeyboardInterrupt:

@@ -18,7 +18,7 @@ from typing import Iterator
 
 from . import labels
 from .docker import Docker
-from .errors import ClusterError, ClusterNotFoundError, SimError, UsageError
+from .errors import ClusterNotFoundError, SimError, UsageError
 from .history import FILE_NAME, History, HistoryTail
 from .images import ImageBuilder, ImageSet
 from .progress import Progress, to_stderr

@@ -74,7 +74,7 @@ class Docker:
     def ping(self) -> None:
         """Raise DockerUnavailableError unless the engine answers."""
         if shutil.which(self.docker_bin) is None and self.runner is subprocess_runner:
-            raise DockerUnavailableError(f"the docker client is not installed; install it with `make setup`")
+            raise DockerUnavailableError("the docker client is not installed; install it with `make setup`")
         result = self.run("version", "--format", "{{.Server.Version}}", check=False, timeout=20)
         if not result.ok or not result.stdout.strip():
             why = (result.stderr.strip().splitlines() or ["no answer"])[-1]

@@ -50,5 +50,5 @@ def follow_job(cluster: Cluster, out: TextIO = sys.stdout) -> int:
     if failed:
         print(f"job did not finish cleanly: {', '.join(failed)}", file=out)
         return 1
-    print(f"job finished: every node exited 0", file=out)
+    print("job finished: every node exited 0", file=out)
     return 0

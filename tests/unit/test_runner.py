@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 
-import pytest
 
 from chaos.runner import HistoryState, fault_call
 from chaos.scenario import FAULTS, Step, Trigger
