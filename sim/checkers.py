@@ -701,6 +701,7 @@ def check_fails_cleanly(history: Sequence[dict], spec: RunSpec) -> CheckResult:
         reasons.append(f"the job completed (step {finished.get('final_step')} at {_clock(finished['t'])}) "
                        "but was expected to fail")
     removed = run.removed_on_purpose()
+    ended = {}  # node -> the fault its exit followed (op) and how long after
     for node in run.agent_nodes:
         last = run.lifecycle(node)
         if last is None or last.get("action") != "die":
@@ -711,11 +712,13 @@ def check_fails_cleanly(history: Sequence[dict], spec: RunSpec) -> CheckResult:
         cause = _last_fault_before(run, last["t"])
         # An exit while the fault was still being injected (its ok not yet written) counts as immediate.
         delay = max(0.0, last["t"] - cause.t_ok) if cause else last["t"] - run.t_begin
+        ended[node] = {"after_op": cause.op if cause else None, "delay_s": round(delay, 3)}
         if delay > spec.fail_fast_s:
             after = f"after {cause.describe()}" if cause else "after the run started"
             reasons.append(f"{node} exited {delay:.1f} s {after} > fail_fast {spec.fail_fast_s:g} s")
     return CheckResult("fails_cleanly", not reasons, tuple(reasons[:MAX_EXAMPLES]),
-                       {"exits": {n: _exit_summary(run.lifecycle(n)) for n in run.agent_nodes}})
+                       {"exits": {n: _exit_summary(run.lifecycle(n)) for n in run.agent_nodes},
+                        "ended": ended})
 
 
 def _last_fault_before(run: _Run, t: float) -> _Fault | None:

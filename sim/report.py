@@ -124,7 +124,7 @@ class FaultSpan:
     start: float  # seconds since run start: the fault's invoke
     end: float  # its heal/unpause, or the end of its recovery
     label: str  # fault and target
-    outcome: str = ""  # "recovered in 4.4 s, 4 steps lost", "never recovered", or "" when not measured
+    outcome: str = ""  # "recovered in 4.4 s, 4 steps lost", "never recovered", "agents ended 1.2 s later", or ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +152,10 @@ def build_timeline(history: Sequence[dict], verdict: Verdict) -> Timeline:
     recoveries = {r.op: r for r in verdict.recoveries}
     fault_spans = tuple(fault_span(fault, history, recoveries.get(fault.get("op")), origin, end)
                         for fault in _applied_faults(history))
+    # A run meant to fail: shade each fault up to the agents' exits it caused, and say so.
+    job_end = {row["op"]: row for row in _job_end_after_faults(verdict, history, 0.0)}
+    fault_spans = tuple(_ending(span, job_end.get(fault.get("op")))
+                        for span, fault in zip(fault_spans, _applied_faults(history)))
     return Timeline(end=end, steps=steps, throughput=throughput, throughput_window_s=window,
                     world=world_series(history), lanes=node_lanes(history, end),
                     faults=fault_spans, rounds=rendezvous_rounds(history))
@@ -249,6 +253,13 @@ def fault_span(fault: dict, history: Sequence[dict], recovery: FaultRecovery | N
         label += f" → {_fault_node(fault)}"
     return FaultSpan(start=_invoke_time(fault, history), end=end if span_end is None else span_end,
                      label=label, outcome=_recovery_words(recovery))
+
+
+def _ending(span: FaultSpan, job_end: dict | None) -> FaultSpan:
+    if not job_end or job_end["ended_after_s"] is None:
+        return span
+    return dataclasses.replace(span, end=max(span.end, span.start + job_end["ended_after_s"]),
+                               outcome=f"agents ended {job_end['ended_after_s']:.1f} s later")
 
 
 def _recovery_words(recovery: FaultRecovery | None) -> str:
@@ -493,7 +504,7 @@ def _figure_legend(figure) -> None:
     handles += [Patch(facecolor="none", edgecolor=LANE_COLORS["partitioned"], hatch="////",
                       label=LANE_LABELS["partitioned"]),
                 Patch(facecolor=NO_PROGRESS_COLOR, label="no progress / unknown"),
-                Patch(facecolor=FAULT_COLOR, alpha=0.25, label="fault (invoke → heal or recovery)"),
+                Patch(facecolor=FAULT_COLOR, alpha=0.25, label="fault (invoke → heal, recovery or job end)"),
                 Line2D([], [], color="#555555", linestyle=":", label="rendezvous round")]
     figure.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
 
@@ -515,11 +526,29 @@ def report_data(verdict: Verdict, history: Sequence[dict], *, title: str, profil
         "checks": [dataclasses.asdict(result) for result in verdict.results],
         "recoveries": [{**dataclasses.asdict(r), "since_start_s": _since(r.t_fault, origin, verdict)}
                        for r in verdict.recoveries],
+        "job_end": _job_end_after_faults(verdict, history, origin),
         "restarts_per_node": dict(verdict.restarts_per_node),
         "restarts_note": RESTARTS_NOTE,
         "rounds": verdict.rounds,
         "files": {} if files is None else {k: str(v) for k, v in dataclasses.asdict(files).items()},
     }
+
+
+def _job_end_after_faults(verdict: Verdict, history: Sequence[dict], origin: float | None) -> list[dict]:
+    """For a run meant to fail: each fault, and how long after it the agents it ended exited
+    (None: none followed it). Recovery figures say nothing there; this says how it ended."""
+    fails_cleanly = verdict.result("fails_cleanly")
+    if fails_cleanly is None:
+        return []
+    ended = fails_cleanly.metrics.get("ended", {})
+    rows = []
+    for fault in _applied_faults(history):
+        delays = [e["delay_s"] for e in ended.values() if e["after_op"] == fault.get("op")]
+        t = _invoke_time(fault, history)
+        rows.append({"op": fault.get("op"), "fault": fault.get("fault"), "target": fault.get("target"),
+                     "since_start_s": None if origin is None else round(t - origin, 3),
+                     "agents_ended": len(delays), "ended_after_s": max(delays) if delays else None})
+    return rows
 
 
 def _since(t: float, origin: float | None, verdict: Verdict) -> float:
@@ -558,6 +587,21 @@ def _fault_row(recovery: dict) -> list[str]:
 
 
 FAULT_HEADERS = ["time", "fault", "target", "recovery", "steps lost", "world"]
+JOB_END_HEADERS = ["time", "fault", "target", "agents ended after it"]
+
+
+def _job_end_row(row: dict) -> list[str]:
+    when = "-" if row["since_start_s"] is None else f"+{row['since_start_s']:.1f} s"
+    ended = "-" if row["ended_after_s"] is None else \
+        f"{row['agents_ended']} within {row['ended_after_s']:.1f} s"
+    return [when, row["fault"], row["target"] or "-", ended]
+
+
+def fault_table(data: dict) -> tuple[list[str], list[list[str]]]:
+    """The faults table: recovery figures, or for a run meant to fail, how soon it ended."""
+    if data["job_end"]:
+        return JOB_END_HEADERS, [_job_end_row(row) for row in data["job_end"]]
+    return FAULT_HEADERS, [_fault_row(r) for r in data["recoveries"]]
 
 
 def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
@@ -578,8 +622,8 @@ def format_summary(verdict: Verdict, history: Sequence[dict], *, title: str, pro
         if verdict.results else ["  (none)"]
     lines.append("")
     lines.append("Faults:")
-    lines += _table(FAULT_HEADERS, [_fault_row(r) for r in data["recoveries"]]) \
-        if data["recoveries"] else ["  (none)"]
+    headers, rows = fault_table(data)
+    lines += _table(headers, rows) if rows else ["  (none)"]
     lines.append("")
     restarts = ", ".join(f"{node} {count}" for node, count in sorted(verdict.restarts_per_node.items(),
                                                                        key=lambda item: _lane_order(item[0])))
@@ -633,7 +677,8 @@ def render_html(data: dict, png: bytes) -> str:
     if data["run"]["duration_s"] is not None:
         facts.append([_cell("duration"), _cell(_seconds(data["run"]["duration_s"]))])
     checks = [_html_check_row(check) for check in data["checks"]]
-    faults = [[_cell(cell) for cell in _fault_row(r)] for r in data["recoveries"]]
+    fault_headers, fault_rows = fault_table(data)
+    faults = [[_cell(cell) for cell in row] for row in fault_rows]
     restarts = [[_cell(node), _cell(count)] for node, count in
                 sorted(data["restarts_per_node"].items(), key=lambda item: _lane_order(item[0]))]
     image = base64.b64encode(png).decode("ascii")
@@ -646,7 +691,7 @@ def render_html(data: dict, png: bytes) -> str:
         _html_table([], facts),
         f'<img alt="timeline of the run" src="data:image/png;base64,{image}">',
         "<h2>Checks</h2>", _html_table(["check", "result", "reasons", "metrics"], checks) if checks else "<p>none</p>",
-        "<h2>Faults</h2>", _html_table(FAULT_HEADERS, faults) if faults else "<p>none</p>",
+        "<h2>Faults</h2>", _html_table(fault_headers, faults) if faults else "<p>none</p>",
         f"<h2>Restarts per node</h2><p>{html.escape(RESTARTS_NOTE)}.</p>",
         _html_table(["node", "restarts"], restarts) if restarts else "<p>none</p>",
         "</body></html>", ""])

@@ -246,6 +246,36 @@ def test_pause_lasts_until_unpause():
     assert [(span.label, span.end) for span in timeline.faults] == [("pause random → node1", pytest.approx(4))]
 
 
+# ---------------------------------------------------------------- a run meant to fail
+
+def etcd_loss_run() -> list[dict]:
+    """2 nodes x 1 worker; etcd is killed at 5 s and both agents exit 1 a second later."""
+    history = [at(0, type="run", event="start", profile="fast", target_steps=300, ckpt_interval=10,
+                  spec={"nodes": 2, "nproc_per_node": 1, "max_restarts": 3}),
+               docker(0.1, "etcd", "start"), docker(0.2, "node0", "start"), docker(0.2, "node1", "start")]
+    for step in range(1, 30):
+        history += [at(2 + step * STEP_S, type="trainer", node=f"node{rank}", kind="progress", rank=rank,
+                       world_size=2, restart=0, step=step, loss=1.0) for rank in (0, 1)]
+    history += [fault(5.0, "k", "kill-node", "etcd", "invoke"), docker(5.05, "etcd", "die", exit_code=137),
+                fault(5.1, "k", "kill-node", "etcd", "ok", result={"node": "etcd"}),
+                docker(6.0, "node0", "die", exit_code=1), docker(6.3, "node1", "die", exit_code=1),
+                at(7.0, type="run", event="end")]
+    return history
+
+
+def test_a_run_meant_to_fail_shows_how_soon_each_fault_ended_it():
+    from sim.checkers import RunSpec, check_all
+    history = etcd_loss_run()
+    verdict = check_all(history, RunSpec.from_history(history, expected="fails", fail_fast_s=30.0))
+    assert verdict.valid, verdict.results
+    text = format_summary(verdict, history, title="etcd-loss", profile="fast")
+    fault_line = next(line for line in text.splitlines() if "kill-node" in line)
+    assert fault_line.split() == ["+5.0", "s", "kill-node", "etcd", "2", "within", "1.2", "s"]
+    (span,) = build_timeline(history, verdict).faults
+    assert (span.start, span.end) == (pytest.approx(5.0), pytest.approx(6.2))
+    assert span.outcome == "agents ended 1.2 s later"
+
+
 # ---------------------------------------------------------------- sparse histories
 
 @pytest.mark.parametrize("history", [
