@@ -243,6 +243,11 @@ class ImageBuilder:
         (tmp / ".complete").write_text("")
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
+        # A wheelhouse for older requirements is dead weight (hundreds of MB): the images built
+        # from it keep their own copy. Safe: ensure() holds the build lock.
+        for old in self.cache_dir.glob("wheelhouse-*"):
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)
         return target
 
     def _run_pip(self, argv: list[str]) -> None:

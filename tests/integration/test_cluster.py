@@ -73,6 +73,18 @@ def test_c10d_two_nodes_train_to_end(docker, images):
         run_sim("down", name)
 
 
+@pytest.mark.parametrize("backend, options", [("etcd", []), ("static", ["--min-nodes", "2"])])
+def test_etcd_v1_and_static_two_nodes_train_to_end(docker, images, backend, options):
+    name = unique_name(f"t-{backend}")
+    start(name, "--nodes", "2", "--rdzv-backend", backend, *options)
+    try:
+        cluster = assert_trained_to_end(docker, name, steps=24, nodes=2, nproc=2)
+        roles = sorted(c.role for c in cluster.containers())
+        assert roles == (["etcd", "node", "node"] if backend == "etcd" else ["node", "node"]), roles
+    finally:
+        run_sim("down", name)
+
+
 def test_four_nodes_every_rank_once(docker, images):
     name = unique_name("t-four")
     start(name, "--nodes", "4", "--min-nodes", "4", "--nproc-per-node", "2",
