@@ -1,0 +1,28 @@
+"""Image inputs on the host: the wheelhouse cache keeps only the current requirements' copy."""
+
+from __future__ import annotations
+
+
+from sim.images import IMAGES_DIR, ImageBuilder
+
+
+def test_a_new_wheelhouse_replaces_those_of_older_requirements(tmp_path, monkeypatch):
+    pip_calls = []
+    monkeypatch.setattr(ImageBuilder, "_run_pip", lambda self, argv: pip_calls.append(argv[3]))
+    old = tmp_path / "wheelhouse-0123456789abcdef"
+    (old / "torch.whl").parent.mkdir(parents=True)
+    (old / "torch.whl").write_text("stale")
+    (old / ".complete").write_text("")
+    other_cache = tmp_path / "etcd"
+    other_cache.mkdir()
+
+    builder = ImageBuilder(docker=None, progress=lambda line: None, cache_dir=tmp_path)
+    target = builder.wheelhouse()
+
+    assert pip_calls == ["wheel", "download"]
+    assert target.name.startswith("wheelhouse-") and target != old
+    assert (target / ".complete").exists()
+    assert (target / "requirements.txt").read_text() == (IMAGES_DIR / "runtime" / "requirements.txt").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, "etcd"])
+    # A second call finds it complete and fetches nothing.
+    assert builder.wheelhouse() == target and pip_calls == ["wheel", "download"]
