@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,11 @@ from sim import labels  # noqa: E402
 from sim.docker import Docker  # noqa: E402
 
 SESSION = os.environ.setdefault(labels.SESSION_ENV, f"pytest-{secrets.token_hex(4)}")
-os.environ.setdefault("SIM_HOME", tempfile.mkdtemp(prefix="elastic-sim-test-home-"))
+# Run directories (histories, logs, reports) go to a home of the session's own unless the
+# caller chose one; it is removed after a green session and kept as evidence after a red one.
+OWN_HOME = "SIM_HOME" not in os.environ
+if OWN_HOME:
+    os.environ["SIM_HOME"] = tempfile.mkdtemp(prefix="elastic-sim-test-home-")
 
 
 def sweep_session(docker: Docker) -> None:
@@ -59,6 +64,16 @@ def images(docker):
     """Node and etcd images, built once per session (cached by content anyway)."""
     from sim.images import ImageBuilder
     return ImageBuilder(docker).ensure().images
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus):
+    if not OWN_HOME:
+        return
+    home = Path(os.environ["SIM_HOME"])
+    if exitstatus != 0 and home.is_dir() and any(home.iterdir()):
+        terminalreporter.write_line(f"run histories, logs and reports of this session: {home}")
+    else:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def run_sim(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
