@@ -150,12 +150,11 @@ def build_timeline(history: Sequence[dict], verdict: Verdict) -> Timeline:
     end = max([0.0] + [r["t"] for r in history])
     steps, throughput, window = step_series(history, end)
     recoveries = {r.op: r for r in verdict.recoveries}
-    fault_spans = tuple(fault_span(fault, history, recoveries.get(fault.get("op")), origin, end)
-                        for fault in _applied_faults(history))
-    # A run meant to fail: shade each fault up to the agents' exits it caused, and say so.
+    # A run meant to fail: each fault is shaded up to the agents' exits it caused, and says so.
     job_end = {row["op"]: row for row in _job_end_after_faults(verdict, history, 0.0)}
-    fault_spans = tuple(_ending(span, job_end.get(fault.get("op")))
-                        for span, fault in zip(fault_spans, _applied_faults(history)))
+    fault_spans = tuple(_ending(fault_span(fault, history, recoveries.get(fault.get("op")), origin, end),
+                                job_end.get(fault.get("op")))
+                        for fault in _applied_faults(history))
     return Timeline(end=end, steps=steps, throughput=throughput, throughput_window_s=window,
                     world=world_series(history), lanes=node_lanes(history, end),
                     faults=fault_spans, rounds=rendezvous_rounds(history))
