@@ -712,7 +712,8 @@ def check_fails_cleanly(history: Sequence[dict], spec: RunSpec) -> CheckResult:
         cause = _last_fault_before(run, last["t"])
         # An exit while the fault was still being injected (its ok not yet written) counts as immediate.
         delay = max(0.0, last["t"] - cause.t_ok) if cause else last["t"] - run.t_begin
-        ended[node] = {"after_op": cause.op if cause else None, "delay_s": round(delay, 3)}
+        ended[node] = {"after_op": cause.op if cause else None, "delay_s": round(delay, 3),
+                       "since_invoke_s": round(last["t"] - cause.t_invoke, 3) if cause else None}
         if delay > spec.fail_fast_s:
             after = f"after {cause.describe()}" if cause else "after the run started"
             reasons.append(f"{node} exited {delay:.1f} s {after} > fail_fast {spec.fail_fast_s:g} s")

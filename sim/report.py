@@ -534,15 +534,15 @@ def report_data(verdict: Verdict, history: Sequence[dict], *, title: str, profil
 
 
 def _job_end_after_faults(verdict: Verdict, history: Sequence[dict], origin: float | None) -> list[dict]:
-    """For a run meant to fail: each fault, and how long after it the agents it ended exited
-    (None: none followed it). Recovery figures say nothing there; this says how it ended."""
+    """For a run meant to fail: each fault, and how long after its invoke the agents it ended
+    exited (None: none followed it). Recovery figures say nothing there; this says how it ended."""
     fails_cleanly = verdict.result("fails_cleanly")
     if fails_cleanly is None:
         return []
     ended = fails_cleanly.metrics.get("ended", {})
     rows = []
     for fault in _applied_faults(history):
-        delays = [e["delay_s"] for e in ended.values() if e["after_op"] == fault.get("op")]
+        delays = [e["since_invoke_s"] for e in ended.values() if e["after_op"] == fault.get("op")]
         t = _invoke_time(fault, history)
         rows.append({"op": fault.get("op"), "fault": fault.get("fault"), "target": fault.get("target"),
                      "since_start_s": None if origin is None else round(t - origin, 3),

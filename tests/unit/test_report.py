@@ -270,10 +270,10 @@ def test_a_run_meant_to_fail_shows_how_soon_each_fault_ended_it():
     assert verdict.valid, verdict.results
     text = format_summary(verdict, history, title="etcd-loss", profile="fast")
     fault_line = next(line for line in text.splitlines() if "kill-node" in line)
-    assert fault_line.split() == ["+5.0", "s", "kill-node", "etcd", "2", "within", "1.2", "s"]
+    assert fault_line.split() == ["+5.0", "s", "kill-node", "etcd", "2", "within", "1.3", "s"]
     (span,) = build_timeline(history, verdict).faults
-    assert (span.start, span.end) == (pytest.approx(5.0), pytest.approx(6.2))
-    assert span.outcome == "agents ended 1.2 s later"
+    assert (span.start, span.end) == (pytest.approx(5.0), pytest.approx(6.3))  # up to the last exit
+    assert span.outcome == "agents ended 1.3 s later"
 
 
 # ---------------------------------------------------------------- sparse histories
