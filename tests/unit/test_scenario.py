@@ -298,3 +298,18 @@ def test_expect_can_name_the_checkers_that_apply():
     bad = text.replace("progress]", "progres]")
     with pytest.raises(UsageError, match=r"s.yaml:5: expect.checkers\[1\]: .*progres"):
         parse_scenario(bad, "s.yaml")
+
+
+def test_format_md_fault_table_names_every_fault_and_option():
+    """The documented table and the parser agree: each fault has a row naming each of its options."""
+    from chaos.scenario import FAULTS
+    rows = {}
+    for line in FORMAT_MD.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")] if line.startswith("| `") else []
+        for name in re.findall(r"`([a-z-]+)`", cells[0]) if cells else ():
+            rows[name] = cells[1]
+    assert set(rows) == set(FAULTS)
+    for name, kind in FAULTS.items():
+        documented = set(re.findall(r"`([a-z_]+)(?::[^`]*)?`", rows[name]))  # `all: true` names `all`
+        assert set(kind.options) <= documented, (name, set(kind.options) - documented)
+        assert kind.reversible == ("duration" in documented), name
