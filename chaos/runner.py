@@ -69,14 +69,29 @@ class HistoryState:
 
     def update(self) -> None:
         for r in self.tail.poll():
-            if r.get("type") == "trainer" and r.get("kind") == "progress":
+            if _is_step(r):
                 if self.first_step_t is None:
                     self.first_step_t = r["t"]
-                self.max_step = max(self.max_step, r.get("step", 0))
-                if r["t"] >= self.last_progress_t:
+                self.max_step = max(self.max_step, _step_of(r))
+                if r["t"] >= self.last_progress_t and isinstance(r.get("world_size"), int):
                     self.world_size, self.last_progress_t = r.get("world_size"), r["t"]
             elif r.get("type") == "agent" and r.get("event") == "rdzv_joined":
                 self.max_round = max(self.max_round, r.get("round", -1))
+
+
+def _is_step(record: dict) -> bool:
+    """A training step of any script: the shipped trainer's progress line, the script's own
+    progress (regex or API), or an optimizer step seen by the node image's instrumentation."""
+    if record.get("type") == "trainer":
+        return record.get("kind") == "progress"
+    return record.get("type") == "worker" and record.get("event") in ("step", "progress")
+
+
+def _step_of(record: dict) -> int:
+    """The step number a `step` trigger compares with: absolute where known, else the
+    optimizer steps this worker process has taken."""
+    step = record.get("step")
+    return step if isinstance(step, int) else int(record.get("n") or 0)
 
 
 class ScenarioRunner:

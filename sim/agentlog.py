@@ -22,6 +22,9 @@ RDZV_COMPLETE = "Rendezvous complete for workers. Result:"
 GROUP_FAILED = re.compile(r"Worker group FAILED\. (\d+)/(\d+) attempts left")
 NEW_NODES = re.compile(r"Detected (\d+) new nodes")
 GROUP_FINISHED = "worker group successfully finished"
+# Logged right after a completed rendezvous, as the agent spawns this round's workers: the
+# moment training starts from torch's own point of view, whatever the script prints.
+GROUP_STARTING = "] Starting worker group"
 # torch/distributed/elastic/multiprocessing/api.py
 WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 RDZV_ERRORS = (("RendezvousClosedError", "rdzv_closed"), ("RendezvousTimeoutError", "rdzv_timeout"),
@@ -96,6 +99,8 @@ class NodeLogParser:
                                      pid=int(m.group(3)))
         elif GROUP_FINISHED in text:
             yield self._agent_record(t, "group_finished")
+        elif GROUP_STARTING in text:
+            yield self._agent_record(t, "group_started")
         elif KEEPALIVE_FAILED.search(text):
             yield self._agent_record(t, "keepalive_failed", message=text.strip()[-300:])
         else:

@@ -186,15 +186,17 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
 
-class FirstProgressLine:
-    """Ready when any node has printed a trainer progress line; failed when a
-    node container has already exited before training started.
+class TrainingStarted:
+    """Ready once training has started: the first round's worker group is being started (the
+    agents' own "Starting worker group"), or the first sign of training (a progress line, an
+    instrumented worker), whichever comes first; also ready when every node already exited 0
+    (a script that finishes early is a success). Failed when a node exited non-zero first.
 
-    It reads the run's history (the collector already follows every log), so
-    waiting costs one `docker ps` a poll, not a `docker logs` per node: start-up
-    is CPU-bound and every process the harness runs slows it down."""
+    It reads the run's history (the collector already follows every log), so waiting costs one
+    `docker ps` a poll, not a `docker logs` per node: start-up is CPU-bound and every process
+    the harness runs slows it down. Nothing here depends on what the script prints."""
 
-    description = "waiting for the first training step"
+    description = "waiting for training to start"
 
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
@@ -202,17 +204,33 @@ class FirstProgressLine:
 
     def check(self) -> Check:
         for record in self.tail.poll():
-            if record.get("type") == "trainer" and record.get("kind") == "progress":
-                return Check(True, detail=record.get("node", "?"))
+            started = _training_started(record)
+            if started:
+                return Check(True, detail=started)
         nodes = self.cluster.nodes()
         if not nodes:
             return Check(False, failure="no node containers exist")
         exited = [c for c in nodes if c.state in ("exited", "dead")]
-        if exited:
-            first = exited[0]
+        failed = [c for c in exited if c.exit_code != 0]
+        if failed:
+            first = failed[0]
             last_line = _last_meaningful_line(self.cluster.logs(first.node, tail=50))
             return Check(False, failure=f"{first.node} exited ({first.status}) before training started: {last_line}")
+        if len(exited) == len(nodes):
+            return Check(True, detail="every node already finished (exit 0)")
         return Check(False, detail=", ".join(f"{c.node} {c.state}" for c in nodes))
+
+
+def _training_started(record: dict) -> str | None:
+    """What in one history record shows training started (and where), if anything."""
+    kind = record.get("type")
+    if kind == "agent" and record.get("event") == "group_started":
+        return f"{record.get('node', '?')} started its worker group"
+    if kind == "trainer" and record.get("kind") == "progress":
+        return f"first step on {record.get('node', '?')}"
+    if kind == "worker":
+        return f"workers running on {record.get('node', '?')}"
+    return None
 
 
 class JobFinished:
@@ -241,8 +259,8 @@ def _last_meaningful_line(text: str) -> str:
 
 def up(spec: ClusterSpec, docker: Docker, *, builder: ImageBuilder | None = None, keep: bool = False,
        wait: bool = True, timeout: float = DEFAULT_START_TIMEOUT, progress: Progress = to_stderr) -> Cluster:
-    """Build images if needed, render and start the compose project, wait for
-    the first training step. On any failure (Ctrl-C included) remove what was
+    """Build images if needed, render and start the compose project, wait until
+    training has started. On any failure (Ctrl-C included) remove what was
     made, unless keep=True."""
     docker.ping()
     docker.compose_argv  # fail now, before anything is made, if Compose v2 is missing
@@ -265,8 +283,8 @@ def up(spec: ClusterSpec, docker: Docker, *, builder: ImageBuilder | None = None
         start_collector(cluster)
         docker.compose(spec.name, cluster.compose_file, "up", "--detach", "--no-build", timeout=600)
         if wait:
-            check = wait_for(FirstProgressLine(cluster), timeout=timeout)
-            progress(f"[up] training started (first step seen on {check.detail})")
+            check = wait_for(TrainingStarted(cluster), timeout=timeout)
+            progress(f"[up] training started ({check.detail})")
         return cluster
     except BaseException as error:
         if created and not keep:

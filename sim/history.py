@@ -36,9 +36,12 @@ class History:
         return record
 
     def records(self) -> Iterator[dict]:
+        """Every whole record. A line that is not one (the half-written last line of a live run,
+        a torn write) is skipped: the checkers judge what was recorded."""
         if not self.path.exists():
             return iter(())
-        return (json.loads(line) for line in self.path.read_text().splitlines() if line.strip())
+        return (record for record in map(_record, self.path.read_text(errors="replace").splitlines())
+                if record is not None)
 
 
 class HistoryTail:
@@ -61,3 +64,13 @@ class HistoryTail:
         lines = data.split(b"\n")
         self._partial = lines.pop()  # an unfinished last line waits for the next poll
         return [json.loads(line) for line in lines if line.strip()]
+
+
+def _record(line: str) -> dict | None:
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("t"), (int, float)) else None

@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from .runmodel import STEP_SOURCE_WORDS, RunModel
 from .verdict import CheckResult, FaultRecovery, Verdict
 
 RESTARTS_NOTE = "torch counts restarts per agent"
@@ -31,11 +32,12 @@ DOCKER_DOWN = ("die", "kill", "stop", "destroy")
 AGENT_RESTARTS = ("worker_failed", "group_failed", "new_nodes")
 
 # Lane states, in drawing order: later ones are drawn on top of earlier ones.
-LANE_STATES = ("running", "restarting", "paused", "dead", "partitioned")
+LANE_STATES = ("running", "restarting", "paused", "dead", "zombie", "partitioned")
 LANE_COLORS = {"running": "#54a24b", "restarting": "#f2a93b", "paused": "#4c78a8",
-               "dead": "#3b3b3b", "partitioned": "#9d55b5"}
-LANE_LABELS = {"running": "running (progress seen; etcd: up)", "restarting": "restarting / joining",
-               "paused": "paused", "dead": "dead (container down)", "partitioned": "partitioned (cut off)"}
+               "dead": "#3b3b3b", "zombie": "#e45756", "partitioned": "#9d55b5"}
+LANE_LABELS = {"running": "running (training seen; etcd: up)", "restarting": "restarting / joining",
+               "paused": "paused", "dead": "dead (container down)",
+               "zombie": "zombie (an old round's worker, left behind)", "partitioned": "partitioned (cut off)"}
 NO_PROGRESS_COLOR = "#ececec"
 FAULT_COLOR = "#d62728"
 ROUND_SEPARATION_S = 1.0  # rendezvous events closer than this are one round
@@ -148,21 +150,24 @@ def build_timeline(history: Sequence[dict], verdict: Verdict) -> Timeline:
     # Shift every time to "seconds since start" once, so nothing below needs the origin.
     history = [{**r, "t": float(r["t"]) - origin} for r in history if _is_time(r.get("t"))]
     end = max([0.0] + [r["t"] for r in history])
-    steps, throughput, window = step_series(history, end)
-    recoveries = {r.op: r for r in verdict.recoveries}
+    model = RunModel(history)  # the checkers' reading of the run: steps, beats and zombies of any script
+    steps, throughput, window = step_series(model.progress, end)
+    recovery_check = verdict.result("recovery")
+    # Not measurable (no training seen at all): no recovery to draw, rather than "never recovered".
+    recoveries = {r.op: r for r in verdict.recoveries} if recovery_check is None or recovery_check.measured else {}
     # A run meant to fail: each fault is shaded up to the agents' exits it caused, and says so.
     job_end = {row["op"]: row for row in _job_end_after_faults(verdict, history, 0.0)}
     fault_spans = tuple(_ending(fault_span(fault, history, recoveries.get(fault.get("op")), origin, end),
                                 job_end.get(fault.get("op")))
                         for fault in _applied_faults(history))
     return Timeline(end=end, steps=steps, throughput=throughput, throughput_window_s=window,
-                    world=world_series(history), lanes=node_lanes(history, end),
+                    world=world_series(history, model), lanes=node_lanes(history, end, model),
                     faults=fault_spans, rounds=rendezvous_rounds(history))
 
 
-def step_series(history: Sequence[dict], end: float):
-    """Highest step per small time bin, and the rolling throughput computed from it."""
-    progress = _records(history, "trainer", kind="progress")
+def step_series(progress: Sequence[dict], end: float):
+    """Highest step per small time bin, and the rolling throughput computed from it
+    (from the run model's progress: whatever step source the script offered)."""
     progress = [r for r in progress if isinstance(r.get("step"), int)]
     window = min(20.0, max(2.0, end / 15))  # wide enough to average over several steps
     if not progress:
@@ -190,14 +195,11 @@ def step_series(history: Sequence[dict], end: float):
     return steps, tuple(throughput), window
 
 
-def world_series(history: Sequence[dict]) -> tuple[tuple[float, int], ...]:
-    """Trainers in the job over time: from progress lines and completed rendezvous."""
-    sizes = []
-    for record in history:
-        if record.get("type") == "trainer" and record.get("kind") == "progress":
-            sizes.append((record["t"], record.get("world_size")))
-        elif record.get("type") == "agent" and record.get("event") == "rdzv_complete":
-            sizes.append((record["t"], record.get("global_world_size")))
+def world_series(history: Sequence[dict], model: RunModel) -> tuple[tuple[float, int], ...]:
+    """Trainers in the job over time: from the workers' own records (zombies aside) and completed rendezvous."""
+    sizes = [(r["t"], r.get("world_size")) for r in model.starts + model.beats]
+    sizes += [(r["t"], r.get("global_world_size")) for r in history
+              if r.get("type") == "agent" and r.get("event") == "rdzv_complete"]
     changes: list[tuple[float, int]] = []
     for t, size in sorted((t, s) for t, s in sizes if isinstance(s, int)):
         if not changes or changes[-1][1] != size:
@@ -274,7 +276,7 @@ def _recovery_words(recovery: FaultRecovery | None) -> str:
 
 def lane_names(history: Sequence[dict]) -> list[str]:
     """node0, node1, ... (also those the run's spec names but that left no record), then etcd."""
-    names = {r["node"] for r in history if r.get("type") in ("trainer", "agent", "docker")
+    names = {r["node"] for r in history if r.get("type") in ("trainer", "worker", "agent", "docker")
              and isinstance(r.get("node"), str)}
     for record in history:
         if record.get("type") == "run" and isinstance((record.get("spec") or {}).get("nodes"), int):
@@ -334,32 +336,49 @@ def _partitions(history: Sequence[dict], names: list[str], end: float) -> dict[s
     return cut
 
 
-def node_lanes(history: Sequence[dict], end: float) -> dict[str, dict[str, list[tuple[float, float]]]]:
+def node_lanes(history: Sequence[dict], end: float,
+               model: RunModel | None = None) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """Per node, when it was running, restarting, paused, dead, a zombie or cut off: from Docker,
+    agent and worker events. A node trains while its workers show steps or collective calls; for a
+    script nothing shows (no instrumentation, no progress lines), from its agent's "Starting worker
+    group" until the group fails or the node goes down."""
+    model = model or RunModel([r for r in history if _is_time(r.get("t"))])
     names = lane_names(history)
     partitioned = _partitions(history, names, end)
     records_of: dict[str, list[dict]] = {name: [] for name in names}  # one pass: histories get long
     for record in history:
         records_of.get(record.get("node"), []).append(record)
+    beats_of: dict[str, list[dict]] = {name: [] for name in names}
+    for record in model.beats:
+        beats_of.get(record.get("node"), []).append(record)
+    zombies_of: dict[str, list[dict]] = {name: [] for name in names}
+    for record in model.zombies:
+        zombies_of.get(record.get("node"), []).append(record)
     lanes = {}
     for name in names:
         own = records_of[name]
         docker = {action: [r["t"] for r in _records(own, "docker", action=action)]
                   for action in (*DOCKER_DOWN, "start", "pause", "unpause")}
         down = sorted(t for action in DOCKER_DOWN for t in docker[action])
-        progress = _records(own, "trainer", kind="progress")
-        # A (re)started container is joining until its first progress line.
-        restart_begins = docker["start"] + [r["t"] for r in _records(own, "agent")
-                                            if r.get("event") in AGENT_RESTARTS]
+        agent = _records(own, "agent")
+        group_started = [r["t"] for r in agent if r.get("event") == "group_started"]
+        # A (re)started container is joining until it trains again.
+        restart_begins = docker["start"] + [r["t"] for r in agent if r.get("event") in AGENT_RESTARTS]
         if name == ETCD:  # no trainers there: it is "running" while its container is up
             running, restarting = _intervals(docker["start"], down, end), []
+        elif model.beats:
+            beats = beats_of[name]
+            running = _running_stretches(beats, sorted(restart_begins + down + docker["pause"]))
+            restarting = _intervals(restart_begins, [r["t"] for r in beats] + down, end)
         else:
-            running = _running_stretches(progress, sorted(restart_begins + down + docker["pause"]))
-            restarting = _intervals(restart_begins, [r["t"] for r in progress] + down, end)
+            running = _intervals(group_started, restart_begins + down, end)
+            restarting = _intervals(restart_begins, group_started + down, end)
         lanes[name] = {
             "running": running,
             "restarting": restarting,
             "paused": _intervals(docker["pause"], docker["unpause"] + down, end),
             "dead": _intervals(down, docker["start"], end),
+            "zombie": _running_stretches(zombies_of[name], []),
             "partitioned": partitioned[name],
         }
     return lanes
@@ -515,6 +534,7 @@ def report_data(verdict: Verdict, history: Sequence[dict], *, title: str, profil
     """The figures of the report as plain data (what report.json holds)."""
     origin = run_origin(history)
     last = run_last_time(history)
+    model = RunModel([r for r in history if _is_time(r.get("t"))])
     return {
         "title": title,
         "verdict": "PASS" if verdict.valid else "FAIL",
@@ -529,8 +549,17 @@ def report_data(verdict: Verdict, history: Sequence[dict], *, title: str, profil
         "restarts_per_node": dict(verdict.restarts_per_node),
         "restarts_note": RESTARTS_NOTE,
         "rounds": verdict.rounds,
+        "training": {"step_source": model.step_source, "seen_through": STEP_SOURCE_WORDS[model.step_source],
+                     "highest_step": model.highest_step if model.steps_known else None,
+                     "step_efficiency": _step_efficiency(verdict), "zombie_records": len(model.zombies),
+                     "not_measured": [r.name for r in verdict.results if not r.measured]},
         "files": {} if files is None else {k: str(v) for k, v in dataclasses.asdict(files).items()},
     }
+
+
+def _step_efficiency(verdict: Verdict) -> float | None:
+    progress = verdict.result("progress")
+    return progress.metrics.get("step_efficiency") if progress is not None else None
 
 
 def _job_end_after_faults(verdict: Verdict, history: Sequence[dict], origin: float | None) -> list[dict]:
@@ -574,18 +603,45 @@ def _world_change(before: int | None, after: int | None) -> str:
 
 
 def _check_row(result: CheckResult) -> list[str]:
-    return [result.name, "ok" if result.valid else "FAIL", str(result.reasons[0]) if result.reasons else ""]
+    return [result.name, _result_word(result), str(result.reasons[0]) if result.reasons else ""]
 
 
-def _fault_row(recovery: dict) -> list[str]:
+def _result_word(result: CheckResult) -> str:
+    """ok, FAIL, or n/a: not measurable on this run (the reason says how to enable it)."""
+    if not result.measured:
+        return "n/a"
+    return "ok" if result.valid else "FAIL"
+
+
+def _fault_row(recovery: dict, never: str = "never") -> list[str]:
     """One row of the faults table, from a recovery as report_data gives it."""
     steps_lost = recovery["steps_lost"]
     return [f"+{recovery['since_start_s']:.1f} s", recovery["fault"], recovery["target"] or "-",
-            _seconds(recovery["recovery_s"]), "-" if steps_lost is None else str(steps_lost),
-            _world_change(recovery["world_before"], recovery["world_after"])]
+            _seconds(recovery["recovery_s"], never), "-" if steps_lost is None else str(steps_lost),
+            _world_change(recovery["world_before"], recovery["world_after"]),
+            _rate_change(recovery.get("throughput_before"), recovery.get("throughput_after"))]
 
 
-FAULT_HEADERS = ["time", "fault", "target", "recovery", "steps lost", "world"]
+def _training_words(training: dict) -> str:
+    words = [training["seen_through"]]
+    if training["highest_step"] is not None:
+        words.append(f"highest step {training['highest_step']}")
+    if training["step_efficiency"] is not None:
+        words.append(f"step efficiency {training['step_efficiency']:.0%} (steps kept / steps run)")
+    if training["zombie_records"]:
+        words.append(f"{training['zombie_records']} records from zombie workers of an old round, left out")
+    if training["not_measured"]:
+        words.append(f"not measurable: {', '.join(training['not_measured'])} (see the checks)")
+    return "; ".join(words)
+
+
+def _rate_change(before: float | None, after: float | None) -> str:
+    if before is None and after is None:
+        return "-"
+    return f"{'?' if before is None else f'{before:.2f}'} → {'?' if after is None else f'{after:.2f}'}"
+
+
+FAULT_HEADERS = ["time", "fault", "target", "recovery", "steps lost", "world", "steps/s before → after"]
 JOB_END_HEADERS = ["time", "fault", "target", "agents ended after it"]
 
 
@@ -600,7 +656,8 @@ def fault_table(data: dict) -> tuple[list[str], list[list[str]]]:
     """The faults table: recovery figures, or for a run meant to fail, how soon it ended."""
     if data["job_end"]:
         return JOB_END_HEADERS, [_job_end_row(row) for row in data["job_end"]]
-    return FAULT_HEADERS, [_fault_row(r) for r in data["recoveries"]]
+    unmeasured = "recovery" in data.get("training", {}).get("not_measured", ())
+    return FAULT_HEADERS, [_fault_row(r, never="n/a" if unmeasured else "never") for r in data["recoveries"]]
 
 
 def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
@@ -628,6 +685,7 @@ def format_summary(verdict: Verdict, history: Sequence[dict], *, title: str, pro
                                                                        key=lambda item: _lane_order(item[0])))
     lines.append(f"Restarts per node ({RESTARTS_NOTE}): {restarts or 'none'}")
     lines.append(f"Rendezvous rounds: {verdict.rounds}")
+    lines.append(f"Training seen through: {_training_words(data['training'])}")
     lines.append(f"Profile: {data['profile']}")
     if files is not None:
         lines.append("Files:")
@@ -662,7 +720,8 @@ def _cell(text, css_class: str | None = None) -> str:
 def _html_check_row(check: dict) -> list[str]:
     reasons = "<br>".join(html.escape(str(reason)) for reason in check["reasons"])
     metrics = html.escape(json.dumps(check["metrics"], default=_json_default)) if check["metrics"] else ""
-    return [_cell(check["name"]), _cell("ok" if check["valid"] else "FAIL", "ok" if check["valid"] else "fail"),
+    word = "n/a" if not check.get("measured", True) else "ok" if check["valid"] else "FAIL"
+    return [_cell(check["name"]), _cell(word, {"ok": "ok", "FAIL": "fail"}.get(word, "")),
             f"<td>{reasons}</td>", f"<td><code>{metrics}</code></td>"]
 
 
@@ -672,7 +731,8 @@ def render_html(data: dict, png: bytes) -> str:
     facts = [[_cell("verdict"), _cell(data["verdict"], verdict_class)],
              [_cell("expected"), _cell(EXPECTED_WORDS.get(data["expected"], data["expected"]))],
              [_cell("profile"), _cell(data["profile"])],
-             [_cell("rendezvous rounds"), _cell(data["rounds"])]]
+             [_cell("rendezvous rounds"), _cell(data["rounds"])],
+             [_cell("training seen through"), _cell(_training_words(data["training"]))]]
     if data["run"]["duration_s"] is not None:
         facts.append([_cell("duration"), _cell(_seconds(data["run"]["duration_s"]))])
     checks = [_html_check_row(check) for check in data["checks"]]

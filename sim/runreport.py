@@ -31,8 +31,11 @@ def resolve_run_dir(run: str | None) -> Path:
 
 
 def report_run(run_dir: Path, *, expected: str | None = None, title: str | None = None,
-               profile: str | None = None, checkers: tuple[str, ...] | None = None, **bounds) -> tuple[Verdict, str]:
-    from .checkers import RunSpec, check_all
+               profile: str | None = None, checkers: tuple[str, ...] | None = None, live: bool = False,
+               **bounds) -> tuple[Verdict, str]:
+    """Check a run's history and write its report. `live`: the run is still going, so how it
+    ends (completed, fails_cleanly) is not judged yet and the verdict is provisional."""
+    from .checkers import CHECKS_FOR, RunSpec, check_all
     from .report import format_summary, write_report
     history = sorted(History(run_dir / FILE_NAME).records(), key=lambda r: r["t"])
     scenario = next((r for r in history if r.get("type") == "run" and r.get("event") == "scenario"), {})
@@ -40,11 +43,19 @@ def report_run(run_dir: Path, *, expected: str | None = None, title: str | None 
     expected = expected or scenario.get("expected") or "recovers"
     spec = RunSpec.from_history(history, expected=expected, **bounds)
     checkers = checkers or scenario.get("checkers")
+    if live:
+        checkers = tuple(name for name in (checkers or CHECKS_FOR[spec.expected]) if name not in ENDING_CHECKS)
     verdict = check_all(history, spec, only=checkers)
     # A scenario run records its profile in its own line; a plain `up` in the start line.
     runs = [r for r in history if r.get("type") == "run" and r.get("event") in ("scenario", "start")]
     profile = profile or next((r.get("profile") for r in runs if r.get("event") == "scenario"),
                               next((r.get("profile") for r in runs), None))
     title = title or run_dir.name
+    if live:
+        title += " (still running: provisional, its end not judged yet)"
     files = write_report(history, verdict, run_dir / "report", title=title, profile=profile)
     return verdict, format_summary(verdict, history, title=title, profile=profile, files=files)
+
+
+# Checkers that judge how a run ended: a live run has not ended.
+ENDING_CHECKS = ("completed", "fails_cleanly")

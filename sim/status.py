@@ -27,7 +27,7 @@ def cluster_status(cluster: Cluster) -> list[NodeStatus]:
     by_node: dict[str, list[dict]] = {}
     if history_path.exists():
         for record in sorted(History(history_path).records(), key=lambda r: r["t"]):
-            if record.get("type") in ("agent", "trainer"):
+            if record.get("type") in ("agent", "trainer", "worker"):
                 by_node.setdefault(record.get("node"), []).append(record)
     rows = []
     for info in cluster.containers():
@@ -46,8 +46,16 @@ def cluster_status(cluster: Cluster) -> list[NodeStatus]:
             facts = node_facts(by_node.get(info.node, []))
         else:  # a cluster started without a collector: read its log directly
             facts = node_log_facts(cluster.logs(info.node), info.node)
+        world, step, restarts = facts.world_size, facts.step, facts.restarts
+        for record in by_node.get(info.node, []):
+            # Any script, instrumented: its workers' own records (the trainer's lines, where present, win).
+            if record.get("type") == "worker" and facts.step is None:
+                world = record.get("world_size", world)
+                restarts = max(restarts, int(record.get("restart") or 0))
+                if record.get("event") in ("step", "progress"):
+                    step = record.get("step") if isinstance(record.get("step"), int) else record.get("n", step)
         state = info.state if info.exit_code is None else f"exited({info.exit_code})"
-        rows.append(NodeStatus(info.node, state, agent, workers, facts.round, facts.world_size, facts.restarts, facts.step))
+        rows.append(NodeStatus(info.node, state, agent, workers, facts.round, world, restarts, step))
     return rows
 
 

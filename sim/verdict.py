@@ -15,6 +15,7 @@ all with "t" (unix seconds, one clock) and "type":
      "group_failed"  attempts_left, max_restarts        (torch: "Worker group FAILED. k/m attempts left")
      "worker_failed" local_rank, exitcode, pid          (a worker process failed)
      "new_nodes"     count                              (membership change; the agent restarts its group)
+     "group_started"                                     (the agent is spawning this round's workers)
      "group_finished"                                    (this agent's workers all exited 0)
      "keepalive_failed" | "rdzv_closed" | "rdzv_timeout" | "rdzv_error" (message)
      "error_file"    message                            (the @record error-file contents torchrun printed)
@@ -34,6 +35,9 @@ class CheckResult:
     valid: bool
     reasons: tuple[str, ...] = ()  # why it failed, or notable facts when it passed
     metrics: dict = dataclasses.field(default_factory=dict)
+    # False: this run cannot be judged on this (the reasons say why, and how to enable it);
+    # such a result is valid, so it neither passes nor fails the run, and the report says so.
+    measured: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +51,8 @@ class FaultRecovery:
     steps_lost: int | None  # highest step before the fault minus the step training resumed from
     world_before: int | None
     world_after: int | None
+    throughput_before: float | None = None  # steps/s over the 10 s before the fault
+    throughput_after: float | None = None  # steps/s over the 10 s after the recovery
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,16 +31,16 @@ def test_agent_and_trainer_lines_become_records():
     records = parse_node_log("node0", LOG)
     events = [(r["type"], r.get("event") or r.get("kind")) for r in records]
     assert events == [("agent", "new_nodes"), ("agent", "rdzv_joined"), ("agent", "rdzv_complete"),
-                      ("trainer", "progress"), ("agent", "worker_failed"), ("agent", "group_failed"),
+                      ("agent", "group_started"), ("trainer", "progress"), ("agent", "worker_failed"), ("agent", "group_failed"),
                       ("agent", "group_finished")]
     joined = records[1]
     assert (joined["round"], joined["group_rank"], joined["nodes"]) == (3, 0, 4)
     complete = records[2]
     assert (complete["restart_count"], complete["group_rank"], complete["group_world_size"],
             complete["global_world_size"], complete["master_addr"]) == (1, 0, 4, 8, "node0")
-    assert records[3]["t"] == 1795950684.5 and records[3]["step"] == 41 and records[3]["node"] == "node0"
-    assert (records[4]["exitcode"], records[4]["local_rank"], records[4]["pid"]) == (-9, 1, 10)
-    assert (records[5]["attempts_left"], records[5]["max_restarts"]) == (3, 3)
+    assert records[4]["t"] == 1795950684.5 and records[4]["step"] == 41 and records[4]["node"] == "node0"
+    assert (records[5]["exitcode"], records[5]["local_rank"], records[5]["pid"]) == (-9, 1, 10)
+    assert (records[6]["attempts_left"], records[6]["max_restarts"]) == (3, 3)
 
 
 def test_node_facts_from_records():

@@ -222,7 +222,7 @@ def test_worker_kill_recovers_with_exact_figures():
     # ok, then 4 s until the new rendezvous, 2.5 s until the workers start, 1 s to the first step.
     assert recovery == FaultRecovery(op=recovery.op, fault="kill-worker", target="node1", t_fault=t_ok,
                                      t_recovered=t_ok + 7.5, recovery_s=7.5, steps_lost=4, world_before=4,
-                                     world_after=4)
+                                     world_after=4, throughput_before=1.0, throughput_after=1.0)
     assert verdict.restarts_per_node == {"node0": 1, "node1": 1}
     assert verdict.rounds == 2
 
