@@ -22,6 +22,7 @@ import yaml
 
 from sim.errors import UsageError
 from sim.checkers import CHECKERS
+from sim.sidechannel import compile_progress_regex
 from sim.spec import (DEFAULT_TRAINER_ARGS, ETCD_BACKENDS, RDZV_BACKENDS, ClusterSpec, GpuRequest, node_name,
                       spec_from_options)
 
@@ -500,7 +501,7 @@ FAULTS: dict[str, FaultKind] = {
 _TOP_KEYS = ("name", "description", "cluster", "trainer", "profile", "seed", "steps", "expect", "timeout")
 _CLUSTER_WHOLE = {"nodes": 1, "min_nodes": 1, "max_nodes": 1, "nproc_per_node": 1, "max_restarts": 0}  # -> least
 _CLUSTER_KEYS = (*_CLUSTER_WHOLE, "monitor_interval", "gpus", "rdzv_backend", "rdzv_conf", "env", "script",
-                 "script_args")
+                 "script_args", "progress", "instrument")
 _TRAINER_READERS: dict[str, Callable[[_Field], Any]] = {
     "steps": lambda f: f.whole(1, 120), "step_time": lambda f: f.seconds(), "ckpt_interval": lambda f: f.whole(1, 10),
     "pg_timeout": lambda f: f.seconds(positive=True), "batch_size": lambda f: f.whole(1, 16),
@@ -588,6 +589,12 @@ def _read_cluster(f: _Field, base_dir: Path) -> tuple[dict, tuple[str, ...]]:
             raise fields["script_args"].error("only for a user script (cluster.script); "
                                               "give the shipped trainer's args under trainer:")
         cluster["script_args"] = tuple(arg.text() for arg in fields["script_args"].items())
+    if "progress" in fields and not fields["progress"].is_null():
+        pattern = fields["progress"].text()
+        fields["progress"].checked(compile_progress_regex, pattern, flag="")
+        cluster["progress_regex"] = pattern
+    if "instrument" in fields:
+        cluster["instrument"] = fields["instrument"].flag()
     backends = _read_backends(fields["rdzv_backend"]) if "rdzv_backend" in fields else (ClusterSpec.rdzv_backend,)
     return cluster, backends
 

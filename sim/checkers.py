@@ -23,11 +23,9 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-import re
-import time
 from typing import Callable, Sequence
 
-from .runmodel import REVERSIBLE_FAULTS, STEP_SOURCE_WORDS, Cohort, Fault, RunModel, clock, node_order
+from .runmodel import REVERSIBLE_FAULTS, Cohort, Fault, RunModel, clock, node_order
 from .verdict import CheckResult, FaultRecovery, Verdict
 
 EXPECTED = ("recovers", "fails")
@@ -170,7 +168,9 @@ def _recoveries(run: RunModel) -> list[_Recovery]:
 
 def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> _Recovery:
     before = run.last_beat_before(fault.t_invoke)
-    world_before = run.world_at(before) if before else None
+    # Before the workers' first beat (still importing), the world they were started at.
+    cohort_then = run.cohort_at(fault.t_invoke)
+    world_before = run.world_at(before) if before else cohort_then.world_size if cohort_then else None
     rate_before = _throughput(run, fault.t_invoke - THROUGHPUT_WINDOW_S, fault.t_invoke)
     # From the invoke: a slow fault (stop with a grace period, scale) may see the restart before its ok.
     restart = run.first_cohort_after(fault.t_invoke)
@@ -240,8 +240,11 @@ def check_restart_budget(history: Sequence[dict], spec: RunSpec) -> CheckResult:
     reasons = [f"{node} used {count} restarts > max {spec.max_restarts}"
                for node, count in per_node.items() if count > spec.max_restarts]
     valid = not reasons
-    reasons.append(f"torch counts restarts per agent, not per job: {sum(per_node.values())} in all "
-                   f"across {len(per_node)} nodes, each allowed {spec.max_restarts}")
+    if per_node:
+        reasons.append(f"torch counts restarts per agent, not per job: {sum(per_node.values())} in all "
+                       f"across {len(per_node)} nodes, each allowed {spec.max_restarts}")
+    else:
+        reasons.append(f"no restarts (each agent allowed {spec.max_restarts}; torch counts them per agent)")
     return CheckResult("restart_budget", valid, tuple(reasons), {"per_node": per_node})
 
 

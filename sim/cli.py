@@ -29,8 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    up = sub.add_parser("up", help="build images if needed, start a cluster, wait for the first training step",
-                        description="Start a cluster. Script arguments go after `--`, e.g. `sim up -- --steps 50`.")
+    up = sub.add_parser("up", help="build images if needed, start a cluster, follow the job until it ends",
+                        description="Start a cluster and follow the job until it ends, then print its verdict. "
+                                    "Script arguments go after `--`, e.g. `sim up -- --steps 50` (the shipped "
+                                    "trainer keeps its other defaults).")
     up.add_argument("--nodes", type=int, default=4, help="node containers to start (default 4)")
     up.add_argument("--min-nodes", type=int, help="torchrun --nnodes MIN (default 1)")
     up.add_argument("--max-nodes", type=int, help="torchrun --nnodes :MAX (default --nodes)")
@@ -43,8 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--env", action="append", metavar="KEY=VALUE",
                     help="extra environment for every node's agent and workers (repeatable)")
     up.add_argument("--gpus", help="GPUs per node: none, all or a number (default none)")
+    up.add_argument("--no-instrument", dest="instrument", action="store_false",
+                    help="no optimizer-step and collective hooks in the workers (they record progress of any script)")
+    up.add_argument("--progress-regex", metavar="REGEX",
+                    help=r"read step and loss from the script's own log lines, e.g. 'step (?P<step>\d+) loss (?P<loss>[\d.]+)'")
     up.add_argument("--name", default=DEFAULT_NAME, help=f"cluster name (default {DEFAULT_NAME})")
     up.add_argument("--detach", action="store_true", help="return once training has started instead of following it")
+    up.add_argument("--verbose", action="store_true",
+                    help="follow the raw container logs (torch's INFO stream, every script line) instead of the compact view")
     up.add_argument("--keep", action="store_true", help="keep a failed cluster for debugging instead of removing it")
     up.add_argument("--timeout", type=float, default=cluster_mod.DEFAULT_START_TIMEOUT,
                     help="seconds to wait for the first training step (default 300)")
@@ -120,12 +128,17 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
     if args.detach:
         return 0
     from .logs import follow_job
-    print("following the job (Ctrl-C stops following; the cluster keeps running)", flush=True)
+    from .runreport import report_run
+    print("following the job until it ends (Ctrl-C stops following; the cluster keeps running)", flush=True)
     try:
-        return follow_job(cluster)
+        print(follow_job(cluster, verbose=args.verbose), flush=True)
     except KeyboardInterrupt:
         print(f"\nstopped following; cluster '{name}' is still running (`python -m sim down{flag}` removes it)")
         return 0
+    verdict, summary = report_run(cluster.run_dir)
+    print(summary)
+    print(f"the stopped cluster stays for `sim report` and `sim logs`; `python -m sim down{flag}` removes it")
+    return 0 if verdict.valid else 1
 
 
 def cmd_down(args: argparse.Namespace, _: list[str] | None) -> int:
@@ -191,9 +204,26 @@ def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
 def cmd_report(args: argparse.Namespace, _: list[str] | None) -> int:
     from .runreport import report_run, resolve_run_dir
     run_dir = resolve_run_dir(args.run)
-    verdict, summary = report_run(run_dir, expected=args.expect)
+    up, total = _nodes_up(run_dir)
+    if up:
+        print(f"run {run_dir.name} is still running ({up} of {total} nodes up); the verdict below is provisional")
+    verdict, summary = report_run(run_dir, expected=args.expect, live=bool(up))
     print(summary)
     return 0 if verdict.valid else 1
+
+
+def _nodes_up(run_dir) -> tuple[int, int]:
+    """(node containers up, node containers) of a run that has not ended; (0, 0) once it has."""
+    from .history import FILE_NAME, History
+    from .logs import live_run, nodes_up
+    live = live_run(History(run_dir / FILE_NAME).records())
+    if live is None:
+        return 0, 0
+    cluster, run_id = live
+    try:
+        return nodes_up(cluster_mod.Cluster(cluster, _docker()).containers(), run_id)
+    except SimError:  # no Docker engine here: none of the run's containers can be running
+        return 0, 0
 
 
 def cmd_logs(args: argparse.Namespace, _: list[str] | None) -> int:

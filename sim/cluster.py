@@ -24,6 +24,7 @@ from .images import ImageBuilder, ImageSet
 from .progress import Progress, to_stderr
 from .paths import cluster_dir, state_home
 from .render import render, to_yaml
+from .sidechannel import prepare_events_dir
 from .spec import ClusterSpec
 from .wait import Check, wait_for
 
@@ -324,7 +325,9 @@ SHIPPED_TRAINER_DEFAULTS = {"--steps": 200, "--ckpt-interval": 10}
 
 
 def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: str) -> None:
-    project = render(spec, node_image=images.node, etcd_image=images.etcd, run_id=run_id)
+    # The workers' side channel (instrumentation records) lands in the run folder, beside the history.
+    events_dir = prepare_events_dir(run_dir(spec.name, run_id))
+    project = render(spec, node_image=images.node, etcd_image=images.etcd, run_id=run_id, events_dir=events_dir)
     cluster.state_dir.mkdir(parents=True, exist_ok=True)
     # Written to a temp name first, then renamed: a reader never sees half a file.
     for name, text in (("compose.yaml", to_yaml(project)), ("spec.json", spec.to_json()), ("run_id", run_id),

@@ -1,7 +1,8 @@
 """The history collector: one background process per running cluster.
 
-It follows the cluster's Docker events and every node's log (through
-restarts and scale-ups) and appends what they say to the run's history, live,
+It follows the cluster's Docker events, every node's log (through restarts
+and scale-ups) and the workers' side channel (sim/sidechannel.py: the run
+folder's events/*.jsonl) and appends what they say to the run's history, live,
 so `sim status --watch` and the checkers read one ordered record of the run.
 Started by `sim up`, it ends by itself once the cluster's containers are gone.
 
@@ -23,13 +24,16 @@ from . import labels
 from .agentlog import NodeLogParser, parse_docker_timestamp
 from .cluster import Cluster
 from .docker import Docker
+from .errors import SimError
 from .history import FILE_NAME, History
+from .sidechannel import EVENTS_DIR, EventsTail, ProgressMatcher
 
 PID_FILE = "collector.pid"
 STARTUP_GRACE_S = 600
 # Actions worth a history line; exec_* events (our own probes) are noise.
 CONTAINER_ACTIONS = {"create", "start", "die", "kill", "stop", "pause", "unpause", "oom", "destroy", "restart"}
 NETWORK_ACTIONS = {"connect", "disconnect"}
+EVENTS_POLL_S = 0.25
 
 
 class Collector:
@@ -42,12 +46,17 @@ class Collector:
         self._nodes: dict[str, str] = {}  # container id -> node name
         self._lock = threading.Lock()
         self.stop = threading.Event()
+        self.events = EventsTail(cluster.run_dir / EVENTS_DIR)
+        self.progress = _progress_matcher(cluster)
 
     def run(self) -> None:
         events = subprocess.Popen(
             [self.docker_bin, "events", "--filter", labels.cluster_filter(self.cluster.name), "--format", "{{json .}}"],
             stdout=subprocess.PIPE, text=True, errors="replace")
         threading.Thread(target=self._read_events, args=(events,), daemon=True).start()
+        tail_done = threading.Event()
+        tail = threading.Thread(target=self._tail_side_channel, args=(tail_done,), daemon=True)
+        tail.start()
         for info in self.cluster.containers():
             self._nodes[info.id] = info.node
             if info.state in ("running", "paused"):
@@ -68,6 +77,8 @@ class Collector:
         events.terminate()
         for thread in list(self._followers.values()):
             thread.join(timeout=5)
+        tail_done.set()
+        tail.join(timeout=5)
 
     def _read_events(self, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
@@ -102,6 +113,15 @@ class Collector:
             return {"t": t, "type": "docker", "node": node, "action": f"network_{action}"}
         return None
 
+    def _tail_side_channel(self, done: threading.Event) -> None:
+        """Worker records, polled until `done`, then once more: the workers are gone by then."""
+        while True:
+            finished = done.wait(EVENTS_POLL_S)
+            for record in self.events.poll():
+                self.history.append(record)
+            if finished:
+                return
+
     def _follow(self, cid: str) -> None:
         with self._lock:
             running = self._followers.get(cid)
@@ -129,9 +149,22 @@ class Collector:
                 self._last_t[cid] = t
             for record in parser.feed(t, body):
                 self.history.append(record)
+            if self.progress is not None:
+                progress = self.progress.match(node, t, body)
+                if progress is not None:
+                    self.history.append(progress)
         for record in parser.close():
             self.history.append(record)
         proc.wait()
+
+
+def _progress_matcher(cluster: Cluster) -> ProgressMatcher | None:
+    """The run's --progress-regex, if it has one (a spec that cannot be read has none)."""
+    try:
+        spec = cluster.spec
+    except (SimError, ValueError, TypeError, OSError):
+        return None
+    return ProgressMatcher(spec.progress_regex) if spec is not None and spec.progress_regex else None
 
 
 def pid_file(cluster: Cluster) -> Path:

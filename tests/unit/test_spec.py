@@ -73,4 +73,37 @@ def test_spec_from_cli_options():
     spec = spec_from_options({"nodes": 2, "rdzv_conf": "join_timeout=9", "gpus": None, "detach": True},
                              ["--steps", "3"])
     assert spec.nodes == 2 and spec.rdzv_conf == (("join_timeout", "9"),)
-    assert spec.script_args == ("--steps", "3")
+    assert spec.script_args == ("--step-time", "0.2", "--ckpt-interval", "10", "--steps", "3")
+
+
+def test_one_trainer_arg_keeps_the_other_defaults():
+    spec = spec_from_options({}, ["--steps", "400"])
+    assert spec.effective_script_args == ("--step-time", "0.2", "--ckpt-interval", "10", "--steps", "400")
+
+
+def test_trainer_args_override_flag_by_flag_in_either_spelling():
+    spec = spec_from_options({}, ["--step-time=0.05", "--pg-timeout", "15"])
+    assert spec.effective_script_args == ("--steps", "600", "--ckpt-interval", "10",
+                                          "--step-time", "0.05", "--pg-timeout", "15")
+
+
+def test_every_default_overridden_leaves_only_the_given_args():
+    given = ["--steps", "24", "--step-time", "0.05", "--ckpt-interval", "5"]
+    assert spec_from_options({}, given).effective_script_args == tuple(given)
+
+
+def test_no_args_after_the_dashes_keep_the_defaults():
+    assert spec_from_options({}, []).effective_script_args == DEFAULT_TRAINER_ARGS
+
+
+def test_user_script_gets_exactly_its_args(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    spec = spec_from_options({"script": str(script)}, ["--steps", "400", "--lr=0.1"])
+    assert spec.effective_script_args == ("--steps", "400", "--lr=0.1")
+
+
+def test_start_record_reads_steps_from_merged_args():
+    from sim.cluster import run_start_record
+    record = run_start_record(spec_from_options({}, ["--steps=400"]), "r1")
+    assert (record["target_steps"], record["ckpt_interval"]) == (400, 10)

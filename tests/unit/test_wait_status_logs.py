@@ -2,7 +2,6 @@ import pytest
 
 from sim.agentlog import node_log_facts
 from sim.errors import ClusterError
-from sim.logs import compact
 from sim.wait import Check, wait_for
 
 
@@ -61,13 +60,3 @@ def test_node_log_facts():
     assert facts.restarts == 2 and facts.step == 17 and facts.world_size == 6 and not facts.finished
 
 
-def test_compact_follow_output():
-    lines = [
-        'node0-1  | I1129 agent line',
-        'node0-1  | {"sim": "progress", "rank": 0, "step": 10, "loss": 0.25, "world_size": 4, "restart": 0}',
-        'node0-1  | {"sim": "progress", "rank": 1, "step": 10, "loss": 0.25, "world_size": 4, "restart": 0}',
-        'node0-1  | {"sim": "progress", "rank": 0, "step": 11, "loss": 0.25, "world_size": 4, "restart": 0}',
-        'node0-1  | {"sim": "checkpoint", "rank": 0, "step": 10}',
-    ]
-    assert list(compact(lines)) == ["node0-1  | I1129 agent line",
-                                    "node0-1  | step 10 loss 0.2500 world 4 restart 0"]

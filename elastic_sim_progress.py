@@ -1,0 +1,1 @@
+images/node/elastic_sim_progress.py

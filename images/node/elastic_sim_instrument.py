@@ -1,0 +1,298 @@
+"""Progress of any torchrun script with no change to it: optimizer steps and collective calls.
+
+Imported by elastic-sim.pth at start-up of every Python process in a node, so outside a torchrun
+worker it only reads the environment and returns (no torch import, nothing installed). In a
+worker (LOCAL_RANK and TORCHELASTIC_RUN_ID set, SIM_INSTRUMENT not "0", a side channel in
+SIM_EVENTS_DIR) it writes a "start" record at once and waits, through an import hook, for the
+script to import torch:
+  - torch.optim.optimizer: a global optimizer step post hook writes "step" records;
+  - torch.distributed: its Python collectives are wrapped to write "activity" records;
+and at exit it writes "exit". Records go to the side channel (elastic_sim_progress.write_record),
+never to the script's stdout or stderr. Any failure in here turns the instrumentation off
+silently: the user's script must behave exactly as without it.
+"""
+
+import os
+
+# Set in an instrumented worker, inherited by anything it starts (DataLoader workers, compile
+# pools, subprocesses): those are not the worker, and must not count as one.
+OWNER_ENV = "SIM_INSTRUMENTED_PID"
+# A step record at most this often per process (the first at once, the last at exit): a fast loop
+# must not flood the history, and the write is most of the hook's cost.
+STEP_RECORD_GAP_S = 0.1
+ACTIVITY_RECORD_GAP_S = 1.0
+COLLECTIVES = (
+    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "reduce", "gather", "scatter",
+    "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list", "all_reduce_coalesced",
+    "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base", "send", "recv", "isend", "irecv",
+    "batch_isend_irecv", "send_object_list", "recv_object_list",
+)
+
+
+def should_instrument(env=os.environ, pid=None) -> bool:
+    if "LOCAL_RANK" not in env or "TORCHELASTIC_RUN_ID" not in env:
+        return False  # the common case, and the cheapest test: not a torchrun worker
+    if env.get("SIM_INSTRUMENT", "1") == "0" or not env.get("SIM_EVENTS_DIR"):
+        return False
+    owner = env.get(OWNER_ENV)
+    return owner is None or owner == str(os.getpid() if pid is None else pid)
+
+
+class WorkerProbe:
+    """The state and hooks of one instrumented worker process."""
+
+    def __init__(self, write):
+        import threading
+        import time
+        import weakref
+
+        self._write = write  # (event, **fields) -> bool
+        self._clock = time.monotonic
+        self._weakref = weakref.ref
+        self._in_collective = threading.local()
+        self.pid = os.getpid()
+        self.off = False
+        self._step_handle = None
+        self._optimizer = None  # weakref to the one optimizer counted
+        self._steps = 0
+        self._steps_written = 0
+        self._step_written_at = 0.0
+        self._step_offset = None  # absolute step - n, for a step counter the CPU cannot read cheaply
+        self._collectives = 0
+        self._collectives_written = 0
+        self._activity_written_at = 0.0
+        self._last_op = None
+        self.exit_code = None
+
+    def write(self, event, **fields) -> None:
+        if not self.off and not self._write(event, **fields):
+            self.disable()
+
+    def disable(self) -> None:
+        self.off = True
+        handle, self._step_handle = self._step_handle, None
+        if handle is not None:
+            try:
+                handle.remove()
+            except Exception:
+                pass
+
+    # --- optimizer steps -------------------------------------------------------------------
+
+    def install_step_hook(self, optimizer_module) -> None:
+        self._step_handle = optimizer_module.register_optimizer_step_post_hook(self.on_step)
+
+    def on_step(self, optimizer, args, kwargs) -> None:
+        if self.off:
+            return
+        try:
+            counted = self._optimizer() if self._optimizer is not None else None
+            if counted is not optimizer:
+                if counted is not None:
+                    return  # a second optimizer of the same loop: each step counts once
+                self._optimizer, self._step_offset = self._weakref(optimizer), None
+            self._steps += 1
+            now = self._clock()
+            if self._steps == 1 or now - self._step_written_at >= STEP_RECORD_GAP_S:
+                self._write_step(optimizer, now)
+        except Exception:
+            self.disable()
+
+    # torch.compile must not trace the hook into a compiled optimizer step (the tracer does not
+    # know its clock and would warn on the script's stderr): the mark torch._dynamo.disable puts
+    # on what it wraps, without the wrapper's cost on every eager step.
+    on_step._torchdynamo_disable = True
+
+    def _write_step(self, optimizer, now: float) -> None:
+        self._step_written_at, self._steps_written = now, self._steps
+        self.write("step", n=self._steps, step=self._absolute_step(optimizer))
+
+    def _absolute_step(self, optimizer):
+        """The step the optimizer's state holds (Adam's state[p]["step"]: it survives a restore from
+        a checkpoint), or None when it keeps none (SGD)."""
+        if self._step_offset is not None:
+            return self._steps + self._step_offset
+        if optimizer is None:
+            return None
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                state = optimizer.state.get(param)
+                if not state:
+                    continue
+                value = state.get("step")
+                if value is None:
+                    return None
+                if isinstance(value, (int, float)):
+                    return int(value)
+                step = int(value.item())
+                if value.device.type != "cpu":
+                    # .item() on an accelerator waits for it: read once, then count on from there.
+                    self._step_offset = step - self._steps
+                return step
+        return None
+
+    # --- collectives -----------------------------------------------------------------------
+
+    def wrap_collectives(self, dist, c10d) -> None:
+        import functools
+
+        for op in COLLECTIVES:
+            original = getattr(c10d, op, None)
+            if not callable(original) or hasattr(original, "__elastic_sim_op__"):
+                continue
+            wrapper = functools.wraps(original)(self._counting(original, op))
+            wrapper.__elastic_sim_op__ = op
+            setattr(c10d, op, wrapper)
+            if getattr(dist, op, None) is original:
+                setattr(dist, op, wrapper)
+
+    def _counting(self, collective, op):
+        probe, nested = self, self._in_collective
+
+        def counted(*args, **kwargs):
+            if probe.off or getattr(nested, "inside", False):
+                return collective(*args, **kwargs)  # e.g. all_gather_object's own all_gather
+            probe.on_collective(op)
+            nested.inside = True
+            try:
+                return collective(*args, **kwargs)
+            finally:
+                nested.inside = False
+
+        return counted
+
+    def on_collective(self, op: str) -> None:
+        try:
+            self._collectives += 1
+            self._last_op = op
+            now = self._clock()
+            if self._collectives == 1 or now - self._activity_written_at >= ACTIVITY_RECORD_GAP_S:
+                self._activity_written_at, self._collectives_written = now, self._collectives
+                self.write("activity", collectives=self._collectives, op=op)
+        except Exception:
+            self.disable()
+
+    # --- exit ------------------------------------------------------------------------------
+
+    def at_exit(self) -> None:
+        if self.off or os.getpid() != self.pid:
+            return
+        try:
+            # What the rate limits held back: the counts at the end are exact.
+            if self._steps > self._steps_written:
+                optimizer = self._optimizer() if self._optimizer is not None else None
+                self._steps_written = self._steps
+                self.write("step", n=self._steps, step=self._absolute_step(optimizer))
+            if self._collectives > self._collectives_written:
+                self.write("activity", collectives=self._collectives, op=self._last_op)
+            self.write("exit", code=self.exit_code)
+        except Exception:
+            self.disable()
+
+
+class AfterImport:
+    """A meta path finder that runs a callback right after a watched module has executed, by
+    wrapping the real loader's exec_module; it leaves sys.meta_path once nothing is watched."""
+
+    def __init__(self, callbacks, on_error):
+        self.callbacks = dict(callbacks)
+        self.on_error = on_error
+
+    def install(self) -> None:
+        import sys
+
+        for name in list(self.callbacks):
+            if name in sys.modules:  # imported before us: nothing to wait for
+                self._fire(name, sys.modules[name])
+        if self.callbacks:
+            sys.meta_path.insert(0, self)
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.callbacks:
+            return None
+        import sys
+
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        try:
+            exec_module = spec.loader.exec_module
+
+            def exec_then_callback(module):
+                exec_module(module)
+                self._fire(name, module)
+
+            spec.loader.exec_module = exec_then_callback
+        except Exception:
+            pass  # a loader we cannot wrap: the module loads untouched
+        return spec
+
+    def _fire(self, name, module) -> None:
+        callback = self.callbacks.pop(name, None)
+        if not self.callbacks:
+            import sys
+
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+        if callback is not None:
+            try:
+                callback(module)
+            except Exception:
+                self.on_error()
+
+
+def activate():
+    """Instrument this worker process; returns its probe (None when turned off by a failure)."""
+    import atexit
+    import sys
+
+    import elastic_sim_progress
+
+    probe = WorkerProbe(elastic_sim_progress.write_record)
+    os.environ[OWNER_ENV] = str(probe.pid)
+    probe.write("start")
+    if probe.off:
+        return None
+    os.register_at_fork(after_in_child=probe.disable)  # a forked child is not the worker
+
+    def after_distributed(dist):
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        if c10d is not None:
+            probe.wrap_collectives(dist, c10d)
+
+    AfterImport({"torch.optim.optimizer": probe.install_step_hook, "torch.distributed": after_distributed},
+                on_error=probe.disable).install()
+    _record_exit_code(probe, sys)
+    atexit.register(probe.at_exit)
+    return probe
+
+
+def _record_exit_code(probe, sys) -> None:
+    """atexit handlers are not told the exit code: learn it from the two ways a script ends
+    early. An uncaught exception exits 1; sys.exit(x) exits x. A script that runs to its end
+    exits 0 (a bare `raise SystemExit(n)` is missed and reads 0)."""
+    probe.exit_code = 0
+    previous_hook, previous_exit = sys.excepthook, sys.exit
+
+    def excepthook(kind, value, traceback):
+        probe.exit_code = 1
+        previous_hook(kind, value, traceback)
+
+    def exit_with(status=None):
+        probe.exit_code = 0 if status is None else status if isinstance(status, int) else 1
+        previous_exit(status)
+
+    sys.excepthook, sys.exit = excepthook, exit_with
+
+
+if should_instrument():
+    try:
+        activate()
+    except Exception:
+        pass  # never break the user's script

@@ -1,0 +1,141 @@
+"""The side channel, host side: events folder, tailing the workers' files, the progress regex, and
+the spec / CLI / scenario / compose plumbing that carries them."""
+
+from __future__ import annotations
+
+import json
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from chaos.scenario import parse_scenario, scenario_spec_options
+from sim.cli import build_parser
+from sim.collector import Collector
+from sim.errors import UsageError
+from sim.history import History
+from sim.render import render
+from sim.sidechannel import EventsTail, ProgressMatcher, compile_progress_regex, prepare_events_dir, worker_record
+from sim.spec import ClusterSpec, spec_from_options
+
+# Lines as elastic_sim_instrument writes them (captured from tests/unit/test_instrument.py's run).
+START = ('{"t":1796046212.64,"type":"worker","node":"node0","event":"start","rank":0,"local_rank":0,'
+         '"world_size":2,"restart":0,"pid":71,"run_id":"demo-r1"}')
+STEP = ('{"t":1796046223.08,"type":"worker","node":"node0","event":"step","rank":0,"local_rank":0,'
+        '"world_size":2,"restart":0,"pid":71,"run_id":"demo-r1","n":1,"step":101}')
+IMAGES = {"node_image": "elastic-sim/node:abc", "etcd_image": "elastic-sim/etcd:def", "run_id": "r1"}
+REGEX = r"step (?P<step>\d+) loss (?P<loss>[\d.]+)"
+
+
+def test_events_dir_is_writable_by_the_nodes_user(tmp_path):
+    path = prepare_events_dir(tmp_path / "run")
+    assert path == tmp_path / "run" / "events"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o777
+    assert prepare_events_dir(tmp_path / "run") == path  # again on a scale-up: no harm
+
+
+def test_worker_record_parses_and_refuses():
+    assert worker_record(STEP, "node0")["step"] == 101
+    no_type = json.dumps({"event": "exit", "code": 0})
+    assert worker_record(no_type, "node3") == {"event": "exit", "code": 0, "type": "worker", "node": "node3"}
+    for bad in ("not json", "[1]", '{"event": "dance"}', b"\xff\xfe"):
+        assert worker_record(bad, "node0") is None
+
+
+def test_tail_waits_for_a_partial_line_and_finds_new_files(tmp_path):
+    tail = EventsTail(tmp_path)
+    assert tail.poll() == []  # nothing yet (the folder may even be empty for a while)
+    node0 = tmp_path / "node0.jsonl"
+    node0.write_text(START + "\n" + STEP[:40])
+    assert [r["event"] for r in tail.poll()] == ["start"]
+    assert tail.poll() == []
+    with open(node0, "a") as f:
+        f.write(STEP[40:] + "\n")
+    (tmp_path / "node1.jsonl").write_text(START.replace("node0", "node1") + "\ngarbage\n")
+    (tmp_path / "notes.txt").write_text(START + "\n")
+    assert [(r["node"], r["event"]) for r in tail.poll()] == [("node0", "step"), ("node1", "start")]
+    assert tail.poll() == []
+
+
+def test_progress_regex_must_compile_and_name_a_step():
+    assert compile_progress_regex(REGEX).groupindex.keys() == {"step", "loss"}
+    with pytest.raises(UsageError, match=r"^--progress-regex 'step \(': not a regular expression .*use e\.g\."):
+        compile_progress_regex("step (")
+    with pytest.raises(UsageError, match=r"^--progress-regex 'step \(\\d\+\)': has no named group 'step'"):
+        compile_progress_regex(r"step (\d+)")
+    with pytest.raises(UsageError) as error:
+        ClusterSpec(progress_regex="loss (?P<loss>.*)")
+    assert "\n" not in str(error.value)
+
+
+def test_progress_matcher_reads_step_and_loss():
+    matcher = ProgressMatcher(REGEX)
+    assert matcher.match("node1", 5.0, "epoch 0 step 12 loss 0.375") == {
+        "t": 5.0, "type": "worker", "node": "node1", "event": "progress", "step": 12, "loss": 0.375, "source": "log"}
+    assert matcher.match("node1", 5.0, "Starting worker group") is None
+    assert matcher.match("node1", None, "step 3 loss 1.5")["t"] > 0  # a line without a timestamp
+    assert ProgressMatcher(r"it=(?P<step>\d+)").match("node0", 1.0, "it=7")["loss"] is None
+    assert ProgressMatcher(r"it=(?P<step>\w+)").match("node0", 1.0, "it=seven") is None
+    assert ProgressMatcher(r"it=(?P<step>\d+)(?: loss=(?P<loss>\S+))?").match("node0", 1.0, "it=7 loss=nan?")["loss"] is None
+
+
+def test_spec_fields_round_trip_and_default_for_old_specs():
+    spec = ClusterSpec(instrument=False, progress_regex=REGEX)
+    assert ClusterSpec.from_json(spec.to_json()) == spec
+    old = json.loads(ClusterSpec().to_json())
+    del old["instrument"], old["progress_regex"]
+    assert ClusterSpec.from_json(json.dumps(old)).instrument is True
+    with pytest.raises(UsageError, match="instrument 'no': must be true or false"):
+        ClusterSpec(instrument="no")
+
+
+def test_up_flags():
+    parser = build_parser()
+    args = parser.parse_args(["up", "--no-instrument", "--progress-regex", REGEX])
+    spec = spec_from_options(vars(args), None)
+    assert (spec.instrument, spec.progress_regex) == (False, REGEX)
+    assert spec_from_options(vars(parser.parse_args(["up"])), None).instrument is True
+
+
+def test_scenario_keys(tmp_path):
+    text = ("name: a\ndescription: b\ncluster:\n  progress: '%s'\n  instrument: false\n"
+            "expect: {outcome: recovers}\n")
+    spec = spec_from_options(scenario_spec_options(parse_scenario(text % REGEX, "s.yaml"), "etcd-v2"), None)
+    assert (spec.progress_regex, spec.instrument) == (REGEX, False)
+    with pytest.raises(UsageError, match=r"^s\.yaml:4: cluster\.progress: 'it=\(\\d\+\)': has no named group 'step'"):
+        parse_scenario(text % r"it=(\d+)", "s.yaml")
+
+
+def test_nodes_get_the_events_mount_and_switch(tmp_path):
+    events = prepare_events_dir(tmp_path)
+    node = render(ClusterSpec(name="demo", nodes=2), events_dir=events, **IMAGES)["services"]["node1"]
+    assert {"type": "bind", "source": str(events), "target": "/sim/events"} in node["volumes"]
+    assert (node["environment"]["SIM_EVENTS_DIR"], node["environment"]["SIM_INSTRUMENT"]) == ("/sim/events", "1")
+    off = render(ClusterSpec(name="demo", nodes=1, instrument=False), events_dir=events, **IMAGES)
+    assert off["services"]["node0"]["environment"]["SIM_INSTRUMENT"] == "0"
+    bare = render(ClusterSpec(name="demo", nodes=1), **IMAGES)["services"]["node0"]
+    assert "SIM_EVENTS_DIR" not in bare["environment"]
+    assert not any(isinstance(v, dict) and v["target"] == "/sim/events" for v in bare["volumes"])
+
+
+class FakeCluster:
+    """What the collector asks of a cluster before it touches Docker."""
+
+    def __init__(self, run_dir: Path, spec: ClusterSpec):
+        self.run_dir, self.spec = run_dir, spec
+        self.docker = type("FakeDocker", (), {"docker_bin": "docker"})()
+
+
+def test_collector_appends_side_channel_records_as_worker_records(tmp_path):
+    events = prepare_events_dir(tmp_path)
+    (events / "node0.jsonl").write_text(START + "\n" + STEP + "\n")
+    history = History(tmp_path / "history.jsonl")
+    collector = Collector(FakeCluster(tmp_path, ClusterSpec(progress_regex=REGEX)), history)
+    done = threading.Event()
+    done.set()  # one last poll, as at the end of a run
+    collector._tail_side_channel(done)
+    records = list(history.records())
+    assert [(r["type"], r["event"], r["t"]) for r in records] == [
+        ("worker", "start", 1796046212.64), ("worker", "step", 1796046223.08)]
+    assert collector.progress.match("node0", 1.0, "step 4 loss 2")["step"] == 4
