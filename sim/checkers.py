@@ -189,16 +189,17 @@ def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> _Recover
 
 
 def _throughput(run: RunModel, begin: float, end: float) -> float | None:
-    """Steps per second in [begin, end), counted on one rank (rank 0, or the script's own
-    rank-less progress lines): None with fewer than two steps in the window."""
+    """Steps per second in [begin, end) on one rank (rank 0, or the script's own rank-less
+    progress lines): the steps gained over the time they took, cohort by cohort. Step numbers,
+    not record counts: the instrumentation writes a step record at most twice a second."""
     index = bisect.bisect_left(run.progress_times, begin)
-    times = []
+    spans: dict[int, list[dict]] = {}
     for record in run.progress[index:bisect.bisect_left(run.progress_times, end)]:
-        if record.get("rank") in (0, None) and (not times or record["t"] > times[-1]):
-            times.append(record["t"])
-    if len(times) < 2 or times[-1] <= times[0]:
-        return None
-    return round((len(times) - 1) / (times[-1] - times[0]), 3)
+        if record.get("rank") in (0, None):
+            spans.setdefault(run.cohort_index(record["t"]), []).append(record)
+    steps = sum(max(r["step"] for r in span) - min(r["step"] for r in span) for span in spans.values())
+    seconds = sum(span[-1]["t"] - span[0]["t"] for span in spans.values())
+    return round(steps / seconds, 3) if steps > 0 and seconds > 0 else None
 
 
 # ---------------------------------------------------------------- checkers
@@ -316,14 +317,15 @@ def _steps_not_measurable(run: RunModel) -> str:
 
 
 def _step_efficiency(run: RunModel) -> float | None:
-    """Steps kept / steps run (torchft's measure): the final step over every step taken on one rank,
-    the ones redone after a resume included. None where steps are not numbered across restarts."""
+    """Steps kept / steps run (torchft's measure): the final step over every step taken, the ones
+    redone after a resume included (each cohort ran from its first step to its last). None where
+    steps are not numbered across restarts."""
     if not run.steps_known or not run.progress:
         return None
-    taken, previous = 0, None
+    spans: dict[int, list[int]] = {}
     for record in run.progress:
-        if record.get("rank") in (0, None) and record["step"] != previous:
-            taken, previous = taken + 1, record["step"]
+        spans.setdefault(run.cohort_index(record["t"]), []).append(record["step"])
+    taken = sum(max(steps) - min(steps) + 1 for steps in spans.values())
     return round(run.highest_step / taken, 4) if taken and run.highest_step else None
 
 

@@ -228,6 +228,10 @@ class RunModel:
         index = bisect.bisect_right(self.cohort_times, t)
         return self.cohorts[index - 1] if index > 0 else None
 
+    def cohort_index(self, t: float) -> int:
+        """Which cohort was current at t: -1 before the first."""
+        return bisect.bisect_right(self.cohort_times, t) - 1
+
     def cohort_progress(self, cohort: Cohort) -> list[dict]:
         later = self.first_cohort_after(cohort.t)
         stop = bisect.bisect_left(self.progress_times, later.t) if later else len(self.progress)

@@ -18,8 +18,9 @@ import os
 # pools, subprocesses): those are not the worker, and must not count as one.
 OWNER_ENV = "SIM_INSTRUMENTED_PID"
 # A step record at most this often per process (the first at once, the last at exit): a fast loop
-# must not flood the history, and the write is most of the hook's cost.
-STEP_RECORD_GAP_S = 0.1
+# must not flood the history, and a record's write (a syscall, ~0.1-0.5 ms all told on a busy
+# machine) is most of the instrumentation's cost. Slower steps are each recorded.
+STEP_RECORD_GAP_S = 0.5
 ACTIVITY_RECORD_GAP_S = 1.0
 COLLECTIVES = (
     "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
