@@ -25,8 +25,25 @@ GROUP_FINISHED = "worker group successfully finished"
 # Logged right after a completed rendezvous, as the agent spawns this round's workers: the
 # moment training starts from torch's own point of view, whatever the script prints.
 GROUP_STARTING = "] Starting worker group"
+# The agent enters a rendezvous (first start, after a failure or a membership change).
+RDZV_JOINING = "] Rendezvous'ing worker group"
+# A spare agent (it joined when the job was full) leaves once the job closes the rendezvous.
+RDZV_GRACEFUL_EXIT = re.compile(r"Rendezvous gracefully exited: (.*)")
+# The agent was told to stop (SIGTERM from `docker stop`, Ctrl-C): it stops its workers and exits.
+AGENT_SIGNAL = re.compile(r"Received (\d+) death signal, shutting down workers")
 # torch/distributed/elastic/multiprocessing/api.py
 WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+# What workers print when their process group breaks (gloo, c10d, NCCL), by kind. Every worker
+# and every traceback repeats it, so each kind is recorded once per node per attempt.
+WORKER_ERRORS = (
+    (re.compile(r"connectFullMesh failed"), "gloo_connect"),
+    (re.compile(r"Timed out waiting \d+ms|ran for \d+ milliseconds before timing out"), "timeout"),
+    (re.compile(r"Connection (closed|reset) by peer"), "peer_lost"),
+    (re.compile(r"DistBackendError"), "backend"),
+)
+# The last line of a traceback the agent itself dies with, for the exceptions a diagnosis names
+# (torchrun's AttributeError in a spare agent; python-etcd's errors against an etcd without v2).
+AGENT_EXCEPTION = re.compile(r"^(AttributeError|etcd\.Etcd\w+): (.*)$")
 RDZV_ERRORS = (("RendezvousClosedError", "rdzv_closed"), ("RendezvousTimeoutError", "rdzv_timeout"),
                ("RendezvousConnectionError", "rdzv_error"), ("RendezvousStateError", "rdzv_error"))
 # torchrun's closing "Root Cause (first observed failure)" block (from @record error files)
@@ -53,6 +70,7 @@ class NodeLogParser:
         self._block: dict | None = None  # an open "Rendezvous complete" block
         self._block_t = 0.0
         self._root_cause: list[str] | None = None
+        self._errors_this_attempt: set[str] = set()  # worker error kinds already recorded
 
     def feed(self, t: float | None, text: str) -> Iterator[dict]:
         t = t if t is not None else 0.0
@@ -100,9 +118,22 @@ class NodeLogParser:
         elif GROUP_FINISHED in text:
             yield self._agent_record(t, "group_finished")
         elif GROUP_STARTING in text:
+            self._errors_this_attempt.clear()
             yield self._agent_record(t, "group_started")
+        elif RDZV_JOINING in text:
+            yield self._agent_record(t, "rdzv_joining")
+        elif (m := RDZV_GRACEFUL_EXIT.search(text)):
+            yield self._agent_record(t, "rdzv_graceful_exit", message=m.group(1).strip()[-300:])
         elif KEEPALIVE_FAILED.search(text):
             yield self._agent_record(t, "keepalive_failed", message=text.strip()[-300:])
+        elif (m := AGENT_SIGNAL.search(text)):
+            yield self._agent_record(t, "agent_signal", signal=int(m.group(1)))
+        elif (kind := _worker_error_kind(text)) is not None:
+            if kind not in self._errors_this_attempt:
+                self._errors_this_attempt.add(kind)
+                yield self._agent_record(t, "worker_error", kind=kind, message=text.strip()[-300:])
+        elif (m := AGENT_EXCEPTION.match(text.strip())):
+            yield self._agent_record(t, "exception", name=m.group(1), message=m.group(2)[-300:])
         else:
             for marker, event in RDZV_ERRORS:
                 if marker in text and not text.lstrip().startswith(("File ", "raise ", "^")):
@@ -167,6 +198,12 @@ def node_facts(records: Iterable[dict]) -> NodeLogFacts:
 
 def node_log_facts(text: str, node: str = "node") -> NodeLogFacts:
     return node_facts(parse_node_log(node, text))
+
+
+def _worker_error_kind(text: str) -> str | None:
+    if text.lstrip().startswith(("File ", "raise ", "^", "frame #")):
+        return None
+    return next((kind for pattern, kind in WORKER_ERRORS if pattern.search(text)), None)
 
 
 def _json(text: str) -> dict | None:

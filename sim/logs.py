@@ -126,6 +126,10 @@ class FollowView:
             return f"{RDZV_ERROR_WORDS[event]}: {_clip(r.get('message'), 200)}"
         if event == "error_file":
             return f"root cause: {_clip(r.get('message'), 300)}"
+        if event in ("worker_error", "exception"):
+            return f"error: {_clip(r.get('message'), 300)}"
+        if event == "agent_signal":
+            return f"agent received signal {r.get('signal')}"
         return None
 
     def _docker(self, r: dict) -> str | None:

@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from .diagnose import Diagnosis, format_diagnoses
 from .runmodel import STEP_SOURCE_WORDS, RunModel
 from .verdict import CheckResult, FaultRecovery, Verdict
 
@@ -52,7 +53,7 @@ class ReportFiles:
 
 
 def write_report(history: Sequence[dict], verdict: Verdict, out_dir: Path, *,
-                 title: str, profile: str | None) -> ReportFiles:
+                 title: str, profile: str | None, diagnoses: Sequence[Diagnosis] = ()) -> ReportFiles:
     """Write report.json, timeline.png and timeline.html into out_dir."""
     history = list(history)  # read more than once: a History.records() generator would run dry
     out_dir = Path(out_dir)
@@ -60,7 +61,7 @@ def write_report(history: Sequence[dict], verdict: Verdict, out_dir: Path, *,
     files = ReportFiles(json=out_dir / "report.json", png=out_dir / "timeline.png", html=out_dir / "timeline.html")
     draw_timeline(build_timeline(history, verdict), files.png, title=title, verdict=verdict,
                   profile=profile_label(profile, history))
-    data = report_data(verdict, history, title=title, profile=profile, files=files)
+    data = report_data(verdict, history, title=title, profile=profile, files=files, diagnoses=diagnoses)
     files.json.write_text(json.dumps(data, indent=2, default=_json_default) + "\n", encoding="utf-8")
     files.html.write_text(render_html(data, files.png.read_bytes()), encoding="utf-8")
     return files
@@ -533,7 +534,7 @@ def _figure_legend(figure) -> None:
 # ---------------------------------------------------------------- summary, JSON, HTML
 
 def report_data(verdict: Verdict, history: Sequence[dict], *, title: str, profile: str | None,
-                files: ReportFiles | None = None) -> dict:
+                files: ReportFiles | None = None, diagnoses: Sequence[Diagnosis] = ()) -> dict:
     """The figures of the report as plain data (what report.json holds)."""
     origin = run_origin(history)
     last = run_last_time(history)
@@ -556,6 +557,7 @@ def report_data(verdict: Verdict, history: Sequence[dict], *, title: str, profil
                      "highest_step": model.highest_step if model.steps_known else None,
                      "step_efficiency": _step_efficiency(verdict), "zombie_records": len(model.zombies),
                      "not_measured": [r.name for r in verdict.results if not r.measured]},
+        "diagnoses": [dataclasses.asdict(d) for d in diagnoses],
         "files": {} if files is None else {k: str(v) for k, v in dataclasses.asdict(files).items()},
     }
 
@@ -670,15 +672,17 @@ def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> lis
 
 
 def format_summary(verdict: Verdict, history: Sequence[dict], *, title: str, profile: str | None,
-                   files: ReportFiles | None = None) -> str:
-    """The report for a terminal: verdict, checks, faults, restarts, rounds, profile, files."""
+                   files: ReportFiles | None = None, diagnoses: Sequence[Diagnosis] = ()) -> str:
+    """The report for a terminal: verdict, checks, diagnoses, faults, restarts, rounds, profile, files."""
     history = list(history)
-    data = report_data(verdict, history, title=title, profile=profile, files=files)
+    data = report_data(verdict, history, title=title, profile=profile, files=files, diagnoses=diagnoses)
     expected = EXPECTED_WORDS.get(verdict.expected, verdict.expected)
     lines = [f"{title}: {data['verdict']} (expected: {expected})", ""]
     lines.append("Checks:")
     lines += _table(["check", "result", "first reason"], [_check_row(r) for r in verdict.results]) \
         if verdict.results else ["  (none)"]
+    if diagnoses:
+        lines += ["", "Why (known causes, with the evidence and the fix):", format_diagnoses(diagnoses)]
     lines.append("")
     lines.append("Faults:")
     headers, rows = fault_table(data)
@@ -728,6 +732,15 @@ def _html_check_row(check: dict) -> list[str]:
             f"<td>{reasons}</td>", f"<td><code>{metrics}</code></td>"]
 
 
+def _html_diagnoses(diagnoses: list[dict]) -> list[str]:
+    if not diagnoses:
+        return []
+    rows = [[_cell(d["title"]), _cell(d["cause"]),
+             "<td>" + "<br>".join(f"<code>{html.escape(e)}</code>" for e in d["evidence"]) + "</td>", _cell(d["fix"])]
+            for d in diagnoses]
+    return ["<h2>Why: known causes</h2>", _html_table(["diagnosis", "cause", "evidence", "fix"], rows)]
+
+
 def render_html(data: dict, png: bytes) -> str:
     """A self-contained page (no network): the timeline inline as base64, the figures as tables."""
     verdict_class = "pass" if data["valid"] else "fail"
@@ -753,6 +766,7 @@ def render_html(data: dict, png: bytes) -> str:
         _html_table([], facts),
         f'<img alt="timeline of the run" src="data:image/png;base64,{image}">',
         "<h2>Checks</h2>", _html_table(["check", "result", "reasons", "metrics"], checks) if checks else "<p>none</p>",
+        *_html_diagnoses(data["diagnoses"]),
         "<h2>Faults</h2>", _html_table(fault_headers, faults) if faults else "<p>none</p>",
         f"<h2>Restarts per node</h2><p>{html.escape(RESTARTS_NOTE)}.</p>",
         _html_table(["node", "restarts"], restarts) if restarts else "<p>none</p>",

@@ -36,6 +36,7 @@ def report_run(run_dir: Path, *, expected: str | None = None, title: str | None 
     """Check a run's history and write its report. `live`: the run is still going, so how it
     ends (completed, fails_cleanly) is not judged yet and the verdict is provisional."""
     from .checkers import CHECKS_FOR, RunSpec, check_all
+    from .diagnose import diagnose
     from .report import format_summary, write_report
     history = sorted(History(run_dir / FILE_NAME).records(), key=lambda r: r["t"])
     scenario = next((r for r in history if r.get("type") == "run" and r.get("event") == "scenario"), {})
@@ -53,8 +54,18 @@ def report_run(run_dir: Path, *, expected: str | None = None, title: str | None 
     title = title or run_dir.name
     if live:
         title += " (still running: provisional, its end not judged yet)"
-    files = write_report(history, verdict, run_dir / "report", title=title, profile=profile)
-    return verdict, format_summary(verdict, history, title=title, profile=profile, files=files)
+    found = diagnose(history, saved_logs(run_dir))
+    files = write_report(history, verdict, run_dir / "report", title=title, profile=profile, diagnoses=found)
+    return verdict, format_summary(verdict, history, title=title, profile=profile, files=files, diagnoses=found)
+
+
+def saved_logs(run_dir: Path) -> dict[str, str]:
+    """Every container's log as `down` saved it (node -> text); none while the cluster runs:
+    the diagnoses then read the agents' events from the history alone."""
+    logs_dir = run_dir / "logs"
+    if not logs_dir.is_dir():
+        return {}
+    return {path.stem: path.read_text(errors="replace") for path in sorted(logs_dir.glob("*.log"))}
 
 
 # Checkers that judge how a run ended: a live run has not ended.

@@ -19,6 +19,15 @@ all with "t" (unix seconds, one clock) and "type":
      "group_finished"                                    (this agent's workers all exited 0)
      "keepalive_failed" | "rdzv_closed" | "rdzv_timeout" | "rdzv_error" (message)
      "error_file"    message                            (the @record error-file contents torchrun printed)
+     "rdzv_joining"                                      (the agent starts a rendezvous: "Rendezvous'ing worker group")
+     "rdzv_graceful_exit" message                        (the rendezvous closed after the job finished)
+     "worker_error"  kind (gloo_connect|timeout|peer_lost|backend), message  (a worker's error line, once per kind)
+     "exception"     name, message                      (the agent's own AttributeError / etcd.Etcd* exception)
+     "agent_signal"  signal                             (the agent was signalled)
+  {"type": "worker", "node", "event": "start"|"step"|"activity"|"progress"|"exit", "rank", "local_rank",
+   "world_size", "restart", "pid", "run_id", step: "n", "step"; activity: "collectives", "op";
+   progress: "step", "loss", "source" ("api"|"log": log lines carry no rank); exit: "code"}
+     (the node image's instrumentation, through its side channel; see sim/sidechannel.py)
   {"type": "docker", "node", "action": "create"|"start"|"die"|"kill"|"stop"|"pause"|"unpause"|"oom"|"destroy"|
    "network_connect"|"network_disconnect", "exit_code"?: int, "signal"?: str}
   {"type": "fault", "op", "fault", "target", "phase": "invoke"|"ok"|"fail"|"info", "args"|"result"|"error"}

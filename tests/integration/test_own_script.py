@@ -20,7 +20,7 @@ STEP_LOSS = r"step (?P<step>\d+) loss (?P<loss>[\d.]+)"
 
 def scenario_file(tmp_path: Path, name: str, script: str, *, backend: str, progress: str | None = None,
                   steps: str = "", expect: str = "outcome: recovers", profile: str = "fast", env: str = "",
-                  script_args: tuple[str, ...] = ("--steps", "160")) -> Path:
+                  script_args: tuple[str, ...] = ("--steps", "160"), timeout: str = "5m") -> Path:
     """A scenario as a user writes one beside their script."""
     lines = [
         f"name: {name}",
@@ -38,7 +38,7 @@ def scenario_file(tmp_path: Path, name: str, script: str, *, backend: str, progr
     if env:
         lines.append(f"  env: {env}")
     lines += [f"profile: {profile}", "seed: 3", "steps:", steps or DEFAULT_STEPS, "expect:", f"  {expect}",
-              "timeout: 5m"]
+              f"timeout: {timeout}"]
     path = tmp_path / f"{name}.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -93,15 +93,18 @@ def test_model_only_checkpoint_is_caught_as_a_loss_jump(sim_scenario, docker, im
     (result,) = sim_scenario(str(path))
     loss = result.verdict.result("loss_continuity")
     assert loss.measured and not loss.valid, result.summary
-    assert "optimizer" in result.summary.lower()  # the diagnosis names the optimizer state
+    assert "[loss-jump]" in result.summary, result.summary  # the diagnosis: optimizer state not restored
 
 
 def test_shared_store_restart_loop_is_diagnosed(sim_scenario, docker, images, tmp_path):
     """torch 2.13 defaults (the rendezvous TCP store shared with the workers): a plain gloo script
-    cannot regroup after a worker SIGKILL. The run fails, and the verdict names cause and fix."""
-    path = scenario_file(tmp_path, "own-shared-store", "ddp_sgd.py", backend="etcd-v2",
-                         env="{TORCH_DISABLE_SHARE_RDZV_TCP_STORE: '0'}", expect="outcome: fails",
+    cannot regroup after a worker SIGKILL. Rounds are refused (connectFullMesh), burning restarts,
+    or hang in init_process_group: which one is torch's luck, so the test bounds the run (2 minutes)
+    and asserts what every outcome shares: the run fails, and the verdict names cause and fix."""
+    path = scenario_file(tmp_path, "own-shared-store", "ddp_sgd.py", backend="etcd-v2", timeout="2m",
+                         env="{TORCH_DISABLE_SHARE_RDZV_TCP_STORE: '0'}",
                          steps="  - fault: kill-worker\n    target: node1\n    at: {step: 15}")
     (result,) = sim_scenario(str(path))
-    assert_verdict(result)
+    assert not result.passed, result.summary
+    assert "[shared-tcp-store]" in result.summary, result.summary
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in result.summary, result.summary

@@ -61,3 +61,34 @@ def test_docker_events_become_records():
     connect = {"Type": "network", "Action": "disconnect", "timeNano": 1795950685000000000,
                "Actor": {"ID": "net", "Attributes": {"container": "abc", "name": "c_cluster"}}}
     assert collector._docker_record(connect)["node"] == "node2"
+
+
+# Captured from bare torchrun 2.13 agents (tests/data/logs/: shared_store_etcd_v2, spare_agent,
+# etcd_no_v2, shared_store_hang), the lines the diagnoses read.
+ERROR_LOG = """\
+I1130 14:09:41.506000 15553 torch/distributed/elastic/agent/server/api.py:707] [default] Rendezvous'ing worker group
+I1130 14:09:41.966000 15553 torch/distributed/elastic/agent/server/api.py:715] [default] Starting worker group
+[E1130 14:09:46.788667013 ProcessGroupGloo.cpp:67] Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection refused, remote=[127.0.0.1]:5526$1
+    backend_class = ProcessGroupGloo(
+RuntimeError: Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection refused, remote=[127.0.0.1]:5526$1
+[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:53991. This is typically caused by a remote worker crashing. Check the logs of the remote worker for the root cause.
+I1130 14:09:47.831000 15553 torch/distributed/elastic/agent/server/api.py:715] [default] Starting worker group
+RuntimeError: Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection refused, remote=[127.0.0.1]:5526$1
+I1130 14:05:21.251000 15060 torch/distributed/elastic/agent/server/api.py:751] Rendezvous gracefully exited: The rendezvous 'h2job15056' is closed, terminating pending rendezvous.
+AttributeError: 'NoneType' object has no attribute 'is_failed'
+etcd.EtcdException: Bad response : 404 page not found
+W1130 14:32:50.835000 1694 torch/distributed/elastic/agent/server/api.py:753] Received 15 death signal, shutting down workers
+"""
+
+
+def test_error_lines_become_records_once_per_attempt():
+    records = parse_node_log("node1", ERROR_LOG)
+    assert [(r["event"], r.get("kind") or r.get("name") or r.get("signal")) for r in records] == [
+        ("rdzv_joining", None), ("group_started", None),
+        ("worker_error", "gloo_connect"), ("worker_error", "peer_lost"),
+        ("group_started", None), ("worker_error", "gloo_connect"),
+        ("rdzv_graceful_exit", None), ("exception", "AttributeError"), ("exception", "etcd.EtcdException"),
+        ("agent_signal", 15)]
+    assert records[2]["message"].endswith("Connection refused, remote=[127.0.0.1]:5526$1")
+    assert records[6]["message"] == "The rendezvous 'h2job15056' is closed, terminating pending rendezvous."
+    assert records[7]["message"] == "'NoneType' object has no attribute 'is_failed'"

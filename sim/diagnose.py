@@ -1,0 +1,631 @@
+"""Diagnoses: known causes of a failing or troubled run, named with their evidence and fix.
+
+A diagnosis is a pure function of a run, like a checker: the history records (as in
+sim/verdict.py) and each node's container log text (`docker logs --timestamps` form, as saved
+in runs/NAME-RUNID/logs/; plain text without timestamps works too) go in, and out comes the
+cause, the evidence (records or log lines, each with its node and time) and the fix in plain
+words, or nothing. Each one is unit-tested on logs captured from real torchrun 2.13 runs
+(tests/data/logs/).
+
+Where a node's log is given, its agent and trainer records are read from the log (the whole
+story, with the lines the collector may not have reached); otherwise from the history.
+Everything else (the run's spec, faults, Docker events, worker side-channel records) comes
+from the history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import textwrap
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from itertools import pairwise
+
+from .agentlog import NodeLogParser, parse_docker_timestamp
+
+MAX_EVIDENCE = 8
+MAX_EVIDENCE_CHARS = 300
+# The store-sharing opt-out torch 2.13 reads in the agent (dynamic_rendezvous.py).
+STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+# A loss counts as jumped when the first steps after a restart average this many times the
+# steps before it, and the rise also stands out from the step-to-step noise before it.
+LOSS_JUMP_FACTOR = 2.0
+LOSS_NOISE_FACTOR = 3.0
+LOSS_BEFORE_STEPS = 8
+LOSS_AFTER_STEPS = 3
+# No sign of training for this long while a node is frozen: the others are stuck in a collective.
+FROZEN_HANG_S = 60.0
+# An agent in a rendezvous this long without completing it is waiting for nodes.
+RDZV_WAIT_S = 60.0
+# Group starts closer than this belong to one rendezvous round (the agents start together).
+ROUND_GAP_S = 5.0
+# Worker events that show training going on (instrumentation side channel).
+WORKER_BEATS = ("step", "activity", "progress")
+# What an agent reports about its workers after starting them: anything but silence.
+AGENT_NEWS = ("group_started", "worker_failed", "group_failed", "group_finished", "worker_error", "new_nodes",
+              "rdzv_closed", "rdzv_error", "error_file")
+NODE_LOSS_FAULTS = ("kill-node", "stop-node", "kill-agent", "restart-node", "pause", "partition")
+NODE_LOSS_DOCKER = ("die", "kill", "stop", "pause", "network_disconnect")
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    code: str  # stable short name, e.g. "shared-tcp-store"
+    title: str
+    cause: str
+    evidence: tuple[str, ...]  # "node0 14:09:46.8  <line or record>"
+    fix: str
+
+
+def diagnose(history: Sequence[dict], logs: Mapping[str, str]) -> list[Diagnosis]:
+    """Every known cause the run shows, most fundamental first."""
+    run = _Run(history, logs)
+    return [found for rule in DIAGNOSES if (found := rule(run)) is not None]
+
+
+def format_diagnoses(diagnoses: Sequence[Diagnosis], width: int = 100) -> str:
+    """The diagnoses as a terminal block; empty when there are none."""
+    lines = []
+    for number, found in enumerate(diagnoses, 1):
+        lines.append(f"Diagnosis {number}/{len(diagnoses)} [{found.code}]: {found.title}")
+        lines += _field("cause", found.cause, width)
+        for index, item in enumerate(found.evidence):
+            wrapped = textwrap.wrap(_clip(item, MAX_EVIDENCE_CHARS), width - 12, subsequent_indent="    ")
+            lines += [f"  {'evidence:' if index == 0 and i == 0 else '':<10}{line}" for i, line in enumerate(wrapped)]
+        lines += _field("fix", found.fix, width)
+    return "\n".join(lines)
+
+
+def _field(name: str, text: str, width: int) -> list[str]:
+    wrapped = textwrap.wrap(text, width - 12) or [""]
+    return [f"  {name + ':' if i == 0 else '':<10}{line}" for i, line in enumerate(wrapped)]
+
+
+# --------------------------------------------------------------------------- the run, read once
+
+class _Run:
+    def __init__(self, history: Sequence[dict], logs: Mapping[str, str]):
+        from_logs = [r for node, text in logs.items() for r in _log_records(node, text)]
+        logged = set(logs)
+        kept = [r for r in history if not (r.get("type") in ("agent", "trainer") and r.get("node") in logged)]
+        self.records = sorted((r for r in [*kept, *from_logs] if isinstance(r.get("t"), (int, float))),
+                              key=lambda r: r["t"])
+        start = next((r for r in history if r.get("type") == "run" and r.get("event") == "start"), {})
+        self.spec: dict = start.get("spec") or {}
+        self.env = {str(k): str(v) for k, v in (self.spec.get("env") or ())}
+        self.t_end = self.records[-1]["t"] if self.records else 0.0
+
+    def agent(self, *events: str, node: str | None = None) -> list[dict]:
+        return [r for r in self.records if r.get("type") == "agent" and r.get("event") in events
+                and (node is None or r.get("node") == node)]
+
+    def of_type(self, kind: str) -> list[dict]:
+        return [r for r in self.records if r.get("type") == kind]
+
+    def nodes(self) -> list[str]:
+        return sorted({r["node"] for r in self.records if r.get("type") == "agent" and r.get("node")},
+                      key=_node_order)
+
+    def faults(self, *kinds: str) -> list[dict]:
+        return [r for r in self.records if r.get("type") == "fault" and r.get("phase") == "ok"
+                and r.get("fault") in kinds]
+
+    def beats(self) -> list[float]:
+        """Times of every sign that workers were training."""
+        return [r["t"] for r in self.records
+                if (r.get("type") == "trainer" and r.get("kind") == "progress")
+                or (r.get("type") == "worker" and r.get("event") in WORKER_BEATS)]
+
+    def losses(self) -> list[dict]:
+        """Progress records that carry a loss and a step, in time order."""
+        return [r for r in self.records if r.get("loss") is not None and isinstance(r.get("step"), int)
+                and ((r.get("type") == "trainer" and r.get("kind") == "progress")
+                     or (r.get("type") == "worker" and r.get("event") == "progress"))]
+
+
+def _log_records(node: str, text: str) -> list[dict]:
+    """Agent and trainer records of one node's log. A line without a `docker logs` timestamp
+    takes the time torch printed in it (month, day and time of day; the year is unknown, so such
+    times only order lines and show the time of day); a line with neither (a worker's own output,
+    a traceback) the time of the next line that has one, as the agent reports a worker's error
+    right after it, else of the last one."""
+    lines = [parse_docker_timestamp(line) for line in text.splitlines()]
+    times = [t if t is not None else _printed_time(body) for t, body in lines]
+    following = None
+    for index in reversed(range(len(times))):
+        if times[index] is None:
+            times[index] = following
+        following = times[index]
+    previous = 0.0
+    for index, t in enumerate(times):  # lines after the last timed one
+        if t is None:
+            times[index] = previous
+        previous = times[index]
+    parser, records = NodeLogParser(node), []
+    for t, (_, body) in zip(times, lines):
+        records.extend(parser.feed(t, body))
+    records.extend(parser.close())
+    return records
+
+
+# glog ("I1130 14:05:21.251000", "[E1130 14:09:46.849360398"), and the rendezvous hook's
+# logging format ("I2026-11-30 14:05:21,251").
+_PRINTED_TIME = (
+    re.compile(r"^\[?[IWEF](?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)\.(?P<f>\d{1,6})"),
+    re.compile(r"^[IWEF]\d{4}-(?P<mo>\d\d)-(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d),(?P<f>\d{1,6})"),
+)
+_YEAR_UNKNOWN = 2000  # a leap year, so that 29 February parses
+
+
+def _printed_time(text: str) -> float | None:
+    for pattern in _PRINTED_TIME:
+        m = pattern.match(text)
+        if m:
+            try:
+                stamp = datetime(_YEAR_UNKNOWN, int(m["mo"]), int(m["d"]), int(m["h"]), int(m["mi"]), int(m["s"]),
+                                 tzinfo=timezone.utc)
+            except ValueError:
+                return None
+            return stamp.timestamp() + float("0." + m["f"])
+    return None
+
+
+# --------------------------------------------------------------------------- evidence lines
+
+def _at(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t * 10) % 10}"
+
+
+def _line(record: dict, text: str | None = None) -> str:
+    who = record.get("node") or record.get("target") or "?"
+    return f"{who} {_at(record['t'])}  {text if text is not None else _describe(record)}"
+
+
+def _describe(r: dict) -> str:
+    event = r.get("event")
+    if r.get("type") == "fault":
+        return f"fault {r.get('fault')} on {r.get('target')} ({r.get('phase')})"
+    if r.get("type") == "docker":
+        code = f" (exit code {r['exit_code']})" if r.get("exit_code") is not None else ""
+        return f"container {r.get('action')}{code}"
+    if event == "group_failed":
+        return f"Worker group FAILED. {r.get('attempts_left')}/{r.get('max_restarts')} attempts left"
+    if event == "worker_failed":
+        return f"worker local_rank {r.get('local_rank')} (pid {r.get('pid')}) failed, exitcode {r.get('exitcode')}"
+    if event == "rdzv_joining":
+        return "agent entered the rendezvous"
+    if event == "error_file":
+        return _root_cause(str(r.get("message") or ""))
+    if event == "exception":
+        return f"{r.get('name')}: {r.get('message')}"
+    if r.get("message"):
+        return _tidy(str(r["message"]))
+    return str(event or r.get("kind") or r.get("type"))
+
+
+# What makes torch's lines long without telling anything: the glog or logging prefix, the rank
+# prefix, and C++ source locations.
+_NOISE = re.compile(r"^\[?[IWEF]\d{4}[ -][^\]]*\]\s*|^\[rank\d+\]:\s*|\[/[^\]]*\]\s*"
+                    r"|\btorch(\.\w+)+\.(?=\w+(Error|Exception)\b)")
+
+
+def _tidy(message: str) -> str:
+    return _NOISE.sub("", message).strip()
+
+
+def _root_cause(message: str) -> str:
+    """torchrun's root-cause block (" | "-joined lines) as rank, exit code and the error itself."""
+    parts = [p.strip() for p in message.split(" | ")]
+    fields = dict(re.match(r"(\w+)\s*:\s*(.*)", p).groups() for p in parts if re.match(r"\w+\s*:", p))
+    error = next((p for p in reversed(parts) if re.search(r"(Error|Exception|Signal \d+)", p)), "")
+    return _tidy(f"root cause: rank {fields.get('rank', '?')}, exitcode {fields.get('exitcode', '?')}"
+                 + (f": {error.removeprefix('traceback : ')}" if error else ""))
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _node_order(name: str) -> tuple[int, str]:
+    digits = name[4:] if name.startswith("node") else ""
+    return (int(digits) if digits.isdigit() else 10**6, name)
+
+
+def _first_per_node(records: Iterable[dict]) -> list[dict]:
+    seen, first = set(), []
+    for r in records:
+        if r.get("node") not in seen:
+            seen.add(r.get("node"))
+            first.append(r)
+    return first
+
+
+# --------------------------------------------------------------------------- the diagnoses
+
+def shared_tcp_store(run: _Run) -> Diagnosis | None:
+    """(a) Restarted gloo groups cannot connect: torch's rendezvous TCP store, shared across restarts."""
+    if run.env.get(STORE_OPT_OUT) == "1":
+        return None
+    failures = run.agent("worker_failed", "group_failed", "new_nodes")
+    if not failures:
+        return None
+    first_failure = failures[0]["t"]
+    refused = [r for r in run.agent("worker_error") if r.get("kind") == "gloo_connect" and r["t"] > first_failure]
+    hung = _hung_after_restart(run, first_failure)
+    if not refused and not hung:
+        return None
+    burned = [r for r in run.agent("group_failed") if refused and r["t"] >= refused[0]["t"]]
+    closed = run.agent("rdzv_closed")
+    evidence = [_line(failures[0]), *map(_line, _first_per_node(refused)), *map(_line, burned),
+                *map(_line, _first_per_node(closed))]
+    evidence += [_line(started, f"worker group started again; no training and no error for {quiet:.0f} s after it")
+                 for started, quiet in hung]
+    parts = []
+    if refused:
+        nodes = ", ".join(sorted({r["node"] for r in refused}, key=_node_order))
+        parts.append(f"After the first failure, the new gloo process group failed to connect on {nodes} "
+                     f"(connectFullMesh failed ... Connection refused).")
+    if hung:
+        parts.append("A restarted worker group never trained: its workers hang while they build the process group.")
+    parts.append("torch 2.13's agents hand their rendezvous TCP store to the workers and keep it across "
+                 "restarts, so a restarted group reads the previous group's stale addresses from it.")
+    if burned:
+        parts.append(f"Each such round fails and burns a restart ({len(burned)} burned this way).")
+    if closed:
+        parts.append("The job ended with RendezvousClosedError when an agent ran out of restarts.")
+    return Diagnosis(
+        "shared-tcp-store", "Restarted process groups cannot connect (torch's shared rendezvous store)",
+        " ".join(parts), tuple(evidence[:MAX_EVIDENCE]),
+        f"Set {STORE_OPT_OUT}=1 for the agents: `python -m sim up --env {STORE_OPT_OUT}=1` (in a scenario: "
+        f"cluster.env). Or have the script build its process group on a store of its own for each start.")
+
+
+def _hung_after_restart(run: _Run, first_failure: float) -> list[tuple[dict, float]]:
+    """Worker groups started after the first failure that then showed nothing at all (no step, no
+    error, no exit) for longer than FROZEN_HANG_S, in a run whose training is measured."""
+    beats = run.beats()
+    if not any(t < first_failure for t in beats):
+        return []  # nothing measures this script's progress: silence proves nothing
+    hung = []
+    for node in run.nodes():
+        mine = [r for r in run.agent(*AGENT_NEWS, node=node) if r["t"] > first_failure]
+        if not mine or mine[-1]["event"] != "group_started":
+            continue
+        started = mine[-1]
+        later = [r["t"] for r in run.records if r["t"] > started["t"] and r.get("node") == node]
+        quiet = (later[-1] if later else run.t_end) - started["t"]
+        if not any(t > started["t"] for t in beats) and quiet > FROZEN_HANG_S:
+            hung.append((started, quiet))
+    return hung
+
+
+def restart_budget(run: _Run) -> Diagnosis | None:
+    """(b) An agent used up its --max-restarts: torch counts restarts per agent."""
+    spent = []
+    for node in run.nodes():
+        used, most = _budget(run, node)
+        root_cause = run.agent("error_file", node=node)
+        after_last = used[-1]["t"] if used else float("-inf")
+        final = [r for r in run.agent("worker_failed", node=node) if r["t"] > after_last]
+        # torchrun prints the root-cause block only when the agent gives up on its workers.
+        if root_cause or (final and isinstance(most, int) and len(used) >= most):
+            spent.append((node, used, most, final, root_cause))
+    if not spent:
+        return None
+    evidence, names = [], []
+    for node, used, most, final, root_cause in spent:
+        names.append(f"{node} ({len(used)} of {most if most is not None else '?'})")
+        failed = run.agent("worker_failed", node=node)
+        for number, record in enumerate(used, 1):
+            cause = [r for r in failed if r["t"] <= record["t"]]
+            what = f"{_describe(cause[-1])}: " if cause else ""
+            evidence.append(_line(record, f"{what}restart {number} of {most} used"))
+        if final:
+            evidence.append(_line(final[0], f"{_describe(final[0])}: no restart left"))
+        evidence += [_line(r) for r in root_cause[:1]]
+    gave_up = [s[0] for s in spent]
+    others = []
+    for node in run.nodes():
+        if node not in gave_up:
+            used, most = _budget(run, node)
+            others.append(f"{node} used {len(used)} of {most if most is not None else '?'}")
+    tail = f" The other agents: {', '.join(others)}." if others else ""
+    return Diagnosis(
+        "restart-budget", f"Restart budget used up on {', '.join(names)}",
+        f"torchrun counts restarts per agent: each agent may restart its own workers --max-restarts times. "
+        f"The agent on {', '.join(gave_up)} used all of its restarts and gave up at the next failure of its "
+        f"workers, which closes the rendezvous and ends the job on every node.{tail}",
+        tuple(evidence[:MAX_EVIDENCE]),
+        "Give each agent as many restarts as failures it must survive (--max-restarts N; a fault test needs "
+        "one per fault that hits the same node), and remove the cause of the failures themselves (the root "
+        "cause above, and any other diagnosis).")
+
+
+def _budget(run: _Run, node: str) -> tuple[list[dict], int | None]:
+    """The restarts an agent used (its "Worker group FAILED. k/m attempts left" records) and its --max-restarts."""
+    used = run.agent("group_failed", node=node)
+    most = used[-1].get("max_restarts") if used else run.spec.get("max_restarts")
+    return used, most
+
+
+def waiting_for_nodes(run: _Run) -> Diagnosis | None:
+    """(c) Agents wait in the rendezvous for more nodes than are live (or reachable)."""
+    min_nodes = run.spec.get("min_nodes")
+    timeouts = run.agent("rdzv_timeout")
+    waiting = _waiting_now(run)
+    if not timeouts and not waiting:
+        return None
+    live, lost = _live_nodes(run, until=min(r["t"] for r in [*timeouts, *waiting]))
+    short = isinstance(min_nodes, int) and live is not None and len(live) < min_nodes
+    evidence = []
+    for record in timeouts:
+        entered = [r for r in run.agent("rdzv_joining", node=record["node"]) if r["t"] <= record["t"]]
+        if entered:
+            evidence.append(_line(entered[-1], f"agent entered the rendezvous, waited "
+                                                f"{record['t'] - entered[-1]['t']:.0f} s"))
+        evidence.append(_line(record, "RendezvousTimeoutError: not enough nodes joined in time"))
+    evidence += [_line(r, f"agent in the rendezvous for {run.t_end - r['t']:.0f} s, not complete")
+                 for r in waiting]
+    evidence += [_line(r) for r in lost]
+    cut_off = _first_per_node(run.agent("keepalive_failed")) + run.faults("partition")
+    evidence += [_line(r) for r in cut_off]
+    need = (f"at least {min_nodes} nodes (--min-nodes) have joined" if isinstance(min_nodes, int)
+            else "the job's minimum number of nodes (torchrun --nnodes MIN:MAX) have joined")
+    have = f"; {len(live)} node(s) were live ({', '.join(live) or 'none'})" if live is not None else ""
+    cut = " A node that cannot reach the rendezvous backend (keep-alive failed, partitioned) counts as gone." \
+        if cut_off else ""
+    done = " and gave up with RendezvousTimeoutError after join_timeout" if timeouts else ""
+    return Diagnosis(
+        "waiting-for-nodes", "Agents wait in the rendezvous for more nodes" + (": too few live" if short else ""),
+        f"The rendezvous cannot complete until {need}{have}. The agents waited{done}.{cut}",
+        tuple(evidence[:MAX_EVIDENCE]),
+        "Bring the missing nodes back (start the node, heal the partition) or lower the minimum "
+        "(`--min-nodes`, torchrun --nnodes MIN:MAX) so the live nodes suffice. The agents wait up to "
+        "join_timeout (600 s by default; `--rdzv-conf join_timeout=S`), and drop an unreachable node after "
+        "keep_alive_interval x keep_alive_max_attempt (15 s by default).")
+
+
+def _waiting_now(run: _Run) -> list[dict]:
+    """Agents whose last rendezvous has not completed for RDZV_WAIT_S, while no round completed and
+    no worker trained since (a spare agent waits too, but beside a job that trains)."""
+    beats, waiting = run.beats(), []
+    completed = [r["t"] for r in run.agent("rdzv_complete")]
+    for node in run.nodes():
+        mine = run.agent("rdzv_joining", "rdzv_complete", "group_finished", "rdzv_closed", "rdzv_timeout",
+                         "rdzv_error", "rdzv_graceful_exit", "exception", "error_file", node=node)
+        if not mine or mine[-1]["event"] != "rdzv_joining" or run.t_end - mine[-1]["t"] <= RDZV_WAIT_S:
+            continue
+        since = mine[-1]["t"]
+        if not any(t > since for t in completed) and not any(t > since for t in beats):
+            waiting.append(mine[-1])
+    return waiting
+
+
+def _live_nodes(run: _Run, until: float) -> tuple[list[str] | None, list[dict]]:
+    """Nodes whose container was up at `until` (from Docker events), and the records that took nodes out."""
+    count = run.spec.get("nodes")
+    if not isinstance(count, int):
+        return None, []
+    up = {f"node{i}": True for i in range(count)}
+    lost = []
+    for r in run.of_type("docker"):
+        if r["t"] > until:
+            break
+        node = r.get("node")
+        if r.get("action") in ("die", "kill", "stop", "destroy"):
+            if up.get(node):
+                lost.append(r)
+            up[node] = False
+        elif r.get("action") == "start":
+            up[node] = True
+    return sorted((n for n, on in up.items() if on), key=_node_order), lost
+
+
+def loss_jump(run: _Run) -> Diagnosis | None:
+    """(d) The loss jumps after a restart, or the optimizer's step count starts over:
+    optimizer (or scheduler) state not restored."""
+    evidence, jumps, resets = [], [], []
+    losses = run.losses()
+    first_step = min((r["step"] for r in losses), default=None)
+    for restart in _restarts(run):
+        before = [r for r in losses if r["t"] < restart][-LOSS_BEFORE_STEPS:]
+        after = _first_steps([r for r in losses if r["t"] > restart], LOSS_AFTER_STEPS)
+        if after and after[0]["step"] <= first_step:
+            continue  # started over from the beginning (no checkpoint yet): nothing was resumed
+        if len(before) >= 2 and after:
+            mean_before = sum(r["loss"] for r in before) / len(before)
+            mean_after = sum(r["loss"] for r in after) / len(after)
+            noise = sum(abs(b["loss"] - a["loss"]) for a, b in pairwise(before)) / (len(before) - 1)
+            if (mean_after > LOSS_JUMP_FACTOR * mean_before
+                    and mean_after - mean_before > LOSS_NOISE_FACTOR * noise):
+                jumps.append((restart, mean_before, mean_after))
+                evidence += [_line(before[-1], f"step {before[-1]['step']} loss {before[-1]['loss']:.4g} "
+                                               f"(mean {mean_before:.4g} over the last {len(before)} before)")]
+                peak = max(after, key=lambda r: r["loss"])
+                evidence += [_line(peak, f"step {peak['step']} loss {peak['loss']:.4g} after the restart "
+                                         f"(mean {mean_after:.4g} over the first {len(after)})")]
+        reset = _optimizer_reset(run, restart)
+        if reset is not None:
+            resets.append(reset)
+            first, reached = reset
+            evidence.append(_line(first, f"rank {first.get('rank')}: optimizer state step {first.get('step')} at its "
+                                         f"first step after the restart; it had reached {reached} before"))
+    if not jumps and not resets:
+        return None
+    parts = []
+    if jumps:
+        restart, mean_before, mean_after = jumps[0]
+        times = f" ({mean_after / mean_before:.1f}x)" if mean_before > 0 else ""
+        parts.append(f"After the restart at {_at(restart)} the loss rose from {mean_before:.4g} to {mean_after:.4g}"
+                     f"{times}: the resumed run did not carry on the same training state.")
+    if resets:
+        parts.append("The optimizer's own step count started over at 1 after the restart: its state (moments, "
+                     "step) was not loaded from the checkpoint, so it restarted from scratch on trained weights.")
+    else:
+        parts.append("The usual cause is a checkpoint without the optimizer's (or the LR scheduler's) state: "
+                     "a fresh Adam takes full-size steps on trained weights, a fresh scheduler restarts warm-up.")
+    return Diagnosis(
+        "loss-jump", "Loss jumps after a restart: optimizer or scheduler state not restored", " ".join(parts),
+        tuple(evidence[:MAX_EVIDENCE]),
+        "Save optimizer.state_dict() (and the LR scheduler's and GradScaler's state_dict()) in the checkpoint with "
+        "the model, and load them on every start; with torch.distributed.checkpoint, save and load "
+        "get_state_dict(model, optimizer).")
+
+
+def _restarts(run: _Run) -> list[float]:
+    """When worker groups started again after the first round: the agents' group starts (or, without
+    agent records, the workers' starts) grouped into rounds, the first round left out."""
+    starts = [r["t"] for r in run.agent("group_started")] or [
+        r["t"] for r in run.records if r.get("type") in ("worker", "trainer")
+        and r.get("event", r.get("kind")) == "start"]
+    rounds: list[float] = []
+    previous = None
+    for t in starts:
+        if previous is None or t - previous > ROUND_GAP_S:
+            rounds.append(t)
+        previous = t
+    return rounds[1:]
+
+
+def _first_steps(records: list[dict], count: int) -> list[dict]:
+    """The first `count` distinct steps (first record of each) of a run of records."""
+    seen, first = set(), []
+    for r in records:
+        if r["step"] not in seen:
+            seen.add(r["step"])
+            first.append(r)
+        if len(first) == count:
+            break
+    return first
+
+
+def _optimizer_reset(run: _Run, restart: float) -> tuple[dict, int] | None:
+    """A worker whose optimizer-held step counts from 1 again after `restart`, though it had gone further."""
+    steps = [r for r in run.of_type("worker") if r.get("event") == "step" and isinstance(r.get("step"), int)]
+    reached = max((r["step"] for r in steps if r["t"] < restart), default=None)
+    after = [r for r in steps if r["t"] > restart and isinstance(r.get("n"), int)]
+    if reached is None or not after:
+        return None
+    first = after[0]
+    if first["step"] == first["n"] and reached > first["step"]:
+        return first, reached
+    return None
+
+
+def process_group_timeout(run: _Run) -> Diagnosis | None:
+    """(e) Workers hang in a collective until the process group's timeout after a peer froze."""
+    timeouts = [r for r in run.agent("worker_error") if r.get("kind") == "timeout"]
+    frozen = _frozen_stalls(run)
+    if not timeouts and not frozen:
+        return None
+    evidence = [_line(pause, f"{pause.get('target') or pause.get('node')} frozen ({_describe(pause)}); no training "
+                             f"progress on any node for {quiet:.0f} s after it") for pause, quiet in frozen]
+    evidence += [_line(r) for r in _first_per_node(timeouts)]
+    waited = [int(m.group(1)) for r in timeouts if (m := re.search(r"waiting (\d+)ms", r.get("message", "")))]
+    limit = f" after waiting {max(waited) / 60000:.0f} min" if waited else ""
+    cause = ("A peer stopped answering (frozen, stopped or cut off) while the others were inside a collective. "
+             "They wait for it until the process group's timeout (30 minutes by default for gloo): its agent "
+             "still looks alive to torchrun, so nothing restarts the group meanwhile.")
+    if timeouts:
+        cause += f" The collective timed out{limit} on {', '.join(sorted({r['node'] for r in timeouts}))}."
+    return Diagnosis(
+        "process-group-timeout", "Hang in a collective until the process group's timeout", cause,
+        tuple(evidence[:MAX_EVIDENCE]),
+        "Pass a timeout to init_process_group that suits the job, e.g. "
+        "dist.init_process_group(\"gloo\", timeout=timedelta(seconds=60)): the blocked collective then fails, the "
+        "worker exits and torchrun regroups without the frozen node.")
+
+
+def _frozen_stalls(run: _Run) -> list[tuple[dict, float]]:
+    """Pauses after which no worker anywhere showed progress for longer than FROZEN_HANG_S."""
+    beats = run.beats()
+    if not beats:
+        return []  # nothing measures progress for this script: no claim
+    stalls = []
+    pauses = run.faults("pause") or [r for r in run.of_type("docker") if r.get("action") == "pause"]
+    for pause in pauses:
+        target = pause.get("target") or pause.get("node")
+        resumed = [r["t"] for r in run.records if r["t"] > pause["t"] and r.get("target", r.get("node")) == target
+                   and (r.get("fault") == "unpause" or r.get("action") == "unpause")]
+        until = min(resumed, default=run.t_end)
+        quiet_from = max((t for t in beats if t <= pause["t"]), default=pause["t"])
+        next_beat = min((t for t in beats if t > pause["t"]), default=None)
+        quiet_to = min(next_beat, until) if next_beat is not None else until
+        if quiet_to - max(quiet_from, pause["t"]) > FROZEN_HANG_S:
+            stalls.append((pause, quiet_to - pause["t"]))
+    return stalls
+
+
+def c10d_store_lost(run: _Run) -> Diagnosis | None:
+    """(f) The agent hosting the c10d rendezvous store is gone: every other agent exits."""
+    lost_store = [r for r in run.agent("rdzv_error", "keepalive_failed") if "C10d store" in (r.get("message") or "")]
+    if not lost_store and run.spec.get("rdzv_backend") == "c10d":
+        lost_store = [r for r in run.agent("rdzv_error") if "RendezvousConnectionError" in (r.get("message") or "")]
+    finished = [r["t"] for r in run.agent("group_finished")]
+    lost_store = [r for r in lost_store if not any(t < r["t"] for t in finished)]  # not the job's own end
+    if not lost_store:
+        return None
+    host = "node0" if run.spec.get("rdzv_backend") == "c10d" else None  # sim's --rdzv-endpoint (sim/torchrun.py)
+    first = lost_store[0]["t"]
+    gone = [r for r in run.records if r["t"] <= first
+            and ((r.get("type") == "fault" and r.get("phase") == "ok" and r.get("fault") in NODE_LOSS_FAULTS
+                  and (host is None or host in str(r.get("target"))))
+                 or (r.get("type") == "docker" and r.get("action") in NODE_LOSS_DOCKER
+                     and (host is None or r.get("node") == host)))]
+    evidence = [_line(r) for r in gone[-2:]] + [_line(r) for r in _first_per_node(reversed(lost_store))]
+    where = f" ({host})" if host else ""
+    when = f", lost at {_at(gone[-1]['t'])}" if gone else ""
+    nodes = ", ".join(sorted({r["node"] for r in lost_store}, key=_node_order))
+    return Diagnosis(
+        "c10d-store-lost", f"c10d rendezvous store lost with its host{where}",
+        f"With --rdzv-backend c10d the rendezvous store lives inside the agent on the --rdzv-endpoint "
+        f"host{where}{when}. torch does not elect a new store host, so the other agents ({nodes}) could no "
+        f"longer reach the store (RendezvousConnectionError) and exited: the job ends.",
+        tuple(evidence[:MAX_EVIDENCE]),
+        "For a job that must survive losing any node, use --rdzv-backend etcd-v2 (etcd runs outside the "
+        "training nodes); with c10d, keep the endpoint host out of the faults (a dedicated, stable host).")
+
+
+def etcd_without_v2(run: _Run) -> Diagnosis | None:
+    """(g) etcd answers 404 on the v2 API that torch's etcd backends (python-etcd) speak."""
+    found = [r for r in run.agent("exception", "rdzv_error")
+             if "404" in (r.get("message") or "") and r.get("event") == "exception"
+             and str(r.get("name", "")).startswith("etcd.")]
+    if not found:
+        return None
+    failed = [r for r in run.agent("rdzv_error") if "connection to etcd" in (r.get("message") or "")]
+    return Diagnosis(
+        "etcd-without-v2", "etcd has no v2 API",
+        "torch's etcd and etcd-v2 rendezvous backends use python-etcd, which speaks only etcd's v2 API; this etcd "
+        "answers 404 on it (etcd 3.4/3.5 serve v2 only with --enable-v2, and etcd 3.6 removed it), so every "
+        "agent fails before the first rendezvous.",
+        tuple(_line(r) for r in (_first_per_node(found) + _first_per_node(failed))[:MAX_EVIDENCE]),
+        "Run etcd 3.4 or 3.5 with --enable-v2 (elastic-sim's own etcd does), or use --rdzv-backend c10d.")
+
+
+def spare_agent_exit(run: _Run) -> Diagnosis | None:
+    """(h) A spare agent exits 1 with an AttributeError when the job ends without it (a torch bug)."""
+    crashed = [r for r in run.agent("exception") if r.get("name") == "AttributeError"
+               and "'NoneType' object has no attribute 'is_failed'" in (r.get("message") or "")]
+    if not crashed:
+        return None
+    nodes = sorted({r["node"] for r in crashed}, key=_node_order)
+    graceful = [r for r in run.agent("rdzv_graceful_exit") if r["node"] in nodes]
+    return Diagnosis(
+        "spare-agent-exit", f"Spare agent exited 1 with AttributeError at job end: {', '.join(nodes)}",
+        "The node joined when the job already had --max-nodes and waited as a spare (torch's redundancy list). "
+        "When the job closed the rendezvous, the spare left through RendezvousGracefulExitError, after which "
+        "torchrun calls is_failed() on the missing result (torch 2.13 launcher/api.py) and exits 1. It never "
+        "trained: the job itself is not affected.",
+        tuple(_line(r) for r in (_first_per_node(graceful) + _first_per_node(crashed))[:MAX_EVIDENCE]),
+        "Nothing to fix in the job: do not count this node's exit code as a failure, or start no more nodes "
+        "than --max-nodes.")
+
+
+# Most fundamental first: a cause before the budget it burned, the budget before what followed.
+DIAGNOSES: tuple[Callable[[_Run], Diagnosis | None], ...] = (
+    etcd_without_v2, shared_tcp_store, c10d_store_lost, process_group_timeout, loss_jump, restart_budget,
+    waiting_for_nodes, spare_agent_exit,
+)

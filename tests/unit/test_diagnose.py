@@ -1,0 +1,311 @@
+"""Diagnoses on logs captured from real torchrun 2.13 runs (tests/data/logs/, see its README).
+
+Each capture is the verbatim output of bare `torchrun` agents on one host (the node image's
+rendezvous log hook on, LOGLEVEL=INFO), trimmed of lines no diagnosis reads. Some are plain text,
+some carry `docker logs --timestamps` stamps: diagnose() reads both. History records that only a
+sim run has (run spec, faults, Docker events) are written by hand beside them.
+"""
+
+import json
+from pathlib import Path
+
+from sim.agentlog import parse_docker_timestamp
+from sim.diagnose import diagnose, format_diagnoses
+from sim.sidechannel import ProgressMatcher
+
+LOGS = Path(__file__).resolve().parent.parent / "data" / "logs"
+PROGRESS_REGEX = r"step (?P<step>\d+) loss (?P<loss>[\d.]+)"
+
+
+def logs(case: str, **names: str) -> dict[str, str]:
+    """node name -> log text of one capture; by default every <node>.log in the folder."""
+    folder = LOGS / case
+    if names:
+        return {node: (folder / file).read_text() for node, file in names.items()}
+    return {path.stem: path.read_text() for path in sorted(folder.glob("*.log"))}
+
+
+def side_channel(case: str, node: str) -> list[dict]:
+    """The capture's worker records (written by images/node/elastic_sim_instrument.py), as the
+    collector appends them: the node named as in the logs."""
+    lines = (LOGS / case / f"{node}.events.jsonl").read_text().splitlines()
+    return [{**json.loads(line), "node": node} for line in lines if line.strip()]
+
+
+def log_progress(node: str, text: str) -> list[dict]:
+    """What the collector makes of the script's own lines with --progress-regex."""
+    matcher, records = ProgressMatcher(PROGRESS_REGEX), []
+    for line in text.splitlines():
+        t, body = parse_docker_timestamp(line)
+        if (record := matcher.match(node, t, body)) is not None:
+            records.append(record)
+    return records
+
+
+def run_start(t: float = 0.0, **spec) -> dict:
+    return {"t": t, "type": "run", "event": "start", "spec": spec}
+
+
+def codes(diagnoses) -> list[str]:
+    return [d.code for d in diagnoses]
+
+
+def evidence(diagnosis) -> str:
+    return "\n".join(diagnosis.evidence)
+
+
+# --------------------------------------------------------------------------- (a) shared TCP store
+
+def test_shared_store_loop_etcd_v2_two_agents():
+    """etcd-v2, torch defaults, --max-restarts 1: node1's worker SIGKILLed; the next round's gloo
+    groups are refused on both nodes, node1 runs out of restarts, node0 gets RendezvousClosedError."""
+    found = diagnose([], logs("shared_store_etcd_v2"))
+    assert codes(found) == ["shared-tcp-store", "restart-budget"]
+    store = found[0]
+    assert "node0, node1" in store.cause and "RendezvousClosedError" in store.cause
+    assert "node1 14:09:40.0  worker local_rank 0 (pid 15572) failed, exitcode -9" in store.evidence
+    assert "node0 14:09:46.8  Gloo connectFullMesh failed with timed out connecting: SO_ERROR: Connection refused" \
+        in evidence(store)
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in store.fix and "--env" in store.fix
+
+
+def test_shared_store_not_blamed_when_the_opt_out_is_set():
+    history = [run_start(env=[["TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"]])]
+    assert "shared-tcp-store" not in codes(diagnose(history, logs("shared_store_etcd_v2")))
+
+
+def test_shared_store_one_node_c10d_refused_then_hung():
+    """c10d, one agent with 2 workers, --max-restarts 3: after a worker SIGKILL the first new
+    round is refused and the second hangs in init_process_group until the agent is stopped."""
+    text = (LOGS / "shared_store_hang" / "node0.log").read_text()
+    history = side_channel("shared_store_hang", "node0")
+    found = diagnose(history, {"node0": text})
+    assert codes(found)[0] == "shared-tcp-store"
+    store = found[0]
+    assert "connectFullMesh failed" in evidence(store)
+    assert "never trained" in store.cause
+    assert "worker group started again; no training and no error for" in evidence(store)
+
+
+def test_a_first_round_connect_failure_is_not_the_shared_store():
+    """Refused connections with no earlier failure are a different problem (a peer that never came up)."""
+    text = "\n".join(line for line in (LOGS / "shared_store_etcd_v2" / "node0.log").read_text().splitlines()
+                     if "exitcode" not in line and "attempts left" not in line and "new nodes" not in line
+                     and "Detected" not in line)
+    assert "shared-tcp-store" not in codes(diagnose([], {"node0": text}))
+
+
+# --------------------------------------------------------------------------- (b) restart budget
+
+def test_restart_budget_used_up_per_agent():
+    """etcd-v2, store opt-out, --max-restarts 1: node1's worker SIGKILLed twice; node1 gives up
+    (root cause block), node0 had used its own restart for the regroup and gets RendezvousClosedError."""
+    found = diagnose([], logs("restart_budget"))
+    assert codes(found) == ["restart-budget"]
+    budget = found[0]
+    assert budget.title == "Restart budget used up on node1 (1 of 1)"
+    assert "node0 used 1 of 1" in budget.cause
+    assert budget.evidence[0] == ("node1 14:21:40.4  worker local_rank 0 (pid 28001) failed, exitcode -9: "
+                                  "restart 1 of 1 used")
+    assert budget.evidence[1] == "node1 14:21:54.2  worker local_rank 0 (pid 28095) failed, exitcode -9: no restart left"
+    assert "root cause: rank 1 (local_rank: 0), exitcode -9" in budget.evidence[2]
+    assert "--max-restarts" in budget.fix
+
+
+def test_restart_budget_zero_from_the_spec():
+    """With --max-restarts 0 torch prints no "attempts left" line at all: the first failure ends it."""
+    text = "\n".join(line for line in (LOGS / "restart_budget" / "node1.log").read_text().splitlines()
+                     if "attempts left" not in line)
+    found = diagnose([run_start(max_restarts=0)], {"node1": text})
+    assert found[0].title == "Restart budget used up on node1 (0 of 0)"
+
+
+# --------------------------------------------------------------------------- (c) waiting for nodes
+
+def test_rendezvous_timeout_waiting_for_nodes():
+    """etcd-v2, --nnodes 2 with one agent, join_timeout=20: RendezvousTimeoutError after 20 s."""
+    found = diagnose([run_start(min_nodes=2)], logs("rdzv_timeout"))
+    assert codes(found) == ["waiting-for-nodes"]
+    wait = found[0]
+    assert wait.evidence == ("node0 14:22:59.1  agent entered the rendezvous, waited 20 s",
+                             "node0 14:23:19.5  RendezvousTimeoutError: not enough nodes joined in time")
+    assert "at least 2 nodes (--min-nodes)" in wait.cause and "join_timeout" in wait.fix
+
+
+def test_waiting_now_with_a_node_gone_and_another_cut_off():
+    """A history as the collector writes it: 3 nodes, min 3; node2 killed, the others regroup and
+    sit in the rendezvous with no training since (hand-written: a live wait cannot be captured
+    finished)."""
+    t0 = 1_800_000_000.0
+    history = [run_start(t0, nodes=3, min_nodes=3),
+               {"t": t0 + 5, "type": "worker", "node": "node0", "event": "step", "n": 1, "step": None},
+               {"t": t0 + 10, "type": "fault", "op": "f1", "fault": "kill-node", "target": "node2", "phase": "ok"},
+               {"t": t0 + 10.1, "type": "docker", "node": "node2", "action": "die", "exit_code": 137},
+               {"t": t0 + 11, "type": "agent", "node": "node0", "event": "worker_failed", "exitcode": 1,
+                "local_rank": 0, "pid": 7},
+               {"t": t0 + 12, "type": "agent", "node": "node0", "event": "rdzv_joining"},
+               {"t": t0 + 12, "type": "agent", "node": "node1", "event": "rdzv_joining"},
+               {"t": t0 + 30, "type": "agent", "node": "node1", "event": "keepalive_failed",
+                "message": "The node 'node1_7_0' has failed to send a keep-alive heartbeat to the rendezvous"},
+               {"t": t0 + 200, "type": "run", "event": "end"}]
+    found = diagnose(history, {})
+    assert codes(found) == ["waiting-for-nodes"]
+    wait = found[0]
+    assert wait.title.endswith("too few live")
+    assert "2 node(s) were live (node0, node1)" in wait.cause
+    assert any("node2" in line and "container die" in line for line in wait.evidence)
+    assert any("keep-alive" in line for line in wait.evidence)
+
+
+def test_a_spare_waiting_beside_a_training_job_is_not_waiting_for_nodes():
+    t0 = 1_800_000_000.0
+    history = [{"t": t0, "type": "agent", "node": "node3", "event": "rdzv_joining"}]
+    history += [{"t": t0 + s, "type": "worker", "node": "node0", "event": "step", "n": s, "step": None}
+                for s in range(1, 200, 10)]
+    assert diagnose(history, {}) == []
+
+
+# --------------------------------------------------------------------------- (d) loss jump
+
+def test_loss_jump_when_only_the_model_is_saved():
+    """model_only_ckpt.py (Adam, model saved alone), c10d, store opt-out: one worker SIGKILLed at
+    step 25, resumed from step 20; the side channel shows Adam's step count starting over at 1."""
+    text = (LOGS / "loss_jump_model_only" / "node0.log").read_text()
+    history = side_channel("loss_jump_model_only", "node0") + log_progress("node0", text)
+    found = diagnose(history, {"node0": text})
+    assert codes(found) == ["loss-jump"]
+    jump = found[0]
+    assert "optimizer's own step count started over at 1" in jump.cause
+    assert "step 22 loss 2.238 after the restart" in evidence(jump)
+    assert "optimizer state step 1 at its first step after the restart; it had reached" in evidence(jump)
+    assert "optimizer.state_dict()" in jump.fix
+
+
+def test_loss_jump_from_the_loss_alone():
+    """Without the side channel (--no-instrument) the loss still tells."""
+    text = (LOGS / "loss_jump_model_only" / "node0.log").read_text()
+    found = diagnose(log_progress("node0", text), {"node0": text})
+    assert codes(found) == ["loss-jump"]
+    assert "rose from" in found[0].cause and "usual cause" in found[0].cause
+
+
+def test_no_loss_jump_when_the_optimizer_is_restored():
+    """ddp_sgd.py (SGD with momentum, model + optimizer saved), same fault: the resumed steps
+    replay the same losses."""
+    text = (LOGS / "loss_resume_ddp_sgd" / "node0.log").read_text()
+    history = side_channel("loss_resume_ddp_sgd", "node0") + log_progress("node0", text)
+    assert diagnose(history, {"node0": text}) == []
+
+
+# --------------------------------------------------------------------------- (e) process-group timeout
+
+def test_process_group_timeout_after_a_frozen_peer():
+    """ddp_sgd.py at torch defaults, one agent, 2 workers: rank 1 SIGSTOPped at step 15; rank 0
+    waits in its all-reduce for gloo's 30-minute default and fails."""
+    found = diagnose([], logs("pg_timeout"))
+    assert "process-group-timeout" in codes(found)
+    hang = next(d for d in found if d.code == "process-group-timeout")
+    assert "after waiting 30 min" in hang.cause
+    assert hang.evidence[0] == "node0 14:52:55.9  RuntimeError: Timed out waiting 1800000ms for recv operation to complete"
+    assert "timeout=timedelta" in hang.fix
+
+
+def test_hang_while_a_node_is_frozen_before_any_timeout():
+    """The live view: node1 paused, no step anywhere since (hand-written: 30 minutes of nothing)."""
+    t0 = 1_800_000_000.0
+    steps = [{"t": t0 + s, "type": "worker", "node": f"node{s % 2}", "event": "step", "n": s, "step": None}
+             for s in range(1, 40)]
+    pause = [{"t": t0 + 40, "type": "fault", "op": "p1", "fault": "pause", "target": "node1", "phase": "invoke"},
+             {"t": t0 + 40.2, "type": "fault", "op": "p1", "fault": "pause", "target": "node1", "phase": "ok"},
+             {"t": t0 + 40.2, "type": "docker", "node": "node1", "action": "pause"},
+             {"t": t0 + 400, "type": "run", "event": "end"}]
+    found = diagnose(steps + pause, {})
+    assert codes(found) == ["process-group-timeout"]
+    assert found[0].evidence[0].startswith("node1 ") and "no training progress on any node for 360 s" \
+        in found[0].evidence[0]
+
+
+def test_a_short_pause_is_not_a_hang():
+    t0 = 1_800_000_000.0
+    steps = [{"t": t0 + s, "type": "worker", "node": "node0", "event": "step", "n": s, "step": None}
+             for s in list(range(1, 40)) + list(range(52, 90))]
+    pause = [{"t": t0 + 40, "type": "fault", "op": "p1", "fault": "pause", "target": "node1", "phase": "ok"},
+             {"t": t0 + 50, "type": "fault", "op": "u1", "fault": "unpause", "target": "node1", "phase": "ok"}]
+    assert diagnose(steps + pause, {}) == []
+
+
+# --------------------------------------------------------------------------- (f) c10d store host
+
+def test_c10d_store_host_lost():
+    """c10d, two agents on one host: node0 (the store host, first to bind the endpoint) killed
+    with its workers at step 15; node1 cannot reach the store and exits."""
+    found = diagnose([], logs("c10d_store_host_lost"))
+    assert codes(found) == ["c10d-store-lost"]
+    lost = found[0]
+    assert "(node1)" in lost.cause and "does not elect a new store host" in lost.cause
+    assert "RendezvousConnectionError: The connection to the C10d store has failed" in evidence(lost)
+    assert "etcd-v2" in lost.fix
+
+
+def test_c10d_store_host_named_from_the_history():
+    text = logs("c10d_store_host_lost")["node1"]
+    t_kill = parse_docker_timestamp(text.splitlines()[-1])[0] - 1.0
+    history = [run_start(t_kill - 30, rdzv_backend="c10d", nodes=2),
+               {"t": t_kill, "type": "fault", "op": "k1", "fault": "kill-node", "target": "node0", "phase": "ok"}]
+    lost = diagnose(history, {"node1": text})[0]
+    assert lost.title == "c10d rendezvous store lost with its host (node0)"
+    assert lost.evidence[0].startswith("node0 ") and "fault kill-node on node0" in lost.evidence[0]
+
+
+# --------------------------------------------------------------------------- (g) etcd without v2
+
+def test_etcd_without_v2_api():
+    """etcd 3.4.23 started without --enable-v2; torchrun with --rdzv-backend etcd-v2 (node0.log)
+    and etcd (node0-etcd-backend.log): python-etcd gets 404 on the v2 API."""
+    for name in ("node0.log", "node0-etcd-backend.log"):
+        found = diagnose([], logs("etcd_no_v2", node0=name))
+        assert codes(found) == ["etcd-without-v2"], name
+        assert "etcd.EtcdException: Bad response : 404 page not found" in evidence(found[0])
+        assert "--enable-v2" in found[0].fix
+
+
+# --------------------------------------------------------------------------- (h) spare agent
+
+def test_spare_agent_attribute_error_at_job_end():
+    """etcd-v2, --nnodes 1:1, two agents: node1 waits as a spare; when node0's job ends, node1
+    exits 1 with torchrun's AttributeError."""
+    found = diagnose([], logs("spare_agent"))
+    assert codes(found) == ["spare-agent-exit"]
+    spare = found[0]
+    assert spare.title.endswith(": node1")
+    assert spare.evidence == (
+        "node1 14:05:21.2  The rendezvous 'h2job15056' is closed, terminating pending rendezvous.",
+        "node1 14:05:21.2  AttributeError: 'NoneType' object has no attribute 'is_failed'")
+
+
+# --------------------------------------------------------------------------- clean runs, output
+
+def test_a_clean_run_has_no_diagnosis():
+    """ddp_sgd.py on two etcd-v2 agents, torch defaults, no fault, 40 steps."""
+    clean = logs("clean_run")
+    history = log_progress("node0", clean["node0"])
+    assert diagnose(history, clean) == []
+    assert diagnose([], {}) == []
+
+
+def test_history_agent_records_are_used_when_no_log_is_given():
+    from sim.agentlog import parse_node_log
+    text = logs("spare_agent")["node1"]
+    assert codes(diagnose(parse_node_log("node1", text), {})) == ["spare-agent-exit"]
+
+
+def test_format_diagnoses():
+    found = diagnose([], logs("restart_budget"))
+    text = format_diagnoses(found, width=100)
+    lines = text.splitlines()
+    assert lines[0] == "Diagnosis 1/1 [restart-budget]: Restart budget used up on node1 (1 of 1)"
+    assert lines[1].startswith("  cause:    torchrun counts restarts per agent")
+    assert any(line.startswith("  evidence: node1 14:21:40.4  worker local_rank 0") for line in lines)
+    assert any(line.startswith("  fix:      Give each agent") for line in lines)
+    assert all(len(line) <= 100 for line in lines)
+    assert format_diagnoses([]) == ""
