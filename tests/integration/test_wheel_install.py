@@ -21,16 +21,18 @@ pytestmark = pytest.mark.docker
 
 # The user's script knows nothing of elastic-sim: torchrun's environment, gloo, plain prints.
 USER_SCRIPT = textwrap.dedent("""\
+    import sys
     import time
 
     import torch
     import torch.distributed as dist
 
+    steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 20
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = torch.nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for step in range(1, 21):
+    for step in range(1, steps + 1):
         loss = model(torch.randn(16, 8)).pow(2).mean()
         optimizer.zero_grad()
         loss.backward()
@@ -51,6 +53,7 @@ USER_TEST = textwrap.dedent("""\
     from pathlib import Path
 
     from sim.cluster import JobFinished
+    from sim.pytest_plugin import assert_verdict
     from sim.wait import wait_for
 
 
@@ -70,6 +73,32 @@ USER_TEST = textwrap.dedent("""\
         print(report.stdout)
         assert "Traceback" not in report.stderr, report.stderr
         assert (cluster.run_dir / "report" / "timeline.png").is_file(), report.stdout + report.stderr
+
+
+    def test_my_script_survives_a_worker_crash(sim_scenario):
+        (result,) = sim_scenario(str(Path(__file__).parent / "worker-crash.yaml"))
+        assert_verdict(result)
+        assert result.verdict.result("recovery").measured, result.summary
+""")
+
+# The same user's scenario, beside the script (the script path is relative to this file).
+USER_SCENARIO = textwrap.dedent("""\
+    name: my-worker-crash
+    description: my script survives one worker crash
+    cluster:
+      nodes: 2
+      nproc_per_node: 1
+      max_restarts: 2
+      rdzv_backend: etcd-v2
+      script: train.py
+      script_args: ["--steps", "80"]
+    steps:
+      - fault: kill-worker
+        target: node1
+        at: {step: 10}
+    expect:
+      outcome: recovers
+    timeout: 3m
 """)
 
 
@@ -84,7 +113,7 @@ def user_env(venv: Path) -> dict[str, str]:
     return env
 
 
-def run(argv: list, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def run(argv: list, cwd: Path, env: dict | None = None, timeout: float = 480) -> subprocess.CompletedProcess:
     done = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{' '.join(map(str, argv))} exited {done.returncode}:\n" \
                                  f"{done.stdout[-6000:]}\n{done.stderr[-4000:]}"
@@ -105,6 +134,7 @@ def test_a_user_repo_runs_its_own_test_with_elastic_sim_from_a_wheel(docker, ima
     (repo / "train.py").write_text(USER_SCRIPT)
     name = unique_name("t-wheel")
     (repo / "test_fault_tolerance.py").write_text(USER_TEST.replace("{name}", name))
+    (repo / "worker-crash.yaml").write_text(USER_SCENARIO)
     (repo / "pytest.ini").write_text("[pytest]\n")  # the user's rootdir: no conftest above it is read
     env = user_env(venv)
 
@@ -117,5 +147,6 @@ def test_a_user_repo_runs_its_own_test_with_elastic_sim_from_a_wheel(docker, ima
     assert (node_tag, etcd_tag) == (images.node, images.etcd), "the installed package would rebuild the images"
 
     result = run([venv / "bin" / "python", "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider"], repo, env)
-    assert "1 passed" in result.stdout, result.stdout[-4000:]
-    assert not docker.ids("container", labels.cluster_filter(name)), "the sim_cluster fixture left containers"
+    assert "2 passed" in result.stdout, result.stdout[-4000:]
+    for made in (name, "chaos-my-worker-crash"):
+        assert not docker.ids("container", labels.cluster_filter(made)), f"the user's run left containers of {made}"
