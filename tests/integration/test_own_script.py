@@ -94,21 +94,3 @@ def test_model_only_checkpoint_is_caught_as_a_loss_jump(sim_scenario, docker, im
     loss = result.verdict.result("loss_continuity")
     assert loss.measured and not loss.valid, result.summary
     assert "[loss-jump]" in result.summary, result.summary  # the diagnosis: optimizer state not restored
-
-
-def test_shared_store_restart_loop_is_diagnosed(sim_scenario, docker, images, tmp_path):
-    """torch 2.13 defaults (the rendezvous TCP store shared with the workers): a plain gloo script
-    cannot regroup after a worker SIGKILL. Rounds are refused (connectFullMesh), burning restarts,
-    or hang in init_process_group (the test bounds the run at 2 minutes): either way the run fails,
-    and the verdict names cause and fix."""
-    path = scenario_file(tmp_path, "own-shared-store", "ddp_sgd.py", backend="etcd-v2", timeout="2m",
-                         env="{TORCH_DISABLE_SHARE_RDZV_TCP_STORE: '0'}",
-                         # A rank that joins 3 s late (slow data loading): its peers read the address
-                         # its killed predecessor left in the shared store, every round. Without it the
-                         # refusal is a race of start-up times that a quiet machine can win.
-                         script_args=("--steps", "160", "--slow-rank", "1", "--slow-start", "3"),
-                         steps="  - fault: kill-worker\n    target: node1\n    at: {step: 15}")
-    (result,) = sim_scenario(str(path))
-    assert not result.passed, result.summary
-    assert "[shared-tcp-store]" in result.summary, result.summary
-    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in result.summary, result.summary

@@ -28,9 +28,6 @@ def parse_args():
     parser.add_argument("--ckpt-every", type=int, default=10)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--slow-rank", type=int, default=None,
-                        help="this rank waits --slow-start seconds before joining (slow data loading)")
-    parser.add_argument("--slow-start", type=float, default=0.0)
     return parser.parse_args()
 
 
@@ -49,8 +46,6 @@ def main():
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
-    if rank == args.slow_rank:
-        time.sleep(args.slow_start)
     dist.init_process_group("gloo")
 
     torch.manual_seed(0)
