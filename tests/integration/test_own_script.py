@@ -19,8 +19,7 @@ STEP_LOSS = r"step (?P<step>\d+) loss (?P<loss>[\d.]+)"
 
 
 def scenario_file(tmp_path: Path, name: str, script: str, *, backend: str, progress: str | None = None,
-                  steps: str = "", expect: str = "outcome: recovers", profile: str = "fast", env: str = "",
-                  script_args: tuple[str, ...] = ("--steps", "160"), timeout: str = "5m") -> Path:
+                  steps: str = "", script_args: tuple[str, ...] = ("--steps", "160")) -> Path:
     """A scenario as a user writes one beside their script."""
     lines = [
         f"name: {name}",
@@ -35,10 +34,8 @@ def scenario_file(tmp_path: Path, name: str, script: str, *, backend: str, progr
     ]
     if progress:
         lines.append(f"  progress: '{progress}'")
-    if env:
-        lines.append(f"  env: {env}")
-    lines += [f"profile: {profile}", "seed: 3", "steps:", steps or DEFAULT_STEPS, "expect:", f"  {expect}",
-              f"timeout: {timeout}"]
+    lines += ["profile: fast", "seed: 3", "steps:", steps or DEFAULT_STEPS, "expect:", "  outcome: recovers",
+              "timeout: 5m"]
     path = tmp_path / f"{name}.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
