@@ -91,3 +91,36 @@ def test_model_only_checkpoint_is_caught_as_a_loss_jump(sim_scenario, docker, im
     loss = result.verdict.result("loss_continuity")
     assert loss.measured and not loss.valid, result.summary
     assert "[loss-jump]" in result.summary, result.summary  # the diagnosis: optimizer state not restored
+
+
+def test_shared_store_restart_loop_is_diagnosed(sim_scenario, docker, images, tmp_path):
+    """torch 2.13 at its defaults (the rendezvous TCP store shared with the workers, no opt-out):
+    a plain gloo script with two workers per node cannot regroup after one worker's SIGKILL.
+    The restarted rounds are refused (connectFullMesh) or hang in init_process_group; the run
+    fails, and the verdict names the cause and the fix. (With one worker per node and fast
+    rendezvous timings the refusal is a start-up race a quiet machine can win: not used here.)"""
+    path = tmp_path / "shared-store.yaml"
+    path.write_text(f"""\
+name: own-shared-store
+description: a plain gloo script at torch defaults loses a worker
+cluster:
+  nodes: 2
+  nproc_per_node: 2
+  max_restarts: 2
+  rdzv_backend: etcd-v2
+  script: {SCRIPTS / "ddp_sgd.py"}
+  script_args: ["--steps", "200"]
+profile: torch-defaults
+seed: 3
+steps:
+  - fault: kill-worker
+    target: node1
+    at: {{step: 15}}
+expect:
+  outcome: recovers
+timeout: 2m
+""")
+    (result,) = sim_scenario(str(path))
+    assert not result.passed, result.summary
+    assert "[shared-tcp-store]" in result.summary, result.summary
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in result.summary, result.summary
