@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from itertools import pairwise
 
 from .agentlog import NodeLogParser, parse_docker_timestamp
+from .runmodel import node_order
 
 MAX_EVIDENCE = 8
 MAX_EVIDENCE_CHARS = 300
@@ -106,7 +107,7 @@ class _Run:
 
     def nodes(self) -> list[str]:
         return sorted({r["node"] for r in self.records if r.get("type") == "agent" and r.get("node")},
-                      key=_node_order)
+                      key=node_order)
 
     def faults(self, *kinds: str) -> list[dict]:
         return [r for r in self.records if r.get("type") == "fault" and r.get("phase") == "ok"
@@ -228,11 +229,6 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _node_order(name: str) -> tuple[int, str]:
-    digits = name[4:] if name.startswith("node") else ""
-    return (int(digits) if digits.isdigit() else 10**6, name)
-
-
 def _first_per_node(records: Iterable[dict]) -> list[dict]:
     seen, first = set(), []
     for r in records:
@@ -264,7 +260,7 @@ def shared_tcp_store(run: _Run) -> Diagnosis | None:
                  for started, quiet in hung]
     parts = []
     if refused:
-        nodes = ", ".join(sorted({r["node"] for r in refused}, key=_node_order))
+        nodes = ", ".join(sorted({r["node"] for r in refused}, key=node_order))
         parts.append(f"After the first failure, the new gloo process group failed to connect on {nodes} "
                      f"(connectFullMesh failed ... Connection refused).")
     if hung:
@@ -420,7 +416,7 @@ def _live_nodes(run: _Run, until: float) -> tuple[list[str] | None, list[dict]]:
             up[node] = False
         elif r.get("action") == "start":
             up[node] = True
-    return sorted((n for n, on in up.items() if on), key=_node_order), lost
+    return sorted((n for n, on in up.items() if on), key=node_order), lost
 
 
 def loss_jump(run: _Run) -> Diagnosis | None:
@@ -577,7 +573,7 @@ def c10d_store_lost(run: _Run) -> Diagnosis | None:
     evidence = [_line(r) for r in gone[-2:]] + [_line(r) for r in _first_per_node(reversed(lost_store))]
     where = f" ({host})" if host else ""
     when = f", lost at {_at(gone[-1]['t'])}" if gone else ""
-    nodes = ", ".join(sorted({r["node"] for r in lost_store}, key=_node_order))
+    nodes = ", ".join(sorted({r["node"] for r in lost_store}, key=node_order))
     return Diagnosis(
         "c10d-store-lost", f"c10d rendezvous store lost with its host{where}",
         f"With --rdzv-backend c10d the rendezvous store lives inside the agent on the --rdzv-endpoint "
@@ -611,7 +607,7 @@ def spare_agent_exit(run: _Run) -> Diagnosis | None:
                and "'NoneType' object has no attribute 'is_failed'" in (r.get("message") or "")]
     if not crashed:
         return None
-    nodes = sorted({r["node"] for r in crashed}, key=_node_order)
+    nodes = sorted({r["node"] for r in crashed}, key=node_order)
     graceful = [r for r in run.agent("rdzv_graceful_exit") if r["node"] in nodes]
     return Diagnosis(
         "spare-agent-exit", f"Spare agent exited 1 with AttributeError at job end: {', '.join(nodes)}",
