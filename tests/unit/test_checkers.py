@@ -469,6 +469,24 @@ def test_loss_jump_after_a_resume_fails():
                   "over steps 21..23 after (tolerance 50%)")
 
 
+def test_a_jump_after_one_replayed_step_fails():
+    # Seen in CI (model-only checkpoint): the worker reached step 21, one step past the
+    # checkpoint. Replayed, step 21's loss is the same (restored weights, no update yet); the
+    # fresh optimizer's first update makes step 22 jump. One equal step is no evidence.
+    run = HistoryBuilder(steps=30, ckpt=10)
+    run.start_workers()
+    run.train(21)
+    run.fault("kill-worker", "node1", node="node1")
+    run.group_failure()
+    run.wait(3.0)
+    run.start_workers(resumed_from=20)
+    run.train(30, loss=lambda step: smooth_loss(step) if step == 21 else 2.0)
+    run.finish()
+    result = check_loss_continuity(run.records, run.spec())
+    assert not result.valid
+    assert_reason(result, "loss jumped", "after the resume from step 20", "over steps 21..23 after")
+
+
 def test_a_replayed_oscillation_is_no_jump():
     # Seen in a real run: the loss rose from 0.16 to 0.59 over steps 30..33 on its own; after a
     # resume from 30 the same steps replay the same losses. Only a different replay is a jump.
