@@ -9,6 +9,8 @@ after. Nothing is injected without a record. As in Jepsen, partitions are data
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import random
@@ -17,16 +19,17 @@ import signal as signals
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
-from sim.cluster import Cluster, ContainerInfo, write_state
+from sim.cluster import Cluster, ContainerInfo
+from sim.docker import ExecResult
 from sim.errors import FaultError, SimError, UnsupportedFaultError, UsageError
 from sim.history import FILE_NAME, History
-from sim.images import ImageSet
+from sim.nodes import node_order
+from sim.procs import PROBE_ARGV, NodeProcesses, parse_probe
 
 from . import netcmd
 from .partition import Partition, blocked_peers
-from sim.procs import PROBE_ARGV, NodeProcesses, parse_probe
 
 ETCD = "etcd"
 # Roles a target can name instead of a node.
@@ -72,7 +75,7 @@ class Nemesis:
             return ETCD
         if target == "random":
             live = sorted((c.node for c in infos.values() if c.role == "node" and c.state == "running"),
-                          key=_node_order)
+                          key=node_order)
             if not live:
                 raise FaultError(f"target 'random': no running node in cluster '{self.cluster.name}'")
             return self.rng.choice(live)
@@ -82,12 +85,12 @@ class Nemesis:
                 raise UsageError("target 'store-host': with the etcd backends the store is etcd; target 'etcd' instead")
             return "node0"
         if target == "rank0":
-            for info in sorted(infos.values(), key=lambda c: _node_order(c.node)):
+            for info in sorted(infos.values(), key=lambda c: node_order(c.node)):
                 if info.role == "node" and info.state == "running" and self.processes(info.node).group_rank == 0:
                     return info.node
             raise FaultError("target 'rank0': no running node has a worker group of rank 0 right now")
         if target not in infos:
-            known = ", ".join(sorted(infos, key=_node_order)) or "none"
+            known = ", ".join(sorted(infos, key=node_order)) or "none"
             raise UsageError(f"target '{target}': no such node in cluster '{self.cluster.name}'; use one of {known}, "
                              f"or random, store-host, rank0")
         return target
@@ -154,7 +157,7 @@ class Nemesis:
         """The whole node dies at once (SIGKILL to every process: `docker kill`)."""
         def act() -> dict:
             name = self.resolve(target)
-            self.docker.run("kill", self._info(name).id)
+            self.docker.kill(self._info(name).id, "SIGKILL")
             return {"node": name}
         return self.invoke("kill-node", target, act, seed=self.seed)
 
@@ -163,7 +166,7 @@ class Nemesis:
         def act() -> dict:
             name = self.resolve(target)
             started = time.monotonic()
-            self.docker.run("stop", "-t", str(int(round(grace))), self._info(name).id, timeout=grace + 60)
+            self.docker.stop(self._info(name).id, grace)
             return {"node": name, "grace": grace, "took": round(time.monotonic() - started, 2)}
         return self.invoke("stop-node", target, act, grace=grace, seed=self.seed)
 
@@ -175,11 +178,11 @@ class Nemesis:
             name = self.resolve(target)
             cid = self._info(name).id
             if downtime > 0:
-                self.docker.run("stop", "-t", str(int(round(grace))), cid, timeout=grace + 60)
+                self.docker.stop(cid, grace)
                 time.sleep(downtime)
-                self.docker.run("start", cid)
+                self.docker.start(cid)
             else:
-                self.docker.run("restart", "-t", str(int(round(grace))), cid, timeout=grace + 60)
+                self.docker.restart(cid, grace)
             self._reapply_network(name)
             return {"node": name, "grace": grace, "downtime": downtime}
         return self.invoke("restart-node", target, act, grace=grace, downtime=downtime, seed=self.seed)
@@ -188,7 +191,7 @@ class Nemesis:
         """Start a node (or etcd) that was killed or stopped, keeping its data."""
         def act() -> dict:
             name = self.resolve(target)
-            self.docker.run("start", self._info(name).id)
+            self.docker.start(self._info(name).id)
             self._reapply_network(name)
             return {"node": name}
         return self.invoke("start-node", target, act)
@@ -200,9 +203,10 @@ class Nemesis:
             info = self._info(name)
             if info.state == "paused":
                 raise UsageError(f"{name}: already paused; `sim unpause {name}` resumes it")
-            self.docker.run("pause", info.id)
-            self._remember({"id": f"pause-{name}", "fault": "pause", "target": name, "detail": "frozen"})
-            return {"node": name}
+            self.docker.pause(info.id)
+            fault_id = f"pause-{name}"
+            self._remember({"id": fault_id, "fault": "pause", "target": name, "detail": "frozen"})
+            return {"id": fault_id, "node": name}
         return self.invoke("pause", target, act, seed=self.seed)
 
     def unpause(self, target: str) -> dict:
@@ -211,7 +215,7 @@ class Nemesis:
             info = self._info(name)
             if info.state != "paused":
                 raise UsageError(f"{name}: not paused (it is {info.state})")
-            self.docker.run("unpause", info.id)
+            self.docker.unpause(info.id)
             self._forget(f"pause-{name}")
             return {"node": name}
         return self.invoke("unpause", target, act)
@@ -228,11 +232,11 @@ class Nemesis:
             if not removed.ok:
                 raise FaultError(f"etcd: clearing its data failed: {_last(removed.stderr)}")
             if downtime > 0:
-                self.docker.run("kill", info.id)
+                self.docker.kill(info.id, "SIGKILL")
                 time.sleep(downtime)
-                self.docker.run("start", info.id)
+                self.docker.start(info.id)
             else:
-                self.docker.run("restart", "-t", "0", info.id)
+                self.docker.restart(info.id, 0)
             self._reapply_network(ETCD)
             return {"node": ETCD, "downtime": downtime}
         return self.invoke("wipe-etcd", ETCD, act, downtime=downtime)
@@ -247,29 +251,22 @@ class Nemesis:
             raise UsageError(f"scale --nodes {nodes!r}: must be a whole number >= 0")
 
         def act() -> dict:
-            spec = self.cluster.spec
-            if spec is None:
-                raise FaultError(f"cluster '{self.cluster.name}': its spec.json is missing; cannot add nodes")
             existing = {c.node: c for c in self.cluster.nodes()}
             wanted = [f"node{i}" for i in range(nodes)]
             leaving = sorted((n for n, c in existing.items() if n not in wanted and c.state in ("running", "paused")),
-                             key=_node_order, reverse=True)
+                             key=node_order, reverse=True)
             for name in leaving:
                 info = existing[name]
                 if info.state == "paused":
-                    self.docker.run("unpause", info.id)
+                    self.docker.unpause(info.id)
                 if abrupt:
-                    self.docker.run("kill", info.id)
+                    self.docker.kill(info.id, "SIGKILL")
                 else:
-                    self.docker.run("stop", "-t", str(int(round(grace))), info.id, timeout=grace + 60)
-                self.docker.run("rm", "-f", info.id)
+                    self.docker.stop(info.id, grace)
+                self.docker.remove("container", [info.id])
             joining = [n for n in wanted if n not in existing or existing[n].state not in ("running", "paused")]
             if joining:
-                if nodes > spec.nodes:
-                    images = ImageSet(**json.loads((self.cluster.state_dir / "images.json").read_text()))
-                    write_state(self.cluster, spec.with_nodes(nodes), images, self.cluster.run_id or "")
-                self.docker.compose(self.cluster.name, self.cluster.compose_file, "up", "--detach", "--no-deps",
-                                    "--no-recreate", "--no-build", *joining)
+                self.cluster.start_nodes(joining, nodes=nodes)
                 self._apply_partitions()
             return {"joined": joining, "left": leaving, "abrupt": abrupt}
         return self.invoke("scale", f"nodes={nodes}", act, nodes=nodes, abrupt=abrupt, grace=grace)
@@ -304,7 +301,7 @@ class Nemesis:
                 if fault["fault"] == "pause":
                     info = self._info(fault["target"])
                     if info.state == "paused":
-                        self.docker.run("unpause", info.id)
+                        self.docker.unpause(info.id)
                 elif fault["fault"] == "link":
                     self._clear_link(fault["target"])
                 self._forget(fault["id"])
@@ -313,7 +310,7 @@ class Nemesis:
                 # Heal what reality holds too, even if our record of it was lost.
                 for info in self.cluster.containers():
                     if info.state == "paused":
-                        self.docker.run("unpause", info.id)
+                        self.docker.unpause(info.id)
                 for info in self.cluster.containers():
                     if info.state == "running":
                         self._clear_link(info.node, quiet=True)
@@ -349,9 +346,10 @@ class Nemesis:
                         "netem: this kernel has no netem qdisc (delay, jitter, duplicate, corrupt); "
                         "use --loss or --rate, which work here (see `sim doctor`)")
                 raise FaultError(f"{name}: link fault failed: {_last(result.stderr)}")
-            self._remember({"id": f"link-{name}", "fault": "link", "target": name,
+            fault_id = f"link-{name}"
+            self._remember({"id": fault_id, "fault": "link", "target": name,
                             "loss_pct": loss_pct, "rate_bps": rate_bps, "netem": netem, "iface": iface})
-            return {"node": name, "commands": [shlex.join(a) if isinstance(a, list) else a for a in argvs]}
+            return {"id": fault_id, "node": name, "commands": [shlex.join(a) if isinstance(a, list) else a for a in argvs]}
         return self.invoke("link", target, act, loss_pct=loss_pct, rate_bps=rate_bps, netem=netem)
 
     def _clear_link(self, node: str, quiet: bool = False) -> None:
@@ -381,14 +379,9 @@ class Nemesis:
         return netcmd.parse_ip_link(result.stdout) if result.ok else ()
 
     def _ips(self) -> dict[str, str]:
-        """Each running container's address on the cluster network, looked up now."""
-        infos = [c for c in self.cluster.containers() if c.state in ("running", "paused")]
-        ips = {}
-        for info, data in zip(infos, self.docker.inspect(*[c.id for c in infos])):
-            for network in (data.get("NetworkSettings", {}).get("Networks") or {}).values():
-                if network.get("IPAddress"):
-                    ips[info.node] = network["IPAddress"]
-        return ips
+        """Each running container's address on the cluster network (its only one), looked up now."""
+        return {c.node: ip for c in self.cluster.containers() if c.state in ("running", "paused")
+                for ip in c.ips.values()}
 
     def _chain_setup(self, chain: str) -> list[str]:
         return [f"{shlex.join(step.check)} >/dev/null 2>&1 || {shlex.join(step.add)}"
@@ -429,7 +422,7 @@ class Nemesis:
             self._apply_partitions()
         self._forget(f"link-{node}")
 
-    def _run_script(self, node: str, argvs: Sequence[list[str] | str]):
+    def _run_script(self, node: str, argvs: Sequence[list[str] | str]) -> ExecResult:
         script = "set -e\n" + "\n".join(a if isinstance(a, str) else shlex.join(a) for a in argvs)
         return self.cluster.exec(node, "sh", "-c", script, user="root")
 
@@ -445,24 +438,28 @@ class Nemesis:
         return json.loads(self._faults_file.read_text())
 
     def _remember(self, fault: dict) -> None:
-        faults = [f for f in self.active() if f["id"] != fault["id"]] + [{**fault, "since": time.time()}]
-        self._write_faults(faults)
+        with self._faults_locked() as faults:
+            faults[:] = [f for f in faults if f["id"] != fault["id"]] + [{**fault, "since": time.time()}]
 
     def _forget(self, fault_id: str) -> None:
-        self._write_faults([f for f in self.active() if f["id"] != fault_id])
+        with self._faults_locked() as faults:
+            faults[:] = [f for f in faults if f["id"] != fault_id]
 
-    def _write_faults(self, faults: list[dict]) -> None:
+    @contextlib.contextmanager
+    def _faults_locked(self) -> Iterator[list[dict]]:
+        """The faults in force, to change in place: read, changed and written under one lock,
+        since undo timers (threads) and other `sim` processes change the file too."""
         self._faults_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._faults_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(faults, indent=2))
-        os.replace(tmp, self._faults_file)
-
-
-def _node_order(name: str) -> tuple[int, str]:
-    digits = name[4:] if name.startswith("node") else ""
-    return (int(digits) if digits.isdigit() else 10**6, name)
+        with open(self._faults_file.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            faults = self.active()
+            yield faults
+            # Written to a temp name, then renamed: a reader without the lock never sees half a file.
+            tmp = self._faults_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(faults, indent=2))
+            os.replace(tmp, self._faults_file)
 
 
 def _last(text: str) -> str:
-    lines = [l for l in text.strip().splitlines() if l.strip()]
+    lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no output"

@@ -97,8 +97,3 @@ def check_node_names(names: Iterable[str], known: Sequence[str] | None, source: 
         seen.add(name)
     return names
 
-
-def parse_node_list(text: str, known: Sequence[str]) -> tuple[str, ...]:
-    """Comma-separated node names, e.g. "node0,node2", each known and named once."""
-    names = [] if not text.strip() else [name.strip() for name in text.split(",")]
-    return check_node_names(names, known, f"node list {text!r}")

@@ -2,19 +2,20 @@
 
 A Partition is the set of directed links that are cut: (src, dst) means packets from src never
 reach dst; a symmetric cut holds both directions. Pure functions build the usual shapes (after
-Jepsen's nemesis: isolate, halves, bridge, ...), `|` combines them, and one applier enforces any
+Jepsen's nemesis: isolate, split, one way, ...), `|` combines them, and one applier enforces any
 of them the same way, from `blocked_peers` of each node.
 """
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from chaos.parse import check_node_names
 from sim.errors import UsageError
+from sim.nodes import node_order
+
+from .parse import check_node_names
 
 Cut = tuple[str, str]
 
@@ -79,23 +80,6 @@ def split(groups: Sequence[Sequence[str]], everyone: Sequence[str]) -> Partition
     return _split(groups, everyone, f"partition {' | '.join(','.join(g) for g in groups)!r}")
 
 
-def halves(everyone: Sequence[str]) -> Partition:
-    """Split `everyone`, in its order, into two halves; the smaller half first (2 | 3 for 5 nodes)."""
-    if len(everyone) < 2:
-        raise UsageError(f"halves of {','.join(everyone)!r}: fewer than 2 nodes; halves needs at least 2")
-    middle = len(everyone) // 2
-    return split([everyone[:middle], everyone[middle:]], everyone)
-
-
-def bridge(everyone: Sequence[str]) -> Partition:
-    """Jepsen's bridge: two halves cut from each other, except one node (the first of the larger
-    half) that still reaches both, e.g. node0,node1 | node3,node4 with node2 seeing all."""
-    if len(everyone) < 3:
-        raise UsageError(f"bridge of {','.join(everyone)!r}: fewer than 3 nodes; a bridge needs at least 3")
-    middle = len(everyone) // 2
-    return Partition(_both_ways(everyone[:middle], everyone[middle + 1 :]))
-
-
 def cut_from(nodes: Iterable[str], targets: Iterable[str], everyone: Sequence[str]) -> Partition:
     """Cut `nodes` from `targets` only, both ways: e.g. targets=["etcd"] cuts nodes from etcd but
     not from their peers; targets = the other nodes cuts them from peers but not from etcd."""
@@ -118,13 +102,16 @@ def one_way(src_nodes: Iterable[str], dst_nodes: Iterable[str]) -> Partition:
     return Partition(frozenset((s, d) for s in srcs for d in dsts))
 
 
+def parse_groups(text: str) -> tuple[tuple[str, ...], ...]:
+    """Groups as typed: separated by "|", nodes by ","; "node0,node1|node2" -> (("node0", "node1"), ("node2",))."""
+    if not text.strip():
+        raise UsageError(f"partition {text!r}: empty; name groups separated by |, e.g. node0,node1|node2,node3")
+    return tuple(tuple(name.strip() for name in group.split(",")) for group in text.split("|"))
+
+
 def parse_partition_spec(text: str, everyone: Sequence[str]) -> Partition:
     """Groups separated by "|", nodes by ",": "node0,node1|node2,node3" is split() of those groups."""
-    source = f"partition {text!r}"
-    if not text.strip():
-        raise UsageError(f"{source}: empty; name groups separated by |, e.g. node0,node1|node2,node3")
-    groups = [[name.strip() for name in group.split(",")] for group in text.split("|")]
-    return _split(groups, everyone, source)
+    return _split(parse_groups(text), everyone, f"partition {text!r}")
 
 
 def _split(groups: Sequence[Sequence[str]], everyone: Sequence[str], source: str) -> Partition:
@@ -154,13 +141,8 @@ def _check_disjoint(side_a: Sequence[str], side_b: Sequence[str], source: str) -
         raise UsageError(f"{source}: {', '.join(common)} on both sides; name each node on one side only")
 
 
-def _node_key(name: str) -> list:
-    """Natural order, so node2 sorts before node10."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
 def _join(names: Iterable[str]) -> str:
-    return ",".join(sorted(names, key=_node_key))
+    return ",".join(sorted(names, key=node_order))
 
 
 def _describe_both_ways(cuts: set[Cut]) -> str:
@@ -169,11 +151,11 @@ def _describe_both_ways(cuts: set[Cut]) -> str:
     group_of = {n: frozenset(m for m in nodes if (n, m) not in cuts) for n in nodes}
     if all(group_of[m] == group for group in group_of.values() for m in group):
         # The groups do not overlap: a clean split, every pair across groups cut.
-        groups = sorted(set(group_of.values()), key=lambda g: (len(g), sorted(map(_node_key, g))))
+        groups = sorted(set(group_of.values()), key=lambda g: (len(g), sorted(map(node_order, g))))
         return " | ".join(_join(g) for g in groups)
     # Overlapping groups (a reaches b and c, which do not reach each other): list the pairs.
-    pairs = {tuple(sorted(cut, key=_node_key)) for cut in cuts}
-    return ", ".join(f"{a} <-/-> {b}" for a, b in sorted(pairs, key=lambda p: list(map(_node_key, p))))
+    pairs = {tuple(sorted(cut, key=node_order)) for cut in cuts}
+    return ", ".join(f"{a} <-/-> {b}" for a, b in sorted(pairs, key=lambda p: list(map(node_order, p))))
 
 
 def _describe_one_way(cuts: Iterable[Cut]) -> list[str]:
@@ -183,30 +165,6 @@ def _describe_one_way(cuts: Iterable[Cut]) -> list[str]:
     srcs_of: dict[frozenset[str], list[str]] = defaultdict(list)  # sources cut from the same targets
     for src, dsts in dsts_of.items():
         srcs_of[frozenset(dsts)].append(src)
-    lines = [(sorted(map(_node_key, srcs)), f"{_join(srcs)} -/-> {_join(dsts)}") for dsts, srcs in srcs_of.items()]
+    lines = [(sorted(map(node_order, srcs)), f"{_join(srcs)} -/-> {_join(dsts)}") for dsts, srcs in srcs_of.items()]
     return [text for _, text in sorted(lines)]
 
-
-
-def partition_from_options(options: Mapping[str, object], nodes: Sequence[str], *, has_etcd: bool) -> Partition:
-    """The one way the CLI and scenario steps name a partition: exactly one of groups
-    ("node0|node1,node2" or [[...], [...]]), isolate, from_etcd, from_peers, one_way [from, to]."""
-    shapes = [key for key in ("groups", "isolate", "from_etcd", "from_peers", "one_way") if options.get(key)]
-    if len(shapes) != 1:
-        raise UsageError("partition: give exactly one of groups ('node0,node1|node2,node3'), isolate, "
-                         "from_etcd, from_peers or one_way")
-    shape, value = shapes[0], options[shapes[0]]
-    everyone = [*nodes, "etcd"] if has_etcd else list(nodes)
-    if shape == "groups":
-        return parse_partition_spec(value, nodes) if isinstance(value, str) else split(value, nodes)
-    if shape == "one_way":
-        src, dst = (check_node_names(side, everyone, f"one_way {label}") for side, label in zip(value, ("from", "to")))
-        return one_way(src, dst)
-    chosen = check_node_names(value, nodes, shape)
-    if shape == "isolate":
-        return isolate(chosen, everyone)
-    if shape == "from_etcd":
-        if not has_etcd:
-            raise UsageError("from_etcd: this cluster has no etcd (c10d/static backend); use from_peers or isolate")
-        return cut_from(chosen, ["etcd"], everyone)
-    return cut_from(chosen, [n for n in nodes if n not in chosen], everyone)

@@ -13,8 +13,8 @@ import dataclasses
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from sim.cluster import Cluster, JobFinished, up
 from sim.docker import Docker
@@ -24,9 +24,9 @@ from sim.runreport import report_run
 from sim.spec import spec_from_options
 from sim.verdict import Verdict
 
-from .nemesis import ETCD, Nemesis
-from .partition import cut_from
-from .scenario import Scenario, Step, partition_of, scenario_spec_options
+from .faults import FAULTS
+from .nemesis import Nemesis
+from .scenario import Scenario, Step, scenario_spec_options
 
 Progress = Callable[[str], None]
 POLL_S = 0.5
@@ -162,7 +162,7 @@ class ScenarioRunner:
         for step in self.scenario.steps:
             for _ in range(max(step.repeat_times, 1)):
                 self._wait_trigger(nemesis, step, state, previous_done, deadline)
-                self.progress(f"[chaos] {step.fault} {step.options.get('target', '')}".rstrip())
+                self.progress(f"[chaos] {step.fault} {getattr(step.options, 'target', '')}".rstrip())
                 self._fire(nemesis, step)
                 previous_done = time.time()
                 if step.repeat_times > 1:
@@ -198,15 +198,15 @@ class ScenarioRunner:
             time.sleep(POLL_S)
 
     def _fire(self, nemesis: Nemesis, step: Step) -> None:
-        action, undo = fault_call(nemesis, step, self.backend)
+        fault = FAULTS[step.fault]
         try:
-            result = action()
+            result = fault.invoke(nemesis, step.options)
         except SimError as error:
             # Recorded as `fail` in the history; the checkers judge what followed.
             self.progress(f"[chaos] {step.fault} failed: {error}")
             return
-        if step.duration_s and undo is not None:
-            timer = threading.Timer(step.duration_s, _quietly(lambda: undo(result)))
+        if step.duration_s and fault.undo is not None:
+            timer = threading.Timer(step.duration_s, _quietly(lambda: fault.undo(nemesis, result)))
             timer.daemon = True
             timer.start()
             self._undo_timers.append(timer)
@@ -228,48 +228,10 @@ class ScenarioRunner:
             time.sleep(1.0)
 
 
-def fault_call(nemesis: Nemesis, step: Step, backend: str) -> tuple[Callable[[], dict], Callable[[dict], dict] | None]:
-    """A scenario step -> (the nemesis call, its undo for `duration`)."""
-    o, fault = step.options, step.fault
-    target = o.get("target", "random")
-    nodes = [c.node for c in nemesis.cluster.nodes()]
-    heal_it = lambda result: nemesis.heal(result["id"])  # noqa: E731
-    table: dict[str, tuple[Callable[[], dict], Callable[[dict], dict] | None]] = {
-        "kill-worker": (lambda: nemesis.kill_worker(target, rank=o.get("rank"), local_rank=o.get("local_rank"),
-                                                    **_signal(o)), None),
-        "kill-agent": (lambda: nemesis.kill_agent(target, **_signal(o)), None),
-        "kill-node": (lambda: nemesis.kill_node(target), None),
-        "stop-node": (lambda: nemesis.stop_node(target, grace=o.get("grace", 10.0)), None),
-        "restart-node": (lambda: nemesis.restart_node(target, grace=o.get("grace", 0.0),
-                                                      downtime=o.get("downtime", 0.0)), None),
-        "start-node": (lambda: nemesis.start_node(target), None),
-        "pause": (lambda: nemesis.pause(target), lambda result: nemesis.unpause(result["node"])),
-        "unpause": (lambda: nemesis.unpause(target), None),
-        "partition": (lambda: nemesis.partition(partition_of(o, nodes, backend)), heal_it),
-        "heal": (lambda: nemesis.heal(None if o.get("all") else o.get("id")), None),
-        "netem": (lambda: nemesis.link(target, loss_pct=o.get("loss"), rate_bps=o.get("rate"), netem={
-            "delay_ms": _ms(o.get("delay")), "jitter_ms": _ms(o.get("jitter")),
-            "duplicate_pct": o.get("duplicate"), "corrupt_pct": o.get("corrupt")}),
-            lambda result: nemesis.heal(f"link-{result['node']}")),
-        "etcd-kill": (lambda: nemesis.kill_node(ETCD), None),
-        "etcd-start": (lambda: nemesis.start_node(ETCD), None),
-        "etcd-restart": (lambda: nemesis.restart_node(ETCD, downtime=o.get("downtime", 0.0)), None),
-        "etcd-wipe": (lambda: nemesis.wipe_etcd(downtime=o.get("downtime", 0.0)), None),
-        "etcd-pause": (lambda: nemesis.pause(ETCD), lambda result: nemesis.unpause(ETCD)),
-        "etcd-isolate": (lambda: nemesis.partition(cut_from([ETCD], nodes, nodes + [ETCD])), heal_it),
-        "scale": (lambda: nemesis.scale(o["nodes"], abrupt=o.get("abrupt", False), grace=o.get("grace", 10.0)), None),
-    }
-    if fault not in table:
-        raise UsageError(f"fault '{fault}': unknown")
-    return table[fault]
-
-
-def _signal(options: dict) -> dict:
-    return {"sig": options["signal"]} if options.get("signal") is not None else {}
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds * 1000
+def run_scenario(scenario: Scenario, backend: str | None = None, **runner_options) -> list[ScenarioResult]:
+    """Run `scenario` on `backend`, or on each backend it names; options as ScenarioRunner's."""
+    backends = scenario.backends if backend is None else (backend,)
+    return [ScenarioRunner(scenario, name, **runner_options).run() for name in backends]
 
 
 def _quietly(fn: Callable[[], object]) -> Callable[[], None]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,19 +19,25 @@ from typing import Any
 
 import yaml
 
-from sim.errors import UsageError
 from sim.checkers import CHECKERS
+from sim.errors import UsageError
 from sim.sidechannel import compile_progress_regex
-from sim.spec import (DEFAULT_TRAINER_ARGS, ETCD_BACKENDS, RDZV_BACKENDS, ClusterSpec, GpuRequest, node_name,
-                      spec_from_options)
+from sim.spec import (
+    DEFAULT_TRAINER_ARGS,
+    ETCD_BACKENDS,
+    RDZV_BACKENDS,
+    ClusterSpec,
+    GpuRequest,
+    node_name,
+    spec_from_options,
+)
 
-from . import partition as partitions
-from .nemesis import ETCD, ROLE_TARGETS
-from .parse import parse_duration, parse_percent, parse_rate, parse_signal
+from .faults import FAULTS, FLAG, NODE_TARGET, NODES, NODES_PAIR, TARGET, FaultOptions, Option, option_of
+from .parse import parse_duration
+from .targets import ETCD, ROLE_TARGETS
 
 OUTCOMES = ("recovers", "fails")  # as sim.checkers.RunSpec.expected
 TRIGGER_KINDS = ("time", "step", "after", "world_size", "round")
-PARTITION_SHAPES = ("groups", "isolate", "from_etcd", "from_peers", "one_way")
 DEFAULT_PROFILE = "fast"
 DEFAULT_TIMEOUT_S = 600.0
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
@@ -76,11 +81,11 @@ class Trigger:
 
 @dataclass(frozen=True)
 class Step:
-    """One fault of the schedule. `options` hold parsed values (seconds as float, signals as
-    signal.Signals, percents as float, rates as int bits/s), defaults filled in."""
+    """One fault of the schedule. `options` are the fault's (chaos.faults), defaults filled in;
+    a mapping of option names to parsed values is turned into them."""
 
     fault: str
-    options: dict = field(default_factory=dict)
+    options: FaultOptions | Mapping[str, Any] = field(default_factory=dict)
     trigger: Trigger = Trigger("after", 0.0)
     duration_s: float | None = None  # undo after this long (reversible faults only)
     repeat_times: int = 1
@@ -90,10 +95,9 @@ class Step:
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
             raise UsageError(f"fault {self.fault!r}: unknown; use one of {', '.join(FAULTS)}")
-        unknown = sorted(set(self.options) - set(FAULTS[self.fault].options))
-        if unknown:
-            raise UsageError(f"{self.fault}: takes no {', '.join(unknown)}; "
-                             f"its options: {', '.join(FAULTS[self.fault].options) or 'none'}")
+        fault = FAULTS[self.fault]
+        if not isinstance(self.options, fault.options):
+            object.__setattr__(self, "options", fault.make_options(self.options))
         _check_duration(self.fault, self.duration_s)
         _check_repeat(self.repeat_times, self.repeat_every_s, self.duration_s)
 
@@ -338,7 +342,7 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-# ---------------------------------------------------------------- faults: options and their rules
+# ---------------------------------------------------------------- a step's options, where it stands
 
 @dataclass(frozen=True)
 class _Where:
@@ -363,137 +367,44 @@ class _Where:
                                   f"but the scenario runs on {backend}, which has no etcd")
 
 
-Reader = Callable[[_Field, _Where], Any]
+def _read_option(f: _Field, option: Option, where: _Where) -> Any:
+    """One option of a step, read as its Kind says; YAML types whole numbers and flags itself."""
+    kind = option.kind
+    if kind is FLAG:
+        return f.flag()
+    if kind.name == "whole":
+        return f.whole(kind.least, kind.example)
+    if kind is NODES_PAIR:
+        sides = f.items()
+        if len(sides) != 2:
+            raise f.error("give [from, to], e.g. one_way: [node0, etcd]")
+        return tuple(map(_read_nodes, sides))
+    if kind is NODES:
+        return _read_nodes(f)
+    value = f.checked(kind.parse, f.text())
+    if kind in (TARGET, NODE_TARGET):
+        _check_target(f, value, where, allow_etcd=kind is TARGET)
+    return value
 
 
-def _whole(least: int, example: int) -> Reader:
-    return lambda f, where: f.whole(least, example)
-
-
-def _parsed(parse: Callable[[str], Any]) -> Reader:
-    return lambda f, where: f.checked(parse, f.text())
-
-
-def _target(allow_etcd: bool) -> Reader:
-    def read(f: _Field, where: _Where) -> str:
-        target = f.text()
-        if target == ETCD:
-            if not allow_etcd:
-                raise f.error("this fault acts on a node's training processes, which etcd has none of; name a node")
-            where.require_etcd(f, "target etcd")
-        elif target == "store-host":
-            for backend in where.backends:
-                if backend in ETCD_BACKENDS:
-                    raise f.error(f"with backend {backend} the store is etcd; target etcd instead")
-        elif target not in ROLE_TARGETS:
-            where.check_node(f, target)
-        return target
-    return read
-
-
-def _true(f: _Field, where: _Where) -> bool:
-    if not f.flag():
-        raise f.error("false heals nothing; give all: true, or an id")
-    return True
-
-
-def _node_list(f: _Field) -> tuple[str, ...]:
+def _read_nodes(f: _Field) -> tuple[str, ...]:
     """A YAML list of node names, or one comma-separated string as on the command line."""
     if isinstance(f.node, yaml.SequenceNode):
         return tuple(item.text() for item in f.items())
-    return tuple(name.strip() for name in f.text().split(","))
+    return f.checked(NODES.parse, f.text())
 
 
-def _groups(f: _Field) -> tuple[tuple[str, ...], ...]:
-    return tuple(tuple(name.strip() for name in group.split(",")) for group in f.text().split("|"))
-
-
-def _one_way(f: _Field) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    sides = f.items()
-    if len(sides) != 2:
-        raise f.error("give [from, to], e.g. one_way: [node0, etcd]")
-    return _node_list(sides[0]), _node_list(sides[1])
-
-
-def _cut(read: Callable[[_Field], Any]) -> Reader:
-    """A partition shape, checked by building it on each backend (node named twice, unknown...)."""
-    def read_and_check(f: _Field, where: _Where) -> Any:
-        shape = read(f)
+def _check_target(f: _Field, target: str, where: _Where, *, allow_etcd: bool) -> None:
+    if target == ETCD:
+        if not allow_etcd:
+            raise f.error("this fault acts on a node's training processes, which etcd has none of; name a node")
+        where.require_etcd(f, "target etcd")
+    elif target == "store-host":
         for backend in where.backends:
-            f.checked(partition_of, {f.key: shape}, where.nodes, backend)
-        return shape
-    return read_and_check
-
-
-def partition_of(options: Mapping[str, Any], nodes: Sequence[str], backend: str) -> partitions.Partition:
-    """The cuts of a partition step's options among `nodes` (and etcd, on an etcd backend)."""
-    if options.get("from_etcd") and backend not in ETCD_BACKENDS:
-        raise UsageError(f"from_etcd: backend {backend} has no etcd; use from_peers or isolate")
-    return partitions.partition_from_options(options, nodes, has_etcd=backend in ETCD_BACKENDS)
-
-
-_NETEM_QDISC = ("delay", "jitter", "duplicate", "corrupt")
-
-
-def _netem_problem(options: Mapping[str, Any]) -> str | None:
-    # Nemesis.link's own rules, checked before the run rather than at the fault.
-    if not {"loss", "rate", *_NETEM_QDISC} & options.keys():
-        return "nothing to degrade; give loss, rate, or delay/jitter/duplicate/corrupt"
-    if "rate" in options and set(_NETEM_QDISC) & options.keys():
-        return "rate and delay/jitter/duplicate/corrupt both replace the root qdisc; use one"
-    if "jitter" in options and "delay" not in options:
-        return "jitter varies a delay; add one, e.g. delay: 100ms"
-    return None
-
-
-@dataclass(frozen=True)
-class FaultKind:
-    """A fault a step may name: its options (name -> reader) mirroring the CLI verb's flags."""
-
-    options: Mapping[str, Reader] = field(default_factory=dict)
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-    required: tuple[str, ...] = ()
-    one_of: tuple[str, ...] = ()  # exactly one of these
-    at_most_one: tuple[str, ...] = ()
-    reversible: bool = False  # takes a duration, after which it is undone
-    needs_etcd: bool = False
-    check: Callable[[Mapping[str, Any]], str | None] | None = None  # a rule among the parsed options
-
-
-_NODE_TARGET, _ANY_TARGET = _target(allow_etcd=False), _target(allow_etcd=True)
-_SECONDS: Reader = lambda f, where: f.seconds()
-_SIGNAL, _PERCENT, _RATE = _parsed(parse_signal), _parsed(parse_percent), _parsed(parse_rate)
-_TARGET = ("target",)
-
-FAULTS: dict[str, FaultKind] = {
-    "kill-worker": FaultKind({"target": _NODE_TARGET, "rank": _whole(0, 0), "local_rank": _whole(0, 0),
-                              "signal": _SIGNAL}, defaults={"target": "random", "signal": signal.SIGKILL},
-                             at_most_one=("rank", "local_rank")),
-    "kill-agent": FaultKind({"target": _NODE_TARGET, "signal": _SIGNAL}, defaults={"signal": signal.SIGKILL},
-                            required=_TARGET),
-    "kill-node": FaultKind({"target": _ANY_TARGET}, required=_TARGET),
-    "stop-node": FaultKind({"target": _ANY_TARGET, "grace": _SECONDS}, defaults={"grace": 10.0}, required=_TARGET),
-    "restart-node": FaultKind({"target": _ANY_TARGET, "grace": _SECONDS, "downtime": _SECONDS},
-                              defaults={"grace": 0.0, "downtime": 0.0}, required=_TARGET),
-    "start-node": FaultKind({"target": _ANY_TARGET}, required=_TARGET),
-    "pause": FaultKind({"target": _ANY_TARGET}, reversible=True, required=_TARGET),
-    "unpause": FaultKind({"target": _ANY_TARGET}, required=_TARGET),
-    "partition": FaultKind({"groups": _cut(_groups), "isolate": _cut(_node_list), "from_etcd": _cut(_node_list),
-                            "from_peers": _cut(_node_list), "one_way": _cut(_one_way)},
-                           one_of=PARTITION_SHAPES, reversible=True),
-    "heal": FaultKind({"id": lambda f, where: f.text(), "all": _true}, one_of=("id", "all")),
-    "netem": FaultKind({"target": _ANY_TARGET, "loss": _PERCENT, "rate": _RATE, "delay": _SECONDS,
-                        "jitter": _SECONDS, "duplicate": _PERCENT, "corrupt": _PERCENT},
-                       reversible=True, check=_netem_problem, required=_TARGET),
-    "etcd-kill": FaultKind(needs_etcd=True),
-    "etcd-start": FaultKind(needs_etcd=True),
-    "etcd-restart": FaultKind({"downtime": _SECONDS}, defaults={"downtime": 0.0}, needs_etcd=True),
-    "etcd-wipe": FaultKind({"downtime": _SECONDS}, defaults={"downtime": 0.0}, needs_etcd=True),
-    "etcd-pause": FaultKind(needs_etcd=True, reversible=True),
-    "etcd-isolate": FaultKind(needs_etcd=True, reversible=True),
-    "scale": FaultKind({"nodes": _whole(0, 3), "abrupt": lambda f, where: f.flag(), "grace": _SECONDS},
-                       defaults={"abrupt": False, "grace": 10.0}, required=("nodes",)),
-}
+            if backend in ETCD_BACKENDS:
+                raise f.error(f"with backend {backend} the store is etcd; target etcd instead")
+    elif target not in ROLE_TARGETS:
+        where.check_node(f, target)
 
 
 # ---------------------------------------------------------------- reading each section
@@ -509,7 +420,7 @@ _TRAINER_READERS: dict[str, Callable[[_Field], Any]] = {
 TRAINER_KEYS = tuple(_TRAINER_READERS)
 # Under the profile's and the scenario's trainer args: `sim up`'s own defaults for the shipped trainer.
 _TRAINER_BASE = {flag[2:].replace("-", "_"): float(value) if "." in value else int(value)
-                 for flag, value in zip(DEFAULT_TRAINER_ARGS[::2], DEFAULT_TRAINER_ARGS[1::2])}
+                 for flag, value in zip(DEFAULT_TRAINER_ARGS[::2], DEFAULT_TRAINER_ARGS[1::2], strict=True)}
 _STEP_KEYS = ("fault", "at", "duration", "repeat")
 _TRIGGER_EXAMPLES = {"step": 30, "world_size": 4, "round": 1}
 _EXPECT_KEYS = ("outcome", "checkers", "max_recovery_s", "max_steps_lost", "hang_s", "fail_fast_s")
@@ -536,12 +447,22 @@ def parse_scenario(text: str, source_name: str = "<scenario>") -> Scenario:
         raise UsageError(f"{source_name}:{mark.line + 1 if mark else 1}: not valid YAML: {error.problem}") from None
     except yaml.YAMLError as error:
         raise UsageError(f"{source_name}:1: not valid YAML: {error}") from None
+    except RecursionError:
+        raise _too_deep(source_name, loader) from None
     if root is None:
         raise UsageError(f"{source_name}:1: empty; a scenario needs at least name, description and expect")
     try:
         return _read_scenario(_Field(root, "", _Doc(source_name, loader)))
+    except RecursionError:  # YAML merge keys (<<) are flattened recursively too
+        raise _too_deep(source_name, loader) from None
     finally:
         loader.dispose()
+
+
+def _too_deep(source_name: str, loader: yaml.SafeLoader) -> UsageError:
+    # PyYAML reads nested lists and mappings by recursion, so a runaway nesting exhausts Python's stack.
+    return UsageError(f"{source_name}:{loader.get_mark().line + 1}: nested too deeply to read; a scenario needs "
+                      "only a few levels of lists and mappings: look for unclosed [ or {, or runaway indentation")
 
 
 def _read_scenario(top: _Field) -> Scenario:
@@ -561,7 +482,7 @@ def _read_scenario(top: _Field) -> Scenario:
     for item in fields["steps"].items() if "steps" in fields else []:
         steps.append(_read_step(item, where))
         if steps[-1].fault == "scale":
-            where = dataclasses.replace(where, nodes=_node_names(steps[-1].options["nodes"]))
+            where = dataclasses.replace(where, nodes=_node_names(steps[-1].options.nodes))
     expect = _read_expect(fields["expect"], backends)
     timeout = fields["timeout"].seconds(positive=True) if "timeout" in fields else DEFAULT_TIMEOUT_S
     return top.checked(Scenario, name, description, top.doc.source, cluster, backends, trainer, profile, seed,
@@ -626,32 +547,24 @@ def _where(cluster: Mapping[str, Any], backends: tuple[str, ...], last_step: int
 
 def _read_step(item: _Field, where: _Where) -> Step:
     fault_field = item.mapping(None, required=("fault",))["fault"]
-    fault = fault_field.choice(tuple(FAULTS), "a fault")
-    kind = FAULTS[fault]
-    fields = item.mapping((*_STEP_KEYS, *kind.options), required=("at", *kind.required))
-    _check_exclusive(item, fields, kind)
-    if kind.needs_etcd:
-        where.require_etcd(fault_field, fault)
-    options = dict(kind.defaults)
-    options.update({key: read(fields[key], where) for key, read in kind.options.items() if key in fields})
-    problem = kind.check(options) if kind.check else None
-    if problem:
-        raise item.error(f"{fault}: {problem}")
+    fault = FAULTS[fault_field.choice(tuple(FAULTS), "a fault")]
+    fields = item.mapping((*_STEP_KEYS, *fault.option_names), required=("at", *fault.required))
+    if fault.needs_etcd:
+        where.require_etcd(fault_field, fault.name)
+    given = {f.name: _read_option(fields[f.name], option_of(f), where) for f in fault.fields if f.name in fields}
+    options = item.checked(fault.make_options, given)
+    if fault.check_nodes:
+        # Built on each backend now, so a bad shape (a node named twice, unknown) fails before the run.
+        at = fields[next(iter(given))] if len(given) == 1 else item
+        for backend in where.backends:
+            at.checked(fault.check_nodes, options, where.nodes, backend in ETCD_BACKENDS)
     trigger = _read_trigger(fields["at"], where)
     duration = None
     if "duration" in fields:
         duration = fields["duration"].seconds()
-        fields["duration"].checked(_check_duration, fault, duration)
+        fields["duration"].checked(_check_duration, fault.name, duration)
     times, every = _read_repeat(fields["repeat"], duration) if "repeat" in fields else (1, None)
-    return item.checked(Step, fault, options, trigger, duration, times, every, item.line)
-
-
-def _check_exclusive(item: _Field, fields: Mapping[str, _Field], kind: FaultKind) -> None:
-    for group, exactly in ((kind.one_of, True), (kind.at_most_one, False)):
-        given = [key for key in group if key in fields]
-        if len(given) > 1 or (exactly and group and not given):
-            rule = "exactly one" if exactly else "at most one"
-            raise item.error(f"give {rule} of {', '.join(group)}; got {' and '.join(given) or 'none'}")
+    return item.checked(Step, fault.name, options, trigger, duration, times, every, item.line)
 
 
 def _read_trigger(f: _Field, where: _Where) -> Trigger:
@@ -697,11 +610,6 @@ def _read_expect(f: _Field, backends: tuple[str, ...]) -> Expectation:
 
 
 # ---------------------------------------------------------------- to a cluster
-
-def trainer_args(scenario: Scenario) -> dict:
-    """The shipped trainer's args: `sim up`'s defaults, then the profile's, then the scenario's."""
-    return _trainer_args(scenario.profile, scenario.trainer)
-
 
 def _trainer_args(profile_name: str, trainer: Mapping[str, Any]) -> dict:
     return {**_TRAINER_BASE, **PROFILES[profile_name].get("trainer", {}), **trainer}

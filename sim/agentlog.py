@@ -1,5 +1,6 @@
-"""A node's log -> history records: the trainer's JSON lines and the torchrun
-agent's own INFO lines. Pure functions of text, unit-tested on captured lines.
+"""A node's log -> history records (sim/history.py's typed TrainerRecord and AgentRecord): the
+trainer's JSON lines and the torchrun agent's own INFO lines. Pure functions of text, unit-tested
+on captured lines.
 
 The agent prints some facts over several lines (the "Rendezvous complete ...
 Result:" block), so parsing is a small state machine per node: NodeLogParser.
@@ -12,6 +13,9 @@ import json
 import re
 from datetime import datetime, timezone
 from typing import Iterable, Iterator
+
+from .errors import HistoryError
+from .history import AgentRecord, Record, TrainerRecord, parse_record
 
 # torch/distributed/elastic/rendezvous/dynamic_rendezvous.py (etcd-v2, c10d); needs the
 # node image's rendezvous log hook (images/node/elastic_sim_rdzv_log.py).
@@ -72,19 +76,29 @@ class NodeLogParser:
         self._root_cause: list[str] | None = None
         self._errors_this_attempt: set[str] = set()  # worker error kinds already recorded
 
-    def feed(self, t: float | None, text: str) -> Iterator[dict]:
+    def feed(self, t: float | None, text: str) -> Iterator[Record]:
         t = t if t is not None else 0.0
-        start = text.find('{"sim"')
-        if start >= 0:
-            record = _json(text[start:])
-            if record is not None:
-                kind = record.pop("sim")
-                yield {"t": record.pop("t", t), "type": "trainer", "node": record.pop("node", self.node),
-                       "kind": kind, **record}
-                return
+        trainer = self._trainer(t, text)
+        if trainer is not None:
+            yield trainer
+            return
         yield from self._agent(t, text)
 
-    def _agent(self, t: float, text: str) -> Iterator[dict]:
+    def _trainer(self, t: float, text: str) -> TrainerRecord | None:
+        """The trainer's JSON line in the text, or None: none there, or one off the history's schema."""
+        start = text.find('{"sim"')
+        line = _json(text[start:]) if start >= 0 else None
+        if line is None:
+            return None
+        kind = line.pop("sim")
+        try:
+            record = parse_record({"t": line.pop("t", t), "type": "trainer", "node": line.pop("node", self.node),
+                                   "kind": kind, **line})
+        except HistoryError:
+            return None
+        return record if isinstance(record, TrainerRecord) else None
+
+    def _agent(self, t: float, text: str) -> Iterator[AgentRecord]:
         if self._block is not None:
             kv = _KV.match(text.split("] ", 1)[-1]) if "] " in text else None
             if kv:
@@ -140,22 +154,22 @@ class NodeLogParser:
                     yield self._agent_record(t, event, message=text.strip()[-300:])
                     break
 
-    def close(self) -> Iterator[dict]:
+    def close(self) -> Iterator[AgentRecord]:
         if self._block is not None:
             yield self._close_block()
 
-    def _close_block(self) -> dict:
+    def _close_block(self) -> AgentRecord:
         block, self._block = self._block or {}, None
         return self._agent_record(
             self._block_t, "rdzv_complete", restart_count=_int(block.get("restart_count")),
             group_rank=_int(block.get("group_rank")), group_world_size=_int(block.get("group_world_size")),
             global_world_size=_first_int(block.get("global_world_sizes")), master_addr=block.get("master_addr"))
 
-    def _agent_record(self, t: float, event: str, **fields) -> dict:
-        return {"t": t, "type": "agent", "node": self.node, "event": event, **fields}
+    def _agent_record(self, t: float, event: str, **fields) -> AgentRecord:
+        return AgentRecord(t=t, node=self.node, event=event, **fields)
 
 
-def parse_node_log(node: str, text: str) -> list[dict]:
+def parse_node_log(node: str, text: str) -> list[Record]:
     """A whole `docker logs --timestamps` text -> records (for logs saved on disk)."""
     parser = NodeLogParser(node)
     records = []
@@ -177,21 +191,21 @@ class NodeLogFacts:
     finished: bool = False
 
 
-def node_facts(records: Iterable[dict]) -> NodeLogFacts:
+def node_facts(records: Iterable[Record]) -> NodeLogFacts:
     """The latest state of one node, from its history records (in time order)."""
     facts = NodeLogFacts()
     for r in records:
-        if r["type"] == "agent":
-            if r["event"] == "rdzv_joined":
-                facts.round, facts.group_rank, facts.nodes_in_round = r["round"], r["group_rank"], r["nodes"]
-            elif r["event"] == "group_failed":
-                used = r["max_restarts"] - r["attempts_left"] + 1 if r["attempts_left"] > 0 else r["max_restarts"]
+        if isinstance(r, AgentRecord):
+            if r.event == "rdzv_joined":
+                facts.round, facts.group_rank, facts.nodes_in_round = r.round, r.group_rank, r.nodes
+            elif (used := r.restarts_used()) is not None:
                 facts.restarts = max(facts.restarts, used)
-        elif r["type"] == "trainer":
-            if r["kind"] == "progress":
-                facts.step, facts.world_size = r.get("step", facts.step), r.get("world_size", facts.world_size)
-                facts.restarts = max(facts.restarts, int(r.get("restart") or 0))
-            elif r["kind"] == "summary":
+        elif isinstance(r, TrainerRecord):
+            if r.kind == "progress":
+                facts.step = r.step if r.step is not None else facts.step
+                facts.world_size = r.world_size if r.world_size is not None else facts.world_size
+                facts.restarts = max(facts.restarts, r.restart or 0)
+            elif r.kind == "summary":
                 facts.finished = True
     return facts
 

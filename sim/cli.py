@@ -14,6 +14,7 @@ from . import cluster as cluster_mod
 from .docker import Docker
 from .errors import SimError, UsageError
 from .spec import DEFAULT_NAME, RDZV_BACKENDS, spec_from_options
+from .wait import wait_for
 
 
 class _Parser(argparse.ArgumentParser):
@@ -176,12 +177,13 @@ def cmd_ls(args: argparse.Namespace, _: list[str] | None) -> int:
         nodes = [c for c in infos if c.role == "node"]
         running = sum(c.state == "running" for c in nodes)
         etcd = next((c.state for c in infos if c.role == "etcd"), "-")
-        print(f"{name:<16} {f'{running}/{len(nodes)} running':<14} {etcd:<10} {cluster.run_id or '-'}")
+        run_id = next((c.run_id for c in infos if c.run_id), None) or cluster.run_id  # labels first: the truth
+        print(f"{name:<16} {f'{running}/{len(nodes)} running':<14} {etcd:<10} {run_id or '-'}")
     return 0
 
 
 def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
-    from .status import cluster_status, format_status
+    from .status import StatusWatch, cluster_status, format_status
     docker = _docker()
     docker.ping()
     cluster = cluster_mod.Cluster(args.name, docker)
@@ -190,12 +192,8 @@ def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
     if not args.watch:
         print(format_status(cluster_status(cluster)))
         return 0
-    import time
     try:
-        while cluster.containers():
-            table = format_status(cluster_status(cluster))
-            print(f"\033[H\033[J{time.strftime('%H:%M:%S')}  cluster '{args.name}'  (Ctrl-C to stop)\n{table}", flush=True)
-            time.sleep(2)
+        wait_for(StatusWatch(cluster), timeout=None, interval=2.0)
     except KeyboardInterrupt:
         pass
     return 0
@@ -235,12 +233,8 @@ def cmd_logs(args: argparse.Namespace, _: list[str] | None) -> int:
     if args.node:
         cluster.container(args.node)  # a clear error for an unknown node
     compose_file = cluster.compose_file if cluster.compose_file.exists() else None
-    argv = [*docker.compose_argv, "-p", args.name]
-    if compose_file:
-        argv += ["-f", str(compose_file)]
-    argv += ["logs"] + (["-f"] if args.follow else []) + ([args.node] if args.node else [])
-    import subprocess
-    return subprocess.call(argv)
+    options = (["-f"] if args.follow else []) + ([args.node] if args.node else [])
+    return docker.compose_process(args.name, compose_file, "logs", *options).wait()
 
 
 def cmd_doctor(args: argparse.Namespace, _: list[str] | None) -> int:

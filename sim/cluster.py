@@ -12,55 +12,60 @@ import json
 import os
 import secrets
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Mapping, Sequence
 
 from . import labels
-from .docker import Docker
-from .errors import ClusterNotFoundError, SimError, UsageError
+from .docker import RESOURCE_KINDS, Container, DockerProvider, ExecResult
+from .errors import ClusterError, ClusterNotFoundError, SimError, UsageError
 from .history import FILE_NAME, History, HistoryTail
 from .images import ImageBuilder, ImageSet
-from .progress import Progress, to_stderr
+from .nodes import node_order
 from .paths import cluster_dir, state_home
+from .progress import Progress, to_stderr
 from .render import render, to_yaml
 from .sidechannel import prepare_events_dir
 from .spec import ClusterSpec
-from .wait import Check, wait_for
+from .wait import Check, Condition, wait_for
 
 DEFAULT_START_TIMEOUT = 300.0
+# The history collector runs in a process of its own, started by module name: this module
+# must not import it (the collector imports this one). Its pid file lets `down` stop it.
+COLLECTOR_MODULE = "sim.collector"
+COLLECTOR_PID_FILE = "collector.pid"
+COLLECTOR_DRAIN_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
 class ContainerInfo:
+    """One of the cluster's containers, as its labels name it."""
+
     id: str
     name: str
     node: str  # node0.. or etcd
     role: str  # node | etcd
     state: str  # created | running | paused | restarting | exited | dead
-    status: str  # Docker's human status, e.g. "Exited (0) 3 seconds ago"
+    status: str  # Docker's human status, e.g. "Exited (0) 3 seconds ago" (shown, never parsed)
     run_id: str
+    exit_code: int | None = None  # set once exited or dead
+    ips: Mapping[str, str] = dataclasses.field(default_factory=dict)  # network -> address
 
-    @property
-    def exit_code(self) -> int | None:
-        if self.state not in ("exited", "dead") or "(" not in self.status:
-            return None
-        try:
-            return int(self.status.split("(", 1)[1].split(")", 1)[0])
-        except ValueError:
-            return None
-
-
-_PS_FORMAT = "\t".join([
-    "{{.ID}}", "{{.Names}}", '{{.Label "%s"}}' % labels.NODE, '{{.Label "%s"}}' % labels.ROLE,
-    "{{.State}}", "{{.Status}}", '{{.Label "%s"}}' % labels.RUN,
-])
+    @classmethod
+    def of(cls, container: Container) -> "ContainerInfo":
+        tags = container.labels
+        return cls(id=container.id, name=container.name, node=tags.get(labels.NODE, ""),
+                   role=tags.get(labels.ROLE, ""), state=container.state, status=container.status,
+                   run_id=tags.get(labels.RUN, ""), exit_code=container.exit_code, ips=container.ips)
 
 
 class Cluster:
     """A running (or half-gone) cluster, found by its label."""
 
-    def __init__(self, name: str, docker: Docker):
+    def __init__(self, name: str, docker: DockerProvider):
         self.name = name
         self.docker = docker
 
@@ -81,23 +86,24 @@ class Cluster:
 
     @property
     def run_id(self) -> str | None:
-        for info in self.containers():
-            if info.run_id:
-                return info.run_id
+        """The run `up` started (its state file); `down` falls back to the containers' labels."""
         path = self.state_dir / "run_id"
-        return path.read_text().strip() if path.exists() else None
+        return path.read_text().strip() or None if path.exists() else None
 
     @property
     def run_dir(self) -> Path:
         return run_dir(self.name, self.run_id or "unknown")
 
+    def _run_dir_by_labels(self, infos: Sequence[ContainerInfo]) -> Path:
+        """The run folder even when the state folder is gone (a crash): labels are the truth."""
+        run_id = self.run_id or next((c.run_id for c in infos if c.run_id), None)
+        return run_dir(self.name, run_id or "unknown")
+
     # --- inspection ------------------------------------------------------------
 
     def containers(self) -> list[ContainerInfo]:
-        out = self.docker.run("ps", "-a", "--filter", labels.cluster_filter(self.name),
-                              "--format", _PS_FORMAT).stdout
-        infos = [ContainerInfo(*line.split("\t")) for line in out.splitlines() if line.count("\t") == 6]
-        return sorted(infos, key=lambda c: (c.role != "etcd", _node_index(c.node)))
+        infos = [ContainerInfo.of(c) for c in self.docker.containers(labels.cluster_filter(self.name))]
+        return sorted(infos, key=lambda c: (c.role != "etcd", node_order(c.node)))
 
     def nodes(self) -> list[ContainerInfo]:
         return [c for c in self.containers() if c.role == "node"]
@@ -110,9 +116,7 @@ class Cluster:
         raise UsageError(f"node '{node}': not in cluster '{self.name}' (nodes: {known}); see `sim status {self.name}`")
 
     def exists(self) -> bool:
-        return bool(self.docker.ids("container", labels.cluster_filter(self.name))
-                    or self.docker.ids("network", labels.cluster_filter(self.name))
-                    or self.docker.ids("volume", labels.cluster_filter(self.name)))
+        return any(self.docker.ids(kind, labels.cluster_filter(self.name)) for kind in RESOURCE_KINDS)
 
     def require_running(self) -> None:
         if not any(c.state in ("running", "paused") for c in self.containers()):
@@ -120,67 +124,103 @@ class Cluster:
                 f"cluster '{self.name}': not running; start it with `python -m sim up --name {self.name}` (see `sim ls`)")
 
     def logs(self, node: str, tail: int | None = None) -> str:
-        args = ["logs"] + (["--tail", str(tail)] if tail else []) + [self.container(node).id]
-        result = self.docker.run(*args, check=False, timeout=60)
-        return result.stdout + result.stderr
+        return self.docker.logs(self.container(node).id, tail=tail)
 
-    def exec(self, node: str, *argv: str, user: str | None = None, timeout: float = 30):
-        args = ["exec"] + (["-u", user] if user else []) + [self.container(node).id, *argv]
-        return self.docker.run(*args, check=False, timeout=timeout)
+    def exec(self, node: str, *argv: str, user: str | None = None, timeout: float = 30) -> ExecResult:
+        return self.docker.exec(self.container(node).id, argv, user=user, timeout=timeout)
+
+    # --- changing it ---------------------------------------------------------------
+
+    def start_nodes(self, names: Sequence[str], *, nodes: int) -> None:
+        """Start these node containers (new or stopped) through Compose; when the spec has
+        fewer than `nodes` nodes, the project is first re-rendered for `nodes` (same run, same images)."""
+        spec = self.spec
+        if spec is None:
+            raise ClusterError(f"cluster '{self.name}': its spec.json is missing; cannot add nodes")
+        if nodes > spec.nodes:
+            images = ImageSet(**json.loads((self.state_dir / "images.json").read_text()))
+            write_state(self, spec.with_nodes(nodes), images, self.run_id or "")
+        self.docker.compose(self.name, self.compose_file, "up", "--detach", "--no-deps", "--no-recreate",
+                            "--no-build", *names)
 
     # --- teardown ----------------------------------------------------------------
 
     def save_logs(self) -> Path:
         """Copy every container's full log into the run folder (it outlives `down`)."""
-        target = self.run_dir / "logs"
+        infos = self.containers()
+        return self._save_logs(infos, self._run_dir_by_labels(infos))
+
+    def _save_logs(self, infos: Sequence[ContainerInfo], run_folder: Path) -> Path:
+        target = run_folder / "logs"
         target.mkdir(parents=True, exist_ok=True)
-        for info in self.containers():
-            result = self.docker.run("logs", "--timestamps", info.id, check=False, timeout=120)
-            (target / f"{info.node or info.name}.log").write_text(result.stdout + result.stderr)
+        for info in infos:
+            (target / f"{info.node or info.name}.log").write_text(self.docker.logs(info.id, timestamps=True))
         return target
 
     def down(self, *, save_logs: bool = True) -> dict[str, int]:
         """Remove everything carrying the cluster's label. Idempotent."""
-        if save_logs and self.containers():
-            self.save_logs()
+        infos = self.containers()
+        run_folder = self._run_dir_by_labels(infos)
+        if save_logs and infos:
+            self._save_logs(infos, run_folder)
         flt = labels.cluster_filter(self.name)
-        removed = {"containers": 0, "networks": 0, "volumes": 0}
-        run_dir = self.run_dir
-        if (run_dir / FILE_NAME).exists():
+        if (run_folder / FILE_NAME).exists():
             # Before the teardown: the kills that follow are not the job's own exits.
-            History(run_dir / FILE_NAME).append({"type": "run", "event": "end", "cluster": self.name})
-        ids = self.docker.ids("container", flt)
-        if ids:
-            self.docker.run("rm", "-f", "-v", *ids, timeout=120)
-            removed["containers"] = len(ids)
-        from .collector import stop_collector  # the collector imports this module
-        stop_collector(self)
-        for kind, key in (("network", "networks"), ("volume", "volumes")):
+            History(run_folder / FILE_NAME).append({"type": "run", "event": "end", "cluster": self.name})
+        removed = {}
+        for kind in RESOURCE_KINDS:
             ids = self.docker.ids(kind, flt)
-            if ids:
-                self.docker.run(kind, "rm", *ids, timeout=60)
-                removed[key] = len(ids)
+            self.docker.remove(kind, ids)
+            removed[f"{kind}s"] = len(ids)
+            if kind == "container":
+                self._stop_collector()  # it drains the containers' last events, then ends
         shutil.rmtree(self.state_dir, ignore_errors=True)
         return removed
+
+    # --- the collector process ------------------------------------------------------
+
+    def _start_collector(self) -> None:
+        """The collector, detached from this process's session, following this cluster."""
+        with open(self.run_dir / "collector.log", "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", COLLECTOR_MODULE, self.name], stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=log, start_new_session=True, env=os.environ.copy())
+        (self.state_dir / COLLECTOR_PID_FILE).write_text(str(proc.pid))
+
+    def _stop_collector(self) -> None:
+        """Let the collector drain (it exits once the containers are gone), then make sure."""
+        path = self.state_dir / COLLECTOR_PID_FILE
+        pid = int(path.read_text().strip() or 0) if path.exists() else 0
+        if not pid:
+            return
+        gone = wait_for(Condition("waiting for the collector to drain", lambda: not _alive(pid)),
+                        timeout=COLLECTOR_DRAIN_S, interval=0.2, raise_errors=False)
+        if not gone.ready:
+            os.kill(pid, signal.SIGTERM)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A finished child of ours that nobody reaped is a zombie: not alive.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def run_dir(name: str, run_id: str) -> Path:
     return state_home() / "runs" / f"{name}-{run_id}"
 
 
-def list_clusters(docker: Docker) -> list[str]:
+def list_clusters(docker: DockerProvider) -> list[str]:
     """Every cluster name that any container, network or volume is labelled with."""
-    names: set[str] = set()
-    fmt = '{{.Label "%s"}}' % labels.CLUSTER
     flt = f"label={labels.CLUSTER}"
-    names.update(docker.run("ps", "-a", "--filter", flt, "--format", fmt).stdout.split())
-    names.update(docker.run("network", "ls", "--filter", flt, "--format", fmt).stdout.split())
-    for volume in docker.run("volume", "ls", "-q", "--filter", flt).stdout.split():
-        out = docker.run("volume", "inspect", "--format", '{{index .Labels "%s"}}' % labels.CLUSTER, volume,
-                         check=False).stdout.strip()
-        if out:
-            names.add(out)
-    return sorted(names)
+    return sorted({r.labels[labels.CLUSTER] for kind in RESOURCE_KINDS for r in docker.labelled(kind, flt)})
 
 
 def new_run_id() -> str:
@@ -251,14 +291,14 @@ class JobFinished:
 
 
 def _last_meaningful_line(text: str) -> str:
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     for line in reversed(lines):
         if "Error" in line or "error" in line:
             return line[:300]
     return lines[-1][:300] if lines else "no output"
 
 
-def up(spec: ClusterSpec, docker: Docker, *, builder: ImageBuilder | None = None, keep: bool = False,
+def up(spec: ClusterSpec, docker: DockerProvider, *, builder: ImageBuilder | None = None, keep: bool = False,
        wait: bool = True, timeout: float = DEFAULT_START_TIMEOUT, progress: Progress = to_stderr) -> Cluster:
     """Build images if needed, render and start the compose project, wait until
     training has started. On any failure (Ctrl-C included) remove what was
@@ -279,9 +319,8 @@ def up(spec: ClusterSpec, docker: Docker, *, builder: ImageBuilder | None = None
         History(cluster.run_dir / FILE_NAME).append(run_start_record(spec, run_id))
         progress(f"[up] starting cluster '{spec.name}' ({spec.nodes} nodes, {spec.rdzv_backend}, run {run_id})")
         created = True
-        from .collector import start_collector  # the collector imports this module
         # Before the containers exist, so the history sees them created and started.
-        start_collector(cluster)
+        cluster._start_collector()
         docker.compose(spec.name, cluster.compose_file, "up", "--detach", "--no-build", timeout=600)
         if wait:
             check = wait_for(TrainingStarted(cluster), timeout=timeout)
@@ -320,7 +359,8 @@ def run_start_record(spec: ClusterSpec, run_id: str, profile: str | None = None)
             "ckpt_interval": arg("--ckpt-interval", SHIPPED_TRAINER_DEFAULTS["--ckpt-interval"])}
 
 
-# trainer/train.py's own defaults, for runs that do not pass these flags.
+# trainer/train.py's own defaults, for runs of the shipped trainer whose args lack these flags
+# (a ClusterSpec built with script_args of its own; spec_from_options always passes them).
 SHIPPED_TRAINER_DEFAULTS = {"--steps": 200, "--ckpt-interval": 10}
 
 
@@ -339,20 +379,3 @@ def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: s
     rdir.mkdir(parents=True, exist_ok=True)
     shutil.copy(cluster.compose_file, rdir / "compose.yaml")
     shutil.copy(cluster.state_dir / "spec.json", rdir / "spec.json")
-
-
-def _node_index(node: str) -> int:
-    digits = node[4:] if node.startswith("node") else ""
-    return int(digits) if digits.isdigit() else -1
-
-
-def iter_json_lines(text: str) -> Iterator[dict]:
-    """Trainer lines (`{"sim": ...}`) inside a container log, parsed."""
-    for line in text.splitlines():
-        start = line.find('{"sim"')
-        if start < 0:
-            continue
-        try:
-            yield json.loads(line[start:])
-        except json.JSONDecodeError:
-            continue

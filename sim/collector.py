@@ -11,25 +11,23 @@ Started by `sim up`, it ends by itself once the cluster's containers are gone.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 from . import labels
 from .agentlog import NodeLogParser, parse_docker_timestamp
 from .cluster import Cluster
-from .docker import Docker
+from .docker import Docker, EventStream
 from .errors import SimError
 from .history import FILE_NAME, History
 from .sidechannel import EVENTS_DIR, EventsTail, ProgressMatcher
+from .wait import Check, wait_for
 
-PID_FILE = "collector.pid"
 STARTUP_GRACE_S = 600
+GONE_FOR_S = 4  # every container gone this long: the cluster is down
+LIVENESS_POLL_S = 2.0
 # Actions worth a history line; exec_* events (our own probes) are noise.
 CONTAINER_ACTIONS = {"create", "start", "die", "kill", "stop", "pause", "unpause", "oom", "destroy", "restart"}
 NETWORK_ACTIONS = {"connect", "disconnect"}
@@ -40,7 +38,6 @@ class Collector:
     def __init__(self, cluster: Cluster, history: History):
         self.cluster = cluster
         self.history = history
-        self.docker_bin = cluster.docker.docker_bin
         self._followers: dict[str, threading.Thread] = {}
         self._last_t: dict[str, float] = {}  # per container: newest log line already recorded
         self._nodes: dict[str, str] = {}  # container id -> node name
@@ -50,9 +47,7 @@ class Collector:
         self.progress = _progress_matcher(cluster)
 
     def run(self) -> None:
-        events = subprocess.Popen(
-            [self.docker_bin, "events", "--filter", labels.cluster_filter(self.cluster.name), "--format", "{{json .}}"],
-            stdout=subprocess.PIPE, text=True, errors="replace")
+        events = self.cluster.docker.events(labels.cluster_filter(self.cluster.name))
         threading.Thread(target=self._read_events, args=(events,), daemon=True).start()
         tail_done = threading.Event()
         tail = threading.Thread(target=self._tail_side_channel, args=(tail_done,), daemon=True)
@@ -61,32 +56,15 @@ class Collector:
             self._nodes[info.id] = info.node
             if info.state in ("running", "paused"):
                 self._follow(info.id)
-        # Started before `docker compose up`: wait for the containers to appear,
-        # then run until they are all gone (down) for a few seconds.
-        started, seen, gone_since = time.monotonic(), False, None
-        while not self.stop.wait(2.0):
-            if self.cluster.containers():
-                seen, gone_since = True, None
-            elif not seen:
-                if time.monotonic() - started > STARTUP_GRACE_S:
-                    break
-            elif gone_since is None:
-                gone_since = time.monotonic()
-            elif time.monotonic() - gone_since > 4:
-                break
-        events.terminate()
+        wait_for(_ClusterGone(self.cluster, self.stop), timeout=None, interval=LIVENESS_POLL_S, sleep=self.stop.wait)
+        events.close()
         for thread in list(self._followers.values()):
             thread.join(timeout=5)
         tail_done.set()
         tail.join(timeout=5)
 
-    def _read_events(self, proc: subprocess.Popen) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+    def _read_events(self, events: EventStream) -> None:
+        for event in events:
             record = self._docker_record(event)
             if record is None:
                 continue
@@ -134,28 +112,52 @@ class Collector:
     def _read_logs(self, cid: str) -> None:
         node = self._nodes.get(cid, cid[:12])
         since = self._last_t.get(cid)
-        argv = [self.docker_bin, "logs", "--follow", "--timestamps"]
-        if since is not None:
-            argv += ["--since", f"{since:.6f}"]
-        proc = subprocess.Popen([*argv, cid], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace")
         parser = NodeLogParser(node)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            t, body = parse_docker_timestamp(line.rstrip("\n"))
-            if t is not None and since is not None and t <= since:
-                continue  # already recorded before the container restarted
-            if t is not None:
-                self._last_t[cid] = t
-            for record in parser.feed(t, body):
-                self.history.append(record)
-            if self.progress is not None:
-                progress = self.progress.match(node, t, body)
-                if progress is not None:
-                    self.history.append(progress)
+        try:
+            for line in self.cluster.docker.follow_logs(cid, since=since):
+                self._record_line(cid, node, since, parser, line)
+        except SimError:
+            pass  # the container is gone: its log ended with it
         for record in parser.close():
             self.history.append(record)
-        proc.wait()
+
+    def _record_line(self, cid: str, node: str, since: float | None, parser: NodeLogParser, line: str) -> None:
+        t, body = parse_docker_timestamp(line)
+        if t is not None and since is not None and t <= since:
+            return  # already recorded before the container restarted
+        if t is not None:
+            self._last_t[cid] = t
+        for record in parser.feed(t, body):
+            self.history.append(record)
+        if self.progress is not None:
+            progress = self.progress.match(node, t, body)
+            if progress is not None:
+                self.history.append(progress)
+
+
+class _ClusterGone:
+    """Ready once the cluster's containers are gone (`down`) for a few seconds, or never came
+    (the collector starts before `compose up`), or the collector was told to stop."""
+
+    description = "following the cluster until it is removed"
+
+    def __init__(self, cluster: Cluster, stop: threading.Event):
+        self.cluster, self.stop = cluster, stop
+        self.started = time.monotonic()
+        self.seen = False
+        self.gone_since: float | None = None
+
+    def check(self) -> Check:
+        if self.stop.is_set():
+            return Check(True, detail="told to stop")
+        now = time.monotonic()
+        if self.cluster.containers():
+            self.seen, self.gone_since = True, None
+            return Check(False)
+        if not self.seen:
+            return Check(now - self.started > STARTUP_GRACE_S, detail="no container ever came")
+        self.gone_since = self.gone_since or now
+        return Check(now - self.gone_since > GONE_FOR_S, detail="every container is gone")
 
 
 def _progress_matcher(cluster: Cluster) -> ProgressMatcher | None:
@@ -165,47 +167,6 @@ def _progress_matcher(cluster: Cluster) -> ProgressMatcher | None:
     except (SimError, ValueError, TypeError, OSError):
         return None
     return ProgressMatcher(spec.progress_regex) if spec is not None and spec.progress_regex else None
-
-
-def pid_file(cluster: Cluster) -> Path:
-    return cluster.state_dir / PID_FILE
-
-
-def start_collector(cluster: Cluster) -> int:
-    """Spawn the collector for a cluster, detached from this process's session."""
-    log = open(cluster.run_dir / "collector.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "sim.collector", cluster.name], stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=log, start_new_session=True, env=os.environ.copy())
-    pid_file(cluster).write_text(str(proc.pid))
-    return proc.pid
-
-
-def stop_collector(cluster: Cluster, timeout: float = 10.0) -> None:
-    """Let the collector drain (it exits once the containers are gone), then make sure."""
-    path = pid_file(cluster)
-    if not path.exists():
-        return
-    pid = int(path.read_text().strip() or 0)
-    deadline = time.monotonic() + timeout
-    while pid and _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if pid and _alive(pid):
-        os.kill(pid, signal.SIGTERM)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A finished child of ours that nobody reaped is a zombie: not alive.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def main(argv: list[str]) -> int:

@@ -21,29 +21,21 @@ import textwrap
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
-from itertools import pairwise
 
 from .agentlog import NodeLogParser, parse_docker_timestamp
-from .runmodel import node_order
+from .history import AgentRecord, DockerRecord, FaultRecord, Record, TrainerRecord, WorkerRecord
+from .nodes import node_order
+from .recovery import LOSS_JUMP_TOLERANCE, loss_across_resumes
+from .runmodel import RunModel
 
 MAX_EVIDENCE = 8
 MAX_EVIDENCE_CHARS = 300
 # The store-sharing opt-out torch 2.13 reads in the agent (dynamic_rendezvous.py).
 STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-# A loss counts as jumped when the first steps after a restart average this many times the
-# steps before it, and the rise also stands out from the step-to-step noise before it.
-LOSS_JUMP_FACTOR = 2.0
-LOSS_NOISE_FACTOR = 3.0
-LOSS_BEFORE_STEPS = 8
-LOSS_AFTER_STEPS = 3
 # No sign of training for this long while a node is frozen: the others are stuck in a collective.
 FROZEN_HANG_S = 60.0
 # An agent in a rendezvous this long without completing it is waiting for nodes.
 RDZV_WAIT_S = 60.0
-# Group starts closer than this belong to one rendezvous round (the agents start together).
-ROUND_GAP_S = 5.0
-# Worker events that show training going on (instrumentation side channel).
-WORKER_BEATS = ("step", "activity", "progress")
 # What an agent reports about its workers after starting them: anything but silence.
 AGENT_NEWS = ("group_started", "worker_failed", "group_failed", "group_finished", "worker_error", "new_nodes",
               "rdzv_closed", "rdzv_error", "error_file")
@@ -56,14 +48,20 @@ class Diagnosis:
     code: str  # stable short name, e.g. "shared-tcp-store"
     title: str
     cause: str
-    evidence: tuple[str, ...]  # "node0 14:09:46.8  <line or record>"
+    evidence: tuple[str, ...]  # "node0 14:09:46.8  <line or record>"; the first MAX_EVIDENCE of those given
     fix: str
 
+    def __post_init__(self):
+        object.__setattr__(self, "evidence", tuple(self.evidence)[:MAX_EVIDENCE])
 
-def diagnose(history: Sequence[dict], logs: Mapping[str, str]) -> list[Diagnosis]:
-    """Every known cause the run shows, most fundamental first."""
-    run = _Run(history, logs)
-    return [found for rule in DIAGNOSES if (found := rule(run)) is not None]
+
+def diagnose(run: RunModel | Sequence[Mapping], logs: Mapping[str, str],
+             loss_jump_tolerance: float = LOSS_JUMP_TOLERANCE) -> list[Diagnosis]:
+    """Every known cause the run shows, most fundamental first (the loss judged as the
+    loss_continuity checker judges it, at the same tolerance)."""
+    run = _with_logs(run if isinstance(run, RunModel) else RunModel(run), logs)
+    found = (rule(run, loss_jump_tolerance) if rule is loss_jump else rule(run) for rule in DIAGNOSES)
+    return [diagnosis for diagnosis in found if diagnosis is not None]
 
 
 def format_diagnoses(diagnoses: Sequence[Diagnosis], width: int = 100) -> str:
@@ -86,44 +84,21 @@ def _field(name: str, text: str, width: int) -> list[str]:
 
 # --------------------------------------------------------------------------- the run, read once
 
-class _Run:
-    def __init__(self, history: Sequence[dict], logs: Mapping[str, str]):
-        from_logs = [r for node, text in logs.items() for r in _log_records(node, text)]
-        logged = set(logs)
-        kept = [r for r in history if not (r.get("type") in ("agent", "trainer") and r.get("node") in logged)]
-        self.records = sorted((r for r in [*kept, *from_logs] if isinstance(r.get("t"), (int, float))),
-                              key=lambda r: r["t"])
-        start = next((r for r in history if r.get("type") == "run" and r.get("event") == "start"), {})
-        self.spec: dict = start.get("spec") or {}
-        self.env = {str(k): str(v) for k, v in (self.spec.get("env") or ())}
-        self.t_end = self.records[-1]["t"] if self.records else 0.0
+def _with_logs(run: RunModel, logs: Mapping[str, str]) -> RunModel:
+    """The run with each logged node's agent and trainer records read from its log instead."""
+    if not logs:
+        return run
+    kept = [r for r in run.all_records if not (isinstance(r, (AgentRecord, TrainerRecord)) and r.node in logs)]
+    return RunModel([*kept, *(r for node, text in logs.items() for r in _log_records(node, text))],
+                    skipped_lines=run.skipped_lines)
 
-    def agent(self, *events: str, node: str | None = None) -> list[dict]:
-        return [r for r in self.records if r.get("type") == "agent" and r.get("event") in events
-                and (node is None or r.get("node") == node)]
 
-    def of_type(self, kind: str) -> list[dict]:
-        return [r for r in self.records if r.get("type") == kind]
+def _agent_nodes(run: RunModel) -> list[str]:
+    return sorted({r.node for r in run.agent if r.node}, key=node_order)
 
-    def nodes(self) -> list[str]:
-        return sorted({r["node"] for r in self.records if r.get("type") == "agent" and r.get("node")},
-                      key=node_order)
 
-    def faults(self, *kinds: str) -> list[dict]:
-        return [r for r in self.records if r.get("type") == "fault" and r.get("phase") == "ok"
-                and r.get("fault") in kinds]
-
-    def beats(self) -> list[float]:
-        """Times of every sign that workers were training."""
-        return [r["t"] for r in self.records
-                if (r.get("type") == "trainer" and r.get("kind") == "progress")
-                or (r.get("type") == "worker" and r.get("event") in WORKER_BEATS)]
-
-    def losses(self) -> list[dict]:
-        """Progress records that carry a loss and a step, in time order."""
-        return [r for r in self.records if r.get("loss") is not None and isinstance(r.get("step"), int)
-                and ((r.get("type") == "trainer" and r.get("kind") == "progress")
-                     or (r.get("type") == "worker" and r.get("event") == "progress"))]
+def _fault_records(run: RunModel, *kinds: str) -> list[FaultRecord]:
+    return [r for r in run.records if isinstance(r, FaultRecord) and r.phase == "ok" and r.fault in kinds]
 
 
 def _log_records(node: str, text: str) -> list[dict]:
@@ -179,31 +154,30 @@ def _at(t: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t * 10) % 10}"
 
 
-def _line(record: dict, text: str | None = None) -> str:
-    who = record.get("node") or record.get("target") or "?"
-    return f"{who} {_at(record['t'])}  {text if text is not None else _describe(record)}"
+def _line(record: Record, text: str | None = None) -> str:
+    who = (record.where if isinstance(record, FaultRecord) else record.node) or "?"
+    return f"{who} {_at(record.t)}  {text if text is not None else _describe(record)}"
 
 
-def _describe(r: dict) -> str:
-    event = r.get("event")
-    if r.get("type") == "fault":
-        return f"fault {r.get('fault')} on {r.get('target')} ({r.get('phase')})"
-    if r.get("type") == "docker":
-        code = f" (exit code {r['exit_code']})" if r.get("exit_code") is not None else ""
-        return f"container {r.get('action')}{code}"
-    if event == "group_failed":
-        return f"Worker group FAILED. {r.get('attempts_left')}/{r.get('max_restarts')} attempts left"
-    if event == "worker_failed":
-        return f"worker local_rank {r.get('local_rank')} (pid {r.get('pid')}) failed, exitcode {r.get('exitcode')}"
-    if event == "rdzv_joining":
+def _describe(r: Record) -> str:
+    if isinstance(r, FaultRecord):
+        return f"fault {r.fault} on {r.target} ({r.phase})"
+    if isinstance(r, DockerRecord):
+        code = f" (exit code {r.exit_code})" if r.exit_code is not None else ""
+        return f"container {r.action}{code}"
+    if not isinstance(r, AgentRecord):
+        return str(r.get("event") or r.get("kind") or r.TYPE)
+    if r.event == "group_failed":
+        return f"Worker group FAILED. {r.attempts_left}/{r.max_restarts} attempts left"
+    if r.event == "worker_failed":
+        return f"worker local_rank {r.local_rank} (pid {r.pid}) failed, exitcode {r.exitcode}"
+    if r.event == "rdzv_joining":
         return "agent entered the rendezvous"
-    if event == "error_file":
-        return _root_cause(str(r.get("message") or ""))
-    if event == "exception":
-        return f"{r.get('name')}: {r.get('message')}"
-    if r.get("message"):
-        return _tidy(str(r["message"]))
-    return str(event or r.get("kind") or r.get("type"))
+    if r.event == "error_file":
+        return _root_cause(r.message or "")
+    if r.event == "exception":
+        return f"{r.name}: {r.message}"
+    return _tidy(r.message) if r.message else r.event
 
 
 # What makes torch's lines long without telling anything: the glog or logging prefix, the rank
@@ -229,38 +203,38 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _first_per_node(records: Iterable[dict]) -> list[dict]:
+def _first_per_node(records: Iterable[Record]) -> list[Record]:
     seen, first = set(), []
     for r in records:
-        if r.get("node") not in seen:
-            seen.add(r.get("node"))
+        if r.node not in seen:
+            seen.add(r.node)
             first.append(r)
     return first
 
 
 # --------------------------------------------------------------------------- the diagnoses
 
-def shared_tcp_store(run: _Run) -> Diagnosis | None:
+def shared_tcp_store(run: RunModel) -> Diagnosis | None:
     """(a) Restarted gloo groups cannot connect: torch's rendezvous TCP store, shared across restarts."""
     if run.env.get(STORE_OPT_OUT) == "1":
         return None
-    failures = run.agent("worker_failed", "group_failed", "new_nodes")
+    failures = run.agent_events("worker_failed", "group_failed", "new_nodes")
     if not failures:
         return None
-    first_failure = failures[0]["t"]
-    refused = [r for r in run.agent("worker_error") if r.get("kind") == "gloo_connect" and r["t"] > first_failure]
+    first_failure = failures[0].t
+    refused = [r for r in run.agent_events("worker_error") if r.kind == "gloo_connect" and r.t > first_failure]
     hung = _hung_after_restart(run, first_failure)
     if not refused and not hung:
         return None
-    burned = [r for r in run.agent("group_failed") if refused and r["t"] >= refused[0]["t"]]
-    closed = run.agent("rdzv_closed")
+    burned = [r for r in run.agent_events("group_failed") if refused and r.t >= refused[0].t]
+    closed = run.agent_events("rdzv_closed")
     evidence = [_line(failures[0]), *map(_line, _first_per_node(refused)), *map(_line, burned),
                 *map(_line, _first_per_node(closed))]
     evidence += [_line(started, f"worker group started again; no training and no error for {quiet:.0f} s after it")
                  for started, quiet in hung]
     parts = []
     if refused:
-        nodes = ", ".join(sorted({r["node"] for r in refused}, key=node_order))
+        nodes = ", ".join(sorted({r.node for r in refused}, key=node_order))
         parts.append(f"After the first failure, the new gloo process group failed to connect on {nodes} "
                      f"(connectFullMesh failed ... Connection refused).")
     if hung:
@@ -273,38 +247,38 @@ def shared_tcp_store(run: _Run) -> Diagnosis | None:
         parts.append("The job ended with RendezvousClosedError when an agent ran out of restarts.")
     return Diagnosis(
         "shared-tcp-store", "Restarted process groups cannot connect (torch's shared rendezvous store)",
-        " ".join(parts), tuple(evidence[:MAX_EVIDENCE]),
+        " ".join(parts), evidence,
         f"Set {STORE_OPT_OUT}=1 for the agents: `python -m sim up --env {STORE_OPT_OUT}=1` (in a scenario: "
         f"cluster.env). Or have the script build its process group on a store of its own for each start.")
 
 
-def _hung_after_restart(run: _Run, first_failure: float) -> list[tuple[dict, float]]:
+def _hung_after_restart(run: RunModel, first_failure: float) -> list[tuple[AgentRecord, float]]:
     """Worker groups started after the first failure that then showed nothing at all (no step, no
     error, no exit) for longer than FROZEN_HANG_S, in a run whose training is measured."""
-    beats = run.beats()
+    beats = run.beat_times
     if not any(t < first_failure for t in beats):
         return []  # nothing measures this script's progress: silence proves nothing
     hung = []
-    for node in run.nodes():
-        mine = [r for r in run.agent(*AGENT_NEWS, node=node) if r["t"] > first_failure]
-        if not mine or mine[-1]["event"] != "group_started":
+    for node in _agent_nodes(run):
+        mine = [r for r in run.agent_events(*AGENT_NEWS, node=node) if r.t > first_failure]
+        if not mine or mine[-1].event != "group_started":
             continue
         started = mine[-1]
-        later = [r["t"] for r in run.records if r["t"] > started["t"] and r.get("node") == node]
-        quiet = (later[-1] if later else run.t_end) - started["t"]
-        if not any(t > started["t"] for t in beats) and quiet > FROZEN_HANG_S:
+        later = [r.t for r in run.records if r.t > started.t and getattr(r, "node", None) == node]
+        quiet = (later[-1] if later else run.t_end) - started.t
+        if not any(t > started.t for t in beats) and quiet > FROZEN_HANG_S:
             hung.append((started, quiet))
     return hung
 
 
-def restart_budget(run: _Run) -> Diagnosis | None:
+def restart_budget(run: RunModel) -> Diagnosis | None:
     """(b) An agent used up its --max-restarts: torch counts restarts per agent."""
     spent = []
-    for node in run.nodes():
+    for node in _agent_nodes(run):
         used, most = _budget(run, node)
-        root_cause = run.agent("error_file", node=node)
-        after_last = used[-1]["t"] if used else float("-inf")
-        final = [r for r in run.agent("worker_failed", node=node) if r["t"] > after_last]
+        root_cause = run.agent_events("error_file", node=node)
+        after_last = used[-1].t if used else float("-inf")
+        final = [r for r in run.agent_events("worker_failed", node=node) if r.t > after_last]
         # torchrun prints the root-cause block only when the agent gives up on its workers.
         if root_cause or (final and isinstance(most, int) and len(used) >= most):
             spent.append((node, used, most, final, root_cause))
@@ -313,9 +287,9 @@ def restart_budget(run: _Run) -> Diagnosis | None:
     evidence, names = [], []
     for node, used, most, final, root_cause in spent:
         names.append(f"{node} ({len(used)} of {most if most is not None else '?'})")
-        failed = run.agent("worker_failed", node=node)
+        failed = run.agent_events("worker_failed", node=node)
         for number, record in enumerate(used, 1):
-            cause = [r for r in failed if r["t"] <= record["t"]]
+            cause = [r for r in failed if r.t <= record.t]
             what = f"{_describe(cause[-1])}: " if cause else ""
             evidence.append(_line(record, f"{what}restart {number} of {most} used"))
         if final:
@@ -323,49 +297,49 @@ def restart_budget(run: _Run) -> Diagnosis | None:
         evidence += [_line(r) for r in root_cause[:1]]
     gave_up = [s[0] for s in spent]
     others = []
-    for node in run.nodes():
+    for node in _agent_nodes(run):
         if node not in gave_up:
             used, most = _budget(run, node)
             others.append(f"{node} used {len(used)} of {most if most is not None else '?'}")
-    tail = f" The other agents: {', '.join(others)}." if others else ""
+    cause = (f"torchrun counts restarts per agent: each agent may restart its own workers --max-restarts times. "
+             f"The agent on {', '.join(gave_up)} used all of its restarts and gave up at the next failure of its "
+             "workers, which closes the rendezvous and ends the job on every node.")
+    if others:
+        cause += f" The other agents: {', '.join(others)}."
     return Diagnosis(
-        "restart-budget", f"Restart budget used up on {', '.join(names)}",
-        f"torchrun counts restarts per agent: each agent may restart its own workers --max-restarts times. "
-        f"The agent on {', '.join(gave_up)} used all of its restarts and gave up at the next failure of its "
-        f"workers, which closes the rendezvous and ends the job on every node.{tail}",
-        tuple(evidence[:MAX_EVIDENCE]),
+        "restart-budget", f"Restart budget used up on {', '.join(names)}", cause, evidence,
         "Give each agent as many restarts as failures it must survive (--max-restarts N; a fault test needs "
         "one per fault that hits the same node), and remove the cause of the failures themselves (the root "
         "cause above, and any other diagnosis).")
 
 
-def _budget(run: _Run, node: str) -> tuple[list[dict], int | None]:
+def _budget(run: RunModel, node: str) -> tuple[list[AgentRecord], int | None]:
     """The restarts an agent used (its "Worker group FAILED. k/m attempts left" records) and its --max-restarts."""
-    used = run.agent("group_failed", node=node)
-    most = used[-1].get("max_restarts") if used else run.spec.get("max_restarts")
+    used = run.agent_events("group_failed", node=node)
+    most = used[-1].max_restarts if used else run.spec_fields.get("max_restarts")
     return used, most
 
 
-def waiting_for_nodes(run: _Run) -> Diagnosis | None:
+def waiting_for_nodes(run: RunModel) -> Diagnosis | None:
     """(c) Agents wait in the rendezvous for more nodes than are live (or reachable)."""
-    min_nodes = run.spec.get("min_nodes")
-    timeouts = run.agent("rdzv_timeout")
+    min_nodes = run.spec_fields.get("min_nodes")
+    timeouts = run.agent_events("rdzv_timeout")
     waiting = _waiting_now(run)
     if not timeouts and not waiting:
         return None
-    live, lost = _live_nodes(run, until=min(r["t"] for r in [*timeouts, *waiting]))
+    live, lost = _live_nodes(run, until=min(r.t for r in [*timeouts, *waiting]))
     short = isinstance(min_nodes, int) and live is not None and len(live) < min_nodes
     evidence = []
     for record in timeouts:
-        entered = [r for r in run.agent("rdzv_joining", node=record["node"]) if r["t"] <= record["t"]]
+        entered = [r for r in run.agent_events("rdzv_joining", node=record.node) if r.t <= record.t]
         if entered:
             evidence.append(_line(entered[-1], f"agent entered the rendezvous, waited "
                                                 f"{record['t'] - entered[-1]['t']:.0f} s"))
         evidence.append(_line(record, "RendezvousTimeoutError: not enough nodes joined in time"))
-    evidence += [_line(r, f"agent in the rendezvous for {run.t_end - r['t']:.0f} s, not complete")
+    evidence += [_line(r, f"agent in the rendezvous for {run.t_end - r.t:.0f} s, not complete")
                  for r in waiting]
     evidence += [_line(r) for r in lost]
-    cut_off = _first_per_node(run.agent("keepalive_failed")) + run.faults("partition")
+    cut_off = _first_per_node(run.agent_events("keepalive_failed")) + _fault_records(run, "partition")
     evidence += [_line(r) for r in cut_off]
     need = (f"at least {min_nodes} nodes (--min-nodes) have joined" if isinstance(min_nodes, int)
             else "the job's minimum number of nodes (torchrun --nnodes MIN:MAX) have joined")
@@ -376,86 +350,76 @@ def waiting_for_nodes(run: _Run) -> Diagnosis | None:
     return Diagnosis(
         "waiting-for-nodes", "Agents wait in the rendezvous for more nodes" + (": too few live" if short else ""),
         f"The rendezvous cannot complete until {need}{have}. The agents waited{done}.{cut}",
-        tuple(evidence[:MAX_EVIDENCE]),
+        evidence,
         "Bring the missing nodes back (start the node, heal the partition) or lower the minimum "
         "(`--min-nodes`, torchrun --nnodes MIN:MAX) so the live nodes suffice. The agents wait up to "
         "join_timeout (600 s by default; `--rdzv-conf join_timeout=S`), and drop an unreachable node after "
         "keep_alive_interval x keep_alive_max_attempt (15 s by default).")
 
 
-def _waiting_now(run: _Run) -> list[dict]:
+def _waiting_now(run: RunModel) -> list[AgentRecord]:
     """Agents whose last rendezvous has not completed for RDZV_WAIT_S, while no round completed and
     no worker trained since (a spare agent waits too, but beside a job that trains)."""
-    beats, waiting = run.beats(), []
-    completed = [r["t"] for r in run.agent("rdzv_complete")]
-    for node in run.nodes():
-        mine = run.agent("rdzv_joining", "rdzv_complete", "group_finished", "rdzv_closed", "rdzv_timeout",
+    beats, waiting = run.beat_times, []
+    completed = [r.t for r in run.agent_events("rdzv_complete")]
+    for node in _agent_nodes(run):
+        mine = run.agent_events("rdzv_joining", "rdzv_complete", "group_finished", "rdzv_closed", "rdzv_timeout",
                          "rdzv_error", "rdzv_graceful_exit", "exception", "error_file", node=node)
-        if not mine or mine[-1]["event"] != "rdzv_joining" or run.t_end - mine[-1]["t"] <= RDZV_WAIT_S:
+        if not mine or mine[-1].event != "rdzv_joining" or run.t_end - mine[-1].t <= RDZV_WAIT_S:
             continue
-        since = mine[-1]["t"]
+        since = mine[-1].t
         if not any(t > since for t in completed) and not any(t > since for t in beats):
             waiting.append(mine[-1])
     return waiting
 
 
-def _live_nodes(run: _Run, until: float) -> tuple[list[str] | None, list[dict]]:
+def _live_nodes(run: RunModel, until: float) -> tuple[list[str] | None, list[DockerRecord]]:
     """Nodes whose container was up at `until` (from Docker events), and the records that took nodes out."""
-    count = run.spec.get("nodes")
+    count = run.spec_fields.get("nodes")
     if not isinstance(count, int):
         return None, []
     up = {f"node{i}": True for i in range(count)}
     lost = []
-    for r in run.of_type("docker"):
-        if r["t"] > until:
+    for r in run.docker:
+        if r.t > until:
             break
-        node = r.get("node")
-        if r.get("action") in ("die", "kill", "stop", "destroy"):
+        node = r.node
+        if r.action in ("die", "kill", "stop", "destroy"):
             if up.get(node):
                 lost.append(r)
             up[node] = False
-        elif r.get("action") == "start":
+        elif r.action == "start":
             up[node] = True
     return sorted((n for n, on in up.items() if on), key=node_order), lost
 
 
-def loss_jump(run: _Run) -> Diagnosis | None:
-    """(d) The loss jumps after a restart, or the optimizer's step count starts over:
-    optimizer (or scheduler) state not restored."""
-    evidence, jumps, resets = [], [], []
-    losses = run.losses()
-    first_step = min((r["step"] for r in losses), default=None)
-    for restart in _restarts(run):
-        before = [r for r in losses if r["t"] < restart][-LOSS_BEFORE_STEPS:]
-        after = _first_steps([r for r in losses if r["t"] > restart], LOSS_AFTER_STEPS)
-        if after and after[0]["step"] <= first_step:
-            continue  # started over from the beginning (no checkpoint yet): nothing was resumed
-        if len(before) >= 2 and after:
-            mean_before = sum(r["loss"] for r in before) / len(before)
-            mean_after = sum(r["loss"] for r in after) / len(after)
-            noise = sum(abs(b["loss"] - a["loss"]) for a, b in pairwise(before)) / (len(before) - 1)
-            if (mean_after > LOSS_JUMP_FACTOR * mean_before
-                    and mean_after - mean_before > LOSS_NOISE_FACTOR * noise):
-                jumps.append((restart, mean_before, mean_after))
-                evidence += [_line(before[-1], f"step {before[-1]['step']} loss {before[-1]['loss']:.4g} "
-                                               f"(mean {mean_before:.4g} over the last {len(before)} before)")]
-                peak = max(after, key=lambda r: r["loss"])
-                evidence += [_line(peak, f"step {peak['step']} loss {peak['loss']:.4g} after the restart "
-                                         f"(mean {mean_after:.4g} over the first {len(after)})")]
-        reset = _optimizer_reset(run, restart)
+def loss_jump(run: RunModel, tolerance: float = LOSS_JUMP_TOLERANCE) -> Diagnosis | None:
+    """(d) The loss jumps after a restart (the loss_continuity checker's finding), or the
+    optimizer's step count starts over: optimizer (or scheduler) state not restored."""
+    evidence, resets = [], []
+    jumps = [found for found in loss_across_resumes(run, tolerance) if found.jumped]
+    for found in jumps:
+        last = found.before[max(found.before)]
+        evidence.append(_line(last, f"step {last.step} loss {last.loss:.4g} (mean {found.mean_before:.4g} over "
+                                    f"{len(found.before)} step(s) before)"))
+        peak = max(found.after.values(), key=lambda r: r.loss)
+        evidence.append(_line(peak, f"step {peak.step} loss {peak.loss:.4g} after the restart "
+                                    f"(mean {found.mean_after:.4g} over {len(found.after)} step(s))"))
+    for resume in run.resumes:
+        reset = _optimizer_reset(run, resume.t)
         if reset is not None:
             resets.append(reset)
             first, reached = reset
-            evidence.append(_line(first, f"rank {first.get('rank')}: optimizer state step {first.get('step')} at its "
+            evidence.append(_line(first, f"rank {first.rank}: optimizer state step {first.step} at its "
                                          f"first step after the restart; it had reached {reached} before"))
     if not jumps and not resets:
         return None
     parts = []
     if jumps:
-        restart, mean_before, mean_after = jumps[0]
-        times = f" ({mean_after / mean_before:.1f}x)" if mean_before > 0 else ""
-        parts.append(f"After the restart at {_at(restart)} the loss rose from {mean_before:.4g} to {mean_after:.4g}"
-                     f"{times}: the resumed run did not carry on the same training state.")
+        found = jumps[0]
+        times = f" ({found.mean_after / found.mean_before:.1f}x)" if found.mean_before > 0 else ""
+        parts.append(f"After the restart at {_at(found.resume.t)} the loss rose from {found.mean_before:.4g} to "
+                     f"{found.mean_after:.4g}{times}: the resumed run did not carry on the same training state.")
     if resets:
         parts.append("The optimizer's own step count started over at 1 after the restart: its state (moments, "
                      "step) was not loaded from the checkpoint, so it restarted from scratch on trained weights.")
@@ -464,62 +428,39 @@ def loss_jump(run: _Run) -> Diagnosis | None:
                      "a fresh Adam takes full-size steps on trained weights, a fresh scheduler restarts warm-up.")
     return Diagnosis(
         "loss-jump", "Loss jumps after a restart: optimizer or scheduler state not restored", " ".join(parts),
-        tuple(evidence[:MAX_EVIDENCE]),
+        evidence,
         "Save optimizer.state_dict() (and the LR scheduler's and GradScaler's state_dict()) in the checkpoint with "
         "the model, and load them on every start; with torch.distributed.checkpoint, save and load "
         "get_state_dict(model, optimizer).")
 
 
-def _restarts(run: _Run) -> list[float]:
-    """When worker groups started again after the first round: the agents' group starts (or, without
-    agent records, the workers' starts) grouped into rounds, the first round left out."""
-    starts = [r["t"] for r in run.agent("group_started")] or [
-        r["t"] for r in run.records if r.get("type") in ("worker", "trainer")
-        and r.get("event", r.get("kind")) == "start"]
-    rounds: list[float] = []
-    previous = None
-    for t in starts:
-        if previous is None or t - previous > ROUND_GAP_S:
-            rounds.append(t)
-        previous = t
-    return rounds[1:]
-
-
-def _first_steps(records: list[dict], count: int) -> list[dict]:
-    """The first `count` distinct steps (first record of each) of a run of records."""
-    seen, first = set(), []
-    for r in records:
-        if r["step"] not in seen:
-            seen.add(r["step"])
-            first.append(r)
-        if len(first) == count:
-            break
-    return first
-
-
-def _optimizer_reset(run: _Run, restart: float) -> tuple[dict, int] | None:
+def _optimizer_reset(run: RunModel, restart: float) -> tuple[WorkerRecord, int] | None:
     """A worker whose optimizer-held step counts from 1 again after `restart`, though it had gone further."""
-    steps = [r for r in run.of_type("worker") if r.get("event") == "step" and isinstance(r.get("step"), int)]
-    reached = max((r["step"] for r in steps if r["t"] < restart), default=None)
-    after = [r for r in steps if r["t"] > restart and isinstance(r.get("n"), int)]
+    steps = [r for r in run.records if isinstance(r, WorkerRecord) and r.event == "step" and r.step is not None]
+    reached = max((r.step for r in steps if r.t < restart), default=None)
+    after = [r for r in steps if r.t > restart and r.n is not None]
     if reached is None or not after:
         return None
     first = after[0]
-    if first["step"] == first["n"] and reached > first["step"]:
+    if first.step == first.n and reached > first.step:
         return first, reached
     return None
 
 
-def process_group_timeout(run: _Run) -> Diagnosis | None:
+def _frozen_node(pause: FaultRecord | DockerRecord) -> str | None:
+    return pause.target if isinstance(pause, FaultRecord) else pause.node
+
+
+def process_group_timeout(run: RunModel) -> Diagnosis | None:
     """(e) Workers hang in a collective until the process group's timeout after a peer froze."""
-    timeouts = [r for r in run.agent("worker_error") if r.get("kind") == "timeout"]
+    timeouts = [r for r in run.agent_events("worker_error") if r.kind == "timeout"]
     frozen = _frozen_stalls(run)
     if not timeouts and not frozen:
         return None
-    evidence = [_line(pause, f"{pause.get('target') or pause.get('node')} frozen ({_describe(pause)}); no training "
+    evidence = [_line(pause, f"{_frozen_node(pause)} frozen ({_describe(pause)}); no training "
                              f"progress on any node for {quiet:.0f} s after it") for pause, quiet in frozen]
     evidence += [_line(r) for r in _first_per_node(timeouts)]
-    waited = [int(m.group(1)) for r in timeouts if (m := re.search(r"waiting (\d+)ms", r.get("message", "")))]
+    waited = [int(m.group(1)) for r in timeouts if (m := re.search(r"waiting (\d+)ms", r.message or ""))]
     limit = f" after waiting {max(waited) / 60000:.0f} min" if waited else ""
     cause = ("A peer stopped answering (frozen, stopped or cut off) while the others were inside a collective. "
              "They wait for it until the process group's timeout (30 minutes by default for gloo): its agent "
@@ -528,100 +469,100 @@ def process_group_timeout(run: _Run) -> Diagnosis | None:
         cause += f" The collective timed out{limit} on {', '.join(sorted({r['node'] for r in timeouts}))}."
     return Diagnosis(
         "process-group-timeout", "Hang in a collective until the process group's timeout", cause,
-        tuple(evidence[:MAX_EVIDENCE]),
+        evidence,
         "Pass a timeout to init_process_group that suits the job, e.g. "
         "dist.init_process_group(\"gloo\", timeout=timedelta(seconds=60)): the blocked collective then fails, the "
         "worker exits and torchrun regroups without the frozen node.")
 
 
-def _frozen_stalls(run: _Run) -> list[tuple[dict, float]]:
+def _frozen_stalls(run: RunModel) -> list[tuple[FaultRecord | DockerRecord, float]]:
     """Pauses after which no worker anywhere showed progress for longer than FROZEN_HANG_S."""
-    beats = run.beats()
+    beats = run.beat_times
     if not beats:
         return []  # nothing measures progress for this script: no claim
     stalls = []
-    pauses = run.faults("pause") or [r for r in run.of_type("docker") if r.get("action") == "pause"]
+    pauses = _fault_records(run, "pause") or [r for r in run.docker if r.action == "pause"]
     for pause in pauses:
-        target = pause.get("target") or pause.get("node")
-        resumed = [r["t"] for r in run.records if r["t"] > pause["t"] and r.get("target", r.get("node")) == target
-                   and (r.get("fault") == "unpause" or r.get("action") == "unpause")]
+        target = _frozen_node(pause)
+        resumed = [r.t for r in run.records if r.t > pause.t
+                   and ((isinstance(r, FaultRecord) and r.fault == "unpause" and r.target == target)
+                        or (isinstance(r, DockerRecord) and r.action == "unpause" and r.node == target))]
         until = min(resumed, default=run.t_end)
-        quiet_from = max((t for t in beats if t <= pause["t"]), default=pause["t"])
-        next_beat = min((t for t in beats if t > pause["t"]), default=None)
+        quiet_from = max((t for t in beats if t <= pause.t), default=pause.t)
+        next_beat = min((t for t in beats if t > pause.t), default=None)
         quiet_to = min(next_beat, until) if next_beat is not None else until
-        if quiet_to - max(quiet_from, pause["t"]) > FROZEN_HANG_S:
-            stalls.append((pause, quiet_to - pause["t"]))
+        if quiet_to - max(quiet_from, pause.t) > FROZEN_HANG_S:
+            stalls.append((pause, quiet_to - pause.t))
     return stalls
 
 
-def c10d_store_lost(run: _Run) -> Diagnosis | None:
+def c10d_store_lost(run: RunModel) -> Diagnosis | None:
     """(f) The agent hosting the c10d rendezvous store is gone: every other agent exits."""
-    lost_store = [r for r in run.agent("rdzv_error", "keepalive_failed") if "C10d store" in (r.get("message") or "")]
-    if not lost_store and run.spec.get("rdzv_backend") == "c10d":
-        lost_store = [r for r in run.agent("rdzv_error") if "RendezvousConnectionError" in (r.get("message") or "")]
-    finished = [r["t"] for r in run.agent("group_finished")]
-    lost_store = [r for r in lost_store if not any(t < r["t"] for t in finished)]  # not the job's own end
+    lost_store = [r for r in run.agent_events("rdzv_error", "keepalive_failed") if "C10d store" in (r.message or "")]
+    if not lost_store and run.spec_fields.get("rdzv_backend") == "c10d":
+        lost_store = [r for r in run.agent_events("rdzv_error") if "RendezvousConnectionError" in (r.message or "")]
+    finished = [r.t for r in run.agent_events("group_finished")]
+    lost_store = [r for r in lost_store if not any(t < r.t for t in finished)]  # not the job's own end
     if not lost_store:
         return None
-    host = "node0" if run.spec.get("rdzv_backend") == "c10d" else None  # sim's --rdzv-endpoint (sim/torchrun.py)
-    first = lost_store[0]["t"]
-    gone = [r for r in run.records if r["t"] <= first
-            and ((r.get("type") == "fault" and r.get("phase") == "ok" and r.get("fault") in NODE_LOSS_FAULTS
-                  and (host is None or host in str(r.get("target"))))
-                 or (r.get("type") == "docker" and r.get("action") in NODE_LOSS_DOCKER
-                     and (host is None or r.get("node") == host)))]
+    host = "node0" if run.spec_fields.get("rdzv_backend") == "c10d" else None  # sim's --rdzv-endpoint (sim/torchrun.py)
+    first = lost_store[0].t
+    gone = [r for r in run.records if r.t <= first
+            and ((isinstance(r, FaultRecord) and r.phase == "ok" and r.fault in NODE_LOSS_FAULTS
+                  and (host is None or host in str(r.target)))
+                 or (isinstance(r, DockerRecord) and r.action in NODE_LOSS_DOCKER
+                     and (host is None or r.node == host)))]
     evidence = [_line(r) for r in gone[-2:]] + [_line(r) for r in _first_per_node(reversed(lost_store))]
     where = f" ({host})" if host else ""
     when = f", lost at {_at(gone[-1]['t'])}" if gone else ""
-    nodes = ", ".join(sorted({r["node"] for r in lost_store}, key=node_order))
+    nodes = ", ".join(sorted({r.node for r in lost_store}, key=node_order))
     return Diagnosis(
         "c10d-store-lost", f"c10d rendezvous store lost with its host{where}",
         f"With --rdzv-backend c10d the rendezvous store lives inside the agent on the --rdzv-endpoint "
         f"host{where}{when}. torch does not elect a new store host, so the other agents ({nodes}) could no "
         f"longer reach the store (RendezvousConnectionError) and exited: the job ends.",
-        tuple(evidence[:MAX_EVIDENCE]),
+        evidence,
         "For a job that must survive losing any node, use --rdzv-backend etcd-v2 (etcd runs outside the "
         "training nodes); with c10d, keep the endpoint host out of the faults (a dedicated, stable host).")
 
 
-def etcd_without_v2(run: _Run) -> Diagnosis | None:
+def etcd_without_v2(run: RunModel) -> Diagnosis | None:
     """(g) etcd answers 404 on the v2 API that torch's etcd backends (python-etcd) speak."""
-    found = [r for r in run.agent("exception", "rdzv_error")
-             if "404" in (r.get("message") or "") and r.get("event") == "exception"
-             and str(r.get("name", "")).startswith("etcd.")]
+    found = [r for r in run.agent_events("exception", "rdzv_error")
+             if "404" in (r.message or "") and r.event == "exception" and (r.name or "").startswith("etcd.")]
     if not found:
         return None
-    failed = [r for r in run.agent("rdzv_error") if "connection to etcd" in (r.get("message") or "")]
+    failed = [r for r in run.agent_events("rdzv_error") if "connection to etcd" in (r.message or "")]
     return Diagnosis(
         "etcd-without-v2", "etcd has no v2 API",
         "torch's etcd and etcd-v2 rendezvous backends use python-etcd, which speaks only etcd's v2 API; this etcd "
         "answers 404 on it (etcd 3.4/3.5 serve v2 only with --enable-v2, and etcd 3.6 removed it), so every "
         "agent fails before the first rendezvous.",
-        tuple(_line(r) for r in (_first_per_node(found) + _first_per_node(failed))[:MAX_EVIDENCE]),
+        [_line(r) for r in _first_per_node(found) + _first_per_node(failed)],
         "Run etcd 3.4 or 3.5 with --enable-v2 (elastic-sim's own etcd does), or use --rdzv-backend c10d.")
 
 
-def spare_agent_exit(run: _Run) -> Diagnosis | None:
+def spare_agent_exit(run: RunModel) -> Diagnosis | None:
     """(h) A spare agent exits 1 with an AttributeError when the job ends without it (a torch bug)."""
-    crashed = [r for r in run.agent("exception") if r.get("name") == "AttributeError"
-               and "'NoneType' object has no attribute 'is_failed'" in (r.get("message") or "")]
+    crashed = [r for r in run.agent_events("exception") if r.name == "AttributeError"
+               and "'NoneType' object has no attribute 'is_failed'" in (r.message or "")]
     if not crashed:
         return None
-    nodes = sorted({r["node"] for r in crashed}, key=node_order)
-    graceful = [r for r in run.agent("rdzv_graceful_exit") if r["node"] in nodes]
+    nodes = sorted({r.node for r in crashed}, key=node_order)
+    graceful = [r for r in run.agent_events("rdzv_graceful_exit") if r.node in nodes]
     return Diagnosis(
         "spare-agent-exit", f"Spare agent exited 1 with AttributeError at job end: {', '.join(nodes)}",
         "The node joined when the job already had --max-nodes and waited as a spare (torch's redundancy list). "
         "When the job closed the rendezvous, the spare left through RendezvousGracefulExitError, after which "
         "torchrun calls is_failed() on the missing result (torch 2.13 launcher/api.py) and exits 1. It never "
         "trained: the job itself is not affected.",
-        tuple(_line(r) for r in (_first_per_node(graceful) + _first_per_node(crashed))[:MAX_EVIDENCE]),
+        [_line(r) for r in _first_per_node(graceful) + _first_per_node(crashed)],
         "Nothing to fix in the job: do not count this node's exit code as a failure, or start no more nodes "
         "than --max-nodes.")
 
 
 # Most fundamental first: a cause before the budget it burned, the budget before what followed.
-DIAGNOSES: tuple[Callable[[_Run], Diagnosis | None], ...] = (
+DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
     etcd_without_v2, shared_tcp_store, c10d_store_lost, process_group_timeout, loss_jump, restart_budget,
     waiting_for_nodes, spare_agent_exit,
 )

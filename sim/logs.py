@@ -13,10 +13,11 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Iterable, Sequence, TextIO
+from typing import Callable, Iterable, Sequence, TextIO
 
 from .cluster import Cluster, ContainerInfo, JobFinished
 from .history import FILE_NAME, HistoryTail
+from .wait import Check, wait_for
 
 COMPACT_EVERY = 10  # the shipped trainer's progress: rank 0, every tenth step
 NODE_LINE_INTERVAL_S = 5.0  # instrumented workers' records: at most a line per node this often
@@ -214,34 +215,50 @@ def follow_job(cluster: Cluster, out: TextIO = sys.stdout, *, verbose: bool = Fa
                 print(line, file=out, flush=True)
         return bool(records)
 
-    finished = JobFinished(cluster)
     try:
-        while True:
-            show_new()
-            check = finished.check()
-            if check.ready or check.failure:
-                break
-            time.sleep(poll_s)
+        ended = wait_for(_Showing(JobFinished(cluster), show_new), timeout=None, interval=poll_s, raise_errors=False)
         # The nodes' last lines (summary, root cause) reach the history just after they exit.
-        deadline, quiet_since = time.monotonic() + 5 * quiet_s, time.monotonic()
-        while time.monotonic() - quiet_since < quiet_s and time.monotonic() < deadline:
-            time.sleep(min(poll_s, quiet_s / 4))
-            if show_new():
-                quiet_since = time.monotonic()
+        wait_for(_Quiet(show_new, quiet_s), timeout=5 * quiet_s, interval=min(poll_s, quiet_s / 4), raise_errors=False)
     finally:
         if raw is not None:
             raw.terminate()
             raw.wait()
-    if check.failure:
-        return f"stopped following: {check.failure} (the cluster was removed)"
+    if ended.failure:
+        return f"stopped following: {ended.failure} (the cluster was removed)"
     exits = ", ".join(f"{c.node} {c.exit_code if c.exit_code is not None else c.status}" for c in cluster.nodes())
     return f"job ended: every node container exited (exit codes: {exits})"
 
 
+class _Showing:
+    """A strategy that first shows what is new, then asks the one it wraps."""
+
+    def __init__(self, inner: JobFinished, show_new: Callable[[], bool]):
+        self.inner, self.show_new = inner, show_new
+        self.description = inner.description
+
+    def check(self) -> Check:
+        self.show_new()
+        return self.inner.check()
+
+
+class _Quiet:
+    """Ready once nothing new was shown for `quiet_s` seconds."""
+
+    description = "waiting for the history to settle"
+
+    def __init__(self, show_new: Callable[[], bool], quiet_s: float):
+        self.show_new, self.quiet_s = show_new, quiet_s
+        self.quiet_since = time.monotonic()
+
+    def check(self) -> Check:
+        if self.show_new():
+            self.quiet_since = time.monotonic()
+        return Check(time.monotonic() - self.quiet_since >= self.quiet_s)
+
+
 def _print_raw_logs(cluster: Cluster, out: TextIO) -> subprocess.Popen:
     """`docker compose logs -f` of every container, copied to `out` from a thread."""
-    argv = [*cluster.docker.compose_argv, "-p", cluster.name, "-f", str(cluster.compose_file), "logs", "-f"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    proc = cluster.docker.compose_process(cluster.name, cluster.compose_file, "logs", "-f", capture=True)
 
     def copy() -> None:
         assert proc.stdout is not None

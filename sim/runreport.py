@@ -38,25 +38,25 @@ def report_run(run_dir: Path, *, expected: str | None = None, title: str | None 
     from .checkers import CHECKS_FOR, RunSpec, check_all
     from .diagnose import diagnose
     from .report import format_summary, write_report
-    history = sorted(History(run_dir / FILE_NAME).records(), key=lambda r: r["t"])
-    scenario = next((r for r in history if r.get("type") == "run" and r.get("event") == "scenario"), {})
+    from .runmodel import RunModel
+    contents = History(run_dir / FILE_NAME).read()
+    run = RunModel(contents.records, skipped_lines=contents.skipped_lines)  # built once, read by all below
+    scenario = run.scenario
     # Unless told, a scenario run is judged against the outcome its scenario expected.
-    expected = expected or scenario.get("expected") or "recovers"
-    spec = RunSpec.from_history(history, expected=expected, **bounds)
-    checkers = checkers or scenario.get("checkers")
+    expected = expected or (scenario and scenario.expected) or "recovers"
+    spec = RunSpec.from_run(run, expected=expected, **bounds)
+    checkers = checkers or (scenario and scenario.checkers)
     if live:
         checkers = tuple(name for name in (checkers or CHECKS_FOR[spec.expected]) if name not in ENDING_CHECKS)
-    verdict = check_all(history, spec, only=checkers)
+    verdict = check_all(run, spec, only=checkers)
     # A scenario run records its profile in its own line; a plain `up` in the start line.
-    runs = [r for r in history if r.get("type") == "run" and r.get("event") in ("scenario", "start")]
-    profile = profile or next((r.get("profile") for r in runs if r.get("event") == "scenario"),
-                              next((r.get("profile") for r in runs), None))
+    profile = profile or (scenario and scenario.profile) or (run.start and run.start.profile)
     title = title or run_dir.name
     if live:
         title += " (still running: provisional, its end not judged yet)"
-    found = diagnose(history, saved_logs(run_dir))
-    files = write_report(history, verdict, run_dir / "report", title=title, profile=profile, diagnoses=found)
-    return verdict, format_summary(verdict, history, title=title, profile=profile, files=files, diagnoses=found)
+    found = diagnose(run, saved_logs(run_dir), loss_jump_tolerance=spec.loss_jump_tolerance)
+    files = write_report(run, verdict, run_dir / "report", title=title, profile=profile, diagnoses=found)
+    return verdict, format_summary(verdict, run, title=title, profile=profile, files=files, diagnoses=found)
 
 
 def saved_logs(run_dir: Path) -> dict[str, str]:

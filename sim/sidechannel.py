@@ -16,10 +16,10 @@ import re
 import time
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import HistoryError, UsageError
+from .history import parse_record
 
 EVENTS_DIR = "events"  # in the run folder
-WORKER_EVENTS = ("start", "step", "activity", "progress", "exit")
 PROGRESS_REGEX_EXAMPLE = r"step (?P<step>\d+) loss (?P<loss>[\d.]+)"
 
 
@@ -37,10 +37,21 @@ def worker_record(line: bytes | str, node: str) -> dict | None:
         record = json.loads(line)
     except (ValueError, UnicodeDecodeError):
         return None
-    if not isinstance(record, dict) or record.get("event") not in WORKER_EVENTS:
+    if not isinstance(record, dict):
         return None
     record["type"] = "worker"
     record.setdefault("node", node)
+    return _on_schema(record)
+
+
+def _on_schema(record: dict) -> dict | None:
+    """The record, or None where the history would refuse it (a user's `report(step, loss="x")`):
+    the collector's thread drops such a line rather than die on it. History.append stamps a record
+    without a time, so one is lent for the check."""
+    try:
+        parse_record({"t": 0.0, **record})
+    except HistoryError:
+        return None
     return record
 
 
@@ -110,8 +121,8 @@ class ProgressMatcher:
             step = int(found.group("step"))
         except (TypeError, ValueError):
             return None  # the group matched something that is not a whole number
-        return {"t": time.time() if t is None else t, "type": "worker", "node": node, "event": "progress",
-                "step": step, "loss": self._loss(found), "source": "log"}
+        return _on_schema({"t": time.time() if t is None else t, "type": "worker", "node": node,
+                           "event": "progress", "step": step, "loss": self._loss(found), "source": "log"})
 
     def _loss(self, found: re.Match) -> float | None:
         if not self._has_loss or found.group("loss") is None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from .agentlog import node_facts, node_log_facts
 from .cluster import Cluster
 from .history import FILE_NAME, History
 from .procs import PROBE_ARGV, parse_probe
+from .wait import Check
+
 
 @dataclasses.dataclass(frozen=True)
 class NodeStatus:
@@ -68,3 +71,20 @@ def format_status(rows: list[NodeStatus]) -> str:
         lines.append(f"{r.node:<8} {r.state:<11} {r.agent:<6} {show(r.workers):<8} {show(r.round):<6} "
                      f"{show(r.world_size):<6} {r.restarts:<9} {show(r.step)}")
     return "\n".join(lines)
+
+
+class StatusWatch:
+    """`sim status --watch`: each poll redraws the table; done once the cluster is gone."""
+
+    description = "watching the cluster"
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+
+    def check(self) -> Check:
+        if not self.cluster.containers():
+            return Check(True)
+        table = format_status(cluster_status(self.cluster))
+        print(f"\033[H\033[J{time.strftime('%H:%M:%S')}  cluster '{self.cluster.name}'  (Ctrl-C to stop)\n{table}",
+              flush=True)
+        return Check(False)

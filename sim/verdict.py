@@ -75,3 +75,7 @@ class Verdict:
 
     def result(self, name: str) -> CheckResult | None:
         return next((r for r in self.results if r.name == name), None)
+
+
+# How the report words each expected outcome.
+EXPECTED_WORDS = {"recovers": "the job recovers", "fails": "the job fails"}

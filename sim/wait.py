@@ -1,7 +1,7 @@
 """Readiness as pluggable wait strategies with a timeout (as in testcontainers).
 
-A strategy looks at the cluster once per poll and answers: ready, not yet, or
-failed (with why). `wait_for` polls until ready, a failure, or the timeout.
+A strategy looks once per poll and answers: ready, not yet, or failed (with why).
+`wait_for` polls until ready, a failure, or the timeout: the one poll loop of the harness.
 """
 
 from __future__ import annotations
@@ -26,17 +26,34 @@ class WaitStrategy(Protocol):
     def check(self) -> Check: ...
 
 
-def wait_for(strategy: WaitStrategy, timeout: float, interval: float = 1.0,
-             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> Check:
-    deadline = clock() + timeout
-    last = Check(False)
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """A strategy from a predicate: ready once it is true."""
+
+    description: str
+    predicate: Callable[[], object]
+
+    def check(self) -> Check:
+        return Check(bool(self.predicate()))
+
+
+def wait_for(strategy: WaitStrategy, timeout: float | None, interval: float = 1.0, *, raise_errors: bool = True,
+             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], object] = time.sleep) -> Check:
+    """Poll until ready, a failure, or `timeout` seconds (None: no limit). A failure or the timeout
+    raises ClusterError, unless raise_errors=False: then the last check is returned as it is
+    (not ready, with or without a failure), for callers that go on either way."""
+    deadline = None if timeout is None else clock() + timeout
     while True:
         last = strategy.check()
         if last.ready:
             return last
         if last.failure:
-            raise ClusterError(f"{strategy.description}: {last.failure}")
-        if clock() >= deadline:
-            detail = f" ({last.detail})" if last.detail else ""
-            raise ClusterError(f"{strategy.description}: not reached within {timeout:g}s{detail}")
+            if raise_errors:
+                raise ClusterError(f"{strategy.description}: {last.failure}")
+            return last
+        if deadline is not None and clock() >= deadline:
+            if raise_errors:
+                detail = f" ({last.detail})" if last.detail else ""
+                raise ClusterError(f"{strategy.description}: not reached within {timeout:g}s{detail}")
+            return last
         sleep(interval)

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sim import labels  # noqa: E402
-from sim.docker import Docker  # noqa: E402
+from sim.docker import RESOURCE_KINDS, Docker  # noqa: E402
+from sim.errors import SimError  # noqa: E402
 
 SESSION = os.environ.setdefault(labels.SESSION_ENV, f"pytest-{secrets.token_hex(4)}")
 # Run directories (histories, logs, reports) go to a home of the session's own unless the
@@ -32,13 +33,11 @@ if OWN_HOME:
 
 def sweep_session(docker: Docker) -> None:
     flt = f"label={labels.SESSION}={SESSION}"
-    ids = docker.ids("container", flt)
-    if ids:
-        docker.run("rm", "-f", "-v", *ids, check=False, timeout=120)
-    for kind in ("network", "volume"):
-        ids = docker.ids(kind, flt)
-        if ids:
-            docker.run(kind, "rm", *ids, check=False)
+    for kind in RESOURCE_KINDS:  # containers first: they hold the networks and volumes
+        try:
+            docker.remove(kind, docker.ids(kind, flt))
+        except SimError as error:
+            print(f"sweep of session {SESSION}: {error}", file=sys.stderr)
 
 
 def _interrupt_on_sigterm(signum, frame):

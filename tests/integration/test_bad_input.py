@@ -30,7 +30,7 @@ def test_bad_up_input_is_one_line_and_creates_nothing(case, docker):
     before = session_resources(docker)
     result = run_sim("up", "--name", f"bad-{case.replace(' ', '-')}", *argv)
     assert result.returncode != 0
-    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     assert mentions in lines[0] and "Traceback" not in result.stderr
     assert session_resources(docker) == before
@@ -41,7 +41,7 @@ def test_docker_unreachable_is_one_line():
     result = run_sim("up", "--name", "nodocker", "--nodes", "2",
                      env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
     assert result.returncode == 3
-    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Docker engine not reachable" in lines[0], result.stderr
     assert not os.path.exists(os.path.join(os.environ["SIM_HOME"], "clusters", "nodocker"))
 
@@ -59,7 +59,16 @@ def test_invalid_scenario_file_is_one_line_naming_file_line_and_field(tmp_path):
                    "expect: {outcome: recovers}\n")
     result = run_sim("chaos", "run", str(bad))
     assert result.returncode == 2
-    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and f"{bad}:5: steps[0].at.step" in lines[0], result.stderr
     unknown = run_sim("chaos", "run", "no-such-scenario")
     assert unknown.returncode == 2 and "shipped:" in unknown.stderr
+
+
+def test_runaway_nesting_in_a_scenario_is_one_line(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("name: deep\ndescription: d\nexpect: {outcome: recovers}\nsteps: " + "[" * 5000 + "]" * 5000 + "\n")
+    result = run_sim("chaos", "run", str(deep))
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"{deep}:4: nested too deeply" in lines[0], result.stderr

@@ -7,7 +7,8 @@ import subprocess
 import pytest
 
 from sim import labels
-from sim.cluster import Cluster, JobFinished, iter_json_lines
+from sim.agentlog import parse_node_log
+from sim.cluster import Cluster, JobFinished
 from sim.wait import wait_for
 from tests.conftest import run_sim, unique_name
 
@@ -23,7 +24,9 @@ def start(name: str, *options: str, script_args=SHORT_JOB) -> subprocess.Complet
 
 
 def records(cluster: Cluster, kind: str) -> list[dict]:
-    return [r for node in cluster.nodes() for r in iter_json_lines(cluster.logs(node.node)) if r.get("sim") == kind]
+    """The trainer's own records of one kind (progress, summary, ...) in every node's log."""
+    return [r for node in cluster.nodes() for r in parse_node_log(node.node, cluster.logs(node.node))
+            if r["type"] == "trainer" and r["kind"] == kind]
 
 
 def leftovers(docker, name: str) -> dict[str, list[str]]:
@@ -55,8 +58,7 @@ def test_etcd_v2_two_nodes_train_to_end(docker, images):
     start(name, "--nodes", "2", "--rdzv-backend", "etcd-v2")
     try:
         # The rendered file is a plain compose project.
-        ps = subprocess.run([*docker.compose_argv, "-p", name, "ps", "-a", "--format", "{{.Service}}"],
-                            capture_output=True, text=True)
+        ps = docker.compose(name, None, "ps", "-a", "--format", "{{.Service}}", check=False)
         assert sorted(ps.stdout.split()) == ["etcd", "node0", "node1"], ps.stderr
         assert_trained_to_end(docker, name, steps=24, nodes=2, nproc=2)
     finally:

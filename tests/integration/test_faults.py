@@ -13,24 +13,24 @@ import time
 import pytest
 
 from chaos.nemesis import Nemesis
-from chaos.probe import start_tcp_server, tcp_connects, udp_delivery
 from sim.cluster import Cluster
 from sim.history import FILE_NAME, History
+from sim.wait import Condition, wait_for
 from tests.conftest import run_sim, unique_name
+from tests.integration.netprobe import start_tcp_server, tcp_connects, udp_delivery
 
 pytestmark = pytest.mark.docker
 FAST = "last_call_timeout=1,join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3"
 
 
-def eventually(predicate, timeout: float = 60, interval: float = 1.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached within {timeout}s: {what}")
-        time.sleep(interval)
+def eventually(predicate, timeout: float = 60, interval: float = 1.0, what: str = "condition") -> None:
+    wait_for(Condition(what, predicate), timeout=timeout, interval=interval)
+
+
+def process_states(cluster: Cluster, node: str) -> list[str]:
+    """Each process's ps STAT in a node, read from the host (a paused node cannot run an exec)."""
+    top = cluster.docker.api.top(cluster.container(node).id, ps_args="-o pid,stat")
+    return [row[top["Titles"].index("STAT")] for row in top["Processes"]]
 
 
 @pytest.fixture(scope="module")
@@ -136,15 +136,15 @@ def test_preemption_with_grace(cluster):
 def test_pause_freezes_every_process_and_unpause_resumes(cluster):
     training(cluster)
     sim(cluster, "pause", "node1")
-    top = cluster.docker.run("top", cluster.container("node1").id, "-o", "pid,stat").stdout.splitlines()[1:]
-    assert top and all(line.split()[1][0] in "DT" for line in top), top  # frozen by the cgroup freezer
+    states = process_states(cluster, "node1")
+    assert states and all(stat[0] in "DT" for stat in states), states  # frozen by the cgroup freezer
     lines_before = cluster.logs("node1").count("\n")
     time.sleep(2)
     assert cluster.logs("node1").count("\n") == lines_before, "a frozen node prints nothing"
     assert any(f["fault"] == "pause" for f in Nemesis(cluster).active())
     sim(cluster, "unpause", "node1")
-    top = cluster.docker.run("top", cluster.container("node1").id, "-o", "pid,stat").stdout.splitlines()[1:]
-    assert any(line.split()[1][0] in "SR" for line in top), top
+    states = process_states(cluster, "node1")
+    assert any(stat[0] in "SR" for stat in states), states
 
 
 def probe_servers(cluster):
@@ -203,7 +203,7 @@ def test_bandwidth_limit_slows_a_transfer(cluster):
     send = ("import socket, time; s = socket.create_connection(('node0', 39998)); t = time.time(); "
             "s.sendall(b'x' * 250000); s.close(); print(time.time() - t)")
     sink = "import socket; s = socket.socket(); s.bind(('0.0.0.0', 39998)); s.listen(1); c, _ = s.accept()\nwhile c.recv(65536): pass"
-    cluster.docker.run("exec", "-d", cluster.container("node0").id, "python3", "-c", sink)
+    cluster.docker.exec(cluster.container("node0").id, ["python3", "-c", sink], detach=True)
     time.sleep(1)
     took = float(cluster.exec("node1", "python3", "-c", send, timeout=60).stdout.strip() or 0)
     assert took > 1.0, f"250 kB at 1 Mbit/s should take about 2 s, took {took:.2f} s"

@@ -4,13 +4,12 @@ history through the workers' side channel, and its own output stays its own."""
 from __future__ import annotations
 
 import textwrap
-import time
 
 import pytest
 
 from sim.cluster import JobFinished
 from sim.history import FILE_NAME, History
-from sim.wait import wait_for
+from sim.wait import Condition, wait_for
 from tests.conftest import unique_name
 
 pytestmark = pytest.mark.docker
@@ -57,9 +56,10 @@ def test_plain_ddp_script_is_recorded_without_touching_its_output(sim_cluster, t
         assert node.exit_code == 0, f"{node.node}: {node.status}\n{cluster.logs(node.node, tail=40)}"
 
     history = History(cluster.run_dir / FILE_NAME)
-    deadline = time.monotonic() + 30  # the collector polls the side channel 4 times a second
-    while sum(r["event"] == "exit" for r in worker_records(history)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.5)
+    # The collector polls the side channel 4 times a second; the checks below say what is missing.
+    both_exited = Condition("both workers' exit records", lambda: sum(
+        r["event"] == "exit" for r in worker_records(history)) >= 2)
+    wait_for(both_exited, timeout=30, interval=0.5, raise_errors=False)
     records = worker_records(history)
     by_rank = {rank: [r for r in records if r.get("rank") == rank] for rank in (0, 1)}
     node_of = {rank: mine[0]["node"] for rank, mine in by_rank.items() if mine}

@@ -2,6 +2,7 @@
 
 from sim.agentlog import node_facts, parse_docker_timestamp, parse_node_log
 from sim.collector import Collector
+from sim.history import AgentRecord, TrainerRecord
 
 LOG = """\
 2026-11-29T11:11:21.046000000Z I1129 11:11:21.046000 7 torch/distributed/elastic/agent/server/api.py:962] [default] Detected 3 new nodes from group_rank=0; will restart worker group
@@ -29,24 +30,36 @@ def test_docker_timestamps():
 
 def test_agent_and_trainer_lines_become_records():
     records = parse_node_log("node0", LOG)
-    events = [(r["type"], r.get("event") or r.get("kind")) for r in records]
+    events = [(r.TYPE, r.event if isinstance(r, AgentRecord) else r.kind) for r in records]
     assert events == [("agent", "new_nodes"), ("agent", "rdzv_joined"), ("agent", "rdzv_complete"),
-                      ("agent", "group_started"), ("trainer", "progress"), ("agent", "worker_failed"), ("agent", "group_failed"),
-                      ("agent", "group_finished")]
+                      ("agent", "group_started"), ("trainer", "progress"), ("agent", "worker_failed"),
+                      ("agent", "group_failed"), ("agent", "group_finished")]
     joined = records[1]
-    assert (joined["round"], joined["group_rank"], joined["nodes"]) == (3, 0, 4)
+    assert (joined.round, joined.group_rank, joined.nodes) == (3, 0, 4)
     complete = records[2]
-    assert (complete["restart_count"], complete["group_rank"], complete["group_world_size"],
-            complete["global_world_size"], complete["master_addr"]) == (1, 0, 4, 8, "node0")
-    assert records[4]["t"] == 1795950684.5 and records[4]["step"] == 41 and records[4]["node"] == "node0"
-    assert (records[5]["exitcode"], records[5]["local_rank"], records[5]["pid"]) == (-9, 1, 10)
-    assert (records[6]["attempts_left"], records[6]["max_restarts"]) == (3, 3)
+    assert (complete.restart_count, complete.group_rank, complete.group_world_size,
+            complete.global_world_size, complete.master_addr) == (1, 0, 4, 8, "node0")
+    progress = records[4]
+    assert isinstance(progress, TrainerRecord)
+    assert (progress.t, progress.step, progress.node, progress.loss) == (1795950684.5, 41, "node0", 0.25)
+    assert (records[5].exitcode, records[5].local_rank, records[5].pid) == (-9, 1, 10)
+    assert (records[6].attempts_left, records[6].max_restarts, records[6].restarts_used()) == (3, 3, 1)
+
+
+def test_a_trainer_line_off_the_schema_is_no_record():
+    line = '2026-11-29T11:11:24.500000000Z {"sim": "progress", "node": "node0", "step": "forty-one"}'
+    assert parse_node_log("node0", line) == []
 
 
 def test_node_facts_from_records():
     facts = node_facts(parse_node_log("node0", LOG))
     assert (facts.round, facts.group_rank, facts.nodes_in_round) == (3, 0, 4)
     assert facts.step == 41 and facts.world_size == 8 and facts.restarts == 1
+
+
+def test_node_facts_count_restarts_as_the_agent_does_when_none_are_left():
+    gave_up = AgentRecord(t=1.0, node="node0", event="group_failed", attempts_left=0, max_restarts=3)
+    assert node_facts([gave_up]).restarts == 3  # at 0 left it gives up: all 3 used, not 4
 
 
 def test_docker_events_become_records():
@@ -83,12 +96,12 @@ W1130 14:32:50.835000 1694 torch/distributed/elastic/agent/server/api.py:753] Re
 
 def test_error_lines_become_records_once_per_attempt():
     records = parse_node_log("node1", ERROR_LOG)
-    assert [(r["event"], r.get("kind") or r.get("name") or r.get("signal")) for r in records] == [
+    assert [(r.event, r.kind or r.name or r.signal) for r in records] == [
         ("rdzv_joining", None), ("group_started", None),
         ("worker_error", "gloo_connect"), ("worker_error", "peer_lost"),
         ("group_started", None), ("worker_error", "gloo_connect"),
         ("rdzv_graceful_exit", None), ("exception", "AttributeError"), ("exception", "etcd.EtcdException"),
         ("agent_signal", 15)]
-    assert records[2]["message"].endswith("Connection refused, remote=[127.0.0.1]:5526$1")
-    assert records[6]["message"] == "The rendezvous 'h2job15056' is closed, terminating pending rendezvous."
-    assert records[7]["message"] == "'NoneType' object has no attribute 'is_failed'"
+    assert records[2].message.endswith("Connection refused, remote=[127.0.0.1]:5526$1")
+    assert records[6].message == "The rendezvous 'h2job15056' is closed, terminating pending rendezvous."
+    assert records[7].message == "'NoneType' object has no attribute 'is_failed'"

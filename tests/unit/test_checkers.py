@@ -18,111 +18,9 @@ from sim.checkers import (
     check_restart_budget,
     check_world_size,
 )
+from sim.runmodel import RunModel
 from sim.verdict import FaultRecovery
-
-T0 = 1_700_000_000.0  # 22:13:20 UTC
-
-
-def smooth_loss(step):
-    return 2.0 / (1 + 0.1 * step)
-
-
-class HistoryBuilder:
-    """Writes a history as a run would: one clock, moving forward only."""
-
-    def __init__(self, nodes=2, nproc=2, steps=30, ckpt=10, max_restarts=3, min_nodes=1, max_nodes=None):
-        self.records, self.t = [], T0
-        self.nodes = [f"node{i}" for i in range(nodes)]
-        self.nproc, self.ckpt, self.target = nproc, ckpt, steps
-        self.round, self.step, self.workers = 0, 0, []
-        self.restarts = {node: 0 for node in self.nodes}
-        self.max_restarts = max_restarts
-        self.add(type="run", event="start", profile="fast", target_steps=steps, ckpt_interval=ckpt,
-                 spec={"name": "sim", "nodes": nodes, "min_nodes": min_nodes, "max_nodes": max_nodes,
-                       "nproc_per_node": nproc, "max_restarts": max_restarts, "rdzv_backend": "etcd-v2"})
-        for node in self.nodes:
-            self.add(type="docker", node=node, action="start")
-
-    def add(self, **record):
-        self.records.append({"t": self.t, **record})
-
-    def wait(self, seconds):
-        self.t += seconds
-
-    def start_workers(self, resumed_from=0, nodes=None, agent_logs=True):
-        """A rendezvous round (0.5 s), then the workers start 2 s later."""
-        nodes = nodes or self.nodes
-        self.round += 1
-        if agent_logs:
-            for group_rank, node in enumerate(nodes):
-                self.add(type="agent", node=node, event="rdzv_joined", round=self.round, group_rank=group_rank,
-                         nodes=len(nodes))
-        self.wait(0.5)
-        if agent_logs:
-            for group_rank, node in enumerate(nodes):
-                self.add(type="agent", node=node, event="rdzv_complete", restart_count=self.restarts.get(node, 0),
-                         group_rank=group_rank, group_world_size=len(nodes), global_world_size=len(nodes) * self.nproc)
-        self.wait(2.0)
-        world = len(nodes) * self.nproc
-        self.workers = [(node, local, group_rank * self.nproc + local, world)
-                        for group_rank, node in enumerate(nodes) for local in range(self.nproc)]
-        for node, local, rank, _ in self.workers:
-            self.trainer(node, local, rank, world, "start", resumed_from=resumed_from, ckpt_world_size=None,
-                         backend="gloo")
-        self.step = resumed_from
-
-    def trainer(self, node, local_rank, rank, world, kind, **fields):
-        self.add(type="trainer", node=node, kind=kind, rank=rank, local_rank=local_rank, world_size=world,
-                 restart=self.restarts.get(node, 0), run_id="sim", **fields)
-
-    def train(self, until, step_s=1.0, loss=smooth_loss):
-        for step in range(self.step + 1, until + 1):
-            self.wait(step_s)
-            for node, local, rank, world in self.workers:
-                self.trainer(node, local, rank, world, "progress", step=step, epoch=0, loss=loss(step))
-            if step % self.ckpt == 0 or step == self.target:
-                node, local, rank, world = self.workers[0]
-                self.trainer(node, local, rank, world, "checkpoint", step=step, path=f"/ckpt/ckpt-{step:08d}.pt")
-            self.step = step
-
-    def fault(self, fault, target, take_s=0.5, op=None, effects=(), **result):
-        """A fault operation; `effects` are the records it causes before its ok (docker kill, die)."""
-        op = op or f"op{len(self.records)}"
-        self.add(type="fault", op=op, fault=fault, target=target, phase="invoke", args={})
-        self.wait(take_s / 2)
-        for effect in effects:
-            self.add(**effect)
-        self.wait(take_s / 2)
-        self.add(type="fault", op=op, fault=fault, target=target, phase="ok", result=result)
-        return self.t
-
-    def group_failure(self, nodes=None):
-        """Every agent sees its worker group fail and restarts it."""
-        for node in nodes or self.nodes:
-            left = self.max_restarts - self.restarts[node]
-            self.add(type="agent", node=node, event="group_failed", attempts_left=left, max_restarts=self.max_restarts)
-            self.restarts[node] += 1
-
-    def die(self, node, exit_code):
-        self.add(type="docker", node=node, action="die", exit_code=exit_code)
-
-    def finish(self, nodes=None, end=True):
-        node, local, rank, world = self.workers[0]
-        self.wait(0.5)
-        self.trainer(node, local, rank, world, "summary", final_step=self.step, elapsed=self.t - T0,
-                     steps_run_this_start=self.step)
-        self.wait(1.0)
-        for node in nodes or self.nodes:
-            self.die(node, 0)
-        if end:
-            self.end()
-
-    def end(self):
-        self.wait(1.0)
-        self.add(type="run", event="end")
-
-    def spec(self, **overrides):
-        return RunSpec.from_history(self.records, **overrides)
+from tests.unit.histories import T0, HistoryBuilder, smooth_loss
 
 
 def clean_run(steps=30):
@@ -179,19 +77,19 @@ def test_spec_from_history_reads_the_run_start_record():
 
 def test_spec_overrides_win_and_bounds_are_validated():
     history = clean_run().records
-    assert RunSpec.from_history(history, max_recovery_s=30.0, expected="fails").max_recovery_s == 30.0
+    assert RunSpec.from_run(RunModel(history), max_recovery_s=30.0, expected="fails").max_recovery_s == 30.0
     for bad, named in [({"hang_s": 0}, "hang_s 0"), ({"expected": "maybe"}, "expected 'maybe'"),
                        ({"min_nodes": 3}, "max_nodes 2 < min_nodes 3"), ({"max_restarts": -1}, "max_restarts -1"),
                        ({"loss_jump_tolerance": float("nan")}, "loss_jump_tolerance nan"),
                        ({"ckpt_interval": 0}, "ckpt_interval 0")]:
         with pytest.raises(ValueError, match=named):
-            RunSpec.from_history(history, **bad)
+            RunSpec.from_run(RunModel(history), **bad)
 
 
 def test_spec_without_a_run_start_record_needs_overrides():
     with pytest.raises(ValueError, match="min_nodes, max_nodes, nproc_per_node, max_restarts"):
-        RunSpec.from_history([])
-    spec = RunSpec.from_history([], min_nodes=1, max_nodes=2, nproc_per_node=1, max_restarts=0)
+        RunSpec.from_run(RunModel([]))
+    spec = RunSpec.from_run(RunModel([]), min_nodes=1, max_nodes=2, nproc_per_node=1, max_restarts=0)
     assert spec.max_world == 2
 
 
@@ -204,7 +102,7 @@ def test_max_nodes_left_unset_in_the_cluster_spec_means_nodes():
 
 def test_clean_run_passes_every_check():
     run = clean_run()
-    verdict = check_all(run.records, run.spec())
+    verdict = run.verdict()
     assert verdict.valid, [r for r in verdict.results if not r.valid]
     assert [r.name for r in verdict.results] == ["completed", "restart_budget", "world_size", "ranks", "progress",
                                                  "loss_continuity", "hang", "recovery"]
@@ -215,7 +113,7 @@ def test_clean_run_passes_every_check():
 
 def test_worker_kill_recovers_with_exact_figures():
     run = worker_kill_run()
-    verdict = check_all(run.records, run.spec())
+    verdict = run.verdict()
     assert verdict.valid, [r for r in verdict.results if not r.valid]
     (recovery,) = verdict.recoveries
     t_ok = T0 + 2.5 + 24 + 0.25 + 0.5
@@ -231,7 +129,7 @@ def test_records_in_any_order_give_the_same_verdict():
     run = worker_kill_run()
     shuffled = list(run.records)
     random.Random(7).shuffle(shuffled)
-    assert check_all(shuffled, run.spec()) == check_all(run.records, run.spec())
+    assert check_all(RunModel(shuffled), run.spec()) == run.verdict()
 
 
 def test_a_failing_run_is_judged_by_the_fails_checks():
@@ -244,7 +142,7 @@ def test_a_failing_run_is_judged_by_the_fails_checks():
     run.wait(2.0)
     run.die("node0", 1)
     run.end()
-    verdict = check_all(run.records, run.spec(expected="fails"))
+    verdict = check_all(RunModel(run.records), run.spec(expected="fails"))
     assert verdict.valid, [r for r in verdict.results if not r.valid]
     assert [r.name for r in verdict.results] == ["fails_cleanly", "restart_budget", "world_size", "ranks"]
 
@@ -262,10 +160,10 @@ def test_completed_passes_and_excuses_a_node_scaled_away():
     run.start_workers(resumed_from=10, nodes=["node0", "node1"])
     run.train(30)
     run.finish(nodes=["node0", "node1"])
-    result = check_completed(run.records, run.spec())
+    result = check_completed(RunModel(run.records), run.spec())
     assert result.valid, result.reasons
     assert_reason(result, "node2 excused: taken out by scale nodes=2")
-    assert check_all(run.records, run.spec()).valid
+    assert run.verdict().valid
 
 
 def test_completed_fails_when_an_agent_has_no_exit_0():
@@ -275,13 +173,13 @@ def test_completed_fails_when_an_agent_has_no_exit_0():
     run.finish(nodes=["node0"], end=False)
     run.wait(20.0)
     teardown(run)  # node1's agent never exited: `down` killed it
-    result = check_completed(run.records, run.spec())
+    result = check_completed(RunModel(run.records), run.spec())
     assert not result.valid
     assert_reason(result, "node1: no agent exit recorded")
 
     records = [{**r, "exit_code": 1} if r.get("action") == "die" and r["node"] == "node0" else r
                for r in run.records]
-    assert_reason(check_completed(records, run.spec()), "node0's agent exited 1 at")
+    assert_reason(check_completed(RunModel(records), run.spec()), "node0's agent exited 1 at")
 
 
 def test_completed_fails_when_the_job_stops_short():
@@ -292,7 +190,7 @@ def test_completed_fails_when_the_job_stops_short():
     run.die("node0", 0)
     run.die("node1", 0)
     run.end()
-    result = check_completed(run.records, run.spec())
+    result = check_completed(RunModel(run.records), run.spec())
     assert not result.valid
     assert_reason(result, "never reached step 30: highest step 17")
 
@@ -301,7 +199,7 @@ def test_completed_fails_when_the_job_stops_short():
 
 def test_restart_budget_counts_per_agent():
     run = worker_kill_run()
-    result = check_restart_budget(run.records, run.spec())
+    result = check_restart_budget(RunModel(run.records), run.spec())
     assert result.valid
     assert result.metrics["per_node"] == {"node0": 1, "node1": 1}
     assert_reason(result, "per agent, not per job: 2 in all across 2 nodes")
@@ -318,7 +216,7 @@ def test_restart_budget_fails_beyond_max_restarts():
         run.start_workers(resumed_from=run.step)
     run.train(30)
     run.finish()
-    result = check_restart_budget(run.records, run.spec(max_restarts=3))
+    result = check_restart_budget(RunModel(run.records), run.spec(max_restarts=3))
     assert not result.valid
     assert_reason(result, "node0 used 4 restarts > max 3", "node1 used 4 restarts > max 3")
 
@@ -329,20 +227,20 @@ def test_world_size_fails_outside_the_allowed_range():
     run = HistoryBuilder(nodes=3, max_nodes=2)
     run.start_workers()
     run.train(5)
-    assert check_world_size(clean_run().records, clean_run().spec()).valid
-    result = check_world_size(run.records, run.spec())
+    assert check_world_size(RunModel(clean_run().records), clean_run().spec()).valid
+    result = check_world_size(RunModel(run.records), run.spec())
     assert not result.valid
     assert_reason(result, "reported world size 6 at", "outside [2, 4] (1..2 nodes x 2 workers)")
 
 
 def test_ranks_pass_for_each_cohort_and_fail_on_duplicates():
     good = worker_kill_run()
-    result = check_ranks(good.records, good.spec())
+    result = check_ranks(RunModel(good.records), good.spec())
     assert result.valid and result.metrics["cohorts"] == 2
 
     # A trainer that takes LOCAL_RANK for its rank: ranks 0, 1, 0, 1 in a world of 4.
     records = [{**r, "rank": r["local_rank"]} if r.get("kind") == "start" else r for r in good.records]
-    result = check_ranks(records, good.spec())
+    result = check_ranks(RunModel(records), good.spec())
     assert not result.valid
     assert_reason(result, "rank 0 started 2 times", "ranks 2, 3 never started")
 
@@ -356,16 +254,16 @@ def test_cohorts_split_on_progress_even_without_agent_logs():
     run.start_workers(resumed_from=10, agent_logs=False)  # same world size, 4 s later
     run.train(30)
     run.finish()
-    result = check_ranks(run.records, run.spec())
+    result = check_ranks(RunModel(run.records), run.spec())
     assert result.valid and result.metrics["cohorts"] == 2
-    assert check_all(run.records, run.spec()).rounds == 2
+    assert run.verdict().rounds == 2
 
 
 # ---------------------------------------------------------------- progress
 
 def test_progress_passes_after_a_resume_within_the_checkpoint_interval():
     run = worker_kill_run()
-    result = check_progress(run.records, run.spec())
+    result = check_progress(RunModel(run.records), run.spec())
     assert result.valid, result.reasons
     assert list(result.metrics["steps_lost"].values()) == [4]
 
@@ -373,7 +271,7 @@ def test_progress_passes_after_a_resume_within_the_checkpoint_interval():
 def test_progress_fails_on_a_skipped_step():
     run = clean_run()
     records = without(run.records, lambda r: is_progress(r, rank=3, steps=(12, 13, 14)))
-    result = check_progress(records, run.spec())
+    result = check_progress(RunModel(records), run.spec())
     assert not result.valid
     assert_reason(result, "rank 3 skipped steps 12..14 at 22:13:")
 
@@ -381,7 +279,7 @@ def test_progress_fails_on_a_skipped_step():
 def test_progress_fails_when_a_restart_skips_ahead_of_its_checkpoint():
     run = worker_kill_run()
     records = without(run.records, lambda r: is_progress(r, rank=1, steps=(21,)) and r["t"] > T0 + 30)
-    assert_reason(check_progress(records, run.spec()), "rank 1 skipped step 21 after the restart at")
+    assert_reason(check_progress(RunModel(records), run.spec()), "rank 1 skipped step 21 after the restart at")
 
 
 def test_progress_fails_when_more_steps_are_lost_than_the_checkpoint_interval():
@@ -394,10 +292,10 @@ def test_progress_fails_when_more_steps_are_lost_than_the_checkpoint_interval():
     run.start_workers(resumed_from=10)  # checkpoint 20 unusable: falls back to 10
     run.train(30)
     run.finish()
-    result = check_progress(run.records, run.spec())
+    result = check_progress(RunModel(run.records), run.spec())
     assert not result.valid
     assert_reason(result, "14 steps lost (reached 24, resumed from 10) > checkpoint interval 10")
-    assert_reason(check_progress(worker_kill_run().records, worker_kill_run().spec(max_steps_lost=3)),
+    assert_reason(check_progress(RunModel(worker_kill_run().records), worker_kill_run().spec(max_steps_lost=3)),
                   "4 steps lost (reached 24, resumed from 20) > max 3")
 
 
@@ -406,7 +304,7 @@ def test_progress_fails_when_ranks_resume_from_different_steps():
     restart_t = max(r["t"] for r in run.records if r.get("kind") == "start")
     records = [{**r, "resumed_from": 10} if r.get("kind") == "start" and r["t"] == restart_t and r["rank"] == 3
                else r for r in run.records]
-    assert_reason(check_progress(records, run.spec()),
+    assert_reason(check_progress(RunModel(records), run.spec()),
                   "resumed from different steps: rank 3 from step 10; ranks 0, 1, 2 from step 20")
 
 
@@ -419,7 +317,7 @@ def test_a_partition_healed_before_anything_failed_loses_no_steps():
     run.fault("heal", "all", healed=["partition-abc"])
     run.train(30)
     run.finish()
-    verdict = check_all(run.records, run.spec())
+    verdict = run.verdict()
     assert verdict.valid, [r for r in verdict.results if not r.valid]
     (recovery,) = verdict.recoveries
     assert recovery.steps_lost == 0 and recovery.world_after == 4
@@ -439,7 +337,7 @@ def test_a_restart_belongs_to_the_fault_after_which_training_stopped():
     run.start_workers(resumed_from=20)
     run.train(30)
     run.finish()
-    verdict = check_all(run.records, run.spec())
+    verdict = run.verdict()
     assert verdict.valid, [r for r in verdict.results if not r.valid]
     assert [(r.fault, r.steps_lost) for r in verdict.recoveries] == [("partition", 0), ("kill-worker", 4)]
 
@@ -448,7 +346,7 @@ def test_a_restart_belongs_to_the_fault_after_which_training_stopped():
 
 def test_loss_carries_on_after_a_resume():
     run = worker_kill_run()
-    result = check_loss_continuity(run.records, run.spec())
+    result = check_loss_continuity(RunModel(run.records), run.spec())
     assert result.valid and len(result.metrics["relative_jumps"]) == 1
 
 
@@ -462,7 +360,7 @@ def test_loss_jump_after_a_resume_fails():
     run.start_workers(resumed_from=20)
     run.train(30, loss=lambda step: smooth_loss(step - 20))  # the optimizer state was lost: back to the start
     run.finish()
-    result = check_loss_continuity(run.records, run.spec())
+    result = check_loss_continuity(RunModel(run.records), run.spec())
     assert not result.valid
     # Steps 21..23 ran before the fault too: the same steps are compared.
     assert_reason(result, "loss jumped", "after the resume from step 20", "over steps 21..23 before",
@@ -482,7 +380,7 @@ def test_a_jump_after_one_replayed_step_fails():
     run.start_workers(resumed_from=20)
     run.train(30, loss=lambda step: smooth_loss(step) if step == 21 else 2.0)
     run.finish()
-    result = check_loss_continuity(run.records, run.spec())
+    result = check_loss_continuity(RunModel(run.records), run.spec())
     assert not result.valid
     assert_reason(result, "loss jumped", "after the resume from step 20", "over steps 21..23 after")
 
@@ -500,7 +398,7 @@ def test_a_replayed_oscillation_is_no_jump():
     run.start_workers(resumed_from=20)
     run.train(30, loss=wobbly)
     run.finish()
-    assert check_loss_continuity(run.records, run.spec()).valid
+    assert check_loss_continuity(RunModel(run.records), run.spec()).valid
 
 
 # ---------------------------------------------------------------- hang
@@ -514,7 +412,7 @@ def test_a_90_s_gap_while_a_partition_is_in_force_is_no_hang():
     run.fault("heal", "partition-1", healed=["partition-1"])
     run.train(30)
     run.finish()
-    assert check_hang(run.records, run.spec()).valid
+    assert check_hang(RunModel(run.records), run.spec()).valid
 
 
 def test_a_90_s_gap_with_no_fault_in_force_is_a_hang():
@@ -524,7 +422,7 @@ def test_a_90_s_gap_with_no_fault_in_force_is_a_hang():
     run.wait(90.0)
     run.train(30)
     run.finish()
-    result = check_hang(run.records, run.spec())
+    result = check_hang(RunModel(run.records), run.spec())
     assert not result.valid
     assert_reason(result, "no progress for 91.0 s", "with no fault in force (limit 60 s)")
 
@@ -535,7 +433,7 @@ def test_a_job_that_stalls_to_the_end_is_a_hang():
     run.train(15)
     run.wait(120.0)
     run.end()
-    assert_reason(check_hang(run.records, run.spec()), "no progress for 121.0 s")
+    assert_reason(check_hang(RunModel(run.records), run.spec()), "no progress for 121.0 s")
 
 
 # ---------------------------------------------------------------- recovery
@@ -548,7 +446,7 @@ def test_recovery_fails_for_a_fault_never_recovered():
               effects=[docker("node1", "kill", signal="9"), docker("node1", "die", exit_code=137)])
     run.wait(200.0)
     run.end()
-    result = check_recovery(run.records, run.spec())
+    result = check_recovery(RunModel(run.records), run.spec())
     assert not result.valid
     assert_reason(result, "kill-node node1 at", "never recovered")
     (recovery,) = result.metrics["recoveries"]
@@ -557,8 +455,8 @@ def test_recovery_fails_for_a_fault_never_recovered():
 
 def test_recovery_fails_beyond_max_recovery_s():
     run = worker_kill_run()
-    assert check_recovery(run.records, run.spec(max_recovery_s=10)).valid
-    result = check_recovery(run.records, run.spec(max_recovery_s=5))
+    assert check_recovery(RunModel(run.records), run.spec(max_recovery_s=10)).valid
+    result = check_recovery(RunModel(run.records), run.spec(max_recovery_s=5))
     assert not result.valid
     assert_reason(result, "kill-worker node1 at", "recovered in 7.5 s > max 5 s")
 
@@ -574,7 +472,7 @@ def test_recovery_at_a_smaller_world_after_a_node_is_lost():
     run.start_workers(resumed_from=10, nodes=["node0", "node1"])
     run.train(30)
     run.finish(nodes=["node0", "node1"])
-    verdict = check_all(run.records, run.spec())
+    verdict = run.verdict()
     assert verdict.valid, [r for r in verdict.results if not r.valid]
     (recovery,) = verdict.recoveries
     assert (recovery.world_before, recovery.world_after, recovery.steps_lost) == (6, 4, 3)
@@ -614,7 +512,7 @@ def teardown(run):
 
 def test_fails_cleanly_when_every_agent_exits_non_zero_fast():
     run = failing_run()
-    result = check_fails_cleanly(run.records, run.spec(expected="fails"))
+    result = check_fails_cleanly(RunModel(run.records), run.spec(expected="fails"))
     assert result.valid, result.reasons
     assert result.metrics["exits"] == {"node0": "exited 1", "node1": "exited 1"}
 
@@ -633,13 +531,13 @@ def test_agents_exiting_while_the_fault_is_still_being_injected_fail_fast():
     run.wait(6.0)
     run.add(type="fault", op="w1", fault="wipe-etcd", target="etcd", phase="ok", result={"node": "etcd"})
     run.end()
-    result = check_fails_cleanly(run.records, run.spec(expected="fails", fail_fast_s=1.0))
+    result = check_fails_cleanly(RunModel(run.records), run.spec(expected="fails", fail_fast_s=1.0))
     assert result.valid, result.reasons
 
 
 def test_a_fails_run_that_hangs_instead_fails_the_check():
     run = failing_run(hang_node="node0")
-    result = check_fails_cleanly(run.records, run.spec(expected="fails"))
+    result = check_fails_cleanly(RunModel(run.records), run.spec(expected="fails"))
     assert not result.valid
     assert_reason(result, "node0 still running at the run end: the job hung instead of failing")
 
@@ -654,27 +552,27 @@ def test_a_fails_run_that_exits_slowly_or_completes_fails_the_check():
     run.wait(90.0)
     run.die("node0", 1)
     run.end()
-    assert_reason(check_fails_cleanly(run.records, run.spec(expected="fails")),
+    assert_reason(check_fails_cleanly(RunModel(run.records), run.spec(expected="fails")),
                   "node0 exited 91.0 s after kill-worker node1 at", "> fail_fast 60 s")
 
     done = clean_run()
-    assert_reason(check_fails_cleanly(done.records, done.spec(expected="fails")),
+    assert_reason(check_fails_cleanly(RunModel(done.records), done.spec(expected="fails")),
                   "the job completed (step 30 at", "but was expected to fail", "node0's agent exited 0")
 
 
 def test_check_all_of_a_hanging_fails_run_is_invalid():
     run = failing_run(hang_node="node0")
-    verdict = check_all(run.records, run.spec(expected="fails"))
+    verdict = check_all(RunModel(run.records), run.spec(expected="fails"))
     assert not verdict.valid and not verdict.result("fails_cleanly").valid
 
 
 def test_check_results_are_frozen_data():
-    result = check_completed(clean_run().records, clean_run().spec())
+    result = check_completed(RunModel(clean_run().records), clean_run().spec())
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.valid = False
 
 
 def test_check_all_can_run_only_named_checkers():
     run = clean_run()
-    verdict = check_all(run.records, run.spec(), only=["completed"])
+    verdict = check_all(RunModel(run.records), run.spec(), only=["completed"])
     assert [r.name for r in verdict.results] == ["completed", "restart_budget"] and verdict.valid

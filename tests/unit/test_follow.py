@@ -142,8 +142,9 @@ def test_time_counts_from_the_first_record():
     assert view.line(agent(-T0 + 52.5, "node0", "group_finished")) == "    2.5s  node0  worker group finished"
 
 
-def container(node, state, run_id="r1", role="node", status="Up 3 seconds"):
-    return ContainerInfo(id=node, name=f"c-{node}", node=node, role=role, state=state, status=status, run_id=run_id)
+def container(node, state, run_id="r1", role="node", status="Up 3 seconds", exit_code=None):
+    return ContainerInfo(id=node, name=f"c-{node}", node=node, role=role, state=state, status=status, run_id=run_id,
+                         exit_code=exit_code)
 
 
 def test_a_run_is_live_until_its_end_record():
@@ -155,7 +156,8 @@ def test_a_run_is_live_until_its_end_record():
 
 def test_nodes_up_counts_only_this_runs_nodes():
     containers = [container("etcd", "running", role="etcd"), container("node0", "running"),
-                  container("node1", "paused"), container("node2", "exited", status="Exited (0) 1 second ago"),
+                  container("node1", "paused"),
+                  container("node2", "exited", status="Exited (0) 1 second ago", exit_code=0),
                   container("node3", "running", run_id="older")]
     assert nodes_up(containers, "r1") == (2, 3)
     assert nodes_up(containers[3:4], "r1") == (0, 1)
@@ -168,8 +170,8 @@ class FinishedCluster:
         self.run_dir = run_dir
 
     def nodes(self):
-        return [container("node0", "exited", status="Exited (0) 2 seconds ago"),
-                container("node1", "exited", status="Exited (1) 2 seconds ago")]
+        return [container("node0", "exited", status="Exited (0) 2 seconds ago", exit_code=0),
+                container("node1", "exited", status="Exited (1) 2 seconds ago", exit_code=1)]
 
 
 def test_follow_job_prints_the_history_and_returns_when_every_node_exited(tmp_path):

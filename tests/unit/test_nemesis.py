@@ -1,5 +1,5 @@
-"""The nemesis with an injected command runner: audit records and the exact
-commands each fault runs, without Docker (as Blockade tests its net layer)."""
+"""The nemesis against a fake Docker provider: audit records and the exact calls and
+commands each fault makes, without Docker (as Blockade tests its net layer)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import pytest
 
 from chaos.nemesis import Nemesis
 from chaos.partition import isolate, parse_partition_spec
-from sim.procs import parse_probe
+from sim import labels
 from sim.cluster import Cluster
-from sim.docker import Completed, Docker
+from sim.docker import Container, ExecResult
 from sim.errors import FaultError, UsageError
 from sim.history import History
+from sim.procs import PROBE_ARGV, parse_probe
 
 NODES = {"etcd": "10.0.0.2", "node0": "10.0.0.3", "node1": "10.0.0.4", "node2": "10.0.0.5"}
 PROBE_OUTPUT = "\n".join(json.dumps(row) for row in [
@@ -27,31 +28,39 @@ PROBE_OUTPUT = "\n".join(json.dumps(row) for row in [
 ])
 
 
-class FakeDocker:
-    """Answers the few docker commands the nemesis runs; records every argv."""
+class FakeProvider:
+    """The part of the Docker provider the nemesis uses: a cluster of four running containers
+    (ids id-NODE), answering execs as a node would; every call is recorded."""
 
     def __init__(self, paused=()):
-        self.calls: list[list[str]] = []
+        self.calls: list[tuple] = []
         self.paused = set(paused)
 
-    def __call__(self, argv, *, input=None, timeout=None) -> Completed:
+    def containers(self, label_filter: str) -> list[Container]:
+        assert label_filter == labels.cluster_filter("demo")
+        return [Container(id=f"id-{node}", name=f"c-{node}", state="paused" if node in self.paused else "running",
+                          labels={labels.NODE: node, labels.ROLE: "etcd" if node == "etcd" else "node",
+                                  labels.RUN: "r1"},
+                          status="Up", exit_code=None, ips={"demo_cluster": ip}) for node, ip in NODES.items()]
+
+    def exec(self, container, argv, *, user=None, timeout=30, detach=False) -> ExecResult:
         argv = list(argv)
-        self.calls.append(argv)
-        out = ""
-        if argv[1] == "ps":
-            out = "\n".join("\t".join([f"id-{n}", f"c-{n}", n, "etcd" if n == "etcd" else "node",
-                                       "paused" if n in self.paused else "running", "Up", "r1"]) for n in NODES)
-        elif argv[1] == "inspect":
-            out = json.dumps([{"NetworkSettings": {"Networks": {"c_cluster": {"IPAddress": NODES[i[3:]]}}}}
-                              for i in argv[2:]])
-        elif argv[1] == "exec" and "python3" in argv and "-c" in argv:
-            out = PROBE_OUTPUT
-        elif argv[1] == "exec" and argv[-2:] == ["link", "show"]:
-            out = "2: eth1@if9: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500\n"
-        return Completed(tuple(argv), 0, out, "")
+        self.calls.append(("exec", container, argv, user))
+        if argv == PROBE_ARGV:
+            return ExecResult(0, PROBE_OUTPUT, "")
+        if argv[-2:] == ["link", "show"]:
+            return ExecResult(0, "2: eth1@if9: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500\n", "")
+        return ExecResult(0, "", "")
+
+    def __getattr__(self, verb):
+        if verb not in ("kill", "pause", "unpause", "stop", "start", "restart", "remove"):
+            raise AttributeError(verb)
+        return lambda *args, **kwargs: self.calls.append((verb, *args, *kwargs.values()))
 
     def scripts(self, container: str) -> list[str]:
-        return [c[-1] for c in self.calls if c[1] == "exec" and container in c and c[-3:-1] == ["sh", "-c"]]
+        """The shell scripts run as root in one container, in order."""
+        return [argv[-1] for verb, cid, argv, user in (c for c in self.calls if c[0] == "exec")
+                if cid == container and argv[:2] == ["sh", "-c"] and user == "root"]
 
 
 @pytest.fixture(autouse=True)
@@ -61,8 +70,8 @@ def state_home(tmp_path, monkeypatch):
 
 @pytest.fixture
 def nemesis(tmp_path):
-    fake = FakeDocker()
-    cluster = Cluster("demo", Docker(runner=fake))
+    fake = FakeProvider()
+    cluster = Cluster("demo", fake)
     return Nemesis(cluster, history=History(tmp_path / "history.jsonl"), seed=7), fake
 
 
@@ -70,7 +79,7 @@ def test_kill_worker_by_rank_signals_that_pid_and_records_it(nemesis):
     nem, fake = nemesis
     result = nem.kill_worker(rank=3, sig=signal.SIGTERM)
     assert result["pid"] == 41 and result["node"] == "node0" and result["signal"] == "SIGTERM"
-    assert ["docker", "exec", "-u", "root", "id-node0", "kill", "-TERM", "41"] in fake.calls
+    assert ("exec", "id-node0", ["kill", "-TERM", "41"], "root") in fake.calls
     records = list(nem.history.records())
     assert [r["phase"] for r in records] == ["invoke", "ok"]
     assert records[0]["t"] <= records[1]["t"] and records[1]["result"]["pid"] == 41
@@ -81,13 +90,13 @@ def test_a_failed_fault_is_recorded_as_fail(nemesis):
     with pytest.raises(UsageError, match="node9"):
         nem.kill_node("node9")
     assert [r["phase"] for r in nem.history.records()] == ["invoke", "fail"]
-    assert not any(c[1] == "kill" for c in fake.calls), "nothing was injected"
+    assert not any(c[0] == "kill" for c in fake.calls), "nothing was injected"
 
 
 def test_random_target_replays_with_the_same_seed(tmp_path):
     picks = []
     for _ in range(2):
-        cluster = Cluster("demo", Docker(runner=FakeDocker()))
+        cluster = Cluster("demo", FakeProvider())
         picks.append([Nemesis(cluster, history=History(tmp_path / "h.jsonl"), seed=42).resolve("random") for _ in range(5)])
     assert picks[0] == picks[1]
 
@@ -129,8 +138,8 @@ def test_loss_installs_statistic_rules_on_the_node(nemesis):
 
 
 def test_pause_twice_is_a_clear_error():
-    fake = FakeDocker(paused={"node1"})
-    nem = Nemesis(Cluster("demo", Docker(runner=fake)), history=History("/dev/null"), seed=1)
+    fake = FakeProvider(paused={"node1"})
+    nem = Nemesis(Cluster("demo", fake), history=History("/dev/null"), seed=1)
     with pytest.raises(UsageError, match="already paused"):
         nem.pause("node1")
 
@@ -141,3 +150,46 @@ def test_probe_parsing_finds_agent_workers_and_group_rank():
     assert procs.group_rank == 1 and procs.worker(local_rank=1).pid == 41
     with pytest.raises(FaultError):
         parse_probe("")
+
+
+def test_container_faults_are_provider_calls(nemesis):
+    nem, fake = nemesis
+    nem.kill_node("node1")
+    nem.stop_node("node2", grace=5)
+    nem.restart_node("node0", grace=2)
+    nem.start_node("node2")
+    assert [c for c in fake.calls if c[0] != "exec"] == [
+        ("kill", "id-node1", "SIGKILL"), ("stop", "id-node2", 5), ("restart", "id-node0", 2), ("start", "id-node2")]
+
+
+def test_scale_down_stops_the_highest_nodes_and_removes_them(nemesis):
+    nem, fake = nemesis
+    result = nem.scale(1, abrupt=True)
+    assert result == {"op": result["op"], "joined": [], "left": ["node2", "node1"], "abrupt": True}
+    assert [c for c in fake.calls if c[0] != "exec"] == [
+        ("kill", "id-node2", "SIGKILL"), ("remove", "container", ["id-node2"]),
+        ("kill", "id-node1", "SIGKILL"), ("remove", "container", ["id-node1"])]
+
+
+def test_every_reversible_faults_ok_record_carries_its_id(nemesis):
+    nem, fake = nemesis
+    nem.pause("node1")
+    nem.link("node2", loss_pct=10)
+    nem.partition(isolate(["node0"], ["node0", "node1", "node2"]))
+    oks = [r for r in nem.history.records() if r["phase"] == "ok"]
+    assert [r["result"]["id"] for r in oks] == ["pause-node1", "link-node2", nem.active()[-1]["id"]]
+    assert ("pause", "id-node1") in fake.calls
+    assert sorted(f["id"] for f in nem.active()) == sorted(r["result"]["id"] for r in oks)
+
+
+def test_the_fault_store_loses_nothing_to_concurrent_writers(nemesis):
+    import threading
+
+    nem, _ = nemesis
+    threads = [threading.Thread(target=nem._remember, args=({"id": f"f{i}", "fault": "pause", "target": "x"},))
+               for i in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(f["id"] for f in nem.active()) == sorted(f"f{i}" for i in range(20))

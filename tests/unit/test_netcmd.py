@@ -109,7 +109,9 @@ def test_loss_rules_reject_bad_input(call, message):
 
 def test_bandwidth_qdisc_defaults():
     assert bandwidth_qdisc("eth1", 1_000_000) == [
-        "tc", "qdisc", "replace", "dev", "eth1", "root", "tbf", "rate", "1000000bit", "burst", "1600", "latency", "50ms"]
+        "tc", "qdisc", "replace", "dev", "eth1", "root",
+        "tbf", "rate", "1000000bit", "burst", "1600", "latency", "50ms",
+    ]
 
 
 def test_bandwidth_qdisc_burst_holds_10ms_at_high_rates():
@@ -200,12 +202,18 @@ def test_parse_route_get_without_dev_fails(output):
         parse_route_get(output)
 
 
-IP_LINK = """\
-1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen 1000\\    link/loopback 00:00:00:00:00:00 brd 00:00:00:00:00:00
-2: tunl0@NONE: <NOARP> mtu 1480 qdisc noop state DOWN mode DEFAULT group default qlen 1000\\    link/ipip 0.0.0.0 brd 0.0.0.0
-31: eth1@if32: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT group default \\    link/ether 02:42:0a:00:00:02 brd ff:ff:ff:ff:ff:ff link-netnsid 0
-33: eth2@if34: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT group default \\    link/ether 02:42:0a:00:01:02 brd ff:ff:ff:ff:ff:ff link-netnsid 0
-"""
+IP_LINK = (
+    "1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen 1000\\"
+    "    link/loopback 00:00:00:00:00:00 brd 00:00:00:00:00:00\n"
+    "2: tunl0@NONE: <NOARP> mtu 1480 qdisc noop state DOWN mode DEFAULT group default qlen 1000\\"
+    "    link/ipip 0.0.0.0 brd 0.0.0.0\n"
+    "31: eth1@if32: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500"
+    " qdisc noqueue state UP mode DEFAULT group default \\"
+    "    link/ether 02:42:0a:00:00:02 brd ff:ff:ff:ff:ff:ff link-netnsid 0\n"
+    "33: eth2@if34: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500"
+    " qdisc noqueue state UP mode DEFAULT group default \\"
+    "    link/ether 02:42:0a:00:01:02 brd ff:ff:ff:ff:ff:ff link-netnsid 0\n"
+)
 
 
 def test_parse_ip_link_lists_up_non_loopback_interfaces():

@@ -6,7 +6,6 @@ import pytest
 from chaos.parse import (
     check_node_names,
     parse_duration,
-    parse_node_list,
     parse_percent,
     parse_rate,
     parse_signal,
@@ -70,24 +69,6 @@ def test_parse_percent(text, pct):
 def test_parse_percent_rejects(text):
     with pytest.raises(UsageError, match=re.escape(f"percentage '{text}':")):
         parse_percent(text)
-
-
-def test_parse_node_list_keeps_order():
-    assert parse_node_list("node2, node0", NODES) == ("node2", "node0")
-
-
-def test_parse_node_list_unknown_names_it_and_lists_known():
-    with pytest.raises(UsageError, match=r"node list 'node0,node9': unknown node 'node9'; known nodes: node0, node1, node2, node3"):
-        parse_node_list("node0,node9", NODES)
-
-
-@pytest.mark.parametrize(
-    "text, problem",
-    [("node1,node1", "node 'node1' named twice"), ("", "no nodes named"), ("node0,,node1", "empty node name")],
-)
-def test_parse_node_list_rejects(text, problem):
-    with pytest.raises(UsageError, match=re.escape(f"node list '{text}': {problem}")):
-        parse_node_list(text, NODES)
 
 
 def test_check_node_names_without_known_skips_the_membership_check():

@@ -5,11 +5,10 @@ import pytest
 from chaos.partition import (
     Partition,
     blocked_peers,
-    bridge,
     cut_from,
-    halves,
     isolate,
     one_way,
+    parse_groups,
     parse_partition_spec,
     split,
 )
@@ -27,7 +26,7 @@ def both_ways(side_a, side_b):
 def test_isolate_one_cuts_it_from_everyone_else_both_ways():
     p = isolate(["node2"], WITH_ETCD)
     assert p.cuts == both_ways(["node2"], ["node0", "node1", "node3", "etcd"])
-    assert p.describe() == "node2 | etcd,node0,node1,node3"
+    assert p.describe() == "node2 | node0,node1,node3,etcd"
 
 
 def test_isolate_several_keeps_them_together():
@@ -42,33 +41,20 @@ def test_isolate_each_alone_by_union():
     assert p.describe() == "node0 | node1 | node2,node3"
 
 
-def test_split_three_groups():
-    p = split([["node0"], ["node1", "node2"], ["node3"]], FOUR)
-    assert p.cuts == both_ways(["node0"], ["node1", "node2", "node3"]) | both_ways(["node3"], ["node1", "node2"])
-    assert p.describe() == "node0 | node3 | node1,node2"
-
-
-def test_halves_of_four():
-    p = halves(FOUR)
-    assert p.cuts == both_ways(["node0", "node1"], ["node2", "node3"])
-    assert p.describe() == "node0,node1 | node2,node3"
-
-
-def test_halves_of_five_puts_the_smaller_half_first():
-    p = halves(FIVE)
+def test_describe_puts_the_smaller_group_first():
+    p = split([FIVE[2:], FIVE[:2]], FIVE)
     assert p.cuts == both_ways(["node0", "node1"], ["node2", "node3", "node4"])
     assert p.describe() == "node0,node1 | node2,node3,node4"
 
 
-def test_bridge_keeps_one_node_seeing_both_halves():
-    p = bridge(FIVE)
-    assert p.cuts == both_ways(["node0", "node1"], ["node3", "node4"])
-    assert blocked_peers(p, "node2") == (frozenset(), frozenset())
-    assert p.describe() == "node0,node1 | node3,node4"
+def test_parse_groups_keeps_the_groups_as_typed():
+    assert parse_groups("node0, node1|node2") == (("node0", "node1"), ("node2",))
 
 
-def test_bridge_of_four():
-    assert bridge(FOUR).cuts == both_ways(["node0", "node1"], ["node3"])
+def test_split_three_groups():
+    p = split([["node0"], ["node1", "node2"], ["node3"]], FOUR)
+    assert p.cuts == both_ways(["node0"], ["node1", "node2", "node3"]) | both_ways(["node3"], ["node1", "node2"])
+    assert p.describe() == "node0 | node3 | node1,node2"
 
 
 def test_cut_from_etcd_only_leaves_peers_connected():
@@ -119,7 +105,8 @@ def test_empty_partition_is_healed():
 
 
 def test_parse_partition_spec_is_split():
-    assert parse_partition_spec("node0,node1|node2, node3", FOUR) == split([["node0", "node1"], ["node2", "node3"]], FOUR)
+    expected = split([["node0", "node1"], ["node2", "node3"]], FOUR)
+    assert parse_partition_spec("node0,node1|node2, node3", FOUR) == expected
 
 
 @pytest.mark.parametrize(
@@ -144,8 +131,6 @@ def test_parse_partition_spec_rejects(text, problem):
      (lambda: isolate([], FOUR), "isolate '': no nodes named"),
      (lambda: split([["node0", "node1"], ["node2"]], FOUR), "partition 'node0,node1 | node2': node3 in no group"),
      (lambda: split([["node0", "node1"], [], ["node2", "node3"]], FOUR), "an empty group"),
-     (lambda: halves(["node0"]), "halves of 'node0': fewer than 2"),
-     (lambda: bridge(["node0", "node1"]), "bridge of 'node0,node1': fewer than 3"),
      (lambda: cut_from(["node0"], ["etcd"], FOUR), "cut 'node0' from 'etcd': unknown node 'etcd'"),
      (lambda: cut_from(["node0", "node1"], ["node1"], FOUR), "cut 'node0,node1' from 'node1': node1 on both sides"),
      (lambda: one_way(["node0"], ["node0"]), "one-way cut 'node0' -/-> 'node0': node0 on both sides"),

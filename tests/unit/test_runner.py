@@ -1,14 +1,21 @@
-"""The scenario runner's pure parts: trigger state from a growing history, and the
-mapping from every fault the format accepts to a nemesis call."""
+"""The scenario runner's pure parts and the fault catalog's wiring: trigger state from a growing
+history, and every fault, as a scenario step and as a CLI verb, reaching the right nemesis call."""
 
 from __future__ import annotations
 
 import json
 import signal
+from types import SimpleNamespace
 
+import pytest
 
-from chaos.runner import HistoryState, fault_call
-from chaos.scenario import FAULTS, Step, Trigger
+import chaos.cli
+from chaos.faults import FAULTS, PartitionOptions
+from chaos.partition import cut_from, isolate, one_way, split
+from chaos.runner import HistoryState, ScenarioRunner
+from chaos.scenario import Step, parse_scenario
+from sim.cli import main as sim_main
+from sim.errors import UsageError
 from sim.history import History
 
 
@@ -33,50 +40,166 @@ def test_history_state_follows_a_growing_file(tmp_path):
     assert (state.max_step, state.world_size, state.last_progress_t) == (3, 2, 13.0)
 
 
+# ---------------------------------------------------------------- every fault reaches the right nemesis call
+
+NODES = ["node0", "node1", "node2"]
+ISOLATE_NODE1 = isolate(["node1"], [*NODES, "etcd"])
+ETCD_CUT = cut_from(["etcd"], NODES, [*NODES, "etcd"])
+
+
 class RecordingNemesis:
-    """Stands in for chaos.nemesis.Nemesis: records which method a step calls."""
+    """Stands in for chaos.nemesis.Nemesis on a cluster of node0..node2 and etcd: records each
+    call by method name, so a fault wired to the wrong verb, or with the wrong arguments, shows."""
 
     def __init__(self):
         self.calls = []
         self.cluster = self
 
     def nodes(self):
-        return [type("Info", (), {"node": n})() for n in ("node0", "node1", "node2")]
+        return [SimpleNamespace(node=n) for n in NODES]
 
     def containers(self):
-        return self.nodes()
+        return [*self.nodes(), SimpleNamespace(node="etcd")]
+
+    def resolve(self, target, **_):
+        return target
 
     def __getattr__(self, name):
         def call(*args, **kwargs):
             self.calls.append((name, args, kwargs))
-            return {"id": "x", "node": "node1"}
+            return {"op": "1", "id": "partition-x" if name == "partition" else "link-node1", "node": "node1"}
         return call
 
 
-def test_every_fault_of_the_format_maps_to_a_nemesis_call():
-    options = {"partition": {"isolate": ("node1",)}, "scale": {"nodes": 2}, "heal": {"all": True}}
-    for fault in FAULTS:
-        nemesis = RecordingNemesis()
-        base = {"target": "node1"} if "target" in FAULTS[fault].options else {}
-        step = Step(fault=fault, options={**base, **options.get(fault, {})},
-                    trigger=Trigger("step", 1), duration_s=None, repeat_times=1, repeat_every_s=None, line=1)
-        action, _ = fault_call(nemesis, step, "etcd-v2")
-        action()
-        assert nemesis.calls, fault
+# fault -> (its scenario step's options, its CLI argv, the nemesis call, the undo call of a reversible one).
+# Written out by hand, not derived from the catalog: this is what the catalog must do.
+WIRING = {
+    "kill-worker": ("target: node1\n    local_rank: 0\n    signal: TERM",
+                    ["kill-worker", "node1", "--local-rank", "0", "--signal", "TERM"],
+                    ("kill_worker", ("node1",), {"rank": None, "local_rank": 0, "sig": signal.SIGTERM}), None),
+    "kill-agent": ("target: node1\n    signal: TERM", ["kill-agent", "node1", "--signal", "TERM"],
+                   ("kill_agent", ("node1",), {"sig": signal.SIGTERM}), None),
+    "kill-node": ("target: node2", ["kill", "node2"], ("kill_node", ("node2",), {}), None),
+    "stop-node": ("target: node1\n    grace: 5s", ["stop", "node1", "--grace", "5s"],
+                  ("stop_node", ("node1",), {"grace": 5.0}), None),
+    "restart-node": ("target: node1\n    grace: 1s\n    downtime: 2s",
+                     ["restart", "node1", "--grace", "1s", "--downtime", "2s"],
+                     ("restart_node", ("node1",), {"grace": 1.0, "downtime": 2.0}), None),
+    "start-node": ("target: node1", ["start", "node1"], ("start_node", ("node1",), {}), None),
+    "pause": ("target: node1", ["pause", "node1"], ("pause", ("node1",), {}), ("unpause", ("node1",), {})),
+    "unpause": ("target: node1", ["unpause", "node1"], ("unpause", ("node1",), {}), None),
+    "partition": ("isolate: [node1]", ["partition", "--isolate", "node1"], ("partition", (ISOLATE_NODE1,), {}),
+                  ("heal", ("partition-x",), {})),
+    "heal": ("id: link-node1", ["heal", "link-node1"], ("heal", ("link-node1",), {}), None),
+    "netem": ("target: node1\n    delay: 100ms\n    jitter: 20ms\n    duplicate: 1%\n    corrupt: 2%",
+              ["netem", "node1", "--delay", "100ms", "--jitter", "20ms", "--duplicate", "1%", "--corrupt", "2%"],
+              ("link", ("node1",), {"loss_pct": None, "rate_bps": None, "netem": {
+                  "delay_ms": 100.0, "jitter_ms": 20.0, "duplicate_pct": 1.0, "corrupt_pct": 2.0}}),
+              ("heal", ("link-node1",), {})),
+    "etcd-kill": ("", ["etcd", "kill"], ("kill_node", ("etcd",), {}), None),
+    "etcd-start": ("", ["etcd", "start"], ("start_node", ("etcd",), {}), None),
+    "etcd-restart": ("downtime: 3s", ["etcd", "restart", "--downtime", "3s"],
+                     ("restart_node", ("etcd",), {"downtime": 3.0}), None),
+    "etcd-wipe": ("downtime: 3s", ["etcd", "wipe", "--downtime", "3s"], ("wipe_etcd", (), {"downtime": 3.0}), None),
+    "etcd-pause": ("", ["etcd", "pause"], ("pause", ("etcd",), {}), ("unpause", ("etcd",), {})),
+    "etcd-unpause": ("", ["etcd", "unpause"], ("unpause", ("etcd",), {}), None),
+    "etcd-isolate": ("", ["etcd", "isolate"], ("partition", (ETCD_CUT,), {}), ("heal", ("partition-x",), {})),
+    "scale": ("nodes: 2\n    abrupt: true\n    grace: 3s", ["scale", "--nodes", "2", "--abrupt", "--grace", "3s"],
+              ("scale", (2,), {"abrupt": True, "grace": 3.0}), None),
+}
+SCENARIO_HEAD = "name: t\ndescription: d\ncluster: {nodes: 3}\nexpect: {outcome: recovers}\n"
+# Verbs that bring a stopped container back, so they must not require a running cluster.
+NOT_NEEDING_RUNNING = {"start-node", "etcd-start"}
 
 
-def test_kill_worker_step_passes_its_signal():
+def test_every_fault_of_the_catalog_is_wired_here():
+    assert set(WIRING) == set(FAULTS)
+
+
+def step_of(fault: str, options: str, reversible: bool) -> Step:
+    text = (f"name: t\ndescription: d\ncluster: {{nodes: 3, rdzv_backend: etcd-v2}}\nexpect: {{outcome: recovers}}\n"
+            f"steps:\n  - fault: {fault}\n    {options}\n    at: {{step: 1}}\n"
+            + ("    duration: 10ms\n" if reversible else ""))
+    (step,) = parse_scenario(text, "t.yaml").steps
+    return step
+
+
+@pytest.mark.parametrize("fault", sorted(WIRING))
+def test_a_scenario_step_reaches_its_nemesis_call_and_undo(fault):
+    options, _, call, undo = WIRING[fault]
+    step = step_of(fault, options, undo is not None)
+    runner = ScenarioRunner(parse_scenario(SCENARIO_HEAD, "t.yaml"), "etcd-v2", docker=object(), progress=print)
     nemesis = RecordingNemesis()
-    step = Step(fault="kill-worker", options={"target": "random", "signal": signal.SIGTERM}, trigger=Trigger("step", 1),
-                duration_s=None, repeat_times=1, repeat_every_s=None, line=3)
-    fault_call(nemesis, step, "etcd-v2")[0]()
-    assert nemesis.calls == [("kill_worker", ("random",), {"rank": None, "local_rank": None, "sig": signal.SIGTERM})]
+    runner._fire(nemesis, step)
+    for timer in runner._undo_timers:
+        timer.join(5)
+    assert nemesis.calls == [call] + ([undo] if undo else [])
 
 
-def test_reversible_steps_have_an_undo():
+@pytest.mark.parametrize("fault", sorted(WIRING))
+def test_a_cli_verb_reaches_its_nemesis_call_and_undo(fault, monkeypatch, capsys):
+    _, argv, call, undo = WIRING[fault]
+    nemesis, needs_running = RecordingNemesis(), []
+    monkeypatch.setattr(chaos.cli, "_nemesis", lambda args, running=True: needs_running.append(running) or nemesis)
+    assert sim_main([*argv, "--name", "t", *(["--for", "0s"] if undo else [])]) == 0, capsys.readouterr().err
+    assert nemesis.calls == [call] + ([undo] if undo else [])
+    assert needs_running == [fault not in NOT_NEEDING_RUNNING]
+
+
+@pytest.mark.parametrize("argv, call", [
+    (["heal", "--all"], ("heal", (None,), {})),
+    (["partition", "node0|node1,node2"], ("partition", (split([["node0"], ["node1", "node2"]], NODES),), {})),
+    (["partition", "--from-etcd", "node1"], ("partition", (cut_from(["node1"], ["etcd"], [*NODES, "etcd"]),), {})),
+    (["partition", "--from-peers", "node1"],
+     ("partition", (cut_from(["node1"], ["node0", "node2"], [*NODES, "etcd"]),), {})),
+    (["partition", "--one-way", "node1", "etcd,node0"], ("partition", (one_way(["node1"], ["etcd", "node0"]),), {})),
+    (["kill-worker", "--rank", "3"], ("kill_worker", ("random",), {"rank": 3, "local_rank": None,
+                                                                  "sig": signal.SIGKILL})),
+    (["netem", "node1", "--loss", "30%", "--rate", "1mbit", "--for", "0s"],
+     ("link", ("node1",), {"loss_pct": 30.0, "rate_bps": 1_000_000, "netem": {
+         "delay_ms": None, "jitter_ms": None, "duplicate_pct": None, "corrupt_pct": None}})),
+])
+def test_cli_option_shapes(argv, call, monkeypatch, capsys):
     nemesis = RecordingNemesis()
-    step = Step(fault="pause", options={"target": "node1"}, trigger=Trigger("step", 1), duration_s=2.0,
-                repeat_times=1, repeat_every_s=None, line=3)
-    action, undo = fault_call(nemesis, step, "etcd-v2")
-    undo(action())
-    assert [c[0] for c in nemesis.calls] == ["pause", "unpause"]
+    monkeypatch.setattr(chaos.cli, "_nemesis", lambda args, running=True: nemesis)
+    assert sim_main([*argv, "--name", "t"]) == 0, capsys.readouterr().err
+    assert nemesis.calls[0] == call
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["kill-worker", "--rank", "1", "--local-rank", "0"], "give at most one of rank, local_rank"),
+    (["pause", "node1", "--for", "3x"], "--for: duration '3x': not a duration"),
+    (["netem", "node1"], "netem: nothing to degrade"),
+    (["netem", "node1", "--jitter", "5ms"], "jitter varies a delay"),
+    (["heal"], "give exactly one of id, all; got none"),
+    (["partition"], "give exactly one of groups, isolate, from_etcd, from_peers, one_way; got none"),
+    (["scale", "--nodes", "x"], "--nodes: 'x' is not a whole number"),
+    (["stop", "node1", "--grace", "soon"], "--grace: duration 'soon'"),
+])
+def test_bad_cli_input_is_one_line_and_reaches_no_cluster(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(chaos.cli, "_nemesis", lambda *a, **k: pytest.fail("reached the cluster"))
+    assert sim_main([*argv, "--name", "t"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_partition_options_build_the_cuts_with_or_without_etcd():
+    nodes = ("node0", "node1")
+    options = PartitionOptions(isolate=("node1",))
+    assert options.cuts(nodes, has_etcd=True) == isolate(["node1"], ["node0", "node1", "etcd"])
+    assert options.cuts(nodes, has_etcd=False) == isolate(["node1"], ["node0", "node1"])
+    assert PartitionOptions(one_way=(("node1",), ("etcd",))).cuts(nodes, has_etcd=True).cuts == {("node1", "etcd")}
+    with pytest.raises(UsageError, match="from_etcd: this cluster has no etcd"):
+        PartitionOptions(from_etcd=("node1",)).cuts(nodes, has_etcd=False)
+
+
+def test_fault_options_validate_themselves():
+    with pytest.raises(UsageError, match="give exactly one of groups, isolate"):
+        PartitionOptions(isolate=("node1",), from_peers=("node0",))
+    with pytest.raises(UsageError, match="rank -1: not a whole number >= 0"):
+        FAULTS["kill-worker"].make_options({"rank": -1})
+    with pytest.raises(UsageError, match="kill-agent: needs target"):
+        FAULTS["kill-agent"].make_options({})
+    with pytest.raises(UsageError, match="scale: takes no target"):
+        FAULTS["scale"].make_options({"nodes": 2, "target": "node0"})
+    assert FAULTS["stop-node"].make_options({"target": "node1"}).grace == 10.0

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.partition import isolate
+from chaos.faults import FAULTS
 from chaos.scenario import (
     PROFILES,
     Expectation,
@@ -13,9 +13,7 @@ from chaos.scenario import (
     Trigger,
     load_scenario,
     parse_scenario,
-    partition_of,
     scenario_spec_options,
-    trainer_args,
 )
 from sim.errors import UsageError
 from sim.spec import spec_from_options
@@ -126,7 +124,8 @@ def test_torch_defaults_profile_sets_nothing():
     s = parse_scenario("name: a\ndescription: b\nprofile: torch-defaults\nexpect: {outcome: recovers}\n", SOURCE)
     options = scenario_spec_options(s, "etcd-v2")
     assert (options["rdzv_conf"], options["env"]) == ((), ())
-    assert trainer_args(s) == {"steps": 600, "step_time": 0.2, "ckpt_interval": 10}  # `sim up`'s defaults
+    # `sim up`'s defaults for the shipped trainer
+    assert options["script_args"] == ("--steps", "600", "--step-time", "0.2", "--ckpt-interval", "10")
 
 
 def test_user_script_is_relative_to_the_file(tmp_path):
@@ -139,13 +138,6 @@ def test_user_script_is_relative_to_the_file(tmp_path):
     options = scenario_spec_options(s, "etcd-v2")
     assert options["script_args"] == ("--foo", "1")
     assert spec_from_options(options, None).script_in_node == "/opt/sim/user/train.py"
-
-
-def test_partition_of_builds_the_cuts_per_backend():
-    nodes = ("node0", "node1")
-    assert partition_of({"isolate": ("node1",)}, nodes, "etcd-v2") == isolate(["node1"], ["node0", "node1", "etcd"])
-    assert partition_of({"isolate": ("node1",)}, nodes, "c10d") == isolate(["node1"], ["node0", "node1"])
-    assert partition_of({"one_way": (("node1",), ("etcd",))}, nodes, "etcd").cuts == {("node1", "etcd")}
 
 
 def test_dataclasses_validate_themselves():
@@ -225,7 +217,7 @@ def error_of(text: str) -> str:
     ("  - fault: scale\n    nodes: 3\n    at: {step: 1}\n  - fault: pause\n    target: node2\n    at: {after: 1s}\n"
      "  - fault: pause\n    target: node3\n    at: {after: 1s}\n",
      13, "steps[2].target", "unknown node 'node3'; the cluster has node0, node1, node2 at this step"),
-    ("  - fault: heal\n    all: false\n    at: {step: 1}\n", 7, "steps[0].all", "false heals nothing"),
+    ("  - fault: heal\n    all: false\n    at: {step: 1}\n", 6, "steps[0]", "give exactly one of id, all; got none"),
     ("  - fault: pause\n    target: node0\n    at: {step: 601}\n",
      8, "steps[0].at.step", "never reached: the trainer runs 600 steps"),
     ("  - kill-worker\n", 6, "steps[0]", "expected a mapping"),
@@ -254,7 +246,7 @@ def test_step_errors_name_file_line_and_field(steps, line, path, fragment):
      7, "steps[0].target", "target etcd needs an etcd backend"),
     ("name: a\ndescription: d\ncluster: {rdzv_backend: c10d}\nexpect: {outcome: fails}\nsteps:\n"
      "  - fault: partition\n    from_etcd: [node0]\n    at: {step: 1}\n",
-     7, "steps[0].from_etcd", "backend c10d has no etcd"),
+     7, "steps[0].from_etcd", "from_etcd: this cluster has no etcd (c10d/static backend)"),
     ("name: a\ndescription: d\ncluster:\n  nodes: 2\n  min_nodes: 3\nexpect: {outcome: recovers}\n",
      4, "cluster", "--min-nodes 3 > --nodes 2"),
     ("name: a\ndescription: d\ncluster:\n  script_args: [--x]\nexpect: {outcome: recovers}\n",
@@ -291,6 +283,15 @@ def test_file_level_errors(text, start):
     assert error_of(text).startswith(start)
 
 
+@pytest.mark.parametrize("nesting", [
+    "steps: " + "[" * 5000 + "]" * 5000 + "\n",  # flow lists
+    "cluster:\n" + "".join("  " * (depth + 1) + f"k{depth}:\n" for depth in range(2000)),  # block mappings
+])
+def test_runaway_nesting_is_one_line_not_a_recursion_error(nesting):
+    message = error_of("name: a\ndescription: d\nexpect: {outcome: recovers}\n" + nesting)
+    assert re.match(rf"{SOURCE}:\d+: nested too deeply to read; .*unclosed \[", message), message
+
+
 def test_expect_can_name_the_checkers_that_apply():
     text = ("name: some-checks\ndescription: only two checkers\nexpect:\n  outcome: recovers\n"
             "  checkers: [completed, progress]\n")
@@ -301,15 +302,18 @@ def test_expect_can_name_the_checkers_that_apply():
 
 
 def test_format_md_fault_table_names_every_fault_and_option():
-    """The documented table and the parser agree: each fault has a row naming each of its options."""
-    from chaos.scenario import FAULTS
+    """The documented table and the catalog agree: each fault has a row naming each of its options
+    and its CLI verb."""
     rows = {}
     for line in FORMAT_MD.read_text().splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")] if line.startswith("| `") else []
         for name in re.findall(r"`([a-z-]+)`", cells[0]) if cells else ():
-            rows[name] = cells[1]
+            rows[name] = cells[1:]
     assert set(rows) == set(FAULTS)
-    for name, kind in FAULTS.items():
-        documented = set(re.findall(r"`([a-z_]+)(?::[^`]*)?`", rows[name]))  # `all: true` names `all`
-        assert set(kind.options) <= documented, (name, set(kind.options) - documented)
-        assert kind.reversible == ("duration" in documented), name
+    for name, fault in FAULTS.items():
+        options, cli = rows[name]
+        documented = set(re.findall(r"`([a-z_]+)(?::[^`]*)?`", options))  # `all: true` names `all`
+        assert set(fault.option_names) <= documented, (name, set(fault.option_names) - documented)
+        assert fault.reversible == ("duration" in documented), name
+        assert f"`sim {' '.join(fault.verb)}`" in cli or (f"`sim {fault.verb[0]} " in cli
+                                                          and f"`{fault.verb[-1]}`" in cli), (name, cli)

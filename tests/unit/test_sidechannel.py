@@ -43,6 +43,21 @@ def test_worker_record_parses_and_refuses():
         assert worker_record(bad, "node0") is None
 
 
+def test_a_record_the_history_would_refuse_is_dropped_not_raised(tmp_path):
+    """A user's `report(step, loss="x")`: the collector's thread must not die on History.append."""
+    bad_loss = json.dumps({"t": 1.0, "event": "progress", "source": "api", "rank": 0, "step": 3, "loss": "x"})
+    assert worker_record(bad_loss, "node0") is None
+    assert worker_record(json.dumps({"event": "step", "n": "one"}), "node0") is None
+    events = prepare_events_dir(tmp_path)
+    (events / "node0.jsonl").write_text(bad_loss + "\n" + STEP + "\n")
+    history = History(tmp_path / "history.jsonl")
+    collector = Collector(FakeCluster(tmp_path, ClusterSpec()), history)
+    done = threading.Event()
+    done.set()
+    collector._tail_side_channel(done)
+    assert [(r["event"], r["step"]) for r in history.records()] == [("step", 101)]
+
+
 def test_tail_waits_for_a_partial_line_and_finds_new_files(tmp_path):
     tail = EventsTail(tmp_path)
     assert tail.poll() == []  # nothing yet (the folder may even be empty for a while)
@@ -139,3 +154,26 @@ def test_collector_appends_side_channel_records_as_worker_records(tmp_path):
     assert [(r["type"], r["event"], r["t"]) for r in records] == [
         ("worker", "start", 1796046212.64), ("worker", "step", 1796046223.08)]
     assert collector.progress.match("node0", 1.0, "step 4 loss 2")["step"] == 4
+
+
+def test_history_reads_typed_records_and_counts_torn_lines(tmp_path):
+    from sim.errors import HistoryError
+    from sim.history import SCHEMA_VERSION, AgentRecord, RunRecord, parse_record
+
+    history = History(tmp_path / "history.jsonl")
+    start = history.append({"type": "run", "event": "start", "cluster": "c"})
+    assert isinstance(start, RunRecord) and start.schema == SCHEMA_VERSION
+    history.append({"t": 2.0, "type": "agent", "node": "node0", "event": "group_failed", "attempts_left": 2,
+                    "max_restarts": 3, "newer_field": 1})
+    with open(history.path, "a") as f:
+        f.write('{"t": 3.0, "type": "agent", "node": "no\nnot json\n{"t": 4.0, "type": "nonsense"}\n')
+    contents = history.read()
+    assert contents.skipped_lines == 3
+    agent = contents.records[1]
+    assert isinstance(agent, AgentRecord) and agent.restarts_used() == 2 and agent.extra == {"newer_field": 1}
+    assert agent["node"] == "node0" and agent.get("round") is None and dict(agent)["newer_field"] == 1
+    # A history written before the schema version is version 1; nothing off-schema is written.
+    assert parse_record({"t": 1.0, "type": "run", "event": "start"}).schema == 1
+    with pytest.raises(HistoryError, match="step 'x' is not int"):
+        history.append({"type": "worker", "event": "step", "step": "x"})
+    assert len(history.read().records) == 2

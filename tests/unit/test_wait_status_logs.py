@@ -2,7 +2,7 @@ import pytest
 
 from sim.agentlog import node_log_facts
 from sim.errors import ClusterError
-from sim.wait import Check, wait_for
+from sim.wait import Check, Condition, wait_for
 
 
 class FakeClock:
@@ -44,6 +44,22 @@ def test_wait_fails_fast():
     with pytest.raises(ClusterError, match="node0 exited"):
         wait_for(Scripted([Check(False, failure="node0 exited")]), timeout=100, clock=clock, sleep=clock.sleep)
     assert clock.now == 0.0
+
+
+def test_wait_without_raising_returns_the_last_check():
+    clock = FakeClock()
+    timed_out = wait_for(Scripted([Check(False, detail="slow")]), timeout=3, clock=clock, sleep=clock.sleep,
+                         raise_errors=False)
+    assert not timed_out.ready and timed_out.failure is None and clock.now == 3.0
+    failed = wait_for(Scripted([Check(False, failure="gone")]), timeout=None, clock=clock, sleep=clock.sleep,
+                      raise_errors=False)
+    assert failed.failure == "gone"
+
+
+def test_condition_polls_a_predicate():
+    clock, answers = FakeClock(), iter([0, [], "yes"])
+    assert wait_for(Condition("the answer", lambda: next(answers)), timeout=10, clock=clock, sleep=clock.sleep).ready
+    assert clock.now == 2.0
 
 
 AGENT_LOG = """\

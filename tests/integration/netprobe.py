@@ -1,10 +1,11 @@
 """Observe network faults from outside: TCP reachability and UDP loss between
-two containers, measured with the nodes' own python3 (no extra tools needed)."""
+two containers, measured with the nodes' own python3 (no extra tools needed).
+Test-only: it lives beside the tests that use it, not in the package."""
 
 from __future__ import annotations
 
 import json
-import subprocess
+import threading
 import time
 
 from sim.cluster import Cluster
@@ -49,7 +50,7 @@ for i in range(int(sys.argv[3])):
 
 
 def start_tcp_server(cluster: Cluster, node: str) -> None:
-    cluster.docker.run("exec", "-d", cluster.container(node).id, "python3", "-c", _TCP_SERVER)
+    cluster.docker.exec(cluster.container(node).id, ["python3", "-c", _TCP_SERVER], detach=True)
 
 
 def tcp_connects(cluster: Cluster, src: str, dst: str, timeout: float = 2.0) -> bool:
@@ -59,14 +60,13 @@ def tcp_connects(cluster: Cluster, src: str, dst: str, timeout: float = 2.0) -> 
 
 def udp_delivery(cluster: Cluster, src: str, dst: str, count: int = 500, port: int = PROBE_PORT + 1) -> float:
     """Fraction of `count` datagrams from src that dst received."""
-    sink_argv = [cluster.docker.docker_bin, "exec", cluster.container(dst).id, "python3", "-c", _UDP_SINK,
-                 str(port), "3"]
-    sink = subprocess.Popen(sink_argv, stdout=subprocess.PIPE, text=True)
-    try:
-        time.sleep(1.0)  # the sink binds before the first datagram leaves
-        cluster.exec(src, "python3", "-c", _UDP_SEND, dst, str(port), str(count), timeout=60)
-        out, _ = sink.communicate(timeout=60)
-    finally:
-        sink.kill()
-    received = json.loads(out.strip() or "[]")
+    got: dict = {}
+    # The sink runs while the sender sends: its exec waits in a thread.
+    sink = threading.Thread(target=lambda: got.update(result=cluster.exec(dst, "python3", "-c", _UDP_SINK, str(port),
+                                                                          "3", timeout=60)), daemon=True)
+    sink.start()
+    time.sleep(1.0)  # the sink binds before the first datagram leaves
+    cluster.exec(src, "python3", "-c", _UDP_SEND, dst, str(port), str(count), timeout=60)
+    sink.join(timeout=60)
+    received = json.loads(got["result"].stdout.strip() or "[]") if "result" in got else []
     return len(received) / count

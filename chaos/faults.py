@@ -1,0 +1,402 @@
+"""The fault catalog: every kind of fault, once.
+
+An entry names the fault as a scenario step does, and carries its options (a frozen dataclass
+that validates itself; each field declares how it is read and what it holds), its CLI verb, how
+to invoke it on a Nemesis and, for a reversible fault, how to undo it. The scenario parser
+(chaos.scenario), the runner's dispatch (chaos.runner) and the CLI verbs (chaos.cli) are all
+generated from FAULTS, so a new fault is one entry here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from signal import SIGKILL, Signals
+from typing import TYPE_CHECKING, Any
+
+from sim.errors import UsageError
+
+from . import partition as partitions
+from .parse import check_node_names, parse_duration, parse_percent, parse_rate, parse_signal
+from .targets import ETCD
+
+if TYPE_CHECKING:
+    from .nemesis import Nemesis
+
+
+# ---------------------------------------------------------------- what an option holds
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What an option holds: `parse` makes it from what a person typed (a CLI argument, a
+    scenario value written as text), `accepts` says whether a value is one (for options built
+    in Python), `show` writes a value back as a person would type it."""
+
+    name: str
+    parse: Callable[[Any], Any]
+    accepts: Callable[[Any], bool]
+    expects: str  # what `accepts` wants, for the error: "a whole number >= 0"
+    show: Callable[[Any], str] = str
+    nargs: int | None = None  # on the CLI: words taken (one_way takes FROM and TO)
+    least: int = 0  # whole numbers: the smallest allowed, and an example
+    example: int = 0
+
+
+def _is_number(value: Any, least: float = 0, most: float = float("inf")) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and least <= value <= most
+
+
+def _is_names(value: Any) -> bool:
+    return isinstance(value, (tuple, list)) and all(isinstance(name, str) for name in value)
+
+
+def _comma_names(text: str) -> tuple[str, ...]:
+    """Node names as typed on the command line: "node0,node2"."""
+    return tuple(name.strip() for name in text.split(","))
+
+
+def whole(least: int, example: int) -> Kind:
+    def parse(text: str) -> int:
+        if not re.fullmatch(r"\s*-?\d+\s*", text):
+            raise UsageError(f"{text!r} is not a whole number; use e.g. {example}")
+        return int(text)
+
+    return Kind("whole", parse, lambda v: _is_number(v, least) and isinstance(v, int),
+                f"a whole number >= {least}", least=least, example=example)
+
+
+def _text(what: str) -> Kind:
+    return Kind("text", str, lambda v: isinstance(v, str) and bool(v), what)
+
+
+TARGET = _text("a node name, or random, store-host, rank0, etcd")
+NODE_TARGET = _text("a node name, or random, store-host, rank0")  # a node's training processes: not etcd
+TEXT = _text("a word")
+FLAG = Kind("flag", bool, lambda v: isinstance(v, bool), "true or false")
+SECONDS = Kind("seconds", parse_duration, _is_number, "a number of seconds >= 0", show=lambda v: f"{v:g}s")
+SIGNAL = Kind("signal", parse_signal, lambda v: isinstance(v, Signals), "a signal (signal.Signals)",
+              show=lambda v: v.name.removeprefix("SIG"))
+PERCENT = Kind("percent", parse_percent, lambda v: _is_number(v, 0, 100), "a percentage from 0 to 100")
+RATE = Kind("rate", parse_rate, lambda v: _is_number(v, 1) and isinstance(v, int), "a whole number of bits/s > 0")
+NODES = Kind("nodes", _comma_names, _is_names, "a list of node names")
+GROUPS = Kind("groups", partitions.parse_groups, lambda v: isinstance(v, (tuple, list)) and all(map(_is_names, v)),
+              "groups of node names")
+NODES_PAIR = Kind("nodes pair", lambda sides: tuple(map(_comma_names, sides)),
+                  lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(map(_is_names, v)),
+                  "[from, to], two lists of node names", nargs=2)
+
+
+@dataclass(frozen=True)
+class Option:
+    """How one option of a fault is spelt and explained (a field of its options dataclass)."""
+
+    kind: Kind
+    help: str
+    positional: bool = False  # on the CLI: `sim pause node1`, not `--target node1`
+    metavar: str | tuple[str, ...] | None = None
+
+
+def option(kind: Kind, help: str, default: Any = None, *, required: bool = False, positional: bool = False,
+           metavar: str | tuple[str, ...] | None = None) -> Any:
+    """A field of a fault's options; None (the default default) means not given."""
+    spelling = {"metadata": {"option": Option(kind, help, positional, metavar)}}
+    return field(**spelling) if required else field(default=default, **spelling)
+
+
+def option_of(f: dataclasses.Field) -> Option:
+    return f.metadata["option"]
+
+
+@dataclass(frozen=True)
+class FaultOptions:
+    """The base of every fault's options: each value is checked against its Kind, then the
+    rules among them (problem)."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value, kind = getattr(self, f.name), option_of(f).kind
+            if value is not None and not kind.accepts(value):
+                raise UsageError(f"{f.name} {value!r}: not {kind.expects}")
+        problem = self.problem()
+        if problem:
+            raise UsageError(problem)
+
+    def problem(self) -> str | None:
+        """What is wrong among the options, as one line naming the fix; None when nothing is."""
+        return None
+
+    def given(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+def _exactly_one(options: FaultOptions, names: Sequence[str], *, at_most: bool = False) -> str | None:
+    given = [name for name in names if getattr(options, name) is not None and getattr(options, name) is not False]
+    if len(given) > 1 or (not at_most and not given):
+        rule = "at most one" if at_most else "exactly one"
+        return f"give {rule} of {', '.join(names)}; got {' and '.join(given) or 'none'}"
+    return None
+
+
+# ---------------------------------------------------------------- each fault's options
+
+_TARGET_HELP = "a node (node0, ...), or random (seeded), store-host, rank0, etcd"
+_DOWNTIME_HELP = "stay down this long before starting again"
+_NODE_TARGET_HELP = "a node (node0, ...), or random (seeded), store-host, rank0"
+
+
+@dataclass(frozen=True)
+class NoOptions(FaultOptions):
+    pass
+
+
+@dataclass(frozen=True)
+class TargetOptions(FaultOptions):
+    target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
+
+
+@dataclass(frozen=True)
+class KillWorkerOptions(FaultOptions):
+    target: str = option(NODE_TARGET, _NODE_TARGET_HELP, "random", positional=True)
+    rank: int | None = option(whole(0, 0), "the worker with this global rank, wherever it runs")
+    local_rank: int | None = option(whole(0, 0), "the worker with this local rank on the target node")
+    signal: Signals = option(SIGNAL, "KILL, TERM, SEGV, INT, ...", SIGKILL)
+
+    def problem(self) -> str | None:
+        return _exactly_one(self, ("rank", "local_rank"), at_most=True)
+
+
+@dataclass(frozen=True)
+class KillAgentOptions(FaultOptions):
+    target: str = option(NODE_TARGET, _NODE_TARGET_HELP, required=True, positional=True)
+    signal: Signals = option(SIGNAL, "KILL: abrupt; TERM: torchrun's graceful path", SIGKILL)
+
+
+@dataclass(frozen=True)
+class StopOptions(FaultOptions):
+    target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
+    grace: float = option(SECONDS, "seconds between SIGTERM and SIGKILL", 10.0)
+
+
+@dataclass(frozen=True)
+class RestartOptions(FaultOptions):
+    target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
+    grace: float = option(SECONDS, "grace period before the kill", 0.0)
+    downtime: float = option(SECONDS, _DOWNTIME_HELP, 0.0)
+
+
+@dataclass(frozen=True)
+class DowntimeOptions(FaultOptions):
+    downtime: float = option(SECONDS, _DOWNTIME_HELP, 0.0)
+
+
+PARTITION_SHAPES = ("groups", "isolate", "from_etcd", "from_peers", "one_way")
+
+
+@dataclass(frozen=True)
+class PartitionOptions(FaultOptions):
+    groups: tuple[tuple[str, ...], ...] | None = option(
+        GROUPS, "groups separated by |, every node in exactly one, e.g. node0,node1|node2,node3", positional=True)
+    isolate: tuple[str, ...] | None = option(NODES, "nodes cut off from everyone (etcd included)")
+    from_etcd: tuple[str, ...] | None = option(NODES, "nodes cut off from etcd only (control plane)")
+    from_peers: tuple[str, ...] | None = option(NODES, "nodes cut off from the other nodes only (data plane)")
+    one_way: tuple[tuple[str, ...], tuple[str, ...]] | None = option(
+        NODES_PAIR, "FROM's packets to TO are dropped; TO->FROM still flows", metavar=("FROM", "TO"))
+
+    def problem(self) -> str | None:
+        return _exactly_one(self, PARTITION_SHAPES)
+
+    def cuts(self, nodes: Sequence[str], *, has_etcd: bool) -> partitions.Partition:
+        """The links cut among `nodes` (and etcd, when the cluster has it)."""
+        (shape, value), = self.given().items()
+        everyone = [*nodes, ETCD] if has_etcd else list(nodes)
+        if shape == "groups":
+            return partitions.split(value, nodes)
+        if shape == "one_way":
+            src, dst = (check_node_names(side, everyone, f"one_way {label}")
+                        for side, label in zip(value, ("from", "to"), strict=True))
+            return partitions.one_way(src, dst)
+        chosen = check_node_names(value, nodes, shape)
+        if shape == "isolate":
+            return partitions.isolate(chosen, everyone)
+        if shape == "from_etcd":
+            if not has_etcd:
+                raise UsageError("from_etcd: this cluster has no etcd (c10d/static backend); use from_peers or isolate")
+            return partitions.cut_from(chosen, [ETCD], everyone)
+        return partitions.cut_from(chosen, [n for n in nodes if n not in chosen], everyone)
+
+
+@dataclass(frozen=True)
+class HealOptions(FaultOptions):
+    id: str | None = option(TEXT, "a fault id (see `sim faults`)", positional=True, metavar="fault_id")
+    all: bool = option(FLAG, "every reversible fault in force", False)
+
+    def problem(self) -> str | None:
+        return _exactly_one(self, ("id", "all"))
+
+
+_NETEM_QDISC = ("delay", "jitter", "duplicate", "corrupt")
+
+
+@dataclass(frozen=True)
+class NetemOptions(FaultOptions):
+    target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
+    loss: float | None = option(PERCENT, "random packet loss, e.g. 30% (iptables statistic)")
+    rate: int | None = option(RATE, "bandwidth, e.g. 1mbit (tc tbf)")
+    delay: float | None = option(SECONDS, "e.g. 100ms (needs netem)")
+    jitter: float | None = option(SECONDS, "e.g. 20ms, with a delay (needs netem)")
+    duplicate: float | None = option(PERCENT, "e.g. 1% (needs netem)")
+    corrupt: float | None = option(PERCENT, "e.g. 1% (needs netem)")
+
+    def problem(self) -> str | None:
+        # Nemesis.link's own rules, checked before anything acts.
+        given = self.given().keys()
+        if not {"loss", "rate", *_NETEM_QDISC} & given:
+            return "nothing to degrade; give loss, rate, or delay/jitter/duplicate/corrupt"
+        if "rate" in given and set(_NETEM_QDISC) & given:
+            return "rate and delay/jitter/duplicate/corrupt both replace the root qdisc; use one"
+        if "jitter" in given and "delay" not in given:
+            return "jitter varies a delay; add one, e.g. delay: 100ms"
+        return None
+
+
+@dataclass(frozen=True)
+class ScaleOptions(FaultOptions):
+    nodes: int = option(whole(0, 3), "run exactly node0..node{N-1}", required=True)
+    abrupt: bool = option(FLAG, "removed nodes are killed, not stopped", False)
+    grace: float = option(SECONDS, "grace period for a graceful removal", 10.0)
+
+
+# ---------------------------------------------------------------- the catalog
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One kind of fault. `invoke(nemesis, options)` injects it and returns the nemesis'
+    result; `undo(nemesis, result)` reverses it (reversible faults only)."""
+
+    name: str  # as a scenario step names it
+    options: type[FaultOptions]
+    verb: tuple[str, ...]  # on the CLI: ("kill",) is `sim kill`, ("etcd", "kill") is `sim etcd kill`
+    help: str  # one line
+    invoke: Callable[[Nemesis, Any], dict]
+    undo: Callable[[Nemesis, dict], dict] | None = None
+    undone_by: str = ""  # reversible: the CLI verb that undoes it by hand, e.g. "heal"
+    needs_etcd: bool = False
+    needs_running: bool = True  # False: it brings a stopped container back
+    # Builds what it would act on among a cluster's nodes without acting, so a bad shape fails early.
+    check_nodes: Callable[[Any, Sequence[str], bool], object] | None = None
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z]+(-[a-z]+)*", self.name):
+            raise ValueError(f"fault name {self.name!r}: use lowercase words joined by '-', e.g. kill-node")
+        if not self.verb or not issubclass(self.options, FaultOptions):
+            raise ValueError(f"fault {self.name}: needs a CLI verb and FaultOptions")
+        if bool(self.undo) != bool(self.undone_by):
+            raise ValueError(f"fault {self.name}: a reversible fault names the verb that undoes it by hand")
+
+    @property
+    def reversible(self) -> bool:
+        return self.undo is not None
+
+    @property
+    def fields(self) -> tuple[dataclasses.Field, ...]:
+        return dataclasses.fields(self.options)
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields if f.default is dataclasses.MISSING)
+
+    def make_options(self, given: Mapping[str, Any]) -> FaultOptions:
+        """Its options from those given (by name), defaults for the rest; errors name the fault."""
+        unknown = sorted(set(given) - set(self.option_names))
+        if unknown:
+            raise UsageError(f"{self.name}: takes no {', '.join(unknown)}; "
+                             f"its options: {', '.join(self.option_names) or 'none'}")
+        missing = [name for name in self.required if name not in given]
+        if missing:
+            raise UsageError(f"{self.name}: needs {', '.join(missing)}")
+        try:
+            return self.options(**given)
+        except UsageError as error:
+            raise UsageError(f"{self.name}: {error}") from None
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def _node_names(nemesis: Nemesis) -> list[str]:
+    return [c.node for c in nemesis.cluster.nodes()]
+
+
+def _partition(nemesis: Nemesis, options: PartitionOptions) -> dict:
+    has_etcd = any(c.node == ETCD for c in nemesis.cluster.containers())
+    return nemesis.partition(options.cuts(_node_names(nemesis), has_etcd=has_etcd))
+
+
+def _isolate_etcd(nemesis: Nemesis, options: NoOptions) -> dict:
+    nodes = _node_names(nemesis)
+    return nemesis.partition(partitions.cut_from([ETCD], nodes, [*nodes, ETCD]))
+
+
+def _heal_result(nemesis: Nemesis, result: dict) -> dict:
+    return nemesis.heal(result["id"])
+
+
+_CATALOG = (
+    Fault("kill-worker", KillWorkerOptions, ("kill-worker",), "signal one training worker (SIGKILL by default)",
+          lambda n, o: n.kill_worker(o.target, rank=o.rank, local_rank=o.local_rank, sig=o.signal)),
+    Fault("kill-agent", KillAgentOptions, ("kill-agent",),
+          "signal the torchrun agent (KILL: abrupt; TERM: torchrun's graceful path)",
+          lambda n, o: n.kill_agent(o.target, sig=o.signal)),
+    Fault("kill-node", TargetOptions, ("kill",), "crash a whole node or etcd at once (docker kill)",
+          lambda n, o: n.kill_node(o.target)),
+    Fault("stop-node", StopOptions, ("stop",),
+          "preempt a node: SIGTERM, then SIGKILL after a grace period (docker stop -t)",
+          lambda n, o: n.stop_node(o.target, grace=o.grace)),
+    Fault("restart-node", RestartOptions, ("restart",),
+          "restart a node or etcd with the same hostname (quick rejoin; etcd keeps its data)",
+          lambda n, o: n.restart_node(o.target, grace=o.grace, downtime=o.downtime)),
+    Fault("start-node", TargetOptions, ("start",), "start a node or etcd that was killed or stopped",
+          lambda n, o: n.start_node(o.target), needs_running=False),
+    Fault("pause", TargetOptions, ("pause",), "freeze a node or etcd (every process stops; docker pause)",
+          lambda n, o: n.pause(o.target), undo=lambda n, result: n.unpause(result["node"]), undone_by="unpause"),
+    Fault("unpause", TargetOptions, ("unpause",), "resume a frozen node or etcd",
+          lambda n, o: n.unpause(o.target)),
+    Fault("partition", PartitionOptions, ("partition",),
+          "cut the network: groups 'node0,node1|node2,node3', or --isolate/--from-etcd/--from-peers/--one-way",
+          _partition, undo=_heal_result, undone_by="heal",
+          check_nodes=lambda o, nodes, has_etcd: o.cuts(nodes, has_etcd=has_etcd)),
+    Fault("heal", HealOptions, ("heal",), "undo one fault by id (see `sim faults`), or every reversible one with --all",
+          lambda n, o: n.heal(None if o.all else o.id)),
+    Fault("netem", NetemOptions, ("netem",),
+          "degrade a node's link: --loss, --rate, or --delay/--jitter/--duplicate/--corrupt (kernel netem)",
+          lambda n, o: n.link(o.target, loss_pct=o.loss, rate_bps=o.rate, netem={
+              "delay_ms": _ms(o.delay), "jitter_ms": _ms(o.jitter), "duplicate_pct": o.duplicate,
+              "corrupt_pct": o.corrupt}),
+          undo=lambda n, result: n.heal(f"link-{result['node']}"), undone_by="heal"),
+    Fault("etcd-kill", NoOptions, ("etcd", "kill"), "crash etcd at once (docker kill)",
+          lambda n, o: n.kill_node(ETCD), needs_etcd=True),
+    Fault("etcd-start", NoOptions, ("etcd", "start"), "start etcd after a kill, keeping its data",
+          lambda n, o: n.start_node(ETCD), needs_etcd=True, needs_running=False),
+    Fault("etcd-restart", DowntimeOptions, ("etcd", "restart"), "restart etcd, keeping its data",
+          lambda n, o: n.restart_node(ETCD, downtime=o.downtime), needs_etcd=True),
+    Fault("etcd-wipe", DowntimeOptions, ("etcd", "wipe"), "restart etcd empty: every rendezvous key is gone",
+          lambda n, o: n.wipe_etcd(downtime=o.downtime), needs_etcd=True),
+    Fault("etcd-pause", NoOptions, ("etcd", "pause"), "freeze etcd", lambda n, o: n.pause(ETCD),
+          undo=lambda n, result: n.unpause(ETCD), undone_by="etcd unpause", needs_etcd=True),
+    Fault("etcd-unpause", NoOptions, ("etcd", "unpause"), "resume a frozen etcd", lambda n, o: n.unpause(ETCD),
+          needs_etcd=True),
+    Fault("etcd-isolate", NoOptions, ("etcd", "isolate"), "cut etcd off from every node", _isolate_etcd,
+          undo=_heal_result, undone_by="heal", needs_etcd=True),
+    Fault("scale", ScaleOptions, ("scale",), "add nodes that join the running job, or remove the highest ones",
+          lambda n, o: n.scale(o.nodes, abrupt=o.abrupt, grace=o.grace)),
+)
+FAULTS: dict[str, Fault] = {fault.name: fault for fault in _CATALOG}
