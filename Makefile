@@ -1,7 +1,7 @@
 # One command each: set up this machine, run the main job, run the tests.
 PY := .venv/bin/python
 
-.PHONY: setup up test unit bench down
+.PHONY: setup up lint test unit bench down
 
 setup:
 	bash scripts/setup.sh
@@ -9,8 +9,15 @@ setup:
 up: setup
 	$(PY) -m sim up --nodes 4
 
-test: setup
+# Style, format and the import layers (pyproject.toml [tool.ruff], [tool.importlinter]).
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	.venv/bin/lint-imports
+
+test: lint
 	$(PY) -m pytest -v -rA --durations=15
+	cd rendezvous-etcd-v3 && ../$(PY) -m pytest -q -rA
 
 unit: setup
 	$(PY) -m pytest tests/unit -q

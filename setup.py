@@ -21,8 +21,9 @@ DATA_PACKAGE_DIR = Path("sim", "_data")
 def project_files(folder: Path) -> list[Path]:
     # The files sim/images.py hashes into image tags (all but bytecode), so a
     # wheel's copy yields the same tags and reuses images built from a checkout.
-    return sorted(p for p in folder.rglob("*")
-                  if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc"))
+    return sorted(
+        p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")
+    )
 
 
 class BuildPyWithProjectFolders(build_py):

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sim import cluster as cluster_mod  # noqa: E402
+from sim import labels  # noqa: E402
 from sim.docker import Docker  # noqa: E402
 from sim.images import ImageBuilder  # noqa: E402
 from sim.paths import TRAINER_DIR  # noqa: E402
@@ -56,19 +57,23 @@ def bench_images(docker: Docker, skip_cold: bool) -> list[tuple[str, str]]:
         else:
             builder = ImageBuilder(docker, progress=quiet, trainer_dir=trainer, cache_dir=cache, repo=repo)
             seconds, result = timed(builder.ensure)
-            rows.append(("cold image build (all images, wheelhouse included)", f"{seconds:7.1f} s  built {', '.join(result.built)}"))
+            rows.append(
+                (
+                    "cold image build (all images, wheelhouse included)",
+                    f"{seconds:7.1f} s  built {', '.join(result.built)}",
+                )
+            )
         seconds, result = timed(builder.ensure)
-        rows.append(("no-op rebuild", f"{seconds:7.2f} s  built {', '.join(result.built) or 'nothing'}  (target <= 2 s)"))
+        rows.append(
+            ("no-op rebuild", f"{seconds:7.2f} s  built {', '.join(result.built) or 'nothing'}  (target <= 2 s)")
+        )
         with open(trainer / "train.py", "a") as f:
             f.write(f"\n# benchmark edit {time.time()}\n")
         seconds, result = timed(builder.ensure)
         rows.append(("rebuild after a trainer edit", f"{seconds:7.2f} s  built {', '.join(result.built)}"))
     finally:
         if not skip_cold:
-            tags = docker.run("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
-            ours = [t for t in tags if t.startswith(f"{repo}/")]
-            if ours:
-                docker.run("rmi", *ours, check=False)
+            docker.remove_images([t for t in docker.image_tags(labels.IMAGE) if t.startswith(f"{repo}/")])
         shutil.rmtree(cache, ignore_errors=True)
         shutil.rmtree(trainer, ignore_errors=True)
     return rows
@@ -83,14 +88,22 @@ def first_step_time(lines, t0: float) -> float | None:
 
 
 def bench_sim_up(docker: Docker, nodes: int, nproc: int, backend: str) -> float:
-    spec = ClusterSpec(name=f"bench-{backend}", nodes=nodes, nproc_per_node=nproc, rdzv_backend=backend,
-                       script_args=tuple(TRAINER_ARGS))
+    spec = ClusterSpec(
+        name=f"bench-{backend}",
+        nodes=nodes,
+        nproc_per_node=nproc,
+        rdzv_backend=backend,
+        script_args=tuple(TRAINER_ARGS),
+    )
     t0 = time.time()
     cluster = cluster_mod.up(spec, docker, progress=quiet)
     try:
         # The trainer stamps each line with the wall clock: the same clock as ours.
-        return min(t for t in (first_step_time(cluster.logs(n.node).splitlines(), t0) for n in cluster.nodes())
-                   if t is not None)
+        return min(
+            t
+            for t in (first_step_time(cluster.logs(n.node).splitlines(), t0) for n in cluster.nodes())
+            if t is not None
+        )
     finally:
         cluster.down(save_logs=False)
 
@@ -101,11 +114,36 @@ def bench_bare(nodes: int, nproc: int) -> float:
     env = {**os.environ, "LOGLEVEL": "INFO", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     port = 29400 + os.getpid() % 500
     t0 = time.time()
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", f"1:{nodes}", "--nproc-per-node", str(nproc),
-         "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-         "--rdzv-id", "bench", str(TRAINER_DIR / "train.py"), *TRAINER_ARGS, "--ckpt-dir", ckpt],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) for _ in range(nodes)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                f"1:{nodes}",
+                "--nproc-per-node",
+                str(nproc),
+                "--max-restarts",
+                "3",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv-id",
+                "bench",
+                str(TRAINER_DIR / "train.py"),
+                *TRAINER_ARGS,
+                "--ckpt-dir",
+                ckpt,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for _ in range(nodes)
+    ]
     try:
         outputs = [p.communicate(timeout=600)[0] for p in procs]
     finally:
@@ -132,7 +170,10 @@ def main() -> int:
     sim_etcd = bench_sim_up(docker, args.nodes, args.nproc_per_node, "etcd-v2")
     rows += [
         (f"bare torchrun x{args.nodes} on the host -> first step (c10d)", f"{bare:7.1f} s  (baseline)"),
-        (f"sim up --nodes {args.nodes} -> first step (c10d)", f"{sim_c10d:7.1f} s  ratio {sim_c10d / bare:.2f} (target <= 1.2)"),
+        (
+            f"sim up --nodes {args.nodes} -> first step (c10d)",
+            f"{sim_c10d:7.1f} s  ratio {sim_c10d / bare:.2f} (target <= 1.2)",
+        ),
         (f"sim up --nodes {args.nodes} -> first step (etcd-v2)", f"{sim_etcd:7.1f} s  ratio {sim_etcd / bare:.2f}"),
     ]
     width = max(len(name) for name, _ in rows)

@@ -59,10 +59,26 @@ def main() -> int:
 
     events = Path(tempfile.mkdtemp(prefix="elastic-sim-bench-events-"))
     torchrun = Path(sys.executable).with_name("torchrun")
-    env = {**os.environ, "SIM_EVENTS_DIR": str(events), "SIM_NODE": "bench", "SIM_INSTRUMENT": "1",
-           "OMP_NUM_THREADS": "1"}
-    argv = [str(torchrun), "--standalone", "--nproc-per-node", str(args.nproc), __file__, "--worker",
-            "--pairs", str(args.pairs), "--block", str(args.block), *(["--control"] if args.control else [])]
+    env = {
+        **os.environ,
+        "SIM_EVENTS_DIR": str(events),
+        "SIM_NODE": "bench",
+        "SIM_INSTRUMENT": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    argv = [
+        str(torchrun),
+        "--standalone",
+        "--nproc-per-node",
+        str(args.nproc),
+        __file__,
+        "--worker",
+        "--pairs",
+        str(args.pairs),
+        "--block",
+        str(args.block),
+        *(["--control"] if args.control else []),
+    ]
     started = time.monotonic()
     try:
         result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
@@ -90,26 +106,34 @@ def report(outputs: list[dict], args: argparse.Namespace, written: int, took_s: 
     writes_per_step = min(1.0, step_off / STEP_RECORD_GAP_S) + min(1.0, step_off / ACTIVITY_RECORD_GAP_S)
     per_step = cost["hook_s"] + COLLECTIVES_PER_STEP * cost["wrapper_s"] + writes_per_step * cost["write_s"]
     modelled = per_step / step_off
-    print(f"{'CONTROL (hooks on in both halves) ' if args.control else ''}"
-          f"workers {len(outputs)} x {args.pairs} pairs x {args.block} step(s) "
-          f"({took_s:.0f} s, {written - len(outputs) * TIMED_WRITES} side-channel records from training)")
+    print(
+        f"{'CONTROL (hooks on in both halves) ' if args.control else ''}"
+        f"workers {len(outputs)} x {args.pairs} pairs x {args.block} step(s) "
+        f"({took_s:.0f} s, {written - len(outputs) * TIMED_WRITES} side-channel records from training)"
+    )
     print(f"step time, hooks off: {step_off * 1e3:.3f} ms   on: {step_on * 1e3:.3f} ms (wall, medians)")
     measured = {}
     for name, on, off in (("wall time", 0, 1), ("CPU time", 2, 3)):
         differences = sorted((p[on] - p[off]) / args.block for p in pairs)
         trim = len(differences) // 10
-        kept = differences[trim:len(differences) - trim]
+        kept = differences[trim : len(differences) - trim]
         cost_s = statistics.fmean(kept)
         measured[name] = cost_s / step_off  # of the step time a user sees: wall time, CPU cost included
-        print(f"measured, {name}: {measured[name] * 100:+.2f} % = {cost_s * 1e6:+.1f} us per step (trimmed mean of "
-              f"{len(kept)} paired differences, +-{statistics.stdev(kept) / len(kept) ** 0.5 * 1e6:.1f} us; "
-              f"median {statistics.median(differences) * 1e6:+.1f} us)")
-    print(f"modelled: {modelled * 100:.3f} % of step time = {per_step * 1e6:.2f} us per step: step hook "
-          f"{cost['hook_s'] * 1e6:.2f} us + {COLLECTIVES_PER_STEP} x collective wrapper {cost['wrapper_s'] * 1e6:.2f} us"
-          f" + {writes_per_step:.3f} x record write {cost['write_s'] * 1e6:.1f} us")
+        print(
+            f"measured, {name}: {measured[name] * 100:+.2f} % = {cost_s * 1e6:+.1f} us per step (trimmed mean of "
+            f"{len(kept)} paired differences, +-{statistics.stdev(kept) / len(kept) ** 0.5 * 1e6:.1f} us; "
+            f"median {statistics.median(differences) * 1e6:+.1f} us)"
+        )
+    print(
+        f"modelled: {modelled * 100:.3f} % of step time = {per_step * 1e6:.2f} us per step: step hook "
+        f"{cost['hook_s'] * 1e6:.2f} us + {COLLECTIVES_PER_STEP} x collective wrapper {cost['wrapper_s'] * 1e6:.2f} us"
+        f" + {writes_per_step:.3f} x record write {cost['write_s'] * 1e6:.1f} us"
+    )
     worst = max(modelled, *measured.values())
-    print(f"target < {TARGET * 100:.0f} % of step time: {'met' if worst < TARGET else 'NOT met'} "
-          f"(worst of the figures above: {worst * 100:.2f} %)")
+    print(
+        f"target < {TARGET * 100:.0f} % of step time: {'met' if worst < TARGET else 'NOT met'} "
+        f"(worst of the figures above: {worst * 100:.2f} %)"
+    )
 
 
 def worker(pairs: int, block: int, control: bool) -> int:
@@ -123,7 +147,8 @@ def worker(pairs: int, block: int, control: bool) -> int:
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)))
+        torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     data, target = torch.randn(32, 64), torch.randint(0, 10, (32,))
 
@@ -141,7 +166,7 @@ def worker(pairs: int, block: int, control: bool) -> int:
     order = random.Random(0)  # the same in every worker: the ranks switch together
     for _ in range(pairs):
         times = {}
-        for on in ((True, False) if order.random() < 0.5 else (False, True)):
+        for on in (True, False) if order.random() < 0.5 else (False, True):
             attach(on or control)
             started, cpu_started = time.perf_counter(), time.process_time()
             for _ in range(block):
@@ -157,6 +182,7 @@ def worker(pairs: int, block: int, control: bool) -> int:
 
 def part_costs(probe, hook, optimizer) -> dict[str, float]:
     """Seconds per call of each part of the instrumentation, timed alone."""
+
     def per_call(function, calls: int) -> float:
         started = time.perf_counter()
         for _ in range(calls):
@@ -183,6 +209,7 @@ def hooks_switch():
     import torch.optim.optimizer as optimizer_module
 
     hooks = optimizer_module._global_optimizer_post_hooks
+
     def probe_of(hook):
         owner = getattr(hook, "__self__", None)  # the probe's bound on_step
         return owner if type(owner).__name__ == "WorkerProbe" else None

@@ -48,8 +48,10 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable]:
     # The same one-line-error parser class as every other verb.
     chaos_sub = chaos.add_subparsers(dest="chaos_command", metavar="SUBCOMMAND", parser_class=sub._parser_class)
     chaos_sub.required = True
-    run = chaos_sub.add_parser("run", help="run a scenario: up, faults, wait, check, report, down; exit 0 when the "
-                                           "verdict matches the expectation")
+    run = chaos_sub.add_parser(
+        "run",
+        help="run a scenario: up, faults, wait, check, report, down; exit 0 when the verdict matches the expectation",
+    )
     run.add_argument("file", help="a scenario file, or the name of a shipped one (see `sim chaos list`)")
     run.add_argument("--seed", type=int, help="seed for random choices (default: the file's, else random; recorded)")
     run.add_argument("--backend", help="run on this backend only (default: every backend the scenario names)")
@@ -60,8 +62,9 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable]:
     return commands
 
 
-def _verb(sub: argparse._SubParsersAction, name: str, help: str, description: str | None = None
-          ) -> argparse.ArgumentParser:
+def _verb(
+    sub: argparse._SubParsersAction, name: str, help: str, description: str | None = None
+) -> argparse.ArgumentParser:
     parser = sub.add_parser(name, help=help, description=description or help)
     parser.add_argument("--name", default=DEFAULT_NAME, help=f"cluster name (default {DEFAULT_NAME})")
     parser.add_argument("--seed", type=int, help="seed for random choices (recorded in the history)")
@@ -73,16 +76,21 @@ def _add_fault_verb(sub: argparse._SubParsersAction, fault: Fault) -> None:
     for f in fault.fields:
         _add_option(parser, f)
     if fault.reversible:
-        parser.add_argument("--for", dest="duration", help=f"undo after this long, e.g. 20s (default: until "
-                                                          f"`sim {fault.undone_by}`)")
+        parser.add_argument(
+            "--for", dest="duration", help=f"undo after this long, e.g. 20s (default: until `sim {fault.undone_by}`)"
+        )
 
 
 def _add_group_verb(sub: argparse._SubParsersAction, verb: str, faults: list[Fault]) -> None:
     """One verb whose first argument picks the fault: `sim etcd restart --downtime 5s`. Each option
     is offered once, saying which actions take it; the others ignore it."""
     actions = [fault.verb[1] for fault in faults]
-    parser = _verb(sub, verb, f"{verb} faults: {', '.join(actions)}",
-                   f"{verb} faults: " + "; ".join(f"{fault.verb[1]}: {fault.help}" for fault in faults))
+    parser = _verb(
+        sub,
+        verb,
+        f"{verb} faults: {', '.join(actions)}",
+        f"{verb} faults: " + "; ".join(f"{fault.verb[1]}: {fault.help}" for fault in faults),
+    )
     parser.add_argument("action", choices=actions)
     taken_by: dict[str, tuple[dataclasses.Field, list[str]]] = {}
     for fault in faults:
@@ -187,6 +195,7 @@ def cmd_chaos(args, _):
     from .catalog import find_scenario, shipped_scenarios
     from .runner import run_scenario
     from .scenario import load_scenario
+
     if args.chaos_command == "list":
         for scenario in shipped_scenarios():
             outcomes = ", ".join(f"{b}: {scenario.expect.outcome(b)}" for b in scenario.backends)
@@ -195,12 +204,15 @@ def cmd_chaos(args, _):
     scenario = load_scenario(find_scenario(args.file))  # a bad file is reported before Docker is asked
     docker = Docker()
     docker.ping()
-    results = run_scenario(scenario, args.backend, docker=docker, seed=args.seed, keep=args.keep,
-                           cluster_name=args.cluster)
+    results = run_scenario(
+        scenario, args.backend, docker=docker, seed=args.seed, keep=args.keep, cluster_name=args.cluster
+    )
     for result in results:
         print(result.summary)
     for result in results:
         mark = "PASS" if result.passed else "FAIL"
-        print(f"{mark} {result.scenario} [{result.backend}] expected {result.expected}; seed {result.seed}; "
-              f"timeline {result.timeline}")
+        print(
+            f"{mark} {result.scenario} [{result.backend}] expected {result.expected}; seed {result.seed}; "
+            f"timeline {result.timeline}"
+        )
     return 0 if all(r.passed for r in results) else 1

@@ -17,6 +17,7 @@ from signal import SIGKILL, Signals
 from typing import TYPE_CHECKING, Any
 
 from sim.errors import UsageError
+from sim.spec import parse_size
 
 from . import partition as partitions
 from .parse import check_node_names, parse_duration, parse_percent, parse_rate, parse_signal
@@ -53,6 +54,13 @@ def _is_names(value: Any) -> bool:
     return isinstance(value, (tuple, list)) and all(isinstance(name, str) for name in value)
 
 
+def _checked_number(text: str, what: str, example: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"{what} {text!r}: not a number; use e.g. {example}") from None
+
+
 def _comma_names(text: str) -> tuple[str, ...]:
     """Node names as typed on the command line: "node0,node2"."""
     return tuple(name.strip() for name in text.split(","))
@@ -81,6 +89,13 @@ SIGNAL = Kind("signal", parse_signal, lambda v: isinstance(v, Signals), "a signa
               show=lambda v: v.name.removeprefix("SIG"))
 PERCENT = Kind("percent", parse_percent, lambda v: _is_number(v, 0, 100), "a percentage from 0 to 100")
 RATE = Kind("rate", parse_rate, lambda v: _is_number(v, 1) and isinstance(v, int), "a whole number of bits/s > 0")
+CPUS = Kind("cpus", lambda text: _checked_number(text, "cpus", "0.2"), lambda v: _is_number(v, 0.001),
+            "a number of CPUs > 0, e.g. 0.2")
+SIZE = Kind("size", lambda text: parse_size("size", text, least=0), lambda v: _is_number(v, 0) and isinstance(v, int),
+            "a size in bytes >= 0", show=lambda v: f"{v >> 20}m" if v and not v % 2**20 else str(v))
+CORRUPTION = Kind("corruption", str, lambda v: v in CORRUPTIONS, "bitflip or truncate")
+DIRECTORY = Kind("directory", str, lambda v: isinstance(v, str) and v.startswith("/") and len(v) > 1,
+                 "an absolute path inside the node, e.g. /ckpt")
 NODES = Kind("nodes", _comma_names, _is_names, "a list of node names")
 GROUPS = Kind("groups", partitions.parse_groups, lambda v: isinstance(v, (tuple, list)) and all(map(_is_names, v)),
               "groups of node names")
@@ -158,14 +173,60 @@ class TargetOptions(FaultOptions):
 
 
 @dataclass(frozen=True)
-class KillWorkerOptions(FaultOptions):
+class WorkerOptions(FaultOptions):
+    """One worker: at random on a node, or by local rank there, or by global rank anywhere."""
+
     target: str = option(NODE_TARGET, _NODE_TARGET_HELP, "random", positional=True)
     rank: int | None = option(whole(0, 0), "the worker with this global rank, wherever it runs")
     local_rank: int | None = option(whole(0, 0), "the worker with this local rank on the target node")
-    signal: Signals = option(SIGNAL, "KILL, TERM, SEGV, INT, ...", SIGKILL)
 
     def problem(self) -> str | None:
         return _exactly_one(self, ("rank", "local_rank"), at_most=True)
+
+
+@dataclass(frozen=True)
+class KillWorkerOptions(WorkerOptions):
+    signal: Signals = option(SIGNAL, "KILL, TERM, SEGV, INT, ...", SIGKILL)
+
+
+@dataclass(frozen=True)
+class NodeOptions(FaultOptions):
+    target: str = option(NODE_TARGET, _NODE_TARGET_HELP, required=True, positional=True)
+
+
+@dataclass(frozen=True)
+class SlowOptions(FaultOptions):
+    target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
+    cpus: float = option(CPUS, "the CPU time it gets, in CPUs, e.g. 0.2 (a cgroup CPU quota)", required=True)
+
+
+CORRUPTIONS = ("bitflip", "truncate")
+_CKPT_DIR_HELP = "the checkpoint directory inside the nodes (shared by all)"
+
+
+@dataclass(frozen=True)
+class CorruptOptions(FaultOptions):
+    target: str = option(NODE_TARGET, "the node that writes the damage (the directory is shared)", "random",
+                         positional=True)
+    mode: str = option(CORRUPTION, "bitflip: flip a bit in 8 random bytes; truncate: cut to half its length",
+                       "bitflip")
+    dir: str = option(DIRECTORY, _CKPT_DIR_HELP, "/ckpt")
+
+
+@dataclass(frozen=True)
+class FillOptions(FaultOptions):
+    target: str = option(NODE_TARGET, "the node that writes the filler (the directory is shared)", "random",
+                         positional=True)
+    dir: str = option(DIRECTORY, _CKPT_DIR_HELP + "; its disk must be size-limited (cluster ckpt_size)", "/ckpt")
+    leave: int = option(SIZE, "bytes left free, e.g. 4k", 0)
+
+
+@dataclass(frozen=True)
+class KillInWriteOptions(FaultOptions):
+    target: str = option(NODE_TARGET, "the node whose worker writes checkpoints", "rank0", positional=True)
+    dir: str = option(DIRECTORY, _CKPT_DIR_HELP, "/ckpt")
+    within: float = option(SECONDS, "how long to wait for a write", 60.0)
+    signal: Signals = option(SIGNAL, "KILL, TERM, ...", SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -396,6 +457,26 @@ _CATALOG = (
           needs_etcd=True),
     Fault("etcd-isolate", NoOptions, ("etcd", "isolate"), "cut etcd off from every node", _isolate_etcd,
           undo=_heal_result, undone_by="heal", needs_etcd=True),
+    Fault("hang-worker", WorkerOptions, ("hang-worker",),
+          "stop one worker process (SIGSTOP; its agent still sees it alive, its peers wait in a collective)",
+          lambda n, o: n.hang_worker(o.target, rank=o.rank, local_rank=o.local_rank),
+          undo=lambda n, result: n.resume_worker(result["node"]), undone_by="resume-worker"),
+    Fault("resume-worker", NodeOptions, ("resume-worker",), "continue the stopped workers of a node (SIGCONT)",
+          lambda n, o: n.resume_worker(o.target)),
+    Fault("slow-node", SlowOptions, ("slow",), "a straggler: throttle a node's (or etcd's) CPU with a cgroup quota",
+          lambda n, o: n.slow_node(o.target, cpus=o.cpus), undo=_heal_result, undone_by="heal"),
+    Fault("oom-worker", WorkerOptions, ("oom-worker",),
+          "the kernel's OOM killer kills one worker (a memory limit on its node, then memory pressure)",
+          lambda n, o: n.oom_worker(o.target, rank=o.rank, local_rank=o.local_rank)),
+    Fault("corrupt-checkpoint", CorruptOptions, ("corrupt-checkpoint",),
+          "flip bits in, or truncate, the newest checkpoint file",
+          lambda n, o: n.corrupt_checkpoint(o.target, mode=o.mode, directory=o.dir)),
+    Fault("fill-disk", FillOptions, ("fill-disk",),
+          "fill the checkpoint disk (size-limited: cluster ckpt_size) so the next write fails with ENOSPC",
+          lambda n, o: n.fill_disk(o.target, directory=o.dir, leave=o.leave), undo=_heal_result, undone_by="heal"),
+    Fault("kill-during-checkpoint", KillInWriteOptions, ("kill-during-checkpoint",),
+          "signal the worker that writes a checkpoint, the moment it opens the file",
+          lambda n, o: n.kill_during_checkpoint(o.target, directory=o.dir, within=o.within, sig=o.signal)),
     Fault("scale", ScaleOptions, ("scale",), "add nodes that join the running job, or remove the highest ones",
           lambda n, o: n.scale(o.nodes, abrupt=o.abrupt, grace=o.grace)),
 )

@@ -22,18 +22,21 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from sim.cluster import Cluster, ContainerInfo
-from sim.docker import ExecResult
+from sim.docker import NO_MEMORY_LIMIT, ExecResult
 from sim.errors import FaultError, SimError, UnsupportedFaultError, UsageError
 from sim.history import FILE_NAME, History
 from sim.nodes import node_order
-from sim.procs import PROBE_ARGV, NodeProcesses, parse_probe
+from sim.procs import PROBE_ARGV, NodeProcesses, Worker, parse_probe
 
-from . import netcmd
+from . import netcmd, nodescripts
 from .partition import Partition, blocked_peers
 
-ETCD = "etcd"
-# Roles a target can name instead of a node.
-ROLE_TARGETS = ("random", "store-host", "rank0", ETCD)
+from .targets import ETCD
+
+CPU_PERIOD_US = 100_000  # the CFS period a CPU quota is a share of
+OOM_HEADROOM = 64 * 2**20  # oom-worker: the node's limit, this much above its use
+OOM_WITHIN_S = 30.0  # oom-worker: how long the memory hog may take
+FILL_AT_MOST = 16 * 2**30  # fill-disk refuses a disk with more free than this: the host's own
 
 
 class Nemesis:
@@ -110,23 +113,112 @@ class Nemesis:
                     sig: signals.Signals = signals.SIGKILL) -> dict:
         """Signal one training worker: by global rank (anywhere), or by local rank / at random on a node."""
         def act() -> dict:
-            node = self._node_of_rank(rank) if rank is not None else self.resolve(target, allow_etcd=False)
-            procs = self.processes(node)
-            if rank is not None:
-                worker = procs.worker(rank=rank)
-            elif local_rank is not None:
-                worker = procs.worker(local_rank=local_rank)
-            else:
-                worker = self.rng.choice(procs.workers) if procs.workers else None
-            if worker is None:
-                which = f"rank {rank}" if rank is not None else (f"local rank {local_rank}" if local_rank is not None else "any worker")
-                raise FaultError(f"{node}: no running worker with {which} (workers: "
-                                 f"{[w.rank for w in procs.workers] or 'none'}); is the job between restarts?")
+            node, worker = self._pick_worker(target, rank, local_rank)
             self._signal(node, worker.pid, sig)
             return {"node": node, "pid": worker.pid, "rank": worker.rank, "local_rank": worker.local_rank,
                     "signal": sig.name}
-        return self.invoke("kill-worker", target if rank is None else f"rank:{rank}", act,
+        return self.invoke("kill-worker", _worker_target(target, rank), act,
                            rank=rank, local_rank=local_rank, signal=sig.name, seed=self.seed)
+
+    def hang_worker(self, target: str = "random", *, rank: int | None = None, local_rank: int | None = None) -> dict:
+        """SIGSTOP one worker process (not its node): its agent still sees it alive, and its peers
+        block in their next collective until the process group times out."""
+        def act() -> dict:
+            node, worker = self._pick_worker(target, rank, local_rank)
+            self._signal(node, worker.pid, signals.SIGSTOP)
+            fault_id = f"hang-{node}-{worker.pid}"
+            self._remember({"id": fault_id, "fault": "hang", "target": node, "pid": worker.pid,
+                            "detail": f"rank {worker.rank} stopped"})
+            return {"id": fault_id, "node": node, "pid": worker.pid, "rank": worker.rank,
+                    "local_rank": worker.local_rank}
+        return self.invoke("hang-worker", _worker_target(target, rank), act, rank=rank, local_rank=local_rank,
+                           seed=self.seed)
+
+    def resume_worker(self, target: str) -> dict:
+        """SIGCONT every worker of a node (those not stopped ignore it)."""
+        def act() -> dict:
+            node = self.resolve(target, allow_etcd=False)
+            pids = [w.pid for w in self.processes(node).workers]
+            for pid in pids:
+                self._signal(node, pid, signals.SIGCONT)
+            for fault in self.active():
+                if fault["fault"] == "hang" and fault["target"] == node:
+                    self._forget(fault["id"])
+            return {"node": node, "pids": pids}
+        return self.invoke("resume-worker", target, act)
+
+    def oom_worker(self, target: str = "random", *, rank: int | None = None, local_rank: int | None = None,
+                   headroom: int = OOM_HEADROOM) -> dict:
+        """The kernel's OOM killer kills one worker. Its node gets a memory limit `headroom` bytes
+        above what it uses now (kept if it has one already, e.g. from `memory` in the spec), the
+        worker is made the OOM killer's first choice (oom_score_adj 1000, which any process may raise
+        for its own user's), and a helper process in the node allocates until the worker is gone.
+        The script is untouched; the limit is lifted again at once."""
+        def act() -> dict:
+            node, worker = self._pick_worker(target, rank, local_rank)
+            cid = self._info(node).id
+            before = self.docker.resources(cid)
+            limit = before.memory if 0 < before.memory < NO_MEMORY_LIMIT else self._memory_used(node) + headroom
+            adjusted = self.cluster.exec(node, "sh", "-c", f"echo 1000 > /proc/{worker.pid}/oom_score_adj")
+            if not adjusted.ok:
+                raise FaultError(f"{node}: cannot make worker {worker.pid} the OOM killer's choice: "
+                                 f"{_last(adjusted.stderr)}")
+            if limit != before.memory:
+                self.docker.update_resources(cid, memory=limit)
+            try:
+                hog = self.cluster.exec(node, *nodescripts.argv(nodescripts.HOG, worker.pid, 2 * limit, OOM_WITHIN_S),
+                                        timeout=OOM_WITHIN_S + 15)
+            finally:
+                if limit != before.memory:
+                    self.docker.update_resources(cid, memory=before.memory or NO_MEMORY_LIMIT)
+            done = nodescripts.parse_result(node, "memory hog", hog.stdout)
+            if not done.get("worker_died"):
+                raise FaultError(f"{node}: worker {worker.pid} survived {done.get('allocated', 0) >> 20} MiB "
+                                 f"allocated over a {limit >> 20} MiB limit")
+            return {"node": node, "pid": worker.pid, "rank": worker.rank, "local_rank": worker.local_rank,
+                    "limit": limit, "allocated": done["allocated"], "limit_kept": limit == before.memory}
+        return self.invoke("oom-worker", _worker_target(target, rank), act, rank=rank, local_rank=local_rank,
+                           seed=self.seed)
+
+    def _memory_used(self, node: str) -> int:
+        """Bytes the node's cgroup uses now (cgroup v2's memory.current, or v1's usage_in_bytes)."""
+        read = self.cluster.exec(node, "sh", "-c", "cat /sys/fs/cgroup/memory.current 2>/dev/null "
+                                 "|| cat /sys/fs/cgroup/memory/memory.usage_in_bytes")
+        if not read.ok or not read.stdout.strip().isdigit():
+            raise FaultError(f"{node}: cannot read its memory use: {_last(read.stderr or read.stdout)}")
+        return int(read.stdout.strip())
+
+    def kill_during_checkpoint(self, target: str = "rank0", *, directory: str = "/ckpt", within: float = 60.0,
+                               sig: signals.Signals = signals.SIGKILL) -> dict:
+        """Signal the worker of a node that opens a file under `directory` for writing, the moment
+        it does (within `within` seconds): a kill inside a checkpoint write, by design, not by luck."""
+        def act() -> dict:
+            node = self.resolve(target, allow_etcd=False)
+            watched = self.cluster.exec(node, *nodescripts.argv(nodescripts.KILL_IN_WRITE, directory, within,
+                                                                int(sig)), timeout=within + 15)
+            if watched.exit_code == nodescripts.NEVER_CAME:
+                raise FaultError(f"{node}: {_last(watched.stderr)}")
+            if not watched.ok:
+                raise FaultError(f"{node}: watching for a checkpoint write failed: {_last(watched.stderr)}")
+            return {"node": node, "signal": sig.name, **nodescripts.parse_result(node, "write watcher", watched.stdout)}
+        return self.invoke("kill-during-checkpoint", target, act, directory=directory, within=within,
+                           signal=sig.name)
+
+    def _pick_worker(self, target: str, rank: int | None, local_rank: int | None) -> tuple[str, Worker]:
+        node = self._node_of_rank(rank) if rank is not None else self.resolve(target, allow_etcd=False)
+        procs = self.processes(node)
+        if rank is not None:
+            worker = procs.worker(rank=rank)
+        elif local_rank is not None:
+            worker = procs.worker(local_rank=local_rank)
+        else:
+            worker = self.rng.choice(procs.workers) if procs.workers else None
+        if worker is None:
+            which = f"rank {rank}" if rank is not None else (f"local rank {local_rank}" if local_rank is not None
+                                                             else "any worker")
+            raise FaultError(f"{node}: no running worker with {which} (workers: "
+                             f"{[w.rank for w in procs.workers] or 'none'}); is the job between restarts?")
+        return node, worker
 
     def kill_agent(self, target: str, *, sig: signals.Signals = signals.SIGKILL) -> dict:
         """Signal the torchrun agent itself. SIGKILL: abrupt; SIGTERM: torchrun's graceful path."""
@@ -220,6 +312,58 @@ class Nemesis:
             return {"node": name}
         return self.invoke("unpause", target, act)
 
+    def slow_node(self, target: str, *, cpus: float) -> dict:
+        """A straggler: the node (or etcd) gets `cpus` CPUs' worth of time (cgroup CPU quota,
+        `docker update --cpus`); its own limits come back with `heal`."""
+        def act() -> dict:
+            name = self.resolve(target)
+            cid = self._info(name).id
+            fault_id = f"slow-{name}"
+            if any(f["id"] == fault_id for f in self.active()):
+                raise UsageError(f"{name}: already slowed; `sim heal {fault_id}` first")
+            before = self.docker.resources(cid)
+            quota = max(1000, round(cpus * CPU_PERIOD_US))  # the kernel's least quota is 1 ms
+            self.docker.update_resources(cid, cpu_quota=quota, cpu_period=CPU_PERIOD_US)
+            self._remember({"id": fault_id, "fault": "slow", "target": name, "detail": f"{cpus:g} CPUs",
+                            "cpu_quota": before.cpu_quota, "cpu_period": before.cpu_period})
+            return {"id": fault_id, "node": name, "cpus": cpus, "cpu_quota": quota, "cpu_period": CPU_PERIOD_US}
+        return self.invoke("slow-node", target, act, cpus=cpus)
+
+    # --- the checkpoint volume ------------------------------------------------------------
+
+    def corrupt_checkpoint(self, target: str = "random", *, mode: str = "bitflip", directory: str = "/ckpt") -> dict:
+        """Damage the newest file under `directory` (shared by every node): flip bits, or truncate it."""
+        def act() -> dict:
+            node = self.resolve(target, allow_etcd=False)
+            done = self._node_script(node, "corrupting a checkpoint", nodescripts.CORRUPT, directory, mode,
+                                     self.rng.randrange(2**31))
+            return {"node": node, **done}
+        return self.invoke("corrupt-checkpoint", target, act, mode=mode, directory=directory, seed=self.seed)
+
+    def fill_disk(self, target: str = "random", *, directory: str = "/ckpt", leave: int = 0) -> dict:
+        """Fill the filesystem under `directory` with a filler file until `leave` bytes are free, so the
+        next write fails with ENOSPC; `heal` removes the filler. Only a size-limited disk (the spec's
+        `ckpt_size`): a larger one is refused, as filling it would fill the host's."""
+        def act() -> dict:
+            node = self.resolve(target, allow_etcd=False)
+            fault_id = f"fill-{node}"
+            if any(f["id"] == fault_id for f in self.active()):
+                raise UsageError(f"{node}: a filler is in place already; `sim heal {fault_id}` first")
+            done = self._node_script(node, "filling the disk", nodescripts.FILL, directory, leave, FILL_AT_MOST)
+            self._remember({"id": fault_id, "fault": "fill", "target": node, "file": done["file"],
+                            "detail": f"{done['written'] >> 20} MiB filler"})
+            return {"id": fault_id, "node": node, **done}
+        return self.invoke("fill-disk", target, act, directory=directory, leave=leave)
+
+    def _node_script(self, node: str, what: str, script: str, *args: object) -> dict:
+        result = self.cluster.exec(node, *nodescripts.argv(script, *args), timeout=120)
+        if result.exit_code == nodescripts.WRONG_REQUEST:
+            hint = "; give the cluster a size-limited one (ckpt_size)" if script is nodescripts.FILL else ""
+            raise UsageError(f"{node}: {what}: {_last(result.stderr)}{hint}")
+        if not result.ok:
+            raise FaultError(f"{node}: {what} failed: {_last(result.stderr)}")
+        return nodescripts.parse_result(node, what, result.stdout)
+
     # --- etcd -----------------------------------------------------------------------------
 
     def wipe_etcd(self, *, downtime: float = 0.0) -> dict:
@@ -304,6 +448,8 @@ class Nemesis:
                         self.docker.unpause(info.id)
                 elif fault["fault"] == "link":
                     self._clear_link(fault["target"])
+                elif fault["fault"] in ("hang", "slow", "fill"):
+                    self._heal_process_fault(fault)
                 self._forget(fault["id"])
                 healed.append(fault["id"])
             if fault_id is None:
@@ -317,6 +463,21 @@ class Nemesis:
             self._apply_partitions()
             return {"healed": healed}
         return self.invoke("heal", fault_id or "all", act)
+
+    def _heal_process_fault(self, fault: dict) -> None:
+        """Undo a hung worker, a slowed node or a filled disk; one whose node is gone has nothing to undo."""
+        node = fault["target"]
+        if self._info(node).state != "running":
+            return
+        if fault["fault"] == "hang":
+            self.cluster.exec(node, "kill", "-CONT", str(fault["pid"]))  # the worker may be gone since: fine
+        elif fault["fault"] == "slow":
+            self.docker.update_resources(self._info(node).id, cpu_quota=fault["cpu_quota"] or -1,
+                                         cpu_period=fault["cpu_period"] or CPU_PERIOD_US)
+        elif fault["fault"] == "fill":
+            removed = self.cluster.exec(node, "rm", "-f", fault["file"])
+            if not removed.ok:
+                raise FaultError(f"{node}: removing the filler {fault['file']} failed: {_last(removed.stderr)}")
 
     def link(self, target: str, *, loss_pct: float | None = None, rate_bps: int | None = None,
              netem: dict | None = None) -> dict:
@@ -458,6 +619,10 @@ class Nemesis:
             tmp = self._faults_file.with_suffix(".tmp")
             tmp.write_text(json.dumps(faults, indent=2))
             os.replace(tmp, self._faults_file)
+
+
+def _worker_target(target: str, rank: int | None) -> str:
+    return target if rank is None else f"rank:{rank}"
 
 
 def _last(text: str) -> str:

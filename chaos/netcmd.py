@@ -91,8 +91,16 @@ def loss_rules(percent: float, direction: str = "both") -> list[list[str]]:
         raise UsageError(f"loss {percent}%: out of range; use more than 0 and at most 100 (heal removes loss)")
     if direction not in LOSS_DIRECTIONS:
         raise UsageError(f"loss direction {direction!r}: unknown; use in, out or both")
-    drop_at_random = ["-m", "statistic", "--mode", "random", "--probability", _plain(Decimal(str(percent)) / 100),
-                      "-j", "DROP"]
+    drop_at_random = [
+        "-m",
+        "statistic",
+        "--mode",
+        "random",
+        "--probability",
+        _plain(Decimal(str(percent)) / 100),
+        "-j",
+        "DROP",
+    ]
     rules = []
     if direction in ("in", "both"):
         rules.append(_iptables("-A", LOSS_IN_CHAIN, "!", "-i", "lo", *drop_at_random))
@@ -115,8 +123,21 @@ def bandwidth_qdisc(iface: str, rate_bps: int, burst_bytes: int | None = None, l
         raise UsageError(f"burst {burst!r} bytes: not a whole number above zero; use e.g. 32000")
     if not latency_ms > 0:
         raise UsageError(f"latency {latency_ms!r} ms: not above zero; use e.g. 50")
-    return ["tc", "qdisc", "replace", "dev", iface, "root",
-            "tbf", "rate", f"{rate_bps}bit", "burst", str(burst), "latency", f"{_plain(latency_ms)}ms"]
+    return [
+        "tc",
+        "qdisc",
+        "replace",
+        "dev",
+        iface,
+        "root",
+        "tbf",
+        "rate",
+        f"{rate_bps}bit",
+        "burst",
+        str(burst),
+        "latency",
+        f"{_plain(latency_ms)}ms",
+    ]
 
 
 def netem_qdisc(
@@ -137,9 +158,7 @@ def netem_qdisc(
         if jitter_ms is not None:
             options.append(_milliseconds("jitter", jitter_ms))
     elif jitter_ms is not None:
-        raise UsageError(
-            f"jitter {jitter_ms}ms without a delay: jitter varies the delay; give a delay too, e.g. 100ms"
-        )
+        raise UsageError(f"jitter {jitter_ms}ms without a delay: jitter varies the delay; give a delay too, e.g. 100ms")
     elif reorder_pct is not None:
         # netem reorders by sending some packets at once and delaying the rest.
         raise UsageError(

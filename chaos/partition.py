@@ -167,4 +167,3 @@ def _describe_one_way(cuts: Iterable[Cut]) -> list[str]:
         srcs_of[frozenset(dsts)].append(src)
     lines = [(sorted(map(node_order, srcs)), f"{_join(srcs)} -/-> {_join(dsts)}") for dsts, srcs in srcs_of.items()]
     return [text for _, text in sorted(lines)]
-

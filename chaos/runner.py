@@ -19,7 +19,8 @@ from pathlib import Path
 from sim.cluster import Cluster, JobFinished, up
 from sim.docker import Docker
 from sim.errors import SimError, UsageError
-from sim.history import FILE_NAME, History, HistoryTail
+from sim.history import FILE_NAME, AgentRecord, History, HistoryTail
+from sim.runmodel import trigger_step
 from sim.runreport import report_run
 from sim.spec import spec_from_options
 from sim.verdict import Verdict
@@ -69,41 +70,39 @@ class HistoryState:
 
     def update(self) -> None:
         for r in self.tail.poll():
-            if _is_step(r):
+            step = trigger_step(r)
+            if step is not None:
                 if self.first_step_t is None:
-                    self.first_step_t = r["t"]
-                self.max_step = max(self.max_step, _step_of(r))
-                if r["t"] >= self.last_progress_t and isinstance(r.get("world_size"), int):
-                    self.world_size, self.last_progress_t = r.get("world_size"), r["t"]
-            elif r.get("type") == "agent" and r.get("event") == "rdzv_joined":
-                self.max_round = max(self.max_round, r.get("round", -1))
-
-
-def _is_step(record: dict) -> bool:
-    """A training step of any script: the shipped trainer's progress line, the script's own
-    progress (regex or API), or an optimizer step seen by the node image's instrumentation."""
-    if record.get("type") == "trainer":
-        return record.get("kind") == "progress"
-    return record.get("type") == "worker" and record.get("event") in ("step", "progress")
-
-
-def _step_of(record: dict) -> int:
-    """The step number a `step` trigger compares with: absolute where known, else the
-    optimizer steps this worker process has taken."""
-    step = record.get("step")
-    return step if isinstance(step, int) else int(record.get("n") or 0)
+                    self.first_step_t = r.t
+                self.max_step = max(self.max_step, step)
+                if r.t >= self.last_progress_t and isinstance(r.world_size, int):
+                    self.world_size, self.last_progress_t = r.world_size, r.t
+            elif isinstance(r, AgentRecord) and r.event == "rdzv_joined":
+                self.max_round = max(self.max_round, -1 if r.round is None else r.round)
 
 
 class ScenarioRunner:
-    def __init__(self, scenario: Scenario, backend: str, *, docker: Docker | None = None, seed: int | None = None,
-                 keep: bool = False, cluster_name: str | None = None, progress: Progress = print):
+    def __init__(
+        self,
+        scenario: Scenario,
+        backend: str,
+        *,
+        docker: Docker | None = None,
+        seed: int | None = None,
+        keep: bool = False,
+        cluster_name: str | None = None,
+        progress: Progress = print,
+    ):
         if backend not in scenario.backends:
             raise UsageError(f"backend '{backend}': scenario '{scenario.name}' runs on {', '.join(scenario.backends)}")
         self.scenario = scenario
         self.backend = backend
         self.docker = docker or Docker()
-        self.seed = seed if seed is not None else (scenario.seed if scenario.seed is not None
-                                                   else random.SystemRandom().randrange(2**31))
+        self.seed = (
+            seed
+            if seed is not None
+            else (scenario.seed if scenario.seed is not None else random.SystemRandom().randrange(2**31))
+        )
         self.keep = keep
         self.cluster_name = cluster_name
         self.progress = progress
@@ -115,9 +114,18 @@ class ScenarioRunner:
         cluster = self._cluster()
         run_dir = cluster.run_dir
         history = History(run_dir / FILE_NAME)
-        history.append({"type": "run", "event": "scenario", "scenario": scenario.name, "backend": self.backend,
-                        "seed": self.seed, "profile": scenario.profile, "expected": expected,
-                        "checkers": list(scenario.expect.checkers) if scenario.expect.checkers else None})
+        history.append(
+            {
+                "type": "run",
+                "event": "scenario",
+                "scenario": scenario.name,
+                "backend": self.backend,
+                "seed": self.seed,
+                "profile": scenario.profile,
+                "expected": expected,
+                "checkers": list(scenario.expect.checkers) if scenario.expect.checkers else None,
+            }
+        )
         nemesis = Nemesis(cluster, history=history, seed=self.seed)
         state = HistoryState(run_dir / FILE_NAME)
         unfired = None
@@ -136,10 +144,14 @@ class ScenarioRunner:
                 timer.cancel()
             if not self.keep and self.cluster_name is None:
                 cluster.down()
-        bounds = {k: v for k, v in dataclasses.asdict(scenario.expect).items()
-                  if k in ("max_recovery_s", "max_steps_lost", "hang_s", "fail_fast_s") and v is not None}
-        verdict, summary = report_run(run_dir, expected=expected, title=f"{scenario.name} [{self.backend}]",
-                                      profile=scenario.profile, **bounds)
+        bounds = {
+            k: v
+            for k, v in dataclasses.asdict(scenario.expect).items()
+            if k in ("max_recovery_s", "max_steps_lost", "hang_s", "fail_fast_s") and v is not None
+        }
+        verdict, summary = report_run(
+            run_dir, expected=expected, title=f"{scenario.name} [{self.backend}]", profile=scenario.profile, **bounds
+        )
         if unfired:
             summary += f"\nNOT VALID: {unfired}"
         return ScenarioResult(scenario.name, self.backend, expected, verdict, summary, run_dir, self.seed, unfired)
@@ -166,11 +178,13 @@ class ScenarioRunner:
                 self._fire(nemesis, step)
                 previous_done = time.time()
                 if step.repeat_times > 1:
-                    step = dataclasses.replace(step, trigger=dataclasses.replace(
-                        step.trigger, kind="after", value=step.repeat_every_s))
+                    step = dataclasses.replace(
+                        step, trigger=dataclasses.replace(step.trigger, kind="after", value=step.repeat_every_s)
+                    )
 
-    def _wait_trigger(self, nemesis: Nemesis, step: Step, state: HistoryState, previous_done: float,
-                      deadline: float) -> None:
+    def _wait_trigger(
+        self, nemesis: Nemesis, step: Step, state: HistoryState, previous_done: float, deadline: float
+    ) -> None:
         kind, value = step.trigger.kind, step.trigger.value
         next_liveness_check = time.monotonic() + 2.0
         while True:
@@ -188,13 +202,17 @@ class ScenarioRunner:
             if kind == "round" and state.max_round >= value:
                 return
             if time.monotonic() > deadline:
-                raise StepNotFired(f"trigger {kind}={value} of step '{step.fault}' (line {step.line}) "
-                                   f"not reached before the scenario timeout")
+                raise StepNotFired(
+                    f"trigger {kind}={value} of step '{step.fault}' (line {step.line}) "
+                    f"not reached before the scenario timeout"
+                )
             if time.monotonic() >= next_liveness_check:
                 next_liveness_check = time.monotonic() + 2.0
                 if self._job_ended(nemesis.cluster):
-                    raise StepNotFired(f"the job ended before the trigger {kind}={value} of step "
-                                       f"'{step.fault}' (line {step.line}) was reached")
+                    raise StepNotFired(
+                        f"the job ended before the trigger {kind}={value} of step "
+                        f"'{step.fault}' (line {step.line}) was reached"
+                    )
             time.sleep(POLL_S)
 
     def _fire(self, nemesis: Nemesis, step: Step) -> None:
@@ -240,4 +258,5 @@ def _quietly(fn: Callable[[], object]) -> Callable[[], None]:
             fn()
         except SimError:
             pass  # the nemesis recorded the failure in the history
+
     return run

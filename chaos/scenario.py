@@ -28,7 +28,10 @@ from sim.spec import (
     RDZV_BACKENDS,
     ClusterSpec,
     GpuRequest,
+    check_fits_in_memory,
+    check_script_path,
     node_name,
+    parse_size,
     spec_from_options,
 )
 
@@ -262,7 +265,10 @@ class _Field:
         elif not isinstance(self.node, yaml.MappingNode):
             raise self.error(f"expected a mapping (key: value lines); got {self.what()}")
         else:
-            self.doc.loader.flatten_mapping(self.node)  # YAML merge keys (<<: *defaults)
+            try:
+                self.doc.loader.flatten_mapping(self.node)  # YAML merge keys (<<: *defaults)
+            except yaml.MarkedYAMLError as error:  # e.g. `<<: [1, 2]`: only mappings merge
+                raise self.error(f"{error.problem}; merge (<<) only mappings, e.g. <<: *defaults") from None
             fields = {}
             for key_node, value_node in self.node.value:
                 name = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
@@ -412,7 +418,7 @@ def _check_target(f: _Field, target: str, where: _Where, *, allow_etcd: bool) ->
 _TOP_KEYS = ("name", "description", "cluster", "trainer", "profile", "seed", "steps", "expect", "timeout")
 _CLUSTER_WHOLE = {"nodes": 1, "min_nodes": 1, "max_nodes": 1, "nproc_per_node": 1, "max_restarts": 0}  # -> least
 _CLUSTER_KEYS = (*_CLUSTER_WHOLE, "monitor_interval", "gpus", "rdzv_backend", "rdzv_conf", "env", "script",
-                 "script_args", "progress", "instrument")
+                 "script_args", "progress", "instrument", "memory", "ckpt_size")
 _TRAINER_READERS: dict[str, Callable[[_Field], Any]] = {
     "steps": lambda f: f.whole(1, 120), "step_time": lambda f: f.seconds(), "ckpt_interval": lambda f: f.whole(1, 10),
     "pg_timeout": lambda f: f.seconds(positive=True), "batch_size": lambda f: f.whole(1, 16),
@@ -432,8 +438,14 @@ def load_scenario(path: str | Path) -> Scenario:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UsageError(f"{path}: no such scenario file") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"{path}: cannot read it ({error})") from None
+    except UnicodeDecodeError as error:
+        line = error.object[:error.start].count(b"\n") + 1
+        raise UsageError(f"{path}:{line}: not UTF-8 text (byte 0x{error.object[error.start]:02x}); "
+                         "save the file as UTF-8") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: a directory; give a scenario file (.yaml) or a shipped name") from None
+    except OSError as error:
+        raise UsageError(f"{path}: cannot read it ({error.strerror}); check the path and its permissions") from None
     return parse_scenario(text, str(path))
 
 
@@ -482,6 +494,8 @@ def _read_scenario(top: _Field) -> Scenario:
     for item in fields["steps"].items() if "steps" in fields else []:
         steps.append(_read_step(item, where))
         if steps[-1].fault == "scale":
+            nproc = cluster.get("nproc_per_node", ClusterSpec.nproc_per_node)
+            item.checked(check_fits_in_memory, "scale to", steps[-1].options.nodes, nproc)
             where = dataclasses.replace(where, nodes=_node_names(steps[-1].options.nodes))
     expect = _read_expect(fields["expect"], backends)
     timeout = fields["timeout"].seconds(positive=True) if "timeout" in fields else DEFAULT_TIMEOUT_S
@@ -502,9 +516,9 @@ def _read_cluster(f: _Field, base_dir: Path) -> tuple[dict, tuple[str, ...]]:
             cluster[key] = tuple((name, value.text()) for name, value in fields[key].mapping(None).items())
     if "script" in fields and not fields["script"].is_null():
         script = base_dir / fields["script"].text()
-        if not script.is_file():
+        if not script.exists():
             raise fields["script"].error(f"no such file {str(script)!r}; give a path relative to the scenario file")
-        cluster["script"] = str(script.resolve())
+        cluster["script"] = fields["script"].checked(check_script_path, "script", script)
     if "script_args" in fields:
         if "script" not in cluster:
             raise fields["script_args"].error("only for a user script (cluster.script); "
@@ -516,6 +530,10 @@ def _read_cluster(f: _Field, base_dir: Path) -> tuple[dict, tuple[str, ...]]:
         cluster["progress_regex"] = pattern
     if "instrument" in fields:
         cluster["instrument"] = fields["instrument"].flag()
+    for key in ("memory", "ckpt_size"):  # sizes: 2g, 64m
+        if key in fields:
+            cluster[key] = fields[key].text()
+            fields[key].checked(parse_size, key, cluster[key])
     backends = _read_backends(fields["rdzv_backend"]) if "rdzv_backend" in fields else (ClusterSpec.rdzv_backend,)
     return cluster, backends
 

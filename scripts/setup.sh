@@ -45,6 +45,8 @@ command -v docker >/dev/null || apt_install docker.io
 if [ -z "${SIM_BASE_IMAGE:-}" ] && ! command -v debootstrap >/dev/null 2>&1; then
   apt_install debootstrap
 fi
+# The etcd-v3 rendezvous package's TLS tests make certificates with openssl.
+command -v openssl >/dev/null 2>&1 || apt_install openssl
 # `apt-get download etcd-server` needs package lists.
 if ! compgen -G "/var/lib/apt/lists/*Packages*" >/dev/null && [ "$apt_updated" = 0 ]; then
   log "apt-get update (package lists for etcd-server)"
@@ -57,7 +59,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 stamp=.venv/.elastic-sim-installed
-want=$(cat pyproject.toml requirements-dev.txt | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml requirements-dev.txt rendezvous-etcd-v3/pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   log "installing the harness and test tools into .venv"
   # (the grep drops pip warnings about index locations this machine lists but lacks)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
-from typing import Iterable, Iterator
 
 from .errors import HistoryError
 from .history import AgentRecord, Record, TrainerRecord, parse_record
@@ -48,8 +48,12 @@ WORKER_ERRORS = (
 # The last line of a traceback the agent itself dies with, for the exceptions a diagnosis names
 # (torchrun's AttributeError in a spare agent; python-etcd's errors against an etcd without v2).
 AGENT_EXCEPTION = re.compile(r"^(AttributeError|etcd\.Etcd\w+): (.*)$")
-RDZV_ERRORS = (("RendezvousClosedError", "rdzv_closed"), ("RendezvousTimeoutError", "rdzv_timeout"),
-               ("RendezvousConnectionError", "rdzv_error"), ("RendezvousStateError", "rdzv_error"))
+RDZV_ERRORS = (
+    ("RendezvousClosedError", "rdzv_closed"),
+    ("RendezvousTimeoutError", "rdzv_timeout"),
+    ("RendezvousConnectionError", "rdzv_error"),
+    ("RendezvousStateError", "rdzv_error"),
+)
 # torchrun's closing "Root Cause (first observed failure)" block (from @record error files)
 ROOT_CAUSE = "Root Cause (first observed failure):"
 _KV = re.compile(r"^\s+(\w+)=(.*)$")
@@ -63,7 +67,7 @@ def parse_docker_timestamp(line: str) -> tuple[float | None, str]:
         return None, line
     whole = datetime.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
     fraction = float(match.group(2) or 0)
-    return whole.timestamp() + fraction, line[match.end():]
+    return whole.timestamp() + fraction, line[match.end() :]
 
 
 class NodeLogParser:
@@ -92,8 +96,9 @@ class NodeLogParser:
             return None
         kind = line.pop("sim")
         try:
-            record = parse_record({"t": line.pop("t", t), "type": "trainer", "node": line.pop("node", self.node),
-                                   "kind": kind, **line})
+            record = parse_record(
+                {"t": line.pop("t", t), "type": "trainer", "node": line.pop("node", self.node), "kind": kind, **line}
+            )
         except HistoryError:
             return None
         return record if isinstance(record, TrainerRecord) else None
@@ -119,16 +124,18 @@ class NodeLogParser:
         if ROOT_CAUSE in text:
             self._root_cause = []
             return
-        if (m := JOINED_ROUND.search(text)):
-            yield self._agent_record(t, "rdzv_joined", round=int(m.group(1)), group_rank=int(m.group(3)),
-                                     nodes=int(m.group(4)))
-        elif (m := GROUP_FAILED.search(text)):
+        if m := JOINED_ROUND.search(text):
+            yield self._agent_record(
+                t, "rdzv_joined", round=int(m.group(1)), group_rank=int(m.group(3)), nodes=int(m.group(4))
+            )
+        elif m := GROUP_FAILED.search(text):
             yield self._agent_record(t, "group_failed", attempts_left=int(m.group(1)), max_restarts=int(m.group(2)))
-        elif (m := NEW_NODES.search(text)):
+        elif m := NEW_NODES.search(text):
             yield self._agent_record(t, "new_nodes", count=int(m.group(1)))
-        elif (m := WORKER_FAILED.search(text)):
-            yield self._agent_record(t, "worker_failed", exitcode=int(m.group(1)), local_rank=int(m.group(2)),
-                                     pid=int(m.group(3)))
+        elif m := WORKER_FAILED.search(text):
+            yield self._agent_record(
+                t, "worker_failed", exitcode=int(m.group(1)), local_rank=int(m.group(2)), pid=int(m.group(3))
+            )
         elif GROUP_FINISHED in text:
             yield self._agent_record(t, "group_finished")
         elif GROUP_STARTING in text:
@@ -136,17 +143,17 @@ class NodeLogParser:
             yield self._agent_record(t, "group_started")
         elif RDZV_JOINING in text:
             yield self._agent_record(t, "rdzv_joining")
-        elif (m := RDZV_GRACEFUL_EXIT.search(text)):
+        elif m := RDZV_GRACEFUL_EXIT.search(text):
             yield self._agent_record(t, "rdzv_graceful_exit", message=m.group(1).strip()[-300:])
         elif KEEPALIVE_FAILED.search(text):
             yield self._agent_record(t, "keepalive_failed", message=text.strip()[-300:])
-        elif (m := AGENT_SIGNAL.search(text)):
+        elif m := AGENT_SIGNAL.search(text):
             yield self._agent_record(t, "agent_signal", signal=int(m.group(1)))
         elif (kind := _worker_error_kind(text)) is not None:
             if kind not in self._errors_this_attempt:
                 self._errors_this_attempt.add(kind)
                 yield self._agent_record(t, "worker_error", kind=kind, message=text.strip()[-300:])
-        elif (m := AGENT_EXCEPTION.match(text.strip())):
+        elif m := AGENT_EXCEPTION.match(text.strip()):
             yield self._agent_record(t, "exception", name=m.group(1), message=m.group(2)[-300:])
         else:
             for marker, event in RDZV_ERRORS:
@@ -161,9 +168,14 @@ class NodeLogParser:
     def _close_block(self) -> AgentRecord:
         block, self._block = self._block or {}, None
         return self._agent_record(
-            self._block_t, "rdzv_complete", restart_count=_int(block.get("restart_count")),
-            group_rank=_int(block.get("group_rank")), group_world_size=_int(block.get("group_world_size")),
-            global_world_size=_first_int(block.get("global_world_sizes")), master_addr=block.get("master_addr"))
+            self._block_t,
+            "rdzv_complete",
+            restart_count=_int(block.get("restart_count")),
+            group_rank=_int(block.get("group_rank")),
+            group_world_size=_int(block.get("group_world_size")),
+            global_world_size=_first_int(block.get("global_world_sizes")),
+            master_addr=block.get("master_addr"),
+        )
 
     def _agent_record(self, t: float, event: str, **fields) -> AgentRecord:
         return AgentRecord(t=t, node=self.node, event=event, **fields)
@@ -238,4 +250,3 @@ def _int(value: str | None) -> int | None:
 def _first_int(value: str | None) -> int | None:
     match = re.search(r"-?\d+", value or "")
     return int(match.group()) if match else None
-

@@ -11,8 +11,9 @@ restart and recovery) and each resume (the loss) is computed in sim/recovery.py.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from .errors import HistoryError, UsageError
 from .history import DockerRecord, TrainerRecord, WorkerRecord
@@ -26,6 +27,7 @@ MAX_EXAMPLES = 5
 
 
 # ---------------------------------------------------------------- the run's parameters
+
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
@@ -72,7 +74,7 @@ class RunSpec:
         return self.max_nodes * self.nproc_per_node
 
     @classmethod
-    def from_run(cls, run: RunModel, **overrides) -> "RunSpec":
+    def from_run(cls, run: RunModel, **overrides) -> RunSpec:
         """The spec recorded in the run "start" record; keyword arguments win over it."""
         start = run.start
         values = {}
@@ -82,17 +84,23 @@ class RunSpec:
             max_nodes = cluster.get("max_nodes")
             if max_nodes is None:  # ClusterSpec's rule: max_nodes defaults to nodes
                 max_nodes = max(cluster.get("nodes", min_nodes), min_nodes)
-            values = {"min_nodes": min_nodes, "max_nodes": max_nodes,
-                      "nproc_per_node": cluster.get("nproc_per_node"), "max_restarts": cluster.get("max_restarts"),
-                      "target_steps": start.target_steps, "ckpt_interval": start.ckpt_interval,
-                      "instrumented": cluster.get("instrument")}
+            values = {
+                "min_nodes": min_nodes,
+                "max_nodes": max_nodes,
+                "nproc_per_node": cluster.get("nproc_per_node"),
+                "max_restarts": cluster.get("max_restarts"),
+                "target_steps": start.target_steps,
+                "ckpt_interval": start.ckpt_interval,
+                "instrumented": cluster.get("instrument"),
+            }
             values = {k: v for k, v in values.items() if v is not None}
         values.update(overrides)
-        missing = [f.name for f in dataclasses.fields(cls)
-                   if f.default is dataclasses.MISSING and f.name not in values]
+        missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in values]
         if missing:
-            raise HistoryError(f"history: no run start record gives {', '.join(missing)}; "
-                               "pass them (e.g. `sim report --expect`, RunSpec keyword arguments)")
+            raise HistoryError(
+                f"history: no run start record gives {', '.join(missing)}; "
+                "pass them (e.g. `sim report --expect`, RunSpec keyword arguments)"
+            )
         return cls(**values)
 
 
@@ -107,6 +115,7 @@ def _require_positive(name: str, value: object) -> None:
 
 
 # ---------------------------------------------------------------- checkers
+
 
 def check_completed(run: RunModel, spec: RunSpec) -> CheckResult:
     """The job reached its final step and every agent still in the job exited 0."""
@@ -131,12 +140,17 @@ def check_completed(run: RunModel, spec: RunSpec) -> CheckResult:
 def check_restart_budget(run: RunModel, spec: RunSpec) -> CheckResult:
     """Restarts used per node stay within max_restarts."""
     per_node = run.restarts_per_node(spec.max_restarts)
-    reasons = [f"{node} used {count} restarts > max {spec.max_restarts}"
-               for node, count in per_node.items() if count > spec.max_restarts]
+    reasons = [
+        f"{node} used {count} restarts > max {spec.max_restarts}"
+        for node, count in per_node.items()
+        if count > spec.max_restarts
+    ]
     valid = not reasons
     if per_node:
-        reasons.append(f"torch counts restarts per agent, not per job: {sum(per_node.values())} in all "
-                       f"across {len(per_node)} nodes, each allowed {spec.max_restarts}")
+        reasons.append(
+            f"torch counts restarts per agent, not per job: {sum(per_node.values())} in all "
+            f"across {len(per_node)} nodes, each allowed {spec.max_restarts}"
+        )
     else:
         reasons.append(f"no restarts (each agent allowed {spec.max_restarts}; torch counts them per agent)")
     return CheckResult("restart_budget", valid, tuple(reasons), {"per_node": per_node})
@@ -151,9 +165,12 @@ def check_world_size(run: RunModel, spec: RunSpec) -> CheckResult:
             continue  # a progress line matched in the log: its world size is unknown, not wrong
         if not (isinstance(world, int) and spec.min_world <= world <= spec.max_world):
             bad.setdefault(world, record)
-    reasons = [f"rank {r.rank} on {r.node} reported world size {world} at {clock(r.t)}, "
-               f"outside [{spec.min_world}, {spec.max_world}] ({spec.min_nodes}..{spec.max_nodes} nodes "
-               f"x {spec.nproc_per_node} workers)" for world, r in bad.items()]
+    reasons = [
+        f"rank {r.rank} on {r.node} reported world size {world} at {clock(r.t)}, "
+        f"outside [{spec.min_world}, {spec.max_world}] ({spec.min_nodes}..{spec.max_nodes} nodes "
+        f"x {spec.nproc_per_node} workers)"
+        for world, r in bad.items()
+    ]
     seen = sorted({r.world_size for r in run.starts + run.beats if r.world_size is not None})
     return CheckResult("world_size", not reasons, tuple(reasons[:MAX_EXAMPLES]), {"world_sizes": seen})
 
@@ -168,8 +185,11 @@ def _rank_problems(cohort: Cohort) -> list[str]:
     world = cohort.world_size
     where = f"the cohort started at {clock(cohort.t)} (world {world})"
     ranks = [s.rank for s in cohort.starts]
-    problems = [f"{where}: rank {rank} started {ranks.count(rank)} times"
-                for rank in sorted(set(ranks), key=_rank_order) if ranks.count(rank) > 1]
+    problems = [
+        f"{where}: rank {rank} started {ranks.count(rank)} times"
+        for rank in sorted(set(ranks), key=_rank_order)
+        if ranks.count(rank) > 1
+    ]
     if not isinstance(world, int):
         return problems + [f"{where}: no world size recorded"]
     outside = sorted({r for r in ranks if not (isinstance(r, int) and 0 <= r < world)}, key=_rank_order)
@@ -184,8 +204,13 @@ def _rank_problems(cohort: Cohort) -> list[str]:
 def check_progress(run: RunModel, spec: RunSpec) -> CheckResult:
     """Training resumes from the last checkpoint after each fault and never skips a step."""
     lost = {r.fault.op: r.steps_lost for r in recoveries(run)}
-    metrics = {"steps_lost": lost, "final_step": run.highest_step, "step_source": run.step_source,
-               "step_efficiency": _step_efficiency(run), "zombie_records": len(run.zombies)}
+    metrics = {
+        "steps_lost": lost,
+        "final_step": run.highest_step,
+        "step_source": run.step_source,
+        "step_efficiency": _step_efficiency(run),
+        "zombie_records": len(run.zombies),
+    }
     if not run.steps_known:
         return CheckResult("progress", True, (_steps_not_measurable(run),), metrics, measured=False)
     # Only the trainer says which step each rank resumed from; other sources give the cohort's first step.
@@ -196,13 +221,19 @@ def check_progress(run: RunModel, spec: RunSpec) -> CheckResult:
 
 
 def _steps_not_measurable(run: RunModel) -> str:
-    enable = ("pass --progress-regex with a (?P<step>...) group matching the script's own step lines "
-              "(scenario: cluster.progress), or call elastic_sim_progress.report(step) in the script")
+    enable = (
+        "pass --progress-regex with a (?P<step>...) group matching the script's own step lines "
+        "(scenario: cluster.progress), or call elastic_sim_progress.report(step) in the script"
+    )
     if run.step_source == "none":
-        return ("not measurable here: no training step was seen (no shipped-trainer lines, no progress regex, "
-                f"and no torch.optim step from the instrumentation); to enable it, {enable}")
-    return ("not measurable here: steps are counted per worker process (the optimizer's state holds no step "
-            f"count, as SGD's does not), so a resume cannot be told from a fresh start; to enable it, {enable}")
+        return (
+            "not measurable here: no training step was seen (no shipped-trainer lines, no progress regex, "
+            f"and no torch.optim step from the instrumentation); to enable it, {enable}"
+        )
+    return (
+        "not measurable here: steps are counted per worker process (the optimizer's state holds no step "
+        f"count, as SGD's does not), so a resume cannot be told from a fresh start; to enable it, {enable}"
+    )
 
 
 def _step_efficiency(run: RunModel) -> float | None:
@@ -252,8 +283,9 @@ def _resume_disagreements(run: RunModel) -> list[str]:
         for start in cohort.starts:
             by_step.setdefault(start.resumed_from or 0, []).append(start.rank)
         if len(by_step) > 1:
-            detail = "; ".join(f"{_ranks(sorted(ranks, key=_rank_order))} from step {step}"
-                               for step, ranks in sorted(by_step.items()))
+            detail = "; ".join(
+                f"{_ranks(sorted(ranks, key=_rank_order))} from step {step}" for step, ranks in sorted(by_step.items())
+            )
             problems.append(f"the cohort started at {clock(cohort.t)} resumed from different steps: {detail}")
     return problems
 
@@ -262,8 +294,10 @@ def _steps_lost_problems(recovery: Recovery, spec: RunSpec) -> list[str]:
     lost = recovery.steps_lost
     if lost is None or recovery.restart is None:
         return []
-    what = (f"after {recovery.fault.describe()}: {lost} steps lost "
-            f"(reached {recovery.steps_before or 0}, resumed from {recovery.resumed_from})")
+    what = (
+        f"after {recovery.fault.describe()}: {lost} steps lost "
+        f"(reached {recovery.steps_before or 0}, resumed from {recovery.resumed_from})"
+    )
     problems = []
     if spec.ckpt_interval is not None and lost > spec.ckpt_interval:
         problems.append(f"{what} > checkpoint interval {spec.ckpt_interval}")
@@ -276,30 +310,47 @@ def check_loss_continuity(run: RunModel, spec: RunSpec) -> CheckResult:
     """After each resume the loss carries on from where the checkpoint left it."""
     if not run.losses_known:
         why = "no loss was seen" if run.steps_known else "steps are not numbered across restarts, and no loss was seen"
-        return CheckResult("loss_continuity", True, (
-            f"not measurable here: {why}; to enable it, pass --progress-regex with (?P<step>...) and "
-            "(?P<loss>...) groups matching the script's log lines, e.g. 'step (?P<step>\\d+) loss (?P<loss>[\\d.]+)', "
-            "or call elastic_sim_progress.report(step, loss=loss)",), {"relative_jumps": []}, measured=False)
+        return CheckResult(
+            "loss_continuity",
+            True,
+            (
+                f"not measurable here: {why}; to enable it, pass --progress-regex with (?P<step>...) and "
+                "(?P<loss>...) groups matching the script's log lines, "
+                "e.g. 'step (?P<step>\\d+) loss (?P<loss>[\\d.]+)', "
+                "or call elastic_sim_progress.report(step, loss=loss)",
+            ),
+            {"relative_jumps": []},
+            measured=False,
+        )
     reasons, jumps = [], []
     for found in loss_across_resumes(run, spec.loss_jump_tolerance):
         jumps.append(round(found.relative, 4))
         if found.jumped:
-            reasons.append(f"loss jumped {found.relative:+.0%} after the resume from step "
-                           f"{found.resume.resumed_from} at {clock(found.resume.t)}: "
-                           f"{found.mean_before:.4g} over steps {_span(found.before)} before, "
-                           f"{found.mean_after:.4g} over steps {_span(found.after)} after "
-                           f"(tolerance {spec.loss_jump_tolerance:.0%})")
+            reasons.append(
+                f"loss jumped {found.relative:+.0%} after the resume from step "
+                f"{found.resume.resumed_from} at {clock(found.resume.t)}: "
+                f"{found.mean_before:.4g} over steps {_span(found.before)} before, "
+                f"{found.mean_after:.4g} over steps {_span(found.after)} after "
+                f"(tolerance {spec.loss_jump_tolerance:.0%})"
+            )
     return CheckResult("loss_continuity", not reasons, tuple(reasons[:MAX_EXAMPLES]), {"relative_jumps": jumps})
 
 
 def check_hang(run: RunModel, spec: RunSpec) -> CheckResult:
     """No stretch longer than hang_s without progress while no fault is in force."""
     if not run.beats and not spec.instrumented:
-        return CheckResult("hang", True, (
-            "not measurable here: training cannot be seen (instrumentation off, no progress lines); to enable it, "
-            "drop --no-instrument or pass --progress-regex",), {"longest_gap_s": None}, measured=False)
+        return CheckResult(
+            "hang",
+            True,
+            (
+                "not measurable here: training cannot be seen (instrumentation off, no progress lines); to enable it, "
+                "drop --no-instrument or pass --progress-regex",
+            ),
+            {"longest_gap_s": None},
+            measured=False,
+        )
     active = _active_intervals(run, spec)
-    stretches = list(zip(run.beat_times, run.beat_times[1:]))
+    stretches = list(itertools.pairwise(run.beat_times))
     if run.finished(spec.target_steps) is None:  # the job stopped short: the tail counts too
         stretches.append((run.beat_times[-1] if run.beats else run.t_begin, run.t_end))
     reasons = []
@@ -308,10 +359,16 @@ def check_hang(run: RunModel, spec: RunSpec) -> CheckResult:
             continue
         for quiet_begin, quiet_end in _uncovered(begin, end, active):
             if quiet_end - quiet_begin > spec.hang_s:
-                reasons.append(f"no progress for {quiet_end - quiet_begin:.1f} s ({clock(quiet_begin)} to "
-                               f"{clock(quiet_end)}) with no fault in force (limit {spec.hang_s:g} s)")
-    return CheckResult("hang", not reasons, tuple(reasons[:MAX_EXAMPLES]),
-                       {"longest_gap_s": round(max((e - b for b, e in stretches), default=0.0), 3)})
+                reasons.append(
+                    f"no progress for {quiet_end - quiet_begin:.1f} s ({clock(quiet_begin)} to "
+                    f"{clock(quiet_end)}) with no fault in force (limit {spec.hang_s:g} s)"
+                )
+    return CheckResult(
+        "hang",
+        not reasons,
+        tuple(reasons[:MAX_EXAMPLES]),
+        {"longest_gap_s": round(max((e - b for b, e in stretches), default=0.0), 3)},
+    )
 
 
 def _active_intervals(run: RunModel, spec: RunSpec) -> list[tuple[float, float]]:
@@ -347,36 +404,55 @@ def check_recovery(run: RunModel, spec: RunSpec) -> CheckResult:
     found = recoveries(run)
     if found and not run.beats:
         # Nothing before the fault either: silence after it says nothing about recovery.
-        why = ("instrumentation off, no progress lines" if not spec.instrumented else
-               "no progress lines, and the instrumentation saw no optimizer step or collective call")
-        return CheckResult("recovery", True, (
-            f"not measurable here: no training was seen in the whole run ({why}), so no recovery can be timed; "
-            "to enable it, keep the instrumentation on or pass --progress-regex",),
-            {"recoveries": [dataclasses.asdict(r.public()) for r in found]}, measured=False)
+        why = (
+            "instrumentation off, no progress lines"
+            if not spec.instrumented
+            else "no progress lines, and the instrumentation saw no optimizer step or collective call"
+        )
+        return CheckResult(
+            "recovery",
+            True,
+            (
+                f"not measurable here: no training was seen in the whole run ({why}), so no recovery can be timed; "
+                "to enable it, keep the instrumentation on or pass --progress-regex",
+            ),
+            {"recoveries": [dataclasses.asdict(r.public()) for r in found]},
+            measured=False,
+        )
     problems, facts = [], []
     for recovery in found:
         public = recovery.public()
         what = recovery.fault.describe()
         if public.recovery_s is None:
-            problems.append(f"{what}: never recovered (no progress after it"
-                            + (f"; workers restarted at {clock(recovery.restart.t)})" if recovery.restart else ")"))
+            problems.append(
+                f"{what}: never recovered (no progress after it"
+                + (f"; workers restarted at {clock(recovery.restart.t)})" if recovery.restart else ")")
+            )
         elif spec.max_recovery_s is not None and public.recovery_s > spec.max_recovery_s:
             problems.append(f"{what}: recovered in {public.recovery_s:.1f} s > max {spec.max_recovery_s:g} s")
         else:
             lost = "steps lost unknown" if public.steps_lost is None else f"{public.steps_lost} steps lost"
-            facts.append(f"{what}: recovered in {public.recovery_s:.1f} s at world {public.world_after}, {lost}"
-                         + _throughput_words(public))
+            facts.append(
+                f"{what}: recovered in {public.recovery_s:.1f} s at world {public.world_after}, {lost}"
+                + _throughput_words(public)
+            )
     late = [f for f in run.faults if f.t_invoke >= run.t_training_ended]
     facts += [f"{f.describe()}: after training ended, not checked" for f in late]
-    return CheckResult("recovery", not problems, tuple(problems + facts),
-                       {"recoveries": [dataclasses.asdict(r.public()) for r in found]})
+    return CheckResult(
+        "recovery",
+        not problems,
+        tuple(problems + facts),
+        {"recoveries": [dataclasses.asdict(r.public()) for r in found]},
+    )
 
 
 def _throughput_words(recovery: FaultRecovery) -> str:
     if recovery.throughput_before is None and recovery.throughput_after is None:
         return ""
+
     def rate(value: float | None) -> str:
         return "?" if value is None else f"{value:.2f}"
+
     return f"; {rate(recovery.throughput_before)} -> {rate(recovery.throughput_after)} steps/s"
 
 
@@ -387,8 +463,7 @@ def check_fails_cleanly(run: RunModel, spec: RunSpec) -> CheckResult:
     finished = run.finished(spec.target_steps)
     if finished is not None:
         step = finished.final_step if isinstance(finished, TrainerRecord) else None
-        reasons.append(f"the job completed (step {step} at {clock(finished.t)}) "
-                       "but was expected to fail")
+        reasons.append(f"the job completed (step {step} at {clock(finished.t)}) but was expected to fail")
     removed = run.removed_on_purpose()
     ended = {}  # node -> the fault its exit followed (op) and how long after
     for node in run.agent_nodes:
@@ -401,14 +476,20 @@ def check_fails_cleanly(run: RunModel, spec: RunSpec) -> CheckResult:
         cause = _last_fault_before(run, last.t)
         # An exit while the fault was still being injected (its ok not yet written) counts as immediate.
         delay = max(0.0, last.t - cause.t_ok) if cause else last.t - run.t_begin
-        ended[node] = {"after_op": cause.op if cause else None, "delay_s": round(delay, 3),
-                       "since_invoke_s": round(last.t - cause.t_invoke, 3) if cause else None}
+        ended[node] = {
+            "after_op": cause.op if cause else None,
+            "delay_s": round(delay, 3),
+            "since_invoke_s": round(last.t - cause.t_invoke, 3) if cause else None,
+        }
         if delay > spec.fail_fast_s:
             after = f"after {cause.describe()}" if cause else "after the run started"
             reasons.append(f"{node} exited {delay:.1f} s {after} > fail_fast {spec.fail_fast_s:g} s")
-    return CheckResult("fails_cleanly", not reasons, tuple(reasons[:MAX_EXAMPLES]),
-                       {"exits": {n: _exit_summary(run.lifecycle(n)) for n in run.agent_nodes},
-                        "ended": ended})
+    return CheckResult(
+        "fails_cleanly",
+        not reasons,
+        tuple(reasons[:MAX_EXAMPLES]),
+        {"exits": {n: _exit_summary(run.lifecycle(n)) for n in run.agent_nodes}, "ended": ended},
+    )
 
 
 def _last_fault_before(run: RunModel, t: float) -> Fault | None:
@@ -430,8 +511,16 @@ CHECKERS: dict[str, Callable[[RunModel, RunSpec], CheckResult]] = {
     "fails_cleanly": check_fails_cleanly,
 }
 CHECKS_FOR = {
-    "recovers": ("completed", "restart_budget", "world_size", "ranks", "progress", "loss_continuity", "hang",
-                 "recovery"),
+    "recovers": (
+        "completed",
+        "restart_budget",
+        "world_size",
+        "ranks",
+        "progress",
+        "loss_continuity",
+        "hang",
+        "recovery",
+    ),
     # A failing run stops where it stops: progress, loss and recovery say nothing about it.
     "fails": ("fails_cleanly", "restart_budget", "world_size", "ranks"),
 }
@@ -440,15 +529,20 @@ CHECKS_FOR = {
 def check_all(run: RunModel, spec: RunSpec, only: Sequence[str] | None = None) -> Verdict:
     """Run the checkers that apply to the spec's expected outcome (or just those in `only`;
     restart_budget always runs, since the verdict reports restarts per node from it)."""
-    names = CHECKS_FOR[spec.expected] if only is None else \
-        tuple(dict.fromkeys([*only, "restart_budget"]))
+    names = CHECKS_FOR[spec.expected] if only is None else tuple(dict.fromkeys([*only, "restart_budget"]))
     results = tuple(CHECKERS[name](run, spec) for name in names)
     by_name = {r.name: r for r in results}
-    recoveries = tuple(FaultRecovery(**d) for d in by_name["recovery"].metrics["recoveries"]) \
-        if "recovery" in by_name else ()
-    return Verdict(valid=all(r.valid for r in results), expected=spec.expected, results=results,
-                   recoveries=recoveries, restarts_per_node=dict(by_name["restart_budget"].metrics["per_node"]),
-                   rounds=_rounds(run))
+    recoveries = (
+        tuple(FaultRecovery(**d) for d in by_name["recovery"].metrics["recoveries"]) if "recovery" in by_name else ()
+    )
+    return Verdict(
+        valid=all(r.valid for r in results),
+        expected=spec.expected,
+        results=results,
+        recoveries=recoveries,
+        restarts_per_node=dict(by_name["restart_budget"].metrics["per_node"]),
+        rounds=_rounds(run),
+    )
 
 
 def _rounds(run: RunModel) -> int:
@@ -459,6 +553,7 @@ def _rounds(run: RunModel) -> int:
 
 # ---------------------------------------------------------------- small helpers
 
+
 def _rank_order(rank) -> tuple[int, object]:
     """Ranks in numeric order; anything not a number after them."""
     return (0, rank) if isinstance(rank, int) else (1, str(rank))
@@ -468,8 +563,10 @@ def _not_finished_reason(run: RunModel, spec: RunSpec) -> str:
     goal = f"step {spec.target_steps}" if spec.target_steps is not None else "its end"
     if run.step_source == "trainer":
         last = run.progress[-1]
-        return (f"the job never reached {goal}: highest step {run.highest_step}, "
-                f"last progress at {clock(last.t)}, no trainer summary")
+        return (
+            f"the job never reached {goal}: highest step {run.highest_step}, "
+            f"last progress at {clock(last.t)}, no trainer summary"
+        )
     ended = "no agent reported its worker group finished"
     if not run.beats:
         return f"the job never reached {goal}: {ended}, and no training was seen"

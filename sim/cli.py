@@ -6,13 +6,17 @@ Every SimError becomes one line on stderr and a non-zero exit, never a traceback
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import sys
-from typing import Sequence
+from pathlib import Path
+from typing import Mapping, Sequence
 
 from . import cluster as cluster_mod
 from .docker import Docker
 from .errors import SimError, UsageError
+from .paths import cache_home, state_home
 from .spec import DEFAULT_NAME, RDZV_BACKENDS, spec_from_options
 from .wait import wait_for
 
@@ -78,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("-f", "--follow", action="store_true")
     logs.add_argument("--name", default=DEFAULT_NAME)
 
-    sub.add_parser("doctor", help="check Docker, Compose v2, images, kernel features for faults, GPU runtime")
+    doctor = sub.add_parser("doctor", help="check Docker, Compose v2, images, kernel features for faults, GPU runtime, "
+                                           "and the privilege audit of a rendered (or a running) cluster")
+    doctor.add_argument("name", nargs="?", help="also audit this running cluster's containers")
     sub.add_parser("build", help="build the node and etcd images (cached by content)")
     from chaos.cli import register as register_faults
     COMMANDS.update(register_faults(sub))
@@ -97,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sim {args.command}: error: arguments after `--` are only for `sim up`", file=sys.stderr)
         return 2
     try:
+        check_environment(os.environ)
         return COMMANDS[args.command](args, script_args)
     except SimError as error:
         print(f"sim {args.command}: error: {error}", file=sys.stderr)
@@ -114,8 +121,42 @@ def _docker() -> Docker:
     return Docker()
 
 
+# What the environment may say, checked before any command acts (docker-py reads DOCKER_HOST itself,
+# but its error for a malformed one blames the engine).
+_IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[0-9]+/[a-z0-9._/-]+)?(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+                        r"(@sha256:[0-9a-f]{64})?$")
+_ENVIRONMENT_FORMATS = {  # variable: (pattern, what it must be, an example)
+    "SIM_BASE_IMAGE": (_IMAGE_REF, "an image reference", "debian-python:bookworm"),
+    "SIM_DEBIAN_SUITE": (re.compile(r"^[a-z][a-z0-9-]*$"), "a Debian suite name", "bookworm"),
+    "SIM_DEBIAN_MIRROR": (re.compile(r"^(https?|file|ftp)://\S+$"), "a mirror URL", "http://deb.debian.org/debian"),
+    "SIM_SESSION": (re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"), "a label value", "pytest-1a2b"),
+    "DOCKER_HOST": (re.compile(r"^(unix|tcp|ssh|npipe|fd|https?)://\S*$"), "a URL", "unix:///var/run/docker.sock"),
+}
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse a malformed setting of the environment, naming the variable and the fix, before anything acts."""
+    for variable, (pattern, what, example) in _ENVIRONMENT_FORMATS.items():
+        value = environ.get(variable)
+        if value and not pattern.match(value):
+            raise UsageError(f"{variable} {value!r}: not {what}; set it to {what} such as {example}, or unset it")
+    for variable, folder in (("SIM_HOME", state_home()), ("SIM_CACHE", cache_home())):
+        # The first part of the path that exists must be a folder: `mkdir -p` goes on from there.
+        existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("/"))
+        if not existing.is_dir():
+            raise UsageError(f"{variable} '{folder}': {existing} is a file, not a folder; "
+                             f"point {variable} at a folder, or unset it")
+
+
+def check_start_timeout(seconds: float) -> None:
+    if not 0 < seconds < math.inf:
+        raise UsageError(f"--timeout {seconds:g}: must be a finite number of seconds above zero; "
+                         f"use e.g. --timeout {cluster_mod.DEFAULT_START_TIMEOUT:g}")
+
+
 def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
     spec = spec_from_options(vars(args), script_args)
+    check_start_timeout(args.timeout)  # nothing is made before every input is checked
     docker = _docker()
     cluster = cluster_mod.up(spec, docker, keep=args.keep, timeout=args.timeout)
     name = spec.name
@@ -238,8 +279,9 @@ def cmd_logs(args: argparse.Namespace, _: list[str] | None) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace, _: list[str] | None) -> int:
-    from .doctor import format_report, run_checks
-    checks = run_checks(_docker())
+    from .doctor import format_report, rendered_audit, run_checks, running_audit
+    docker = _docker()
+    checks = run_checks(docker) + rendered_audit() + (running_audit(docker, args.name) if args.name else [])
     print(format_report(checks))
     return 0 if all(c.ok or not c.required for c in checks) else 1
 

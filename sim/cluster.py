@@ -16,8 +16,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from . import labels
 from .docker import RESOURCE_KINDS, Container, DockerProvider, ExecResult
@@ -29,7 +29,7 @@ from .paths import cluster_dir, state_home
 from .progress import Progress, to_stderr
 from .render import render, to_yaml
 from .sidechannel import prepare_events_dir
-from .spec import ClusterSpec
+from .spec import SHIPPED_TRAINER_DEFAULTS, ClusterSpec
 from .wait import Check, Condition, wait_for
 
 DEFAULT_START_TIMEOUT = 300.0
@@ -55,11 +55,19 @@ class ContainerInfo:
     ips: Mapping[str, str] = dataclasses.field(default_factory=dict)  # network -> address
 
     @classmethod
-    def of(cls, container: Container) -> "ContainerInfo":
+    def of(cls, container: Container) -> ContainerInfo:
         tags = container.labels
-        return cls(id=container.id, name=container.name, node=tags.get(labels.NODE, ""),
-                   role=tags.get(labels.ROLE, ""), state=container.state, status=container.status,
-                   run_id=tags.get(labels.RUN, ""), exit_code=container.exit_code, ips=container.ips)
+        return cls(
+            id=container.id,
+            name=container.name,
+            node=tags.get(labels.NODE, ""),
+            role=tags.get(labels.ROLE, ""),
+            state=container.state,
+            status=container.status,
+            run_id=tags.get(labels.RUN, ""),
+            exit_code=container.exit_code,
+            ips=container.ips,
+        )
 
 
 class Cluster:
@@ -121,7 +129,9 @@ class Cluster:
     def require_running(self) -> None:
         if not any(c.state in ("running", "paused") for c in self.containers()):
             raise ClusterNotFoundError(
-                f"cluster '{self.name}': not running; start it with `python -m sim up --name {self.name}` (see `sim ls`)")
+                f"cluster '{self.name}': not running; "
+                f"start it with `python -m sim up --name {self.name}` (see `sim ls`)"
+            )
 
     def logs(self, node: str, tail: int | None = None) -> str:
         return self.docker.logs(self.container(node).id, tail=tail)
@@ -140,8 +150,9 @@ class Cluster:
         if nodes > spec.nodes:
             images = ImageSet(**json.loads((self.state_dir / "images.json").read_text()))
             write_state(self, spec.with_nodes(nodes), images, self.run_id or "")
-        self.docker.compose(self.name, self.compose_file, "up", "--detach", "--no-deps", "--no-recreate",
-                            "--no-build", *names)
+        self.docker.compose(
+            self.name, self.compose_file, "up", "--detach", "--no-deps", "--no-recreate", "--no-build", *names
+        )
 
     # --- teardown ----------------------------------------------------------------
 
@@ -182,8 +193,14 @@ class Cluster:
     def _start_collector(self) -> None:
         """The collector, detached from this process's session, following this cluster."""
         with open(self.run_dir / "collector.log", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", COLLECTOR_MODULE, self.name], stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=log, start_new_session=True, env=os.environ.copy())
+            proc = subprocess.Popen(
+                [sys.executable, "-m", COLLECTOR_MODULE, self.name],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                env=os.environ.copy(),
+            )
         (self.state_dir / COLLECTOR_PID_FILE).write_text(str(proc.pid))
 
     def _stop_collector(self) -> None:
@@ -192,8 +209,12 @@ class Cluster:
         pid = int(path.read_text().strip() or 0) if path.exists() else 0
         if not pid:
             return
-        gone = wait_for(Condition("waiting for the collector to drain", lambda: not _alive(pid)),
-                        timeout=COLLECTOR_DRAIN_S, interval=0.2, raise_errors=False)
+        gone = wait_for(
+            Condition("waiting for the collector to drain", lambda: not _alive(pid)),
+            timeout=COLLECTOR_DRAIN_S,
+            interval=0.2,
+            raise_errors=False,
+        )
         if not gone.ready:
             os.kill(pid, signal.SIGTERM)
 
@@ -298,17 +319,27 @@ def _last_meaningful_line(text: str) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-def up(spec: ClusterSpec, docker: DockerProvider, *, builder: ImageBuilder | None = None, keep: bool = False,
-       wait: bool = True, timeout: float = DEFAULT_START_TIMEOUT, progress: Progress = to_stderr) -> Cluster:
+def up(
+    spec: ClusterSpec,
+    docker: DockerProvider,
+    *,
+    builder: ImageBuilder | None = None,
+    keep: bool = False,
+    wait: bool = True,
+    timeout: float = DEFAULT_START_TIMEOUT,
+    progress: Progress = to_stderr,
+) -> Cluster:
     """Build images if needed, render and start the compose project, wait until
     training has started. On any failure (Ctrl-C included) remove what was
     made, unless keep=True."""
     docker.ping()
-    docker.compose_argv  # fail now, before anything is made, if Compose v2 is missing
+    _ = docker.compose_argv  # fail now, before anything is made, if Compose v2 is missing
     cluster = Cluster(spec.name, docker)
     if cluster.exists():
         raise UsageError(
-            f"--name '{spec.name}': a cluster of that name already exists; remove it with `python -m sim down {spec.name}` or choose another --name")
+            f"--name '{spec.name}': a cluster of that name already exists; "
+            f"remove it with `python -m sim down {spec.name}` or choose another --name"
+        )
     builder = builder or ImageBuilder(docker, progress=progress)
     images = builder.ensure(need_etcd=spec.uses_etcd).images
 
@@ -352,16 +383,16 @@ def run_start_record(spec: ClusterSpec, run_id: str, profile: str | None = None)
             return int(args[args.index(flag) + 1])
         return default if shipped else None
 
-    return {"type": "run", "event": "start", "cluster": spec.name, "run_id": run_id,
-            "spec": json.loads(spec.to_json()),
-            "profile": profile or ("custom" if spec.rdzv_conf else "torch-defaults"),
-            "target_steps": arg("--steps", SHIPPED_TRAINER_DEFAULTS["--steps"]),
-            "ckpt_interval": arg("--ckpt-interval", SHIPPED_TRAINER_DEFAULTS["--ckpt-interval"])}
-
-
-# trainer/train.py's own defaults, for runs of the shipped trainer whose args lack these flags
-# (a ClusterSpec built with script_args of its own; spec_from_options always passes them).
-SHIPPED_TRAINER_DEFAULTS = {"--steps": 200, "--ckpt-interval": 10}
+    return {
+        "type": "run",
+        "event": "start",
+        "cluster": spec.name,
+        "run_id": run_id,
+        "spec": json.loads(spec.to_json()),
+        "profile": profile or ("custom" if spec.rdzv_conf else "torch-defaults"),
+        "target_steps": arg("--steps", SHIPPED_TRAINER_DEFAULTS["--steps"]),
+        "ckpt_interval": arg("--ckpt-interval", SHIPPED_TRAINER_DEFAULTS["--ckpt-interval"]),
+    }
 
 
 def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: str) -> None:
@@ -370,8 +401,12 @@ def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: s
     project = render(spec, node_image=images.node, etcd_image=images.etcd, run_id=run_id, events_dir=events_dir)
     cluster.state_dir.mkdir(parents=True, exist_ok=True)
     # Written to a temp name first, then renamed: a reader never sees half a file.
-    for name, text in (("compose.yaml", to_yaml(project)), ("spec.json", spec.to_json()), ("run_id", run_id),
-                       ("images.json", json.dumps(dataclasses.asdict(images), indent=2))):
+    for name, text in (
+        ("compose.yaml", to_yaml(project)),
+        ("spec.json", spec.to_json()),
+        ("run_id", run_id),
+        ("images.json", json.dumps(dataclasses.asdict(images), indent=2)),
+    ):
         tmp = cluster.state_dir / f".{name}.tmp"
         tmp.write_text(text)
         os.replace(tmp, cluster.state_dir / name)

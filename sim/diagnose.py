@@ -37,8 +37,17 @@ FROZEN_HANG_S = 60.0
 # An agent in a rendezvous this long without completing it is waiting for nodes.
 RDZV_WAIT_S = 60.0
 # What an agent reports about its workers after starting them: anything but silence.
-AGENT_NEWS = ("group_started", "worker_failed", "group_failed", "group_finished", "worker_error", "new_nodes",
-              "rdzv_closed", "rdzv_error", "error_file")
+AGENT_NEWS = (
+    "group_started",
+    "worker_failed",
+    "group_failed",
+    "group_finished",
+    "worker_error",
+    "new_nodes",
+    "rdzv_closed",
+    "rdzv_error",
+    "error_file",
+)
 NODE_LOSS_FAULTS = ("kill-node", "stop-node", "kill-agent", "restart-node", "pause", "partition")
 NODE_LOSS_DOCKER = ("die", "kill", "stop", "pause", "network_disconnect")
 
@@ -55,8 +64,9 @@ class Diagnosis:
         object.__setattr__(self, "evidence", tuple(self.evidence)[:MAX_EVIDENCE])
 
 
-def diagnose(run: RunModel | Sequence[Mapping], logs: Mapping[str, str],
-             loss_jump_tolerance: float = LOSS_JUMP_TOLERANCE) -> list[Diagnosis]:
+def diagnose(
+    run: RunModel | Sequence[Mapping], logs: Mapping[str, str], loss_jump_tolerance: float = LOSS_JUMP_TOLERANCE
+) -> list[Diagnosis]:
     """Every known cause the run shows, most fundamental first (the loss judged as the
     loss_continuity checker judges it, at the same tolerance)."""
     run = _with_logs(run if isinstance(run, RunModel) else RunModel(run), logs)
@@ -84,13 +94,15 @@ def _field(name: str, text: str, width: int) -> list[str]:
 
 # --------------------------------------------------------------------------- the run, read once
 
+
 def _with_logs(run: RunModel, logs: Mapping[str, str]) -> RunModel:
     """The run with each logged node's agent and trainer records read from its log instead."""
     if not logs:
         return run
     kept = [r for r in run.all_records if not (isinstance(r, (AgentRecord, TrainerRecord)) and r.node in logs)]
-    return RunModel([*kept, *(r for node, text in logs.items() for r in _log_records(node, text))],
-                    skipped_lines=run.skipped_lines)
+    return RunModel(
+        [*kept, *(r for node, text in logs.items() for r in _log_records(node, text))], skipped_lines=run.skipped_lines
+    )
 
 
 def _agent_nodes(run: RunModel) -> list[str]:
@@ -120,7 +132,7 @@ def _log_records(node: str, text: str) -> list[dict]:
             times[index] = previous
         previous = times[index]
     parser, records = NodeLogParser(node), []
-    for t, (_, body) in zip(times, lines):
+    for t, (_, body) in zip(times, lines, strict=True):
         records.extend(parser.feed(t, body))
     records.extend(parser.close())
     return records
@@ -140,8 +152,15 @@ def _printed_time(text: str) -> float | None:
         m = pattern.match(text)
         if m:
             try:
-                stamp = datetime(_YEAR_UNKNOWN, int(m["mo"]), int(m["d"]), int(m["h"]), int(m["mi"]), int(m["s"]),
-                                 tzinfo=timezone.utc)
+                stamp = datetime(
+                    _YEAR_UNKNOWN,
+                    int(m["mo"]),
+                    int(m["d"]),
+                    int(m["h"]),
+                    int(m["mi"]),
+                    int(m["s"]),
+                    tzinfo=timezone.utc,
+                )
             except ValueError:
                 return None
             return stamp.timestamp() + float("0." + m["f"])
@@ -149,6 +168,7 @@ def _printed_time(text: str) -> float | None:
 
 
 # --------------------------------------------------------------------------- evidence lines
+
 
 def _at(t: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t * 10) % 10}"
@@ -182,8 +202,10 @@ def _describe(r: Record) -> str:
 
 # What makes torch's lines long without telling anything: the glog or logging prefix, the rank
 # prefix, and C++ source locations.
-_NOISE = re.compile(r"^\[?[IWEF]\d{4}[ -][^\]]*\]\s*|^\[rank\d+\]:\s*|\[/[^\]]*\]\s*"
-                    r"|\btorch(\.\w+)+\.(?=\w+(Error|Exception)\b)")
+_NOISE = re.compile(
+    r"^\[?[IWEF]\d{4}[ -][^\]]*\]\s*|^\[rank\d+\]:\s*|\[/[^\]]*\]\s*"
+    r"|\btorch(\.\w+)+\.(?=\w+(Error|Exception)\b)"
+)
 
 
 def _tidy(message: str) -> str:
@@ -195,8 +217,10 @@ def _root_cause(message: str) -> str:
     parts = [p.strip() for p in message.split(" | ")]
     fields = dict(re.match(r"(\w+)\s*:\s*(.*)", p).groups() for p in parts if re.match(r"\w+\s*:", p))
     error = next((p for p in reversed(parts) if re.search(r"(Error|Exception|Signal \d+)", p)), "")
-    return _tidy(f"root cause: rank {fields.get('rank', '?')}, exitcode {fields.get('exitcode', '?')}"
-                 + (f": {error.removeprefix('traceback : ')}" if error else ""))
+    return _tidy(
+        f"root cause: rank {fields.get('rank', '?')}, exitcode {fields.get('exitcode', '?')}"
+        + (f": {error.removeprefix('traceback : ')}" if error else "")
+    )
 
 
 def _clip(text: str, width: int) -> str:
@@ -214,6 +238,7 @@ def _first_per_node(records: Iterable[Record]) -> list[Record]:
 
 # --------------------------------------------------------------------------- the diagnoses
 
+
 def shared_tcp_store(run: RunModel) -> Diagnosis | None:
     """(a) Restarted gloo groups cannot connect: torch's rendezvous TCP store, shared across restarts."""
     if run.env.get(STORE_OPT_OUT) == "1":
@@ -228,28 +253,41 @@ def shared_tcp_store(run: RunModel) -> Diagnosis | None:
         return None
     burned = [r for r in run.agent_events("group_failed") if refused and r.t >= refused[0].t]
     closed = run.agent_events("rdzv_closed")
-    evidence = [_line(failures[0]), *map(_line, _first_per_node(refused)), *map(_line, burned),
-                *map(_line, _first_per_node(closed))]
-    evidence += [_line(started, f"worker group started again; no training and no error for {quiet:.0f} s after it")
-                 for started, quiet in hung]
+    evidence = [
+        _line(failures[0]),
+        *map(_line, _first_per_node(refused)),
+        *map(_line, burned),
+        *map(_line, _first_per_node(closed)),
+    ]
+    evidence += [
+        _line(started, f"worker group started again; no training and no error for {quiet:.0f} s after it")
+        for started, quiet in hung
+    ]
     parts = []
     if refused:
         nodes = ", ".join(sorted({r.node for r in refused}, key=node_order))
-        parts.append(f"After the first failure, the new gloo process group failed to connect on {nodes} "
-                     f"(connectFullMesh failed ... Connection refused).")
+        parts.append(
+            f"After the first failure, the new gloo process group failed to connect on {nodes} "
+            f"(connectFullMesh failed ... Connection refused)."
+        )
     if hung:
         parts.append("A restarted worker group never trained: its workers hang while they build the process group.")
-    parts.append("torch 2.13's agents hand their rendezvous TCP store to the workers and keep it across "
-                 "restarts, so a restarted group reads the previous group's stale addresses from it.")
+    parts.append(
+        "torch 2.13's agents hand their rendezvous TCP store to the workers and keep it across "
+        "restarts, so a restarted group reads the previous group's stale addresses from it."
+    )
     if burned:
         parts.append(f"Each such round fails and burns a restart ({len(burned)} burned this way).")
     if closed:
         parts.append("The job ended with RendezvousClosedError when an agent ran out of restarts.")
     return Diagnosis(
-        "shared-tcp-store", "Restarted process groups cannot connect (torch's shared rendezvous store)",
-        " ".join(parts), evidence,
+        "shared-tcp-store",
+        "Restarted process groups cannot connect (torch's shared rendezvous store)",
+        " ".join(parts),
+        evidence,
         f"Set {STORE_OPT_OUT}=1 for the agents: `python -m sim up --env {STORE_OPT_OUT}=1` (in a scenario: "
-        f"cluster.env). Or have the script build its process group on a store of its own for each start.")
+        f"cluster.env). Or have the script build its process group on a store of its own for each start.",
+    )
 
 
 def _hung_after_restart(run: RunModel, first_failure: float) -> list[tuple[AgentRecord, float]]:
@@ -301,16 +339,22 @@ def restart_budget(run: RunModel) -> Diagnosis | None:
         if node not in gave_up:
             used, most = _budget(run, node)
             others.append(f"{node} used {len(used)} of {most if most is not None else '?'}")
-    cause = (f"torchrun counts restarts per agent: each agent may restart its own workers --max-restarts times. "
-             f"The agent on {', '.join(gave_up)} used all of its restarts and gave up at the next failure of its "
-             "workers, which closes the rendezvous and ends the job on every node.")
+    cause = (
+        f"torchrun counts restarts per agent: each agent may restart its own workers --max-restarts times. "
+        f"The agent on {', '.join(gave_up)} used all of its restarts and gave up at the next failure of its "
+        "workers, which closes the rendezvous and ends the job on every node."
+    )
     if others:
         cause += f" The other agents: {', '.join(others)}."
     return Diagnosis(
-        "restart-budget", f"Restart budget used up on {', '.join(names)}", cause, evidence,
+        "restart-budget",
+        f"Restart budget used up on {', '.join(names)}",
+        cause,
+        evidence,
         "Give each agent as many restarts as failures it must survive (--max-restarts N; a fault test needs "
         "one per fault that hits the same node), and remove the cause of the failures themselves (the root "
-        "cause above, and any other diagnosis).")
+        "cause above, and any other diagnosis).",
+    )
 
 
 def _budget(run: RunModel, node: str) -> tuple[list[AgentRecord], int | None]:
@@ -333,28 +377,36 @@ def waiting_for_nodes(run: RunModel) -> Diagnosis | None:
     for record in timeouts:
         entered = [r for r in run.agent_events("rdzv_joining", node=record.node) if r.t <= record.t]
         if entered:
-            evidence.append(_line(entered[-1], f"agent entered the rendezvous, waited "
-                                                f"{record['t'] - entered[-1]['t']:.0f} s"))
+            evidence.append(
+                _line(entered[-1], f"agent entered the rendezvous, waited {record['t'] - entered[-1]['t']:.0f} s")
+            )
         evidence.append(_line(record, "RendezvousTimeoutError: not enough nodes joined in time"))
-    evidence += [_line(r, f"agent in the rendezvous for {run.t_end - r.t:.0f} s, not complete")
-                 for r in waiting]
+    evidence += [_line(r, f"agent in the rendezvous for {run.t_end - r.t:.0f} s, not complete") for r in waiting]
     evidence += [_line(r) for r in lost]
     cut_off = _first_per_node(run.agent_events("keepalive_failed")) + _fault_records(run, "partition")
     evidence += [_line(r) for r in cut_off]
-    need = (f"at least {min_nodes} nodes (--min-nodes) have joined" if isinstance(min_nodes, int)
-            else "the job's minimum number of nodes (torchrun --nnodes MIN:MAX) have joined")
+    need = (
+        f"at least {min_nodes} nodes (--min-nodes) have joined"
+        if isinstance(min_nodes, int)
+        else "the job's minimum number of nodes (torchrun --nnodes MIN:MAX) have joined"
+    )
     have = f"; {len(live)} node(s) were live ({', '.join(live) or 'none'})" if live is not None else ""
-    cut = " A node that cannot reach the rendezvous backend (keep-alive failed, partitioned) counts as gone." \
-        if cut_off else ""
+    cut = (
+        " A node that cannot reach the rendezvous backend (keep-alive failed, partitioned) counts as gone."
+        if cut_off
+        else ""
+    )
     done = " and gave up with RendezvousTimeoutError after join_timeout" if timeouts else ""
     return Diagnosis(
-        "waiting-for-nodes", "Agents wait in the rendezvous for more nodes" + (": too few live" if short else ""),
+        "waiting-for-nodes",
+        "Agents wait in the rendezvous for more nodes" + (": too few live" if short else ""),
         f"The rendezvous cannot complete until {need}{have}. The agents waited{done}.{cut}",
         evidence,
         "Bring the missing nodes back (start the node, heal the partition) or lower the minimum "
         "(`--min-nodes`, torchrun --nnodes MIN:MAX) so the live nodes suffice. The agents wait up to "
         "join_timeout (600 s by default; `--rdzv-conf join_timeout=S`), and drop an unreachable node after "
-        "keep_alive_interval x keep_alive_max_attempt (15 s by default).")
+        "keep_alive_interval x keep_alive_max_attempt (15 s by default).",
+    )
 
 
 def _waiting_now(run: RunModel) -> list[AgentRecord]:
@@ -363,8 +415,18 @@ def _waiting_now(run: RunModel) -> list[AgentRecord]:
     beats, waiting = run.beat_times, []
     completed = [r.t for r in run.agent_events("rdzv_complete")]
     for node in _agent_nodes(run):
-        mine = run.agent_events("rdzv_joining", "rdzv_complete", "group_finished", "rdzv_closed", "rdzv_timeout",
-                         "rdzv_error", "rdzv_graceful_exit", "exception", "error_file", node=node)
+        mine = run.agent_events(
+            "rdzv_joining",
+            "rdzv_complete",
+            "group_finished",
+            "rdzv_closed",
+            "rdzv_timeout",
+            "rdzv_error",
+            "rdzv_graceful_exit",
+            "exception",
+            "error_file",
+            node=node,
+        )
         if not mine or mine[-1].event != "rdzv_joining" or run.t_end - mine[-1].t <= RDZV_WAIT_S:
             continue
         since = mine[-1].t
@@ -400,38 +462,62 @@ def loss_jump(run: RunModel, tolerance: float = LOSS_JUMP_TOLERANCE) -> Diagnosi
     jumps = [found for found in loss_across_resumes(run, tolerance) if found.jumped]
     for found in jumps:
         last = found.before[max(found.before)]
-        evidence.append(_line(last, f"step {last.step} loss {last.loss:.4g} (mean {found.mean_before:.4g} over "
-                                    f"{len(found.before)} step(s) before)"))
+        evidence.append(
+            _line(
+                last,
+                f"step {last.step} loss {last.loss:.4g} (mean {found.mean_before:.4g} over "
+                f"{len(found.before)} step(s) before)",
+            )
+        )
         peak = max(found.after.values(), key=lambda r: r.loss)
-        evidence.append(_line(peak, f"step {peak.step} loss {peak.loss:.4g} after the restart "
-                                    f"(mean {found.mean_after:.4g} over {len(found.after)} step(s))"))
+        evidence.append(
+            _line(
+                peak,
+                f"step {peak.step} loss {peak.loss:.4g} after the restart "
+                f"(mean {found.mean_after:.4g} over {len(found.after)} step(s))",
+            )
+        )
     for resume in run.resumes:
         reset = _optimizer_reset(run, resume.t)
         if reset is not None:
             resets.append(reset)
             first, reached = reset
-            evidence.append(_line(first, f"rank {first.rank}: optimizer state step {first.step} at its "
-                                         f"first step after the restart; it had reached {reached} before"))
+            evidence.append(
+                _line(
+                    first,
+                    f"rank {first.rank}: optimizer state step {first.step} at its "
+                    f"first step after the restart; it had reached {reached} before",
+                )
+            )
     if not jumps and not resets:
         return None
     parts = []
     if jumps:
         found = jumps[0]
         times = f" ({found.mean_after / found.mean_before:.1f}x)" if found.mean_before > 0 else ""
-        parts.append(f"After the restart at {_at(found.resume.t)} the loss rose from {found.mean_before:.4g} to "
-                     f"{found.mean_after:.4g}{times}: the resumed run did not carry on the same training state.")
+        parts.append(
+            f"After the restart at {_at(found.resume.t)} the loss rose from {found.mean_before:.4g} to "
+            f"{found.mean_after:.4g}{times}: the resumed run did not carry on the same training state."
+        )
     if resets:
-        parts.append("The optimizer's own step count started over at 1 after the restart: its state (moments, "
-                     "step) was not loaded from the checkpoint, so it restarted from scratch on trained weights.")
+        parts.append(
+            "The optimizer's own step count started over at 1 after the restart: its state (moments, "
+            "step) was not loaded from the checkpoint, so it restarted from scratch on trained weights."
+        )
     else:
-        parts.append("The usual cause is a checkpoint without the optimizer's (or the LR scheduler's) state: "
-                     "a fresh Adam takes full-size steps on trained weights, a fresh scheduler restarts warm-up.")
+        parts.append(
+            "The usual cause is a checkpoint without the optimizer's (or the LR scheduler's) state: "
+            "a fresh Adam takes full-size steps on trained weights, a fresh scheduler restarts warm-up."
+        )
     return Diagnosis(
-        "loss-jump", "Loss jumps after a restart: optimizer or scheduler state not restored", " ".join(parts),
+        "loss-jump",
+        "Loss jumps after a restart: optimizer or scheduler state not restored",
+        " ".join(parts),
         evidence,
         "Save optimizer.state_dict() (and the LR scheduler's and GradScaler's state_dict()) in the checkpoint with "
         "the model, and load them on every start; with torch.distributed.checkpoint, save and load "
-        "get_state_dict(model, optimizer).")
+        "get_state_dict(model, optimizer).",
+    )
 
 
 def _optimizer_reset(run: RunModel, restart: float) -> tuple[WorkerRecord, int] | None:
@@ -457,22 +543,33 @@ def process_group_timeout(run: RunModel) -> Diagnosis | None:
     frozen = _frozen_stalls(run)
     if not timeouts and not frozen:
         return None
-    evidence = [_line(pause, f"{_frozen_node(pause)} frozen ({_describe(pause)}); no training "
-                             f"progress on any node for {quiet:.0f} s after it") for pause, quiet in frozen]
+    evidence = [
+        _line(
+            pause,
+            f"{_frozen_node(pause)} frozen ({_describe(pause)}); no training "
+            f"progress on any node for {quiet:.0f} s after it",
+        )
+        for pause, quiet in frozen
+    ]
     evidence += [_line(r) for r in _first_per_node(timeouts)]
     waited = [int(m.group(1)) for r in timeouts if (m := re.search(r"waiting (\d+)ms", r.message or ""))]
     limit = f" after waiting {max(waited) / 60000:.0f} min" if waited else ""
-    cause = ("A peer stopped answering (frozen, stopped or cut off) while the others were inside a collective. "
-             "They wait for it until the process group's timeout (30 minutes by default for gloo): its agent "
-             "still looks alive to torchrun, so nothing restarts the group meanwhile.")
+    cause = (
+        "A peer stopped answering (frozen, stopped or cut off) while the others were inside a collective. "
+        "They wait for it until the process group's timeout (30 minutes by default for gloo): its agent "
+        "still looks alive to torchrun, so nothing restarts the group meanwhile."
+    )
     if timeouts:
         cause += f" The collective timed out{limit} on {', '.join(sorted({r['node'] for r in timeouts}))}."
     return Diagnosis(
-        "process-group-timeout", "Hang in a collective until the process group's timeout", cause,
+        "process-group-timeout",
+        "Hang in a collective until the process group's timeout",
+        cause,
         evidence,
         "Pass a timeout to init_process_group that suits the job, e.g. "
-        "dist.init_process_group(\"gloo\", timeout=timedelta(seconds=60)): the blocked collective then fails, the "
-        "worker exits and torchrun regroups without the frozen node.")
+        'dist.init_process_group("gloo", timeout=timedelta(seconds=60)): the blocked collective then fails, the '
+        "worker exits and torchrun regroups without the frozen node.",
+    )
 
 
 def _frozen_stalls(run: RunModel) -> list[tuple[FaultRecord | DockerRecord, float]]:
@@ -484,9 +581,15 @@ def _frozen_stalls(run: RunModel) -> list[tuple[FaultRecord | DockerRecord, floa
     pauses = _fault_records(run, "pause") or [r for r in run.docker if r.action == "pause"]
     for pause in pauses:
         target = _frozen_node(pause)
-        resumed = [r.t for r in run.records if r.t > pause.t
-                   and ((isinstance(r, FaultRecord) and r.fault == "unpause" and r.target == target)
-                        or (isinstance(r, DockerRecord) and r.action == "unpause" and r.node == target))]
+        resumed = [
+            r.t
+            for r in run.records
+            if r.t > pause.t
+            and (
+                (isinstance(r, FaultRecord) and r.fault == "unpause" and r.target == target)
+                or (isinstance(r, DockerRecord) and r.action == "unpause" and r.node == target)
+            )
+        ]
         until = min(resumed, default=run.t_end)
         quiet_from = max((t for t in beats if t <= pause.t), default=pause.t)
         next_beat = min((t for t in beats if t > pause.t), default=None)
@@ -507,62 +610,89 @@ def c10d_store_lost(run: RunModel) -> Diagnosis | None:
         return None
     host = "node0" if run.spec_fields.get("rdzv_backend") == "c10d" else None  # sim's --rdzv-endpoint (sim/torchrun.py)
     first = lost_store[0].t
-    gone = [r for r in run.records if r.t <= first
-            and ((isinstance(r, FaultRecord) and r.phase == "ok" and r.fault in NODE_LOSS_FAULTS
-                  and (host is None or host in str(r.target)))
-                 or (isinstance(r, DockerRecord) and r.action in NODE_LOSS_DOCKER
-                     and (host is None or r.node == host)))]
+    gone = [
+        r
+        for r in run.records
+        if r.t <= first
+        and (
+            (
+                isinstance(r, FaultRecord)
+                and r.phase == "ok"
+                and r.fault in NODE_LOSS_FAULTS
+                and (host is None or host in str(r.target))
+            )
+            or (isinstance(r, DockerRecord) and r.action in NODE_LOSS_DOCKER and (host is None or r.node == host))
+        )
+    ]
     evidence = [_line(r) for r in gone[-2:]] + [_line(r) for r in _first_per_node(reversed(lost_store))]
     where = f" ({host})" if host else ""
     when = f", lost at {_at(gone[-1]['t'])}" if gone else ""
     nodes = ", ".join(sorted({r.node for r in lost_store}, key=node_order))
     return Diagnosis(
-        "c10d-store-lost", f"c10d rendezvous store lost with its host{where}",
+        "c10d-store-lost",
+        f"c10d rendezvous store lost with its host{where}",
         f"With --rdzv-backend c10d the rendezvous store lives inside the agent on the --rdzv-endpoint "
         f"host{where}{when}. torch does not elect a new store host, so the other agents ({nodes}) could no "
         f"longer reach the store (RendezvousConnectionError) and exited: the job ends.",
         evidence,
         "For a job that must survive losing any node, use --rdzv-backend etcd-v2 (etcd runs outside the "
-        "training nodes); with c10d, keep the endpoint host out of the faults (a dedicated, stable host).")
+        "training nodes); with c10d, keep the endpoint host out of the faults (a dedicated, stable host).",
+    )
 
 
 def etcd_without_v2(run: RunModel) -> Diagnosis | None:
     """(g) etcd answers 404 on the v2 API that torch's etcd backends (python-etcd) speak."""
-    found = [r for r in run.agent_events("exception", "rdzv_error")
-             if "404" in (r.message or "") and r.event == "exception" and (r.name or "").startswith("etcd.")]
+    found = [
+        r
+        for r in run.agent_events("exception", "rdzv_error")
+        if "404" in (r.message or "") and r.event == "exception" and (r.name or "").startswith("etcd.")
+    ]
     if not found:
         return None
     failed = [r for r in run.agent_events("rdzv_error") if "connection to etcd" in (r.message or "")]
     return Diagnosis(
-        "etcd-without-v2", "etcd has no v2 API",
+        "etcd-without-v2",
+        "etcd has no v2 API",
         "torch's etcd and etcd-v2 rendezvous backends use python-etcd, which speaks only etcd's v2 API; this etcd "
         "answers 404 on it (etcd 3.4/3.5 serve v2 only with --enable-v2, and etcd 3.6 removed it), so every "
         "agent fails before the first rendezvous.",
         [_line(r) for r in _first_per_node(found) + _first_per_node(failed)],
-        "Run etcd 3.4 or 3.5 with --enable-v2 (elastic-sim's own etcd does), or use --rdzv-backend c10d.")
+        "Run etcd 3.4 or 3.5 with --enable-v2 (elastic-sim's own etcd does), or use --rdzv-backend c10d.",
+    )
 
 
 def spare_agent_exit(run: RunModel) -> Diagnosis | None:
     """(h) A spare agent exits 1 with an AttributeError when the job ends without it (a torch bug)."""
-    crashed = [r for r in run.agent_events("exception") if r.name == "AttributeError"
-               and "'NoneType' object has no attribute 'is_failed'" in (r.message or "")]
+    crashed = [
+        r
+        for r in run.agent_events("exception")
+        if r.name == "AttributeError" and "'NoneType' object has no attribute 'is_failed'" in (r.message or "")
+    ]
     if not crashed:
         return None
     nodes = sorted({r.node for r in crashed}, key=node_order)
     graceful = [r for r in run.agent_events("rdzv_graceful_exit") if r.node in nodes]
     return Diagnosis(
-        "spare-agent-exit", f"Spare agent exited 1 with AttributeError at job end: {', '.join(nodes)}",
+        "spare-agent-exit",
+        f"Spare agent exited 1 with AttributeError at job end: {', '.join(nodes)}",
         "The node joined when the job already had --max-nodes and waited as a spare (torch's redundancy list). "
         "When the job closed the rendezvous, the spare left through RendezvousGracefulExitError, after which "
         "torchrun calls is_failed() on the missing result (torch 2.13 launcher/api.py) and exits 1. It never "
         "trained: the job itself is not affected.",
         [_line(r) for r in _first_per_node(graceful) + _first_per_node(crashed)],
         "Nothing to fix in the job: do not count this node's exit code as a failure, or start no more nodes "
-        "than --max-nodes.")
+        "than --max-nodes.",
+    )
 
 
 # Most fundamental first: a cause before the budget it burned, the budget before what followed.
 DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
-    etcd_without_v2, shared_tcp_store, c10d_store_lost, process_group_timeout, loss_jump, restart_budget,
-    waiting_for_nodes, spare_agent_exit,
+    etcd_without_v2,
+    shared_tcp_store,
+    c10d_store_lost,
+    process_group_timeout,
+    loss_jump,
+    restart_budget,
+    waiting_for_nodes,
+    spare_agent_exit,
 )

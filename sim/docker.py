@@ -30,6 +30,8 @@ from .errors import DockerUnavailableError, SimError
 FIX_ENGINE = "start it with `make setup` (installs and starts dockerd) or `sudo dockerd &`"
 API_TIMEOUT_S = 120  # one engine request; streams (logs -f, events) have none
 RESOURCE_KINDS = ("container", "network", "volume")
+# A memory limit above any host's memory: how `update_resources` lifts a limit (cgroup v1 refuses -1).
+NO_MEMORY_LIMIT = 2**62
 EXEC_FAILED = 126  # an exec the engine refused (container paused or gone): the shell's "cannot execute"
 
 
@@ -68,6 +70,31 @@ class Labelled:
 
     id: str
     labels: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    """A container's CPU and memory limits (cgroup cpu quota and memory limit)."""
+
+    cpu_quota: int  # microseconds of CPU per cpu_period; 0 or -1: no limit
+    cpu_period: int  # microseconds; 0: the engine's default (100000)
+    memory: int  # bytes; 0: no limit
+
+    def __post_init__(self):
+        for name in ("cpu_quota", "cpu_period", "memory"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < -1:
+                raise ValueError(f"Resources.{name}: {value!r} is not a whole number >= -1")
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitsSupport:
+    """What the engine can limit: what the slow-node, oom-worker and fill-disk faults need."""
+
+    cgroup_version: str  # "1" or "2"
+    cpu_quota: bool  # the cgroup cpu controller's CFS quota (slow-node)
+    memory_limit: bool  # the memory controller (oom-worker, `memory` in the spec)
+    tmpfs_volumes: bool  # local volumes of type tmpfs with a size (`ckpt_size`, fill-disk): Linux engines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +159,11 @@ class DockerProvider(Protocol):
     def exec(self, container: str, argv: Sequence[str], *, user: str | None = None, timeout: float = 30,
              detach: bool = False) -> ExecResult: ...
 
+    def resources(self, container: str) -> Resources: ...
+
+    def update_resources(self, container: str, *, cpu_quota: int | None = None, cpu_period: int | None = None,
+                         memory: int | None = None) -> None: ...
+
     def logs(self, container: str, *, tail: int | None = None, timestamps: bool = False) -> str: ...
 
     def follow_logs(self, container: str, *, since: float | None = None) -> Iterator[str]: ...
@@ -139,6 +171,8 @@ class DockerProvider(Protocol):
     def events(self, label_filter: str) -> EventStream: ...
 
     def runtimes(self) -> set[str]: ...
+
+    def limits_support(self) -> LimitsSupport: ...
 
     def image_exists(self, tag: str) -> bool: ...
 
@@ -312,6 +346,20 @@ class Docker:
         stdout, stderr = got["output"]
         return ExecResult(got["code"], _text(stdout), _text(stderr))
 
+    def resources(self, container: str) -> Resources:
+        host = self._call("inspect", self.api.inspect_container, container)["HostConfig"]
+        return Resources(int(host.get("CpuQuota") or 0), int(host.get("CpuPeriod") or 0), int(host.get("Memory") or 0))
+
+    def update_resources(self, container: str, *, cpu_quota: int | None = None, cpu_period: int | None = None,
+                         memory: int | None = None) -> None:
+        """`docker update`: a CPU quota (-1: none) per period, and/or a memory limit with no swap. The engine
+        cannot lift a memory limit (0 means "unchanged"); NO_MEMORY_LIMIT is its stand-in."""
+        limits = {"cpu_quota": cpu_quota, "cpu_period": cpu_period}
+        if memory is not None:
+            limits.update(mem_limit=memory, memswap_limit=memory)
+        self._call("update", self.api.update_container, container,
+                   **{key: value for key, value in limits.items() if value is not None})
+
     # --- logs and events --------------------------------------------------------------
 
     def logs(self, container: str, *, tail: int | None = None, timestamps: bool = False) -> str:
@@ -332,6 +380,11 @@ class Docker:
 
     def runtimes(self) -> set[str]:
         return set(self._call("info", self.api.info).get("Runtimes") or {})
+
+    def limits_support(self) -> LimitsSupport:
+        info = self._call("info", self.api.info)
+        return LimitsSupport(str(info.get("CgroupVersion") or "1"), bool(info.get("CpuCfsQuota")),
+                             bool(info.get("MemoryLimit")), info.get("OSType") == "linux")
 
     # --- images -----------------------------------------------------------------------------
 

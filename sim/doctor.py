@@ -11,9 +11,13 @@ import os
 import shutil
 import subprocess
 
+from . import labels
+from .audit import audit_project, project_from_inspect
 from .docker import Docker
-from .errors import SimError
+from .errors import ClusterNotFoundError, SimError
 from .images import ImageBuilder
+from .render import render
+from .spec import ClusterSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +74,28 @@ def gpu_check(docker: Docker) -> DoctorCheck:
     return DoctorCheck("GPU runtime (for --gpus)", ok, detail, "install the NVIDIA Container Toolkit", required=False)
 
 
+def limits_checks(docker: Docker) -> list[DoctorCheck]:
+    """What the resource faults need of the engine: cgroup controllers and tmpfs volumes."""
+    try:
+        support = docker.limits_support()
+    except SimError as error:
+        return [DoctorCheck("resource limits", False, str(error), required=False)]
+    cgroup = f"cgroup v{support.cgroup_version}"
+    controllers = "cpu and memory controllers" if support.cgroup_version == "2" else "cpu and memory hierarchies"
+    return [
+        DoctorCheck("CPU quota (slow-node)", support.cpu_quota, f"{cgroup}, CFS quota" if support.cpu_quota
+                    else f"{cgroup}: the engine reports no CFS quota", f"a kernel and engine with the {controllers}",
+                    required=False),
+        DoctorCheck("memory limit (oom-worker, --memory)", support.memory_limit,
+                    f"{cgroup}, memory limits" if support.memory_limit else f"{cgroup}: no memory limit support",
+                    f"a kernel with the memory controller enabled (cgroup_enable=memory); {controllers}",
+                    required=False),
+        DoctorCheck("tmpfs volumes (ckpt_size, fill-disk)", support.tmpfs_volumes,
+                    "local volumes of type tmpfs with a size" if support.tmpfs_volumes else "not a Linux engine",
+                    "a Linux Docker engine", required=False),
+    ]
+
+
 def has_gpu_runtime(docker: Docker) -> bool:
     return gpu_check(docker).ok
 
@@ -98,8 +124,35 @@ def run_checks(docker: Docker) -> list[DoctorCheck]:
         checks.append(DoctorCheck("images", not missing, "built" if not missing else f"not built yet: {', '.join(missing)}",
                                   "python -m sim build (or the first `sim up` builds them)", required=False))
         checks.append(gpu_check(docker))
+        checks.extend(limits_checks(docker))
     checks.extend(kernel_checks())
     return checks
+
+
+def audit_checks(project: dict, what: str) -> list[DoctorCheck]:
+    """The privilege audit (sim/audit.py) of one project, one check per finding, or one saying it is clean."""
+    findings = audit_project(project)
+    if not findings:
+        return [DoctorCheck(f"privileges of {what}", True, "no privileged, caps only NET_ADMIN where network faults "
+                                                          "need it, workers not root, script read-only, no Docker "
+                                                          "socket, no port beyond loopback")]
+    return [DoctorCheck(f"privileges of {what}", False, str(finding), "see sim/audit.py for the rule")
+            for finding in findings]
+
+
+def rendered_audit() -> list[DoctorCheck]:
+    """The audit of the project `sim up` renders by default (no Docker needed)."""
+    project = render(ClusterSpec(), node_image="NODE_IMAGE", etcd_image="ETCD_IMAGE", run_id="audit")
+    return audit_checks(project, "a rendered default cluster")
+
+
+def running_audit(docker: Docker, name: str) -> list[DoctorCheck]:
+    """The audit of a running cluster's containers, as the engine reports them."""
+    containers = docker.containers(labels.cluster_filter(name))
+    if not containers:
+        raise ClusterNotFoundError(f"cluster '{name}': not found; `python -m sim ls` lists clusters")
+    project = project_from_inspect([docker.inspect(container.id) for container in containers])
+    return audit_checks(project, f"running cluster '{name}'")
 
 
 def format_report(checks: list[DoctorCheck]) -> str:

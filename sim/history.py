@@ -207,7 +207,8 @@ class WorkerRecord(_WorkerFacts):
 
 
 RECORD_TYPES: dict[str, type[Record]] = {
-    kind.TYPE: kind for kind in (RunRecord, FaultRecord, DockerRecord, AgentRecord, TrainerRecord, WorkerRecord)}
+    kind.TYPE: kind for kind in (RunRecord, FaultRecord, DockerRecord, AgentRecord, TrainerRecord, WorkerRecord)
+}
 
 
 def parse_record(data: Mapping) -> Record:
@@ -218,8 +219,9 @@ def parse_record(data: Mapping) -> Record:
         raise HistoryError(f"history line {str(data)[:80]!r}: not a JSON object; write one object per line")
     kind = RECORD_TYPES.get(data.get("type"))  # type: ignore[arg-type]
     if kind is None:
-        raise HistoryError(f"history record {_brief(data)}: unknown type {data.get('type')!r}; "
-                           f"use one of {', '.join(RECORD_TYPES)}")
+        raise HistoryError(
+            f"history record {_brief(data)}: unknown type {data.get('type')!r}; use one of {', '.join(RECORD_TYPES)}"
+        )
     values: dict = {"extra": {k: v for k, v in data.items() if k != "type" and k not in kind.field_names()}}
     for name, (accepted, required) in _field_kinds(kind).items():
         value = data.get(name)
@@ -230,16 +232,20 @@ def parse_record(data: Mapping) -> Record:
         if tuple in accepted and isinstance(value, list):
             value = tuple(value)
         if not isinstance(value, accepted) or isinstance(value, bool):
-            raise HistoryError(f"history record {_brief(data)}: {name} {value!r} is not "
-                               f"{' or '.join(a.__name__ for a in accepted)}; "
-                               "write it as the schema in sim/history.py says")
+            raise HistoryError(
+                f"history record {_brief(data)}: {name} {value!r} is not "
+                f"{' or '.join(a.__name__ for a in accepted)}; "
+                "write it as the schema in sim/history.py says"
+            )
         values[name] = value
     if kind is FaultRecord and values["phase"] not in FAULT_PHASES:
-        raise HistoryError(f"history record {_brief(data)}: phase {values['phase']!r}; "
-                           f"use one of {', '.join(FAULT_PHASES)}")
+        raise HistoryError(
+            f"history record {_brief(data)}: phase {values['phase']!r}; use one of {', '.join(FAULT_PHASES)}"
+        )
     if kind is WorkerRecord and values["event"] not in WORKER_EVENTS:
-        raise HistoryError(f"history record {_brief(data)}: worker event {values['event']!r}; "
-                           f"use one of {', '.join(WORKER_EVENTS)}")
+        raise HistoryError(
+            f"history record {_brief(data)}: worker event {values['event']!r}; use one of {', '.join(WORKER_EVENTS)}"
+        )
     if kind is RunRecord and values["event"] == "start":
         values.setdefault("schema", SCHEMA_VERSION)  # written before the version existed: version 1
     return kind(**values)

@@ -64,13 +64,19 @@ def _tree_digest(root: Path) -> str:
 
 
 def _tree_files(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")]
+    return [p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")]
 
 
 class ImageBuilder:
-    def __init__(self, docker: DockerProvider, progress: Progress = to_stderr, images_dir: Path = IMAGES_DIR,
-                 trainer_dir: Path = TRAINER_DIR, cache_dir: Path | None = None, repo: str = REPO):
+    def __init__(
+        self,
+        docker: DockerProvider,
+        progress: Progress = to_stderr,
+        images_dir: Path = IMAGES_DIR,
+        trainer_dir: Path = TRAINER_DIR,
+        cache_dir: Path | None = None,
+        repo: str = REPO,
+    ):
         self.docker = docker
         self.repo = repo
         self.progress = progress
@@ -86,8 +92,9 @@ class ImageBuilder:
         if override:
             return override
         script = (self.images_dir / "base" / "bootstrap.sh").read_bytes()
-        key = _digest(script, os.environ.get("SIM_DEBIAN_SUITE", ""), os.environ.get("SIM_DEBIAN_MIRROR", ""),
-                      platform.machine())
+        key = _digest(
+            script, os.environ.get("SIM_DEBIAN_SUITE", ""), os.environ.get("SIM_DEBIAN_MIRROR", ""), platform.machine()
+        )
         return f"{self.repo}/base:{key}"
 
     def runtime_tag(self, base: str) -> str:
@@ -124,7 +131,8 @@ class ImageBuilder:
         if not self.docker.image_exists(tags.base):
             if os.environ.get("SIM_BASE_IMAGE"):
                 raise ImageBuildError(
-                    f"SIM_BASE_IMAGE '{tags.base}': image not found; `docker pull` it first or unset SIM_BASE_IMAGE")
+                    f"SIM_BASE_IMAGE '{tags.base}': image not found; `docker pull` it first or unset SIM_BASE_IMAGE"
+                )
             self._build_base(tags.base)
         if not self.docker.image_exists(tags.runtime):
             self._build_runtime(tags)
@@ -142,7 +150,9 @@ class ImageBuilder:
         """Older builds of the same images are unreachable by content: drop them
         (an image a container still uses is kept by Docker's own refusal)."""
         keep = set(dataclasses.astuple(current))
-        stale = [tag for tag in self.docker.image_tags(labels.IMAGE) if tag.startswith(f"{self.repo}/") and tag not in keep]
+        stale = [
+            tag for tag in self.docker.image_tags(labels.IMAGE) if tag.startswith(f"{self.repo}/") and tag not in keep
+        ]
         self.docker.remove_images(stale)
 
     def missing(self) -> list[str]:
@@ -212,6 +222,7 @@ class ImageBuilder:
                 self.progress(text)
             else:
                 self.progress(f"[{name}] {text}")
+
         return relay
 
     # --- build inputs fetched on the host (the image builds stay offline) ----
@@ -228,8 +239,10 @@ class ImageBuilder:
         pip = [sys.executable, "-m", "pip"]
         # python-etcd is published as an sdist only: build its wheel once.
         self._run_pip(pip + ["wheel", "--no-deps", "-w", str(tmp), _requirement(requirements, "python-etcd")])
-        self._run_pip(pip + ["download", "-d", str(tmp), "--find-links", str(tmp), *_target_platform_args(),
-                             "-r", str(requirements)])
+        self._run_pip(
+            pip
+            + ["download", "-d", str(tmp), "--find-links", str(tmp), *_target_platform_args(), "-r", str(requirements)]
+        )
         shutil.copy(requirements, tmp / "requirements.txt")
         (tmp / ".complete").write_text("")
         shutil.rmtree(target, ignore_errors=True)
@@ -242,9 +255,18 @@ class ImageBuilder:
         return target
 
     def _run_pip(self, argv: list[str]) -> None:
-        code = stream(argv, lambda line: self.progress(f"[runtime] {line}") if line.startswith(("Saved", "Collecting", "ERROR", "Successfully")) else None)
+        code = stream(
+            argv,
+            lambda line: (
+                self.progress(f"[runtime] {line}")
+                if line.startswith(("Saved", "Collecting", "ERROR", "Successfully"))
+                else None
+            ),
+        )
         if code != 0:
-            raise ImageBuildError(f"`pip {argv[3]}` for the wheelhouse failed (exit {code}); see the [runtime] lines above")
+            raise ImageBuildError(
+                f"`pip {argv[3]}` for the wheelhouse failed (exit {code}); see the [runtime] lines above"
+            )
 
     def etcd_binary(self) -> Path:
         """Debian's etcd-server binary, fetched with `apt-get download` once."""
@@ -266,7 +288,6 @@ class ImageBuilder:
         return target
 
 
-
 def _requirement(requirements: Path, name: str) -> str:
     for line in requirements.read_text().splitlines():
         line = line.split("#")[0].strip()
@@ -280,9 +301,22 @@ def _target_platform_args() -> list[str]:
     if sys.version_info[:2] == (3, 11):
         return []  # the host's own tags match the image's
     machine = platform.machine()
-    return ["--only-binary", ":all:", "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-            "--platform", f"manylinux_2_28_{machine}", "--platform", f"manylinux2014_{machine}",
-            "--platform", f"linux_{machine}"]
+    return [
+        "--only-binary",
+        ":all:",
+        "--python-version",
+        "3.11",
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp311",
+        "--platform",
+        f"manylinux_2_28_{machine}",
+        "--platform",
+        f"manylinux2014_{machine}",
+        "--platform",
+        f"linux_{machine}",
+    ]
 
 
 def _link_or_copy(src: str, dst: str) -> str:

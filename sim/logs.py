@@ -13,7 +13,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Iterable, Sequence, TextIO
+from collections.abc import Callable, Iterable, Sequence
+from typing import TextIO
 
 from .cluster import Cluster, ContainerInfo, JobFinished
 from .history import FILE_NAME, HistoryTail
@@ -24,18 +25,26 @@ NODE_LINE_INTERVAL_S = 5.0  # instrumented workers' records: at most a line per 
 QUIET_S = 2.0  # after the job: the collector appends the nodes' last lines within this
 # Progress sources, poorest first: once a richer one is seen, the poorer ones only repeat it.
 PROGRESS_SOURCES = (("worker", "activity"), ("worker", "step"), ("worker", "progress"), ("trainer", "progress"))
-RDZV_ERROR_WORDS = {"rdzv_closed": "rendezvous closed", "rdzv_timeout": "rendezvous timed out",
-                    "rdzv_error": "rendezvous error"}
-DOCKER_WORDS = {"start": "container started", "pause": "container paused (frozen)", "unpause": "container unpaused",
-                "oom": "container ran out of memory (OOM kill)"}
+RDZV_ERROR_WORDS = {
+    "rdzv_closed": "rendezvous closed",
+    "rdzv_timeout": "rendezvous timed out",
+    "rdzv_error": "rendezvous error",
+}
+DOCKER_WORDS = {
+    "start": "container started",
+    "pause": "container paused (frozen)",
+    "unpause": "container unpaused",
+    "oom": "container ran out of memory (OOM kill)",
+}
 
 
 class FollowView:
     """Turns history records into the compact follow view's lines, or None for a record
     not worth a line. Holds only what compaction needs (no I/O), so tests feed it records."""
 
-    def __init__(self, t0: float | None = None, *, every: int = COMPACT_EVERY,
-                 interval_s: float = NODE_LINE_INTERVAL_S):
+    def __init__(
+        self, t0: float | None = None, *, every: int = COMPACT_EVERY, interval_s: float = NODE_LINE_INTERVAL_S
+    ):
         self.t0 = t0  # None: the first record's time (the run's start record)
         self.every = every
         self.interval_s = interval_s
@@ -158,8 +167,10 @@ class FollowView:
 
 
 def _world(r: dict) -> str:
-    parts = [f"world {r['world_size']}" if r.get("world_size") is not None else "",
-             f"restart {r['restart']}" if r.get("restart") is not None else ""]
+    parts = [
+        f"world {r['world_size']}" if r.get("world_size") is not None else "",
+        f"restart {r['restart']}" if r.get("restart") is not None else "",
+    ]
     text = " ".join(p for p in parts if p)
     return f" ({text})" if text else ""
 
@@ -181,7 +192,7 @@ def _exit_words(code: object) -> str:
 
 def _clip(text: object, width: int) -> str:
     text = " ".join(str(text or "").split())
-    return text if len(text) <= width else text[:width - 3] + "..."
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def live_run(history: Iterable[dict]) -> tuple[str, str] | None:
@@ -201,8 +212,9 @@ def nodes_up(containers: Sequence[ContainerInfo], run_id: str) -> tuple[int, int
     return sum(c.state in ("running", "paused", "restarting") for c in nodes), len(nodes)
 
 
-def follow_job(cluster: Cluster, out: TextIO = sys.stdout, *, verbose: bool = False, poll_s: float = 1.0,
-               quiet_s: float = QUIET_S) -> str:
+def follow_job(
+    cluster: Cluster, out: TextIO = sys.stdout, *, verbose: bool = False, poll_s: float = 1.0, quiet_s: float = QUIET_S
+) -> str:
     """Print the job as it runs until every node container has exited; returns how it ended."""
     raw = _print_raw_logs(cluster, out) if verbose else None
     tail = HistoryTail(cluster.run_dir / FILE_NAME)

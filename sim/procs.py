@@ -25,7 +25,8 @@ for pid in sorted(int(p) for p in os.listdir('/proc') if p.isdigit()):
             env = dict(kv.decode(errors='replace').split('=', 1) for kv in f.read().split(b'\0') if b'=' in kv)
     except (OSError, ValueError, IndexError):
         continue
-    keep = {k: env[k] for k in ('RANK', 'LOCAL_RANK', 'GROUP_RANK', 'WORLD_SIZE', 'TORCHELASTIC_RESTART_COUNT') if k in env}
+    names = ('RANK', 'LOCAL_RANK', 'GROUP_RANK', 'WORLD_SIZE', 'TORCHELASTIC_RESTART_COUNT')
+    keep = {k: env[k] for k in names if k in env}
     print(json.dumps({'pid': pid, 'ppid': ppid, 'args': args, 'env': keep}))
 """
 PROBE_ARGV = ["python3", "-c", PROBE]
@@ -79,7 +80,13 @@ def parse_probe(output: str) -> NodeProcesses:
     for r in rows:
         env = r["env"]
         if r["ppid"] == agent and "RANK" in env and "LOCAL_RANK" in env:
-            workers.append(Worker(pid=r["pid"], rank=int(env["RANK"]), local_rank=int(env["LOCAL_RANK"]),
-                                  group_rank=int(env["GROUP_RANK"]) if "GROUP_RANK" in env else None,
-                                  world_size=int(env["WORLD_SIZE"]) if "WORLD_SIZE" in env else None))
+            workers.append(
+                Worker(
+                    pid=r["pid"],
+                    rank=int(env["RANK"]),
+                    local_rank=int(env["LOCAL_RANK"]),
+                    group_rank=int(env["GROUP_RANK"]) if "GROUP_RANK" in env else None,
+                    world_size=int(env["WORLD_SIZE"]) if "WORLD_SIZE" in env else None,
+                )
+            )
     return NodeProcesses(agent, tuple(sorted(workers, key=lambda w: w.rank)))

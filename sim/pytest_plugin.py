@@ -34,7 +34,8 @@ def assert_verdict(result) -> None:
     if not result.passed:
         raise VerdictMismatch(
             f"scenario {result.scenario} [{result.backend}]: expected {result.expected}, the verdict disagrees\n"
-            f"{result.summary}\ntimeline: {result.timeline}")
+            f"{result.summary}\ntimeline: {result.timeline}"
+        )
 
 
 @pytest.fixture(scope="session")

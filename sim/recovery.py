@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import itertools
 import math
 
 from .runmodel import Beat, Cohort, Fault, Resume, RunModel
@@ -62,11 +63,19 @@ class Recovery:
 
     def public(self) -> FaultRecovery:
         t_recovered = self.t_recovered
-        return FaultRecovery(op=self.fault.op, fault=self.fault.fault, target=self.fault.target,
-                             t_fault=self.fault.t_ok, t_recovered=t_recovered,
-                             recovery_s=None if t_recovered is None else round(t_recovered - self.fault.t_ok, 3),
-                             steps_lost=self.steps_lost, world_before=self.world_before, world_after=self.world_after,
-                             throughput_before=self.throughput_before, throughput_after=self.throughput_after)
+        return FaultRecovery(
+            op=self.fault.op,
+            fault=self.fault.fault,
+            target=self.fault.target,
+            t_fault=self.fault.t_ok,
+            t_recovered=t_recovered,
+            recovery_s=None if t_recovered is None else round(t_recovered - self.fault.t_ok, 3),
+            steps_lost=self.steps_lost,
+            world_before=self.world_before,
+            world_after=self.world_after,
+            throughput_before=self.throughput_before,
+            throughput_after=self.throughput_after,
+        )
 
 
 def faults_during_training(run: RunModel) -> list[Fault]:
@@ -77,8 +86,9 @@ def faults_during_training(run: RunModel) -> list[Fault]:
 def recoveries(run: RunModel) -> tuple[Recovery, ...]:
     """How each fault during training was recovered from, in time order."""
     faults = faults_during_training(run)
-    return tuple(_recovery(run, fault, faults[i + 1] if i + 1 < len(faults) else None)
-                 for i, fault in enumerate(faults))
+    return tuple(
+        _recovery(run, fault, faults[i + 1] if i + 1 < len(faults) else None) for i, fault in enumerate(faults)
+    )
 
 
 def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> Recovery:
@@ -89,8 +99,12 @@ def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> Recovery
     rate_before = throughput(run, fault.t_invoke - THROUGHPUT_WINDOW_S, fault.t_invoke)
     # From the invoke: a slow fault (stop with a grace period, scale) may see the restart before its ok.
     restart = run.first_cohort_after(fault.t_invoke)
-    if (restart and next_fault and restart.t > next_fault.t_invoke
-            and run.beats_between(fault.t_ok, next_fault.t_invoke)):
+    if (
+        restart
+        and next_fault
+        and restart.t > next_fault.t_invoke
+        and run.beats_between(fault.t_ok, next_fault.t_invoke)
+    ):
         restart = None  # training went on after this fault; the restart belongs to a later one
     first = run.first_step_after(max(restart.t, fault.t_ok) if restart else fault.t_ok)
     world_after = run.world_at(first) if first else None
@@ -99,8 +113,9 @@ def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> Recovery
         return Recovery(fault, None, first, None, None, world_before, world_after, rate_before, rate_after)
     recovering = run.cohort_at(first.t) if first else restart
     steps_before = run.highest_step_before(restart.t) if run.steps_known else None
-    return Recovery(fault, restart, first, steps_before, recovering.resumed_from, world_before, world_after,
-                    rate_before, rate_after)
+    return Recovery(
+        fault, restart, first, steps_before, recovering.resumed_from, world_before, world_after, rate_before, rate_after
+    )
 
 
 def throughput(run: RunModel, begin: float, end: float) -> float | None:
@@ -109,7 +124,7 @@ def throughput(run: RunModel, begin: float, end: float) -> float | None:
     not record counts: the instrumentation writes a step record at most twice a second."""
     index = bisect.bisect_left(run.progress_times, begin)
     spans: dict[int, list[Beat]] = {}
-    for record in run.progress[index:bisect.bisect_left(run.progress_times, end)]:
+    for record in run.progress[index : bisect.bisect_left(run.progress_times, end)]:
         if record.rank in (0, None):
             spans.setdefault(run.cohort_index(record.t), []).append(record)
     steps = sum(max(r.step for r in span) - min(r.step for r in span) for span in spans.values())
@@ -118,6 +133,7 @@ def throughput(run: RunModel, begin: float, end: float) -> float | None:
 
 
 # ---------------------------------------------------------------- the loss across each resume
+
 
 @dataclasses.dataclass(frozen=True)
 class LossJump:
@@ -146,7 +162,8 @@ class LossJump:
         """Minibatch losses wobble on their own (early in training by more than 50%): a rise counts only
         when it also stands out from the noise. Only a rise: the loss falling is progress, not a fault."""
         return not math.isfinite(self.mean_after) or (
-            self.relative > self.tolerance and self.mean_after - self.mean_before > NOISE_FACTOR * self.noise)
+            self.relative > self.tolerance and self.mean_after - self.mean_before > NOISE_FACTOR * self.noise
+        )
 
 
 def loss_across_resumes(run: RunModel, tolerance: float = LOSS_JUMP_TOLERANCE) -> list[LossJump]:
@@ -176,7 +193,7 @@ def loss_across_resumes(run: RunModel, tolerance: float = LOSS_JUMP_TOLERANCE) -
 def _step_noise(losses: dict[int, Beat], up_to_step: int) -> float:
     """Mean absolute change between consecutive steps over the NOISE_WINDOW steps up to `up_to_step`."""
     steps = [s for s in sorted(losses) if s <= up_to_step][-NOISE_WINDOW:]
-    diffs = [abs(losses[b].loss - losses[a].loss) for a, b in zip(steps, steps[1:]) if b == a + 1]
+    diffs = [abs(losses[b].loss - losses[a].loss) for a, b in itertools.pairwise(steps) if b == a + 1]
     return _mean(diffs) if diffs else 0.0
 
 

@@ -9,7 +9,7 @@ import yaml
 
 from . import labels
 from .paths import COMPOSE_TEMPLATE
-from .spec import USER_SCRIPT_DIR, ClusterSpec, node_name
+from .spec import USER_SCRIPT_DIR, ClusterSpec, node_name, parse_size
 from .torchrun import torchrun_argv
 
 
@@ -39,6 +39,11 @@ def render(spec: ClusterSpec, *, node_image: str, etcd_image: str, run_id: str,
         if vol_name == "etcd-data" and not spec.uses_etcd:
             continue
         project["volumes"][vol_name] = {**(vol or {}), "labels": dict(common)}
+    if spec.ckpt_size is not None:
+        # One tmpfs, mounted once on the host and shared by every node (the local driver
+        # counts its users): a checkpoint disk that fills up, for the fill-disk fault.
+        size = parse_size("--ckpt-size", spec.ckpt_size)
+        project["volumes"]["ckpt"]["driver_opts"] = {"type": "tmpfs", "device": "tmpfs", "o": f"size={size}"}
     return project
 
 
@@ -65,6 +70,9 @@ def render_node(spec: ClusterSpec, index: int, node_template: dict, *, node_imag
     if spec.script is not None:
         node["volumes"].append({
             "type": "bind", "source": str(Path(spec.script).parent), "target": USER_SCRIPT_DIR, "read_only": True})
+    if spec.memory is not None:
+        # No swap: a node over its limit meets the OOM killer, as on a training host without swap.
+        node["mem_limit"] = node["memswap_limit"] = parse_size("--memory", spec.memory)
     if spec.uses_etcd:
         node["depends_on"] = {"etcd": {"condition": "service_healthy"}}
     if spec.gpus.enabled:

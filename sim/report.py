@@ -10,8 +10,9 @@ import base64
 import dataclasses
 import html
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 from .diagnose import Diagnosis, format_diagnoses
 from .nodes import node_order
@@ -36,14 +37,22 @@ class ReportFiles(NamedTuple):
         return cls(json=folder / "report.json", png=folder / "timeline.png", html=folder / "timeline.html")
 
 
-def write_report(run: RunModel, verdict: Verdict, out_dir: Path, *,
-                 title: str, profile: str | None, diagnoses: Sequence[Diagnosis] = ()) -> ReportFiles:
+def write_report(
+    run: RunModel,
+    verdict: Verdict,
+    out_dir: Path,
+    *,
+    title: str,
+    profile: str | None,
+    diagnoses: Sequence[Diagnosis] = (),
+) -> ReportFiles:
     """Write report.json, timeline.png and timeline.html into out_dir."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = ReportFiles.in_folder(out_dir)
-    draw_timeline(build_timeline(run, verdict), files.png, title=title, verdict=verdict,
-                  profile=profile_label(profile, run))
+    draw_timeline(
+        build_timeline(run, verdict), files.png, title=title, verdict=verdict, profile=profile_label(profile, run)
+    )
     data = report_data(verdict, run, title=title, profile=profile, files=files, diagnoses=diagnoses)
     files.json.write_text(json.dumps(data, indent=2, default=_json_default) + "\n", encoding="utf-8")
     files.html.write_text(render_html(data, files.png.read_bytes()), encoding="utf-8")
@@ -51,7 +60,7 @@ def write_report(run: RunModel, verdict: Verdict, out_dir: Path, *,
 
 
 def profile_label(profile: str | None, run: RunModel) -> str:
-    """"fast", "torch defaults", ...: the given profile, else the run start record's."""
+    """ "fast", "torch defaults", ...: the given profile, else the run start record's."""
     if profile is None and run.start is not None:
         profile = run.start.profile
     return PROFILE_WORDS.get(profile, profile) if profile else "unknown"
@@ -59,8 +68,16 @@ def profile_label(profile: str | None, run: RunModel) -> str:
 
 # ---------------------------------------------------------------- summary, JSON, HTML
 
-def report_data(verdict: Verdict, run: RunModel, *, title: str, profile: str | None,
-                files: ReportFiles | None = None, diagnoses: Sequence[Diagnosis] = ()) -> dict:
+
+def report_data(
+    verdict: Verdict,
+    run: RunModel,
+    *,
+    title: str,
+    profile: str | None,
+    files: ReportFiles | None = None,
+    diagnoses: Sequence[Diagnosis] = (),
+) -> dict:
     """The figures of the report as plain data (what report.json holds)."""
     origin = run_origin(run)
     return {
@@ -69,19 +86,23 @@ def report_data(verdict: Verdict, run: RunModel, *, title: str, profile: str | N
         "valid": verdict.valid,
         "expected": verdict.expected,
         "profile": profile_label(profile, run),
-        "run": {"start": origin,
-                "duration_s": None if origin is None else round(run.all_records[-1].t - origin, 3)},
+        "run": {"start": origin, "duration_s": None if origin is None else round(run.all_records[-1].t - origin, 3)},
         "checks": [dataclasses.asdict(result) for result in verdict.results],
-        "recoveries": [{**dataclasses.asdict(r), "since_start_s": _since(r.t_fault, origin, verdict)}
-                       for r in verdict.recoveries],
+        "recoveries": [
+            {**dataclasses.asdict(r), "since_start_s": _since(r.t_fault, origin, verdict)} for r in verdict.recoveries
+        ],
         "job_end": job_end_after_faults(verdict, run),
         "restarts_per_node": dict(verdict.restarts_per_node),
         "restarts_note": RESTARTS_NOTE,
         "rounds": verdict.rounds,
-        "training": {"step_source": run.step_source, "seen_through": STEP_SOURCE_WORDS[run.step_source],
-                     "highest_step": run.highest_step if run.steps_known else None,
-                     "step_efficiency": _step_efficiency(verdict), "zombie_records": len(run.zombies),
-                     "not_measured": [r.name for r in verdict.results if not r.measured]},
+        "training": {
+            "step_source": run.step_source,
+            "seen_through": STEP_SOURCE_WORDS[run.step_source],
+            "highest_step": run.highest_step if run.steps_known else None,
+            "step_efficiency": _step_efficiency(verdict),
+            "zombie_records": len(run.zombies),
+            "not_measured": [r.name for r in verdict.results if not r.measured],
+        },
         "diagnoses": [dataclasses.asdict(d) for d in diagnoses],
         "history": {"skipped_lines": run.skipped_lines},  # lines that were not a record (torn writes)
         "files": {} if files is None else {kind: str(path) for kind, path in files._asdict().items()},
@@ -130,10 +151,15 @@ def _result_word(result: CheckResult) -> str:
 def _fault_row(recovery: dict, never: str = "never") -> list[str]:
     """One row of the faults table, from a recovery as report_data gives it."""
     steps_lost = recovery["steps_lost"]
-    return [f"+{recovery['since_start_s']:.1f} s", recovery["fault"], recovery["target"] or "-",
-            _seconds(recovery["recovery_s"], never), "-" if steps_lost is None else str(steps_lost),
-            _world_change(recovery["world_before"], recovery["world_after"]),
-            _rate_change(recovery["throughput_before"], recovery["throughput_after"])]
+    return [
+        f"+{recovery['since_start_s']:.1f} s",
+        recovery["fault"],
+        recovery["target"] or "-",
+        _seconds(recovery["recovery_s"], never),
+        "-" if steps_lost is None else str(steps_lost),
+        _world_change(recovery["world_before"], recovery["world_after"]),
+        _rate_change(recovery["throughput_before"], recovery["throughput_after"]),
+    ]
 
 
 def _training_words(training: dict) -> str:
@@ -161,8 +187,7 @@ JOB_END_HEADERS = ["time", "fault", "target", "agents ended after it"]
 
 def _job_end_row(row: dict) -> list[str]:
     when = "-" if row["since_start_s"] is None else f"+{row['since_start_s']:.1f} s"
-    ended = "-" if row["ended_after_s"] is None else \
-        f"{row['agents_ended']} within {row['ended_after_s']:.1f} s"
+    ended = "-" if row["ended_after_s"] is None else f"{row['agents_ended']} within {row['ended_after_s']:.1f} s"
     return [when, row["fault"], row["target"] or "-", ended]
 
 
@@ -176,19 +201,31 @@ def fault_table(data: dict) -> tuple[list[str], list[list[str]]]:
 
 def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
-    return [indent + "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
-            for row in [headers, *rows]]
+    return [
+        indent + "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [headers, *rows]
+    ]
 
 
-def format_summary(verdict: Verdict, run: RunModel, *, title: str, profile: str | None,
-                   files: ReportFiles | None = None, diagnoses: Sequence[Diagnosis] = ()) -> str:
+def format_summary(
+    verdict: Verdict,
+    run: RunModel,
+    *,
+    title: str,
+    profile: str | None,
+    files: ReportFiles | None = None,
+    diagnoses: Sequence[Diagnosis] = (),
+) -> str:
     """The report for a terminal: verdict, checks, diagnoses, faults, restarts, rounds, profile, files."""
     data = report_data(verdict, run, title=title, profile=profile, files=files, diagnoses=diagnoses)
     expected = EXPECTED_WORDS.get(verdict.expected, verdict.expected)
     lines = [f"{title}: {data['verdict']} (expected: {expected})", ""]
     lines.append("Checks:")
-    lines += _table(["check", "result", "first reason"], [_check_row(r) for r in verdict.results]) \
-        if verdict.results else ["  (none)"]
+    lines += (
+        _table(["check", "result", "first reason"], [_check_row(r) for r in verdict.results])
+        if verdict.results
+        else ["  (none)"]
+    )
     if diagnoses:
         lines += ["", "Why (known causes, with the evidence and the fix):", format_diagnoses(diagnoses)]
     lines.append("")
@@ -196,8 +233,10 @@ def format_summary(verdict: Verdict, run: RunModel, *, title: str, profile: str 
     headers, rows = fault_table(data)
     lines += _table(headers, rows) if rows else ["  (none)"]
     lines.append("")
-    restarts = ", ".join(f"{node} {count}" for node, count in sorted(verdict.restarts_per_node.items(),
-                                                                       key=lambda item: node_order(item[0])))
+    restarts = ", ".join(
+        f"{node} {count}"
+        for node, count in sorted(verdict.restarts_per_node.items(), key=lambda item: node_order(item[0]))
+    )
     lines.append(f"Restarts per node ({RESTARTS_NOTE}): {restarts or 'none'}")
     lines.append(f"Rendezvous rounds: {verdict.rounds}")
     lines.append(f"Training seen through: {_training_words(data['training'])}")
@@ -238,46 +277,66 @@ def _html_check_row(check: dict) -> list[str]:
     reasons = "<br>".join(html.escape(str(reason)) for reason in check["reasons"])
     metrics = html.escape(json.dumps(check["metrics"], default=_json_default)) if check["metrics"] else ""
     word = "n/a" if not check["measured"] else "ok" if check["valid"] else "FAIL"
-    return [_cell(check["name"]), _cell(word, {"ok": "ok", "FAIL": "fail"}.get(word, "")),
-            f"<td>{reasons}</td>", f"<td><code>{metrics}</code></td>"]
+    return [
+        _cell(check["name"]),
+        _cell(word, {"ok": "ok", "FAIL": "fail"}.get(word, "")),
+        f"<td>{reasons}</td>",
+        f"<td><code>{metrics}</code></td>",
+    ]
 
 
 def _html_diagnoses(diagnoses: list[dict]) -> list[str]:
     if not diagnoses:
         return []
-    rows = [[_cell(d["title"]), _cell(d["cause"]),
-             "<td>" + "<br>".join(f"<code>{html.escape(e)}</code>" for e in d["evidence"]) + "</td>", _cell(d["fix"])]
-            for d in diagnoses]
+    rows = [
+        [
+            _cell(d["title"]),
+            _cell(d["cause"]),
+            "<td>" + "<br>".join(f"<code>{html.escape(e)}</code>" for e in d["evidence"]) + "</td>",
+            _cell(d["fix"]),
+        ]
+        for d in diagnoses
+    ]
     return ["<h2>Why: known causes</h2>", _html_table(["diagnosis", "cause", "evidence", "fix"], rows)]
 
 
 def render_html(data: dict, png: bytes) -> str:
     """A self-contained page (no network): the timeline inline as base64, the figures as tables."""
     verdict_class = "pass" if data["valid"] else "fail"
-    facts = [[_cell("verdict"), _cell(data["verdict"], verdict_class)],
-             [_cell("expected"), _cell(EXPECTED_WORDS.get(data["expected"], data["expected"]))],
-             [_cell("profile"), _cell(data["profile"])],
-             [_cell("rendezvous rounds"), _cell(data["rounds"])],
-             [_cell("training seen through"), _cell(_training_words(data["training"]))]]
+    facts = [
+        [_cell("verdict"), _cell(data["verdict"], verdict_class)],
+        [_cell("expected"), _cell(EXPECTED_WORDS.get(data["expected"], data["expected"]))],
+        [_cell("profile"), _cell(data["profile"])],
+        [_cell("rendezvous rounds"), _cell(data["rounds"])],
+        [_cell("training seen through"), _cell(_training_words(data["training"]))],
+    ]
     if data["run"]["duration_s"] is not None:
         facts.append([_cell("duration"), _cell(_seconds(data["run"]["duration_s"]))])
     checks = [_html_check_row(check) for check in data["checks"]]
     fault_headers, fault_rows = fault_table(data)
     faults = [[_cell(cell) for cell in row] for row in fault_rows]
-    restarts = [[_cell(node), _cell(count)] for node, count in
-                sorted(data["restarts_per_node"].items(), key=lambda item: node_order(item[0]))]
+    restarts = [
+        [_cell(node), _cell(count)]
+        for node, count in sorted(data["restarts_per_node"].items(), key=lambda item: node_order(item[0]))
+    ]
     image = base64.b64encode(png).decode("ascii")
     title = html.escape(data["title"])
-    return "\n".join([
-        "<!DOCTYPE html>",
-        f'<html lang="en"><head><meta charset="utf-8"><title>{title}: {data["verdict"]}</title>',
-        f"<style>{HTML_STYLE}</style></head><body>",
-        f'<h1>{title}: <span class="{verdict_class}">{data["verdict"]}</span></h1>',
-        _html_table([], facts),
-        f'<img alt="timeline of the run" src="data:image/png;base64,{image}">',
-        "<h2>Checks</h2>", _html_table(["check", "result", "reasons", "metrics"], checks) if checks else "<p>none</p>",
-        *_html_diagnoses(data["diagnoses"]),
-        "<h2>Faults</h2>", _html_table(fault_headers, faults) if faults else "<p>none</p>",
-        f"<h2>Restarts per node</h2><p>{html.escape(RESTARTS_NOTE)}.</p>",
-        _html_table(["node", "restarts"], restarts) if restarts else "<p>none</p>",
-        "</body></html>", ""])
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            f'<html lang="en"><head><meta charset="utf-8"><title>{title}: {data["verdict"]}</title>',
+            f"<style>{HTML_STYLE}</style></head><body>",
+            f'<h1>{title}: <span class="{verdict_class}">{data["verdict"]}</span></h1>',
+            _html_table([], facts),
+            f'<img alt="timeline of the run" src="data:image/png;base64,{image}">',
+            "<h2>Checks</h2>",
+            _html_table(["check", "result", "reasons", "metrics"], checks) if checks else "<p>none</p>",
+            *_html_diagnoses(data["diagnoses"]),
+            "<h2>Faults</h2>",
+            _html_table(fault_headers, faults) if faults else "<p>none</p>",
+            f"<h2>Restarts per node</h2><p>{html.escape(RESTARTS_NOTE)}.</p>",
+            _html_table(["node", "restarts"], restarts) if restarts else "<p>none</p>",
+            "</body></html>",
+            "",
+        ]
+    )

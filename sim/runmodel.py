@@ -116,7 +116,7 @@ class Fault:
             return self.result.get("id")
         return None
 
-    def heals(self, fault: "Fault") -> bool:
+    def heals(self, fault: Fault) -> bool:
         """Whether this heal operation undid `fault`."""
         if self.fault == "unpause":
             return fault.heal_id == f"pause-{self.where}"
@@ -190,8 +190,10 @@ class RunModel:
         # The trainer's own start line knows the step it resumed from; the instrumentation's does not.
         self.starts: list[Beat] = trainer_starts or worker_starts
         self.step_source, steps = _step_records(trainer, worker)
-        beats = sorted([r for r in trainer if r.kind == "progress"] + [r for r in worker if r.event in WORKER_BEATS],
-                       key=lambda r: r.t)
+        beats = sorted(
+            [r for r in trainer if r.kind == "progress"] + [r for r in worker if r.event in WORKER_BEATS],
+            key=lambda r: r.t,
+        )
         # Each kind of start is written before its own process's first beat of the same kind (the
         # trainer may call a collective before its start line), so only those split cohorts.
         own_beats = [r.t for r in beats if isinstance(r, TrainerRecord) == bool(trainer_starts)]
@@ -212,8 +214,10 @@ class RunModel:
         self.step_beats = stepping or self.beats
         self.step_beat_times = [r.t for r in self.step_beats]
         if self.step_source != "trainer":
-            cohorts = [dataclasses.replace(c, resumed_from=self._derived_resume(c.t, times_after(cohort_times, i)))
-                       for i, c in enumerate(cohorts)]
+            cohorts = [
+                dataclasses.replace(c, resumed_from=self._derived_resume(c.t, times_after(cohort_times, i)))
+                for i, c in enumerate(cohorts)
+            ]
         self.cohorts = cohorts
         self.cohort_times = cohort_times
         nodes = {r.node for r in trainer + worker + self.agent}
@@ -267,7 +271,7 @@ class RunModel:
         return _any_between(self.beat_times, after, before)
 
     def highest_step_before(self, t: float) -> int | None:
-        steps = [r.step for r in self.progress[:bisect.bisect_left(self.progress_times, t)]]
+        steps = [r.step for r in self.progress[: bisect.bisect_left(self.progress_times, t)]]
         return max(steps) if steps else None
 
     def first_cohort_after(self, t: float) -> Cohort | None:
@@ -283,8 +287,9 @@ class RunModel:
         return bisect.bisect_right(self.cohort_times, t) - 1
 
     def progress_between(self, after: float, before: float) -> list[Beat]:
-        return self.progress[bisect.bisect_right(self.progress_times, after):
-                             bisect.bisect_left(self.progress_times, before)]
+        return self.progress[
+            bisect.bisect_right(self.progress_times, after) : bisect.bisect_left(self.progress_times, before)
+        ]
 
     def world_at(self, record: Beat) -> int | None:
         """A beat's world size: its own, else its cohort's (log-matched progress has none)."""
@@ -298,11 +303,14 @@ class RunModel:
         """Every start after the first: the cohorts; where no worker reports its start, the rounds
         of the agents' group starts (what a script's own progress lines then run between)."""
         if self.cohorts:
-            return [Resume(c.t, c.resumed_from, times_after(self.cohort_times, i))
-                    for i, c in enumerate(self.cohorts)][1:]
+            return [Resume(c.t, c.resumed_from, times_after(self.cohort_times, i)) for i, c in enumerate(self.cohorts)][
+                1:
+            ]
         rounds = _rounds_of([r.t for r in self.agent if r.event == "group_started"])
-        return [Resume(t, self._derived_resume(t, times_after(rounds, i)), times_after(rounds, i))
-                for i, t in enumerate(rounds)][1:]
+        return [
+            Resume(t, self._derived_resume(t, times_after(rounds, i)), times_after(rounds, i))
+            for i, t in enumerate(rounds)
+        ][1:]
 
     def agent_events(self, *events: str, node: str | None = None) -> list[AgentRecord]:
         return [r for r in self.agent if r.event in events and (node is None or r.node == node)]
@@ -443,9 +451,13 @@ def _teardown_start(records: list[Record]) -> float | None:
                 in_progress[record.op] = record.t
             elif record.op in in_progress:
                 operations.append((in_progress.pop(record.op), record.t))
-        elif (isinstance(record, DockerRecord) and record.action == "kill"
-              and AGENT_CONTAINER.match(str(record.node)) and not in_progress
-              and not any(begin <= record.t <= end for begin, end in operations)):
+        elif (
+            isinstance(record, DockerRecord)
+            and record.action == "kill"
+            and AGENT_CONTAINER.match(str(record.node))
+            and not in_progress
+            and not any(begin <= record.t <= end for begin, end in operations)
+        ):
             return record.t
     return None
 
@@ -460,9 +472,15 @@ def _faults(records: list[Record]) -> tuple[list[Fault], list[Fault]]:
         if record.phase == "invoke":
             invoked[record.op] = record.t
         elif record.phase in ("ok", "info"):
-            fault = Fault(op=record.op, fault=record.fault, target=record.target,
-                          t_invoke=invoked.get(record.op, record.t), t_ok=record.t, result=record.result or {},
-                          outcome=record.phase)
+            fault = Fault(
+                op=record.op,
+                fault=record.fault,
+                target=record.target,
+                t_invoke=invoked.get(record.op, record.t),
+                t_ok=record.t,
+                result=record.result or {},
+                outcome=record.phase,
+            )
             if fault.fault not in HEAL_OPS:
                 faults.append(fault)
             elif fault.outcome == "ok":

@@ -13,8 +13,11 @@ from .verdict import Verdict
 def resolve_run_dir(run: str | None) -> Path:
     """A run folder path, a run name (CLUSTER-RUNID), a cluster name (its newest run), or the newest run."""
     runs = state_home() / "runs"
-    candidates = sorted((p for p in runs.glob("*") if (p / FILE_NAME).exists()), key=lambda p: p.stat().st_mtime) \
-        if runs.exists() else []
+    candidates = (
+        sorted((p for p in runs.glob("*") if (p / FILE_NAME).exists()), key=lambda p: p.stat().st_mtime)
+        if runs.exists()
+        else []
+    )
     if run is None:
         if not candidates:
             raise UsageError(f"report: no runs under {runs}; start one with `python -m sim up`")
@@ -30,15 +33,23 @@ def resolve_run_dir(run: str | None) -> Path:
     raise UsageError(f"report '{run}': no such run folder, run or cluster; runs are in {runs}")
 
 
-def report_run(run_dir: Path, *, expected: str | None = None, title: str | None = None,
-               profile: str | None = None, checkers: tuple[str, ...] | None = None, live: bool = False,
-               **bounds) -> tuple[Verdict, str]:
+def report_run(
+    run_dir: Path,
+    *,
+    expected: str | None = None,
+    title: str | None = None,
+    profile: str | None = None,
+    checkers: tuple[str, ...] | None = None,
+    live: bool = False,
+    **bounds,
+) -> tuple[Verdict, str]:
     """Check a run's history and write its report. `live`: the run is still going, so how it
     ends (completed, fails_cleanly) is not judged yet and the verdict is provisional."""
     from .checkers import CHECKS_FOR, RunSpec, check_all
     from .diagnose import diagnose
     from .report import format_summary, write_report
     from .runmodel import RunModel
+
     contents = History(run_dir / FILE_NAME).read()
     run = RunModel(contents.records, skipped_lines=contents.skipped_lines)  # built once, read by all below
     scenario = run.scenario

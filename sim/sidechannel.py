@@ -100,8 +100,10 @@ def compile_progress_regex(pattern: str, flag: str = "--progress-regex") -> re.P
     except re.error as error:
         raise UsageError(f"{where}: not a regular expression ({error}); use e.g. '{PROGRESS_REGEX_EXAMPLE}'") from None
     if "step" not in regex.groupindex:
-        raise UsageError(f"{where}: has no named group 'step'; mark the step number with (?P<step>\\d+), "
-                         f"e.g. '{PROGRESS_REGEX_EXAMPLE}'")
+        raise UsageError(
+            f"{where}: has no named group 'step'; mark the step number with (?P<step>\\d+), "
+            f"e.g. '{PROGRESS_REGEX_EXAMPLE}'"
+        )
     return regex
 
 
@@ -121,8 +123,17 @@ class ProgressMatcher:
             step = int(found.group("step"))
         except (TypeError, ValueError):
             return None  # the group matched something that is not a whole number
-        return _on_schema({"t": time.time() if t is None else t, "type": "worker", "node": node,
-                           "event": "progress", "step": step, "loss": self._loss(found), "source": "log"})
+        return _on_schema(
+            {
+                "t": time.time() if t is None else t,
+                "type": "worker",
+                "node": node,
+                "event": "progress",
+                "step": step,
+                "loss": self._loss(found),
+                "source": "log",
+            }
+        )
 
     def _loss(self, found: re.Match) -> float | None:
         if not self._has_loss or found.group("loss") is None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import re
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -21,6 +23,17 @@ ETCD_BACKENDS = ("etcd-v2", "etcd")
 # Compose project names: lowercase letters, digits, dashes and underscores.
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 _CONF_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# torchrun passes --rdzv-conf values on as they are: plain words only, so no shell or Compose character
+# (`$`, `;`, quotes, spaces) can reach a node. The timing keys torch reads as whole numbers (FACTS.md).
+_CONF_VALUE_RE = re.compile(r"^[A-Za-z0-9._:/@+-]*$")
+RDZV_WHOLE_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout", "keep_alive_interval",
+                   "keep_alive_max_attempt", "read_timeout", "timeout")
+# Memory one node takes (FACTS.md, torch 2.13 CPU): 366 MiB with one worker, 600 MiB with two, so
+# about 130 for the agent and 235 per worker. The host keeps a reserve for itself, the engine and etcd.
+NODE_AGENT_MIB = 132
+NODE_WORKER_MIB = 234
+HOST_RESERVE_MIB = 1024
+MAX_GPUS_PER_NODE = 64
 
 DEFAULT_NAME = "sim"
 # Inside the node image; the shipped trainer is baked in (see images/node).
@@ -32,6 +45,11 @@ STATIC_MASTER_PORT = 29500
 ETCD_CLIENT_PORT = 2379
 # A person at a terminal needs time to inject faults; tests pass their own args.
 DEFAULT_TRAINER_ARGS = ("--steps", "600", "--step-time", "0.2", "--ckpt-interval", "10")
+# trainer/train.py's own defaults (it cannot import us: it runs in the node image), for runs of
+# the shipped trainer whose args lack these flags; tests/unit/test_trainer.py keeps them equal.
+SHIPPED_TRAINER_DEFAULTS = {"--steps": 200, "--ckpt-interval": 10}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmg]?)i?b?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +68,9 @@ class GpuRequest:
             return cls()
         if value == "all":
             return cls("all")
+        if value.isdigit() and int(value) > MAX_GPUS_PER_NODE:
+            raise UsageError(f"--gpus '{text}': more GPUs than any machine has per node; "
+                             f"use none, all, or a number up to {MAX_GPUS_PER_NODE}")
         if value.isdigit():
             return cls("count", int(value))
         raise UsageError(f"--gpus '{text}': not a GPU request; use none, all, or a number per node such as 1")
@@ -86,6 +107,8 @@ class ClusterSpec:
     env: tuple[tuple[str, str], ...] = ()
     instrument: bool = True  # optimizer-step and collective hooks in every worker (images/node)
     progress_regex: str | None = None  # step (and loss) read from the script's own log lines
+    memory: str | None = None  # each node's memory limit, e.g. "2g" (no swap); None: no limit
+    ckpt_size: str | None = None  # /ckpt as a tmpfs of this size, e.g. "64m" (a disk that can fill); None: a plain volume
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -95,6 +118,7 @@ class ClusterSpec:
         _positive_int("--nodes", self.nodes)
         _positive_int("--min-nodes", self.min_nodes)
         _positive_int("--nproc-per-node", self.nproc_per_node)
+        check_fits_in_memory("--nodes", self.nodes, self.nproc_per_node)
         if self.max_nodes is None:
             object.__setattr__(self, "max_nodes", max(self.nodes, self.min_nodes))
         _positive_int("--max-nodes", self.max_nodes)
@@ -108,7 +132,7 @@ class ClusterSpec:
             )
         if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise UsageError(f"--max-restarts {self.max_restarts!r}: must be a whole number >= 0")
-        if self.monitor_interval is not None and not self.monitor_interval > 0:
+        if self.monitor_interval is not None and not 0 < self.monitor_interval < math.inf:
             raise UsageError(f"--monitor-interval {self.monitor_interval!r}: must be a number of seconds > 0, e.g. 0.5")
         if self.rdzv_backend not in RDZV_BACKENDS:
             raise UsageError(
@@ -119,23 +143,25 @@ class ClusterSpec:
                 f"--rdzv-backend static: needs a fixed size, but nodes={self.nodes} min={self.min_nodes} max={self.max_nodes}; "
                 f"use --min-nodes {self.nodes} --max-nodes {self.nodes}, or an elastic backend (etcd-v2, c10d)"
             )
-        for key, _ in self.rdzv_conf:
-            if not _CONF_KEY_RE.match(key):
-                raise UsageError(f"--rdzv-conf key '{key}': not a valid key; use key=value pairs such as join_timeout=60")
-        for key, _ in self.env:
+        for key, value in self.rdzv_conf:
+            _check_rdzv_conf(key, value)
+        for key, value in self.env:
             if not _CONF_KEY_RE.match(key):
                 raise UsageError(f"--env '{key}': not a valid variable name; use KEY=VALUE, e.g. NCCL_DEBUG=INFO")
+            _check_text(f"--env {key}", value)
+        for arg in self.script_args or ():
+            _check_text("script argument", arg)
         if self.script is not None:
-            path = Path(self.script)
-            if not path.is_file():
-                raise UsageError(f"--script '{self.script}': no such file; give the path of a torchrun training script")
-            object.__setattr__(self, "script", str(path.resolve()))
+            object.__setattr__(self, "script", check_script_path("--script", self.script))
         if not isinstance(self.gpus, GpuRequest):
             object.__setattr__(self, "gpus", GpuRequest.parse(self.gpus))
         if not isinstance(self.instrument, bool):
             raise UsageError(f"instrument {self.instrument!r}: must be true or false (--no-instrument turns it off)")
         if self.progress_regex is not None:
             compile_progress_regex(self.progress_regex)
+        for flag, size in (("--memory", self.memory), ("--ckpt-size", self.ckpt_size)):
+            if size is not None:
+                parse_size(flag, size)
 
     # --- derived values -------------------------------------------------
 
@@ -180,11 +206,23 @@ class ClusterSpec:
         return cls(**data)
 
 
+def parse_size(flag: str, text: str, least: int = 2**20) -> int:
+    """Bytes in "64m", "2g", "512k", "1048576" (binary units: 1k = 1024), at least `least` (1 MiB)."""
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise UsageError(f"{flag} {text!r}: not a size; use a number and k, m or g, e.g. 64m or 2g")
+    size = int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if size < least:
+        raise UsageError(f"{flag} {text!r}: below {least >> 10} KiB; use e.g. 64m")
+    return size
+
+
 def node_name(index: int) -> str:
     return f"node{index}"
 
 
-def parse_kv_list(flag: str, text: str | None) -> tuple[tuple[str, str], ...]:
+def parse_kv_list(flag: str, text: str | None, example: str = "join_timeout=60,last_call_timeout=5"
+                  ) -> tuple[tuple[str, str], ...]:
     """`k=v,k2=v2` -> (("k","v"), ("k2","v2")), order kept, as torchrun takes it."""
     if not text:
         return ()
@@ -192,7 +230,7 @@ def parse_kv_list(flag: str, text: str | None) -> tuple[tuple[str, str], ...]:
     for item in text.split(","):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"{flag} '{text}': '{item}' is not key=value; use e.g. join_timeout=60,last_call_timeout=5")
+            raise UsageError(f"{flag} '{text}': '{item}' is not key=value; use e.g. {flag} {example}")
         pairs.append((key.strip(), value.strip()))
     return tuple(pairs)
 
@@ -200,6 +238,61 @@ def parse_kv_list(flag: str, text: str | None) -> tuple[tuple[str, str], ...]:
 def _positive_int(flag: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise UsageError(f"{flag} {value!r}: must be a whole number >= 1")
+
+
+def _check_rdzv_conf(key: str, value: str) -> None:
+    if not _CONF_KEY_RE.match(key):
+        raise UsageError(f"--rdzv-conf key '{key}': not a valid key; use key=value pairs such as join_timeout=60")
+    if not _CONF_VALUE_RE.match(value):
+        raise UsageError(f"--rdzv-conf {key}={value!r}: not a plain value (letters, digits and ._:/@+- only); "
+                         f"use e.g. {key}=60")
+    if key in RDZV_WHOLE_KEYS and not value.isdigit():
+        raise UsageError(f"--rdzv-conf {key}={value!r}: torch reads it as a whole number of seconds; use e.g. {key}=60")
+
+
+def _check_text(what: str, value: str) -> None:
+    """Refuse text that cannot be written as UTF-8 (undecodable bytes from argv): files we write would fail."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{what} {value.encode('utf-8', 'backslashreplace').decode()!r}: not UTF-8 text; "
+                         "give it as UTF-8") from None
+
+
+def check_script_path(flag: str, script: str | Path) -> str:
+    """The absolute path of a user's training script, after checking it is a readable Python file.
+    Its folder is mounted (read-only) into every node, so a system file such as /etc/passwd is refused."""
+    path = Path(script)
+    if path.is_dir():
+        raise UsageError(f"{flag} '{script}': a directory; give the path of a torchrun training script (a .py file)")
+    if not path.is_file():
+        raise UsageError(f"{flag} '{script}': no such file; give the path of a torchrun training script")
+    if path.suffix != ".py":
+        raise UsageError(f"{flag} '{script}': not a Python script (.py); give the path of a torchrun training script")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"{flag} '{script}': not readable; make it readable (chmod +r) or give another script")
+    return str(path.resolve())
+
+
+def machine_memory_mib() -> int:
+    """This machine's physical memory: the most a cluster here can ever use."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+
+
+def max_nodes_in_memory(nproc_per_node: int, memory_mib: int | None = None) -> int:
+    """How many nodes of `nproc_per_node` workers fit in this machine's memory (at least 1)."""
+    memory_mib = machine_memory_mib() if memory_mib is None else memory_mib
+    return max(1, (memory_mib - HOST_RESERVE_MIB) // (NODE_AGENT_MIB + NODE_WORKER_MIB * nproc_per_node))
+
+
+def check_fits_in_memory(flag: str, nodes: int, nproc_per_node: int, memory_mib: int | None = None) -> None:
+    """Refuse a node count this machine cannot hold, before anything renders or starts (100000 would hang)."""
+    memory_mib = machine_memory_mib() if memory_mib is None else memory_mib
+    limit = max_nodes_in_memory(nproc_per_node, memory_mib)
+    if nodes > limit:
+        per_node = NODE_AGENT_MIB + NODE_WORKER_MIB * nproc_per_node
+        raise UsageError(f"{flag} {nodes}: more than this machine can hold ({memory_mib / 1024:.0f} GiB; a node of "
+                         f"{nproc_per_node} worker(s) needs about {per_node} MiB); use {flag} {limit} or fewer")
 
 
 def spec_from_options(options: Mapping[str, object], script_args: Sequence[str] | None) -> ClusterSpec:
@@ -214,7 +307,8 @@ def spec_from_options(options: Mapping[str, object], script_args: Sequence[str] 
     if "gpus" in values:
         values["gpus"] = GpuRequest.parse(values["gpus"])
     if "env" in values and isinstance(values["env"], list):
-        values["env"] = tuple(pair for item in values["env"] for pair in parse_kv_list("--env", item))
+        values["env"] = tuple(pair for item in values["env"]
+                              for pair in parse_kv_list("--env", item, example="NCCL_DEBUG=INFO"))
     if script_args:
         given = tuple(str(arg) for arg in script_args)
         values["script_args"] = given if values.get("script") else over_trainer_defaults(given)

@@ -66,10 +66,14 @@ def format_status(rows: list[NodeStatus]) -> str:
     header = f"{'NODE':<8} {'CONTAINER':<11} {'AGENT':<6} {'WORKERS':<8} {'ROUND':<6} {'WORLD':<6} {'RESTARTS':<9} STEP"
     lines = [header]
     for r in rows:
+
         def show(value: object) -> str:
             return "-" if value is None else str(value)
-        lines.append(f"{r.node:<8} {r.state:<11} {r.agent:<6} {show(r.workers):<8} {show(r.round):<6} "
-                     f"{show(r.world_size):<6} {r.restarts:<9} {show(r.step)}")
+
+        lines.append(
+            f"{r.node:<8} {r.state:<11} {r.agent:<6} {show(r.workers):<8} {show(r.round):<6} "
+            f"{show(r.world_size):<6} {r.restarts:<9} {show(r.step)}"
+        )
     return "\n".join(lines)
 
 
@@ -85,6 +89,8 @@ class StatusWatch:
         if not self.cluster.containers():
             return Check(True)
         table = format_status(cluster_status(self.cluster))
-        print(f"\033[H\033[J{time.strftime('%H:%M:%S')}  cluster '{self.cluster.name}'  (Ctrl-C to stop)\n{table}",
-              flush=True)
+        print(
+            f"\033[H\033[J{time.strftime('%H:%M:%S')}  cluster '{self.cluster.name}'  (Ctrl-C to stop)\n{table}",
+            flush=True,
+        )
         return Check(False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import re
 import statistics
 from collections.abc import Iterable, Sequence
@@ -62,8 +63,9 @@ def run_origin(run: RunModel) -> float | None:
 def build_timeline(run: RunModel, verdict: Verdict) -> Timeline:
     origin = run_origin(run)
     if origin is None:
-        return Timeline(end=0.0, steps=(), throughput=(), throughput_window_s=1.0, world=(),
-                        lanes={}, faults=(), rounds=())
+        return Timeline(
+            end=0.0, steps=(), throughput=(), throughput_window_s=1.0, world=(), lanes={}, faults=(), rounds=()
+        )
     end = max(origin, run.all_records[-1].t)
     steps, throughput, window = step_series(run.progress, origin, end)
     recovery_check = verdict.result("recovery")
@@ -71,14 +73,25 @@ def build_timeline(run: RunModel, verdict: Verdict) -> Timeline:
     recoveries = {r.op: r for r in verdict.recoveries} if recovery_check is None or recovery_check.measured else {}
     # A run meant to fail: each fault is shaded up to the agents' exits it caused, and says so.
     job_end = {row["op"]: row for row in job_end_after_faults(verdict, run)}
-    faults = tuple(_ending(_fault_span(run, fault, recoveries.get(fault.op), origin, end), job_end.get(fault.op))
-                   for fault in run.applied_faults)
-    lanes = {name: {state: _since(periods, origin) for state, periods in states.items()}
-             for name, states in node_lanes(run, end).items()}
-    return Timeline(end=end - origin, steps=steps, throughput=throughput, throughput_window_s=window,
-                    world=tuple((t - origin, size) for t, size in world_series(run)), lanes=lanes, faults=faults,
-                    rounds=tuple((t - origin, label) for t, label in rendezvous_rounds(run)),
-                    step_source=run.step_source)
+    faults = tuple(
+        _ending(_fault_span(run, fault, recoveries.get(fault.op), origin, end), job_end.get(fault.op))
+        for fault in run.applied_faults
+    )
+    lanes = {
+        name: {state: _since(periods, origin) for state, periods in states.items()}
+        for name, states in node_lanes(run, end).items()
+    }
+    return Timeline(
+        end=end - origin,
+        steps=steps,
+        throughput=throughput,
+        throughput_window_s=window,
+        world=tuple((t - origin, size) for t, size in world_series(run)),
+        lanes=lanes,
+        faults=faults,
+        rounds=tuple((t - origin, label) for t, label in rendezvous_rounds(run)),
+        step_source=run.step_source,
+    )
 
 
 def _since(periods: Periods, origin: float) -> Periods:
@@ -101,7 +114,7 @@ def step_series(progress: Sequence[Beat], origin: float, end: float):
         highest[index] = (max(t, since), max(step, record.step))
     steps = tuple(highest[i] for i in sorted(highest))
     # New steps per bin; a fall back to a checkpoint counts as none, the steps redone do count.
-    gains = [(t, max(0, step - previous)) for (_, previous), (t, step) in zip(steps, steps[1:])]
+    gains = [(t, max(0, step - previous)) for (_, previous), (t, step) in itertools.pairwise(steps)]
     gain_times = [t for t, _ in gains]
     cumulative = [0]
     for _, gain in gains:
@@ -110,8 +123,9 @@ def step_series(progress: Sequence[Beat], origin: float, end: float):
     sample_s = window / 8  # finer sampling only shows the aliasing of steps against the window
     for index in range(int(end // sample_s) + 1):
         t = index * sample_s
-        new_steps = (cumulative[bisect.bisect_right(gain_times, t)]
-                     - cumulative[bisect.bisect_right(gain_times, t - window)])
+        new_steps = (
+            cumulative[bisect.bisect_right(gain_times, t)] - cumulative[bisect.bisect_right(gain_times, t - window)]
+        )
         throughput.append((t, new_steps / window))
     return steps, tuple(throughput), window
 
@@ -150,6 +164,7 @@ def _agent_records(run: RunModel) -> list[AgentRecord]:
 
 # ---------------------------------------------------------------- faults
 
+
 def job_end_after_faults(verdict: Verdict, run: RunModel) -> list[dict]:
     """For a run meant to fail: each fault, and how long after its invoke the agents it ended
     exited (None: none followed it). Recovery figures say nothing there; this says how it ended."""
@@ -161,14 +176,20 @@ def job_end_after_faults(verdict: Verdict, run: RunModel) -> list[dict]:
     rows = []
     for fault in run.applied_faults:
         delays = [e["since_invoke_s"] for e in ended.values() if e["after_op"] == fault.op]
-        rows.append({"op": fault.op, "fault": fault.fault, "target": fault.target,
-                     "since_start_s": round(fault.t_invoke - origin, 3),
-                     "agents_ended": len(delays), "ended_after_s": max(delays) if delays else None})
+        rows.append(
+            {
+                "op": fault.op,
+                "fault": fault.fault,
+                "target": fault.target,
+                "since_start_s": round(fault.t_invoke - origin, 3),
+                "agents_ended": len(delays),
+                "ended_after_s": max(delays) if delays else None,
+            }
+        )
     return rows
 
 
-def _fault_span(run: RunModel, fault: Fault, recovery: FaultRecovery | None, origin: float,
-                end: float) -> FaultSpan:
+def _fault_span(run: RunModel, fault: Fault, recovery: FaultRecovery | None, origin: float, end: float) -> FaultSpan:
     """From the fault's invoke to its heal (reversible faults) or to the end of its recovery."""
     if fault.fault in REVERSIBLE_FAULTS:
         span_end = run.healed_at(fault)
@@ -179,15 +200,22 @@ def _fault_span(run: RunModel, fault: Fault, recovery: FaultRecovery | None, ori
     label = " ".join(part for part in (fault.fault, fault.target) if part)
     if fault.where not in (None, fault.target):  # "random", "rank:3": name the node it hit
         label += f" → {fault.where}"
-    return FaultSpan(start=fault.t_invoke - origin, end=(end if span_end is None else span_end) - origin,
-                     label=label, outcome=_recovery_words(recovery))
+    return FaultSpan(
+        start=fault.t_invoke - origin,
+        end=(end if span_end is None else span_end) - origin,
+        label=label,
+        outcome=_recovery_words(recovery),
+    )
 
 
 def _ending(span: FaultSpan, job_end: dict | None) -> FaultSpan:
     if not job_end or job_end["ended_after_s"] is None:
         return span
-    return dataclasses.replace(span, end=max(span.end, span.start + job_end["ended_after_s"]),
-                               outcome=f"agents ended {job_end['ended_after_s']:.1f} s later")
+    return dataclasses.replace(
+        span,
+        end=max(span.end, span.start + job_end["ended_after_s"]),
+        outcome=f"agents ended {job_end['ended_after_s']:.1f} s later",
+    )
 
 
 def _recovery_words(recovery: FaultRecovery | None) -> str:
@@ -200,6 +228,7 @@ def _recovery_words(recovery: FaultRecovery | None) -> str:
 
 
 # ---------------------------------------------------------------- node lanes
+
 
 def lane_names(run: RunModel) -> list[str]:
     """node0, node1, ... (also those the run's spec names but that left no record), then etcd."""
@@ -226,8 +255,10 @@ def node_lanes(run: RunModel, end: float) -> dict[str, dict[str, Periods]]:
     beats_of, zombies_of = _by_node(names, run.beats), _by_node(names, run.zombies)
     lanes = {}
     for name in names:
-        docker = {action: [r.t for r in docker_of[name] if r.action == action]
-                  for action in (*DOCKER_DOWN, "start", "pause", "unpause")}
+        docker = {
+            action: [r.t for r in docker_of[name] if r.action == action]
+            for action in (*DOCKER_DOWN, "start", "pause", "unpause")
+        }
         down = sorted(t for action in DOCKER_DOWN for t in docker[action])
         group_started = [r.t for r in agent_of[name] if r.event == "group_started"]
         # A (re)started container is joining until it trains again.
@@ -281,7 +312,7 @@ def _running_stretches(beats: list[Beat], breaks: list[float]) -> Periods:
     for much longer than a step takes (the node waits on a peer it cannot reach)."""
     if not beats:
         return []
-    step_gaps = [b.t - a.t for a, b in zip(beats, beats[1:]) if b.step != a.step]
+    step_gaps = [b.t - a.t for a, b in itertools.pairwise(beats) if b.step != a.step]
     stall_s = max(2.0, 5 * statistics.median(step_gaps)) if step_gaps else 2.0
     stretches = [[beats[0].t, beats[0].t]]
     for t in (r.t for r in beats[1:]):

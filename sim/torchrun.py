@@ -18,24 +18,34 @@ def torchrun_argv(spec: ClusterSpec, node_index: int, rdzv_id: str) -> list[str]
     nnodes = str(spec.min_nodes) if spec.min_nodes == spec.max_nodes else f"{spec.min_nodes}:{spec.max_nodes}"
     argv = [
         "torchrun",
-        "--nnodes", nnodes,
-        "--nproc-per-node", str(spec.nproc_per_node),
-        "--max-restarts", str(spec.max_restarts),
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        str(spec.nproc_per_node),
+        "--max-restarts",
+        str(spec.max_restarts),
     ]
     if spec.monitor_interval is not None:
         argv += ["--monitor-interval", f"{spec.monitor_interval:g}"]
     if spec.rdzv_backend == "static":
         argv += [
-            "--rdzv-backend", "static",
-            "--node-rank", str(node_index),
-            "--master-addr", node_name(0),
-            "--master-port", str(STATIC_MASTER_PORT),
+            "--rdzv-backend",
+            "static",
+            "--node-rank",
+            str(node_index),
+            "--master-addr",
+            node_name(0),
+            "--master-port",
+            str(STATIC_MASTER_PORT),
         ]
     else:
         argv += [
-            "--rdzv-backend", spec.rdzv_backend,
-            "--rdzv-endpoint", rdzv_endpoint(spec),
-            "--rdzv-id", rdzv_id,
+            "--rdzv-backend",
+            spec.rdzv_backend,
+            "--rdzv-endpoint",
+            rdzv_endpoint(spec),
+            "--rdzv-id",
+            rdzv_id,
         ]
         if spec.rdzv_conf:
             argv += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in spec.rdzv_conf)]

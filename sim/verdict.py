@@ -1,7 +1,7 @@
 """What checkers return: plain frozen data, shared by checkers, report and runner.
 
-The history these are computed from is a list of dicts (one JSONL line each),
-all with "t" (unix seconds, one clock) and "type":
+The history these are computed from is a list of typed records (sim/history.py; one JSONL line
+each), all with "t" (unix seconds, one clock) and a type; as written:
 
   {"type": "run", "event": "start"|"end", "spec": {...ClusterSpec fields...}, "profile": "fast"|"torch-defaults",
    "target_steps": int|None, "ckpt_interval": int|None}

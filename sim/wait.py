@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from .errors import ClusterError
 
@@ -37,8 +38,15 @@ class Condition:
         return Check(bool(self.predicate()))
 
 
-def wait_for(strategy: WaitStrategy, timeout: float | None, interval: float = 1.0, *, raise_errors: bool = True,
-             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], object] = time.sleep) -> Check:
+def wait_for(
+    strategy: WaitStrategy,
+    timeout: float | None,
+    interval: float = 1.0,
+    *,
+    raise_errors: bool = True,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] = time.sleep,
+) -> Check:
     """Poll until ready, a failure, or `timeout` seconds (None: no limit). A failure or the timeout
     raises ClusterError, unless raise_errors=False: then the last check is returned as it is
     (not ready, with or without a failure), for callers that go on either way."""

@@ -62,6 +62,7 @@ def docker(sim_docker) -> Docker:
 def images(docker):
     """Node and etcd images, built once per session (cached by content anyway)."""
     from sim.images import ImageBuilder
+
     return ImageBuilder(docker).ensure().images
 
 
@@ -77,8 +78,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus):
 
 def run_sim(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """The CLI as a user runs it: a separate process."""
-    return subprocess.run([sys.executable, "-m", "sim", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "sim", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def unique_name(prefix: str) -> str:

@@ -14,8 +14,16 @@ ROOT = Path(__file__).resolve().parent.parent
 def working_tree_copy(dest: Path) -> Path:
     """The files git would commit now (tracked and new, not ignored): the build never writes into
     the shared checkout, and .venv, build/ or *.egg-info there cannot leak into the wheel."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, listed):
         source = ROOT / name
         if source.is_file():  # a tracked file deleted in the working tree is listed too
@@ -30,8 +38,10 @@ def build_wheel(work: Path) -> Path:
     dist = work / "dist"
     _run([sys.executable, "-c", f"from setuptools import build_meta; build_meta.build_sdist({str(dist)!r})"], source)
     (sdist,) = dist.glob("elastic_sim-*.tar.gz")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(sdist)],
-         work)
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(sdist)],
+        work,
+    )
     (wheel,) = dist.glob("elastic_sim-*.whl")
     return wheel
 

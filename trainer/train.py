@@ -160,8 +160,13 @@ def write_checkpoint(ckpt_dir, step, state):
     os.makedirs(ckpt_dir, exist_ok=True)
     path = checkpoint_path(ckpt_dir, step)
     tmp_path = f"{path}.tmp.{os.getpid()}"
+    data = encode_checkpoint(state)
     with open(tmp_path, "wb") as tmp_file:
-        tmp_file.write(encode_checkpoint(state))
+        tmp_file.write(data[: len(data) // 2])
+        # A test hook: pause halfway, as a large checkpoint's write takes time, so a fault can land
+        # inside the write (elastic-sim's kill-during-checkpoint). Unset: no pause.
+        time.sleep(float(os.environ.get("SIM_CKPT_WRITE_DELAY") or 0))
+        tmp_file.write(data[len(data) // 2:])
         tmp_file.flush()
         os.fsync(tmp_file.fileno())
     os.replace(tmp_path, path)

@@ -41,17 +41,31 @@ def in_simulated_worker(env: Mapping[str, str] = os.environ) -> bool:
 
 def worker_identity(env: Mapping[str, str] = os.environ) -> dict:
     """The fields every record of this process carries, from torchrun's worker environment."""
-    return {"node": env.get("SIM_NODE") or os.uname().nodename,
-            "rank": _int(env.get("RANK")), "local_rank": _int(env.get("LOCAL_RANK")),
-            "world_size": _int(env.get("WORLD_SIZE")), "restart": _int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
-            "run_id": env.get("TORCHELASTIC_RUN_ID")}
+    return {
+        "node": env.get("SIM_NODE") or os.uname().nodename,
+        "rank": _int(env.get("RANK")),
+        "local_rank": _int(env.get("LOCAL_RANK")),
+        "world_size": _int(env.get("WORLD_SIZE")),
+        "restart": _int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        "run_id": env.get("TORCHELASTIC_RUN_ID"),
+    }
 
 
 def build_record(event: str, identity: dict, t: float, pid: int, **fields) -> dict:
     """The record as the contract orders it: when, what, who, then the event's own fields."""
-    return {"t": t, "type": "worker", "node": identity["node"], "event": event, "rank": identity["rank"],
-            "local_rank": identity["local_rank"], "world_size": identity["world_size"],
-            "restart": identity["restart"], "pid": pid, "run_id": identity["run_id"], **fields}
+    return {
+        "t": t,
+        "type": "worker",
+        "node": identity["node"],
+        "event": event,
+        "rank": identity["rank"],
+        "local_rank": identity["local_rank"],
+        "world_size": identity["world_size"],
+        "restart": identity["restart"],
+        "pid": pid,
+        "run_id": identity["run_id"],
+        **fields,
+    }
 
 
 def write_record(event: str, **fields) -> bool:

@@ -62,8 +62,10 @@ def udp_delivery(cluster: Cluster, src: str, dst: str, count: int = 500, port: i
     """Fraction of `count` datagrams from src that dst received."""
     got: dict = {}
     # The sink runs while the sender sends: its exec waits in a thread.
-    sink = threading.Thread(target=lambda: got.update(result=cluster.exec(dst, "python3", "-c", _UDP_SINK, str(port),
-                                                                          "3", timeout=60)), daemon=True)
+    sink = threading.Thread(
+        target=lambda: got.update(result=cluster.exec(dst, "python3", "-c", _UDP_SINK, str(port), "3", timeout=60)),
+        daemon=True,
+    )
     sink.start()
     time.sleep(1.0)  # the sink binds before the first datagram leaves
     cluster.exec(src, "python3", "-c", _UDP_SEND, dst, str(port), str(count), timeout=60)

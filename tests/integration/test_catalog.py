@@ -11,8 +11,9 @@ from sim.pytest_plugin import assert_verdict
 
 pytestmark = pytest.mark.docker
 
-CASES = [pytest.param(s.name, backend, id=f"{s.name}[{backend}]")
-         for s in shipped_scenarios() for backend in s.backends]
+CASES = [
+    pytest.param(s.name, backend, id=f"{s.name}[{backend}]") for s in shipped_scenarios() for backend in s.backends
+]
 
 
 @pytest.mark.parametrize("scenario, backend", CASES)

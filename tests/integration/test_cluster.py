@@ -25,8 +25,12 @@ def start(name: str, *options: str, script_args=SHORT_JOB) -> subprocess.Complet
 
 def records(cluster: Cluster, kind: str) -> list[dict]:
     """The trainer's own records of one kind (progress, summary, ...) in every node's log."""
-    return [r for node in cluster.nodes() for r in parse_node_log(node.node, cluster.logs(node.node))
-            if r["type"] == "trainer" and r["kind"] == kind]
+    return [
+        r
+        for node in cluster.nodes()
+        for r in parse_node_log(node.node, cluster.logs(node.node))
+        if r["type"] == "trainer" and r["kind"] == kind
+    ]
 
 
 def leftovers(docker, name: str) -> dict[str, list[str]]:
@@ -89,8 +93,16 @@ def test_etcd_v1_and_static_two_nodes_train_to_end(docker, images, backend, opti
 
 def test_four_nodes_every_rank_once(docker, images):
     name = unique_name("t-four")
-    start(name, "--nodes", "4", "--min-nodes", "4", "--nproc-per-node", "2",
-          script_args=["--", "--steps", "30", "--step-time", "0.2"])
+    start(
+        name,
+        "--nodes",
+        "4",
+        "--min-nodes",
+        "4",
+        "--nproc-per-node",
+        "2",
+        script_args=["--", "--steps", "30", "--step-time", "0.2"],
+    )
     try:
         status = run_sim("status", name)
         assert status.returncode == 0, status.stderr
@@ -145,8 +157,20 @@ def test_failed_up_removes_what_it_made(docker, images):
 
 def test_failed_up_with_keep_keeps_it(docker, images):
     name = unique_name("t-keep")
-    result = run_sim("up", "--name", name, "--detach", "--nodes", "1", "--keep", *BROKEN_AGENT,
-                     "--rdzv-backend", "c10d", "--timeout", "120")
+    result = run_sim(
+        "up",
+        "--name",
+        name,
+        "--detach",
+        "--nodes",
+        "1",
+        "--keep",
+        *BROKEN_AGENT,
+        "--rdzv-backend",
+        "c10d",
+        "--timeout",
+        "120",
+    )
     try:
         assert result.returncode != 0
         assert leftovers(docker, name)["container"], "with --keep the failed cluster stays for debugging"

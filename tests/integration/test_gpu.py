@@ -15,8 +15,9 @@ def test_nccl_training_on_gpus(docker, images):
     if not has_gpu_runtime(docker):
         pytest.skip("no GPU runtime on this machine (sim doctor); GPU rendering is unit-tested")
     name = unique_name("t-gpu")
-    result = run_sim("up", "--name", name, "--detach", "--nodes", "1", "--gpus", "1", "--nproc-per-node", "1",
-                     "--", "--steps", "20")
+    result = run_sim(
+        "up", "--name", name, "--detach", "--nodes", "1", "--gpus", "1", "--nproc-per-node", "1", "--", "--steps", "20"
+    )
     try:
         assert result.returncode == 0, result.stderr
         cluster = Cluster(name, docker)

@@ -49,16 +49,23 @@ def test_plain_ddp_script_is_recorded_without_touching_its_output(sim_cluster, t
     script = tmp_path / "train.py"
     script.write_text(PLAIN_DDP)
     tmp_path.chmod(0o755)  # mounted into the nodes, where the workers run as another user
-    cluster = sim_cluster(name=unique_name("t-instrument"), nodes=2, nproc_per_node=1, rdzv_backend="c10d", script=str(script),
-                          progress_regex=r"step (?P<step>\d+) loss (?P<loss>[\d.]+)")
+    cluster = sim_cluster(
+        name=unique_name("t-instrument"),
+        nodes=2,
+        nproc_per_node=1,
+        rdzv_backend="c10d",
+        script=str(script),
+        progress_regex=r"step (?P<step>\d+) loss (?P<loss>[\d.]+)",
+    )
     wait_for(JobFinished(cluster), timeout=240, interval=2)
     for node in cluster.nodes():
         assert node.exit_code == 0, f"{node.node}: {node.status}\n{cluster.logs(node.node, tail=40)}"
 
     history = History(cluster.run_dir / FILE_NAME)
     # The collector polls the side channel 4 times a second; the checks below say what is missing.
-    both_exited = Condition("both workers' exit records", lambda: sum(
-        r["event"] == "exit" for r in worker_records(history)) >= 2)
+    both_exited = Condition(
+        "both workers' exit records", lambda: sum(r["event"] == "exit" for r in worker_records(history)) >= 2
+    )
     wait_for(both_exited, timeout=30, interval=0.5, raise_errors=False)
     records = worker_records(history)
     by_rank = {rank: [r for r in records if r.get("rank") == rank] for rank in (0, 1)}
@@ -71,8 +78,7 @@ def test_plain_ddp_script_is_recorded_without_touching_its_output(sim_cluster, t
         steps = [r for r in mine if r["event"] == "step"]
         assert steps[0]["n"] == 1 and steps[-1]["n"] == STEPS, (rank, steps)
         assert all(r["step"] is None for r in steps)  # SGD keeps no step count
-        assert {(r["node"], r["world_size"], r["local_rank"], r["restart"]) for r in mine} \
-            == {(node_of[rank], 2, 0, 0)}
+        assert {(r["node"], r["world_size"], r["local_rank"], r["restart"]) for r in mine} == {(node_of[rank], 2, 0, 0)}
     # --progress-regex on rank 0's printed lines.
     logged = [(r["node"], r["step"], r["source"]) for r in records if r["event"] == "progress"]
     assert logged == [(node_of[0], 10, "log"), (node_of[0], 20, "log"), (node_of[0], 30, "log")]

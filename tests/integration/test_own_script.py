@@ -18,8 +18,16 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 STEP_LOSS = r"step (?P<step>\d+) loss (?P<loss>[\d.]+)"
 
 
-def scenario_file(tmp_path: Path, name: str, script: str, *, backend: str, progress: str | None = None,
-                  steps: str = "", script_args: tuple[str, ...] = ("--steps", "160")) -> Path:
+def scenario_file(
+    tmp_path: Path,
+    name: str,
+    script: str,
+    *,
+    backend: str,
+    progress: str | None = None,
+    steps: str = "",
+    script_args: tuple[str, ...] = ("--steps", "160"),
+) -> Path:
     """A scenario as a user writes one beside their script."""
     lines = [
         f"name: {name}",
@@ -34,8 +42,15 @@ def scenario_file(tmp_path: Path, name: str, script: str, *, backend: str, progr
     ]
     if progress:
         lines.append(f"  progress: '{progress}'")
-    lines += ["profile: fast", "seed: 3", "steps:", steps or DEFAULT_STEPS, "expect:", "  outcome: recovers",
-              "timeout: 5m"]
+    lines += [
+        "profile: fast",
+        "seed: 3",
+        "steps:",
+        steps or DEFAULT_STEPS,
+        "expect:",
+        "  outcome: recovers",
+        "timeout: 5m",
+    ]
     path = tmp_path / f"{name}.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -69,8 +84,7 @@ def _recoveries_measured(result) -> None:
 
 @pytest.mark.parametrize("backend", ["etcd-v2", "c10d"])
 @pytest.mark.parametrize("script, progress", CORPUS, ids=[s for s, _ in CORPUS])
-def test_plain_script_survives_worker_and_node_loss(sim_scenario, docker, images, tmp_path, script, progress,
-                                                    backend):
+def test_plain_script_survives_worker_and_node_loss(sim_scenario, docker, images, tmp_path, script, progress, backend):
     name = "own-" + script.removesuffix(".py").replace("_", "-")
     (result,) = sim_scenario(str(scenario_file(tmp_path, name, script, backend=backend, progress=progress)))
     assert_verdict(result)
@@ -85,8 +99,14 @@ def test_plain_script_survives_worker_and_node_loss(sim_scenario, docker, images
 
 def test_model_only_checkpoint_is_caught_as_a_loss_jump(sim_scenario, docker, images, tmp_path):
     """Adam's state not saved: the resumed loss jumps, the verdict fails on it and says why."""
-    path = scenario_file(tmp_path, "own-model-only", "model_only_ckpt.py", backend="etcd-v2", progress=STEP_LOSS,
-                         steps="  - fault: kill-worker\n    target: node1\n    at: {step: 45}")
+    path = scenario_file(
+        tmp_path,
+        "own-model-only",
+        "model_only_ckpt.py",
+        backend="etcd-v2",
+        progress=STEP_LOSS,
+        steps="  - fault: kill-worker\n    target: node1\n    at: {step: 45}",
+    )
     (result,) = sim_scenario(str(path))
     loss = result.verdict.result("loss_continuity")
     assert loss.measured and not loss.valid, result.summary

@@ -18,15 +18,41 @@ pytestmark = pytest.mark.docker
 
 
 def max_step(history: History, after: float = 0.0) -> int:
-    return max((r["step"] for r in history.records()
-                if r.get("type") == "trainer" and r.get("kind") == "progress" and r["t"] > after), default=0)
+    return max(
+        (
+            r["step"]
+            for r in history.records()
+            if r.get("type") == "trainer" and r.get("kind") == "progress" and r["t"] > after
+        ),
+        default=0,
+    )
 
 
 def test_worker_kill_then_node_kill_report(docker, images):
     name = unique_name("t-report")
-    result = run_sim("up", "--name", name, "--detach", "--nodes", "3", "--max-restarts", "10", "--rdzv-conf", FAST,
-                     "--env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
-                     "--", "--steps", "150", "--step-time", "0.1", "--ckpt-interval", "10", "--pg-timeout", "15")
+    result = run_sim(
+        "up",
+        "--name",
+        name,
+        "--detach",
+        "--nodes",
+        "3",
+        "--max-restarts",
+        "10",
+        "--rdzv-conf",
+        FAST,
+        "--env",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+        "--",
+        "--steps",
+        "150",
+        "--step-time",
+        "0.1",
+        "--ckpt-interval",
+        "10",
+        "--pg-timeout",
+        "15",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     cluster = Cluster(name, docker)
     run_dir = cluster.run_dir

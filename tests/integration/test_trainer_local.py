@@ -54,10 +54,32 @@ def test_killed_worker_is_restarted_and_the_job_resumes_from_the_last_checkpoint
     env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
     if not shared_store:  # workers' rank 0 hosts a fresh store each start
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-               "--max-restarts", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
-               str(TRAIN_PY), "--steps", str(TARGET_STEPS), "--ckpt-interval", str(CKPT_INTERVAL),
-               "--ckpt-dir", str(tmp_path / "ckpt"), "--step-time", "0.1", "--dataset-size", "1024"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "localhost:0",
+        str(TRAIN_PY),
+        "--steps",
+        str(TARGET_STEPS),
+        "--ckpt-interval",
+        str(CKPT_INTERVAL),
+        "--ckpt-dir",
+        str(tmp_path / "ckpt"),
+        "--step-time",
+        "0.1",
+        "--dataset-size",
+        "1024",
+    ]
     agent_log = open(tmp_path / "torchrun.log", "w")
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=agent_log, text=True, env=env)
     watchdog = threading.Timer(DEADLINE_S, kill_tree, (proc.pid,))
@@ -68,8 +90,7 @@ def test_killed_worker_is_restarted_and_the_job_resumes_from_the_last_checkpoint
             line = json.loads(raw)  # every stdout line must be one JSON object
             lines.append(line)
             if killed_pid is None and line["sim"] == "progress" and line["step"] == KILL_AT_STEP:
-                killed_pid = next(start["pid"] for start in lines
-                                  if start["sim"] == "start" and start["rank"] == 1)
+                killed_pid = next(start["pid"] for start in lines if start["sim"] == "start" and start["rank"] == 1)
                 os.kill(killed_pid, signal.SIGKILL)
         returncode = proc.wait()
     finally:
@@ -83,8 +104,7 @@ def test_killed_worker_is_restarted_and_the_job_resumes_from_the_last_checkpoint
 
     starts = [line for line in lines if line["sim"] == "start"]
     progress = [line for line in lines if line["sim"] == "progress"]
-    checkpoints_before_kill = [line["step"] for line in lines
-                               if line["sim"] == "checkpoint" and line["restart"] == 0]
+    checkpoints_before_kill = [line["step"] for line in lines if line["sim"] == "checkpoint" and line["restart"] == 0]
     resumed = [start for start in starts if start["restart"] == 1]
     assert sorted(start["rank"] for start in resumed) == [0, 1]
     resumed_from = resumed[0]["resumed_from"]

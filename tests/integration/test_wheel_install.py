@@ -115,8 +115,9 @@ def user_env(venv: Path) -> dict[str, str]:
 
 def run(argv: list, cwd: Path, env: dict | None = None, timeout: float = 480) -> subprocess.CompletedProcess:
     done = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(map(str, argv))} exited {done.returncode}:\n" \
-                                 f"{done.stdout[-6000:]}\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, (
+        f"{' '.join(map(str, argv))} exited {done.returncode}:\n{done.stdout[-6000:]}\n{done.stderr[-4000:]}"
+    )
     return done
 
 
@@ -126,8 +127,20 @@ def test_a_user_repo_runs_its_own_test_with_elastic_sim_from_a_wheel(docker, ima
     # No pip in the venv: this interpreter's pip installs into it (`--python`), which saves the
     # venv's own pip bootstrap; --no-compile skips byte-compiling matplotlib and numpy up front.
     run([sys.executable, "-m", "venv", "--without-pip", venv], tmp_path)
-    run([sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "-q", "--no-compile",
-         f"{wheel}[test]"], tmp_path)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            venv / "bin" / "python",
+            "install",
+            "-q",
+            "--no-compile",
+            f"{wheel}[test]",
+        ],
+        tmp_path,
+    )
 
     repo = tmp_path / "user-repo"
     repo.mkdir()
@@ -139,9 +152,16 @@ def test_a_user_repo_runs_its_own_test_with_elastic_sim_from_a_wheel(docker, ima
     env = user_env(venv)
 
     # The install's own package and data files, and the same image tags as this checkout's build.
-    probe = run([venv / "bin" / "python", "-c",
-                 "import sim; from sim.images import ImageBuilder; t = ImageBuilder(None).tags(); "
-                 "print(sim.__file__, t.node, t.etcd)"], repo, env)
+    probe = run(
+        [
+            venv / "bin" / "python",
+            "-c",
+            "import sim; from sim.images import ImageBuilder; t = ImageBuilder(None).tags(); "
+            "print(sim.__file__, t.node, t.etcd)",
+        ],
+        repo,
+        env,
+    )
     module, node_tag, etcd_tag = probe.stdout.split()
     assert module.startswith(str(venv)), f"sim imported from {module}, not the fresh venv"
     assert (node_tag, etcd_tag) == (images.node, images.etcd), "the installed package would rebuild the images"

@@ -57,8 +57,9 @@ def main():
     dist.init_process_group("gloo")
 
     torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Sequential(
-        torch.nn.Linear(INPUT_DIM, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)))
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(INPUT_DIM, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 
     os.makedirs(args.ckpt_dir, exist_ok=True)
@@ -87,8 +88,10 @@ def main():
         if step % args.ckpt_every == 0:
             model_state, optim_state = get_state_dict(model, optimizer)
             name = f"step-{step:06d}"
-            dcp.save({"model": model_state, "optim": optim_state, "step": torch.tensor(step)},
-                     checkpoint_id=os.path.join(args.ckpt_dir, name))
+            dcp.save(
+                {"model": model_state, "optim": optim_state, "step": torch.tensor(step)},
+                checkpoint_id=os.path.join(args.ckpt_dir, name),
+            )
             if rank == 0:
                 # dcp.save returns once every rank's shards and the metadata are written.
                 tmp = os.path.join(args.ckpt_dir, "latest.tmp")

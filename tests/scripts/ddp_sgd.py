@@ -49,8 +49,9 @@ def main():
     dist.init_process_group("gloo")
 
     torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Sequential(
-        torch.nn.Linear(INPUT_DIM, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)))
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(INPUT_DIM, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
     os.makedirs(args.ckpt_dir, exist_ok=True)
@@ -74,8 +75,9 @@ def main():
         if rank == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
             if step % args.ckpt_every == 0:
-                torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                            "step": step}, path)
+                torch.save(
+                    {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, path
+                )
 
     if rank == 0:
         print(f"done: {args.steps} steps", flush=True)

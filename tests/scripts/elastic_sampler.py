@@ -54,8 +54,9 @@ def main():
     dist.init_process_group("gloo")
 
     torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Sequential(
-        torch.nn.Linear(INPUT_DIM, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)))
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(INPUT_DIM, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     dataset = make_dataset(args.dataset_size)
 
@@ -86,8 +87,16 @@ def main():
             if rank == 0:
                 print(f"epoch {epoch} step {step} loss {loss.item():.4f}", flush=True)
                 if step % args.ckpt_every == 0:
-                    torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                                "step": step, "epoch": epoch, "start_index": start_index}, path)
+                    torch.save(
+                        {
+                            "model": model.module.state_dict(),
+                            "optimizer": optimizer.state_dict(),
+                            "step": step,
+                            "epoch": epoch,
+                            "start_index": start_index,
+                        },
+                        path,
+                    )
             if step >= args.steps:
                 break
         else:  # the epoch's last whole batch was read

@@ -46,8 +46,9 @@ def main():
     dist.init_process_group("gloo")
 
     torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Sequential(
-        torch.nn.Linear(INPUT_DIM, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)))
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(INPUT_DIM, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 
     os.makedirs(args.ckpt_dir, exist_ok=True)

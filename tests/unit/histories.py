@@ -24,8 +24,14 @@ class HistoryBuilder:
     def __init__(self, nodes=2, nproc=2, steps=30, ckpt=10, max_restarts=3, min_nodes=1, max_nodes=None):
         self.nproc, self.ckpt, self.target = nproc, ckpt, steps
         self.round, self.step, self.workers = 0, 0, []
-        self._begin(nodes, max_restarts, profile="fast", target_steps=steps, ckpt_interval=ckpt,
-                    spec={"min_nodes": min_nodes, "max_nodes": max_nodes})
+        self._begin(
+            nodes,
+            max_restarts,
+            profile="fast",
+            target_steps=steps,
+            ckpt_interval=ckpt,
+            spec={"min_nodes": min_nodes, "max_nodes": max_nodes},
+        )
 
     def _begin(self, nodes, max_restarts, *, spec, **run_fields):
         """The run start record and every node container's start."""
@@ -33,9 +39,19 @@ class HistoryBuilder:
         self.nodes = [f"node{i}" for i in range(nodes)]
         self.restarts = {node: 0 for node in self.nodes}
         self.max_restarts = max_restarts
-        self.add(type="run", event="start", **run_fields,
-                 spec={"name": "sim", "nodes": nodes, "nproc_per_node": self.nproc, "max_restarts": max_restarts,
-                       "rdzv_backend": "etcd-v2", **spec})
+        self.add(
+            type="run",
+            event="start",
+            **run_fields,
+            spec={
+                "name": "sim",
+                "nodes": nodes,
+                "nproc_per_node": self.nproc,
+                "max_restarts": max_restarts,
+                "rdzv_backend": "etcd-v2",
+                **spec,
+            },
+        )
         for node in self.nodes:
             self.add(type="docker", node=node, action="start")
 
@@ -53,25 +69,51 @@ class HistoryBuilder:
         self.round += 1
         if agent_logs:
             for group_rank, node in enumerate(nodes):
-                self.add(type="agent", node=node, event="rdzv_joined", round=self.round, group_rank=group_rank,
-                         nodes=len(nodes))
+                self.add(
+                    type="agent",
+                    node=node,
+                    event="rdzv_joined",
+                    round=self.round,
+                    group_rank=group_rank,
+                    nodes=len(nodes),
+                )
         self.wait(0.5)
         if agent_logs:
             for group_rank, node in enumerate(nodes):
-                self.add(type="agent", node=node, event="rdzv_complete", restart_count=self.restarts.get(node, 0),
-                         group_rank=group_rank, group_world_size=len(nodes), global_world_size=len(nodes) * self.nproc)
+                self.add(
+                    type="agent",
+                    node=node,
+                    event="rdzv_complete",
+                    restart_count=self.restarts.get(node, 0),
+                    group_rank=group_rank,
+                    group_world_size=len(nodes),
+                    global_world_size=len(nodes) * self.nproc,
+                )
         self.wait(2.0)
         world = len(nodes) * self.nproc
-        self.workers = [(node, local, group_rank * self.nproc + local, world)
-                        for group_rank, node in enumerate(nodes) for local in range(self.nproc)]
+        self.workers = [
+            (node, local, group_rank * self.nproc + local, world)
+            for group_rank, node in enumerate(nodes)
+            for local in range(self.nproc)
+        ]
         for node, local, rank, _ in self.workers:
-            self.trainer(node, local, rank, world, "start", resumed_from=resumed_from, ckpt_world_size=None,
-                         backend="gloo")
+            self.trainer(
+                node, local, rank, world, "start", resumed_from=resumed_from, ckpt_world_size=None, backend="gloo"
+            )
         self.step = resumed_from
 
     def trainer(self, node, local_rank, rank, world, kind, **fields):
-        self.add(type="trainer", node=node, kind=kind, rank=rank, local_rank=local_rank, world_size=world,
-                 restart=self.restarts.get(node, 0), run_id="sim", **fields)
+        self.add(
+            type="trainer",
+            node=node,
+            kind=kind,
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world,
+            restart=self.restarts.get(node, 0),
+            run_id="sim",
+            **fields,
+        )
 
     def train(self, until, step_s=1.0, loss=smooth_loss):
         for step in range(self.step + 1, until + 1):
@@ -86,8 +128,16 @@ class HistoryBuilder:
     def finish(self, nodes=None, end=True):
         node, local, rank, world = self.workers[0]
         self.wait(0.5)
-        self.trainer(node, local, rank, world, "summary", final_step=self.step, elapsed=self.t - T0,
-                     steps_run_this_start=self.step)
+        self.trainer(
+            node,
+            local,
+            rank,
+            world,
+            "summary",
+            final_step=self.step,
+            elapsed=self.t - T0,
+            steps_run_this_start=self.step,
+        )
         self.wait(1.0)
         for node in nodes or self.nodes:
             self.die(node, 0)
@@ -142,14 +192,27 @@ class ScriptRun(HistoryBuilder):
         self.absolute, self.log_progress, self.optimizer = absolute_steps, log_progress, optimizer
         self.losses = losses or (lambda step: 1.0 / step)
         self.pid, self.workers, self.step = 100, [], 0
-        self._begin(nodes, 3, profile="torch-defaults", target_steps=None, ckpt_interval=None,
-                    spec={"min_nodes": 1, "max_nodes": nodes, "script": "/u/train.py"})
+        self._begin(
+            nodes,
+            3,
+            profile="torch-defaults",
+            target_steps=None,
+            ckpt_interval=None,
+            spec={"min_nodes": 1, "max_nodes": nodes, "script": "/u/train.py"},
+        )
 
     def start_workers(self, resumed_from=0, nodes=None):
         nodes = nodes or self.nodes
         for rank, node in enumerate(nodes):
-            self.add(type="agent", node=node, event="rdzv_complete", restart_count=self.restarts[node],
-                     group_rank=rank, group_world_size=len(nodes), global_world_size=len(nodes) * self.nproc)
+            self.add(
+                type="agent",
+                node=node,
+                event="rdzv_complete",
+                restart_count=self.restarts[node],
+                group_rank=rank,
+                group_world_size=len(nodes),
+                global_world_size=len(nodes) * self.nproc,
+            )
             self.add(type="agent", node=node, event="group_started")
         self.wait(2.0)
         world = len(nodes) * self.nproc
@@ -157,8 +220,15 @@ class ScriptRun(HistoryBuilder):
         for group_rank, node in enumerate(nodes):
             for local in range(self.nproc):
                 self.pid += 1
-                worker = dict(node=node, rank=group_rank * self.nproc + local, local_rank=local, world_size=world,
-                              restart=self.restarts[node], pid=self.pid, run_id="r")
+                worker = dict(
+                    node=node,
+                    rank=group_rank * self.nproc + local,
+                    local_rank=local,
+                    world_size=world,
+                    restart=self.restarts[node],
+                    pid=self.pid,
+                    run_id="r",
+                )
                 self.workers.append(worker)
                 self.add(type="worker", event="start", **worker)
         self.wait(1.0)
@@ -176,8 +246,14 @@ class ScriptRun(HistoryBuilder):
                 else:
                     self.add(type="worker", event="activity", collectives=self.n + 1, op="all_reduce", **worker)
             if self.log_progress:
-                self.add(type="worker", event="progress", source="log", node=self.workers[0]["node"], step=step,
-                         loss=self.losses(step))
+                self.add(
+                    type="worker",
+                    event="progress",
+                    source="log",
+                    node=self.workers[0]["node"],
+                    step=step,
+                    loss=self.losses(step),
+                )
             self.step = step
 
     def kill_worker(self, node):

@@ -31,14 +31,26 @@ def test_docker_timestamps():
 def test_agent_and_trainer_lines_become_records():
     records = parse_node_log("node0", LOG)
     events = [(r.TYPE, r.event if isinstance(r, AgentRecord) else r.kind) for r in records]
-    assert events == [("agent", "new_nodes"), ("agent", "rdzv_joined"), ("agent", "rdzv_complete"),
-                      ("agent", "group_started"), ("trainer", "progress"), ("agent", "worker_failed"),
-                      ("agent", "group_failed"), ("agent", "group_finished")]
+    assert events == [
+        ("agent", "new_nodes"),
+        ("agent", "rdzv_joined"),
+        ("agent", "rdzv_complete"),
+        ("agent", "group_started"),
+        ("trainer", "progress"),
+        ("agent", "worker_failed"),
+        ("agent", "group_failed"),
+        ("agent", "group_finished"),
+    ]
     joined = records[1]
     assert (joined.round, joined.group_rank, joined.nodes) == (3, 0, 4)
     complete = records[2]
-    assert (complete.restart_count, complete.group_rank, complete.group_world_size,
-            complete.global_world_size, complete.master_addr) == (1, 0, 4, 8, "node0")
+    assert (
+        complete.restart_count,
+        complete.group_rank,
+        complete.group_world_size,
+        complete.global_world_size,
+        complete.master_addr,
+    ) == (1, 0, 4, 8, "node0")
     progress = records[4]
     assert isinstance(progress, TrainerRecord)
     assert (progress.t, progress.step, progress.node, progress.loss) == (1795950684.5, 41, "node0", 0.25)
@@ -65,14 +77,28 @@ def test_node_facts_count_restarts_as_the_agent_does_when_none_are_left():
 def test_docker_events_become_records():
     collector = Collector.__new__(Collector)
     collector._nodes = {}
-    die = {"Type": "container", "Action": "die", "id": "abc", "timeNano": 1795950684500000000,
-           "Actor": {"ID": "abc", "Attributes": {"elastic-sim.node": "node2", "exitCode": "137", "name": "c-node2"}}}
-    assert collector._docker_record(die) == {"t": 1795950684.5, "type": "docker", "node": "node2", "action": "die",
-                                             "exit_code": 137}
+    die = {
+        "Type": "container",
+        "Action": "die",
+        "id": "abc",
+        "timeNano": 1795950684500000000,
+        "Actor": {"ID": "abc", "Attributes": {"elastic-sim.node": "node2", "exitCode": "137", "name": "c-node2"}},
+    }
+    assert collector._docker_record(die) == {
+        "t": 1795950684.5,
+        "type": "docker",
+        "node": "node2",
+        "action": "die",
+        "exit_code": 137,
+    }
     noise = {**die, "Action": "exec_start: python3 -c ..."}
     assert collector._docker_record(noise) is None
-    connect = {"Type": "network", "Action": "disconnect", "timeNano": 1795950685000000000,
-               "Actor": {"ID": "net", "Attributes": {"container": "abc", "name": "c_cluster"}}}
+    connect = {
+        "Type": "network",
+        "Action": "disconnect",
+        "timeNano": 1795950685000000000,
+        "Actor": {"ID": "net", "Attributes": {"container": "abc", "name": "c_cluster"}},
+    }
     assert collector._docker_record(connect)["node"] == "node2"
 
 
@@ -97,11 +123,17 @@ W1130 14:32:50.835000 1694 torch/distributed/elastic/agent/server/api.py:753] Re
 def test_error_lines_become_records_once_per_attempt():
     records = parse_node_log("node1", ERROR_LOG)
     assert [(r.event, r.kind or r.name or r.signal) for r in records] == [
-        ("rdzv_joining", None), ("group_started", None),
-        ("worker_error", "gloo_connect"), ("worker_error", "peer_lost"),
-        ("group_started", None), ("worker_error", "gloo_connect"),
-        ("rdzv_graceful_exit", None), ("exception", "AttributeError"), ("exception", "etcd.EtcdException"),
-        ("agent_signal", 15)]
+        ("rdzv_joining", None),
+        ("group_started", None),
+        ("worker_error", "gloo_connect"),
+        ("worker_error", "peer_lost"),
+        ("group_started", None),
+        ("worker_error", "gloo_connect"),
+        ("rdzv_graceful_exit", None),
+        ("exception", "AttributeError"),
+        ("exception", "etcd.EtcdException"),
+        ("agent_signal", 15),
+    ]
     assert records[2].message.endswith("Connection refused, remote=[127.0.0.1]:5526$1")
     assert records[6].message == "The rendezvous 'h2job15056' is closed, terminating pending rendezvous."
     assert records[7].message == "'NoneType' object has no attribute 'is_failed'"

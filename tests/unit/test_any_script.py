@@ -7,6 +7,7 @@ from sim.runmodel import RunModel
 from sim.timeline import build_timeline
 from tests.unit.histories import HistoryBuilder, ScriptRun
 
+
 def _by_name(verdict):
     return {r.name: r for r in verdict.results}
 
@@ -147,8 +148,10 @@ def test_a_zombie_of_an_old_round_is_not_a_step_backwards():
 
 
 def test_training_started_from_the_agents_own_event_or_any_worker_record():
-    assert _training_started({"type": "agent", "event": "group_started", "node": "node1"}) == \
-        "node1 started its worker group"
+    assert (
+        _training_started({"type": "agent", "event": "group_started", "node": "node1"})
+        == "node1 started its worker group"
+    )
     assert _training_started({"type": "worker", "event": "start", "node": "node0"})
     assert _training_started({"type": "trainer", "kind": "progress", "node": "node0"})
     assert _training_started({"type": "agent", "event": "rdzv_joined", "node": "node0"}) is None

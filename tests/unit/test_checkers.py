@@ -56,8 +56,12 @@ def without(records, predicate):
 
 
 def is_progress(record, rank=None, steps=None):
-    return (record.get("type") == "trainer" and record.get("kind") == "progress"
-            and (rank is None or record["rank"] == rank) and (steps is None or record["step"] in steps))
+    return (
+        record.get("type") == "trainer"
+        and record.get("kind") == "progress"
+        and (rank is None or record["rank"] == rank)
+        and (steps is None or record["step"] in steps)
+    )
 
 
 def assert_reason(result, *fragments):
@@ -67,6 +71,7 @@ def assert_reason(result, *fragments):
 
 
 # ---------------------------------------------------------------- RunSpec
+
 
 def test_spec_from_history_reads_the_run_start_record():
     spec = clean_run().spec()
@@ -78,10 +83,14 @@ def test_spec_from_history_reads_the_run_start_record():
 def test_spec_overrides_win_and_bounds_are_validated():
     history = clean_run().records
     assert RunSpec.from_run(RunModel(history), max_recovery_s=30.0, expected="fails").max_recovery_s == 30.0
-    for bad, named in [({"hang_s": 0}, "hang_s 0"), ({"expected": "maybe"}, "expected 'maybe'"),
-                       ({"min_nodes": 3}, "max_nodes 2 < min_nodes 3"), ({"max_restarts": -1}, "max_restarts -1"),
-                       ({"loss_jump_tolerance": float("nan")}, "loss_jump_tolerance nan"),
-                       ({"ckpt_interval": 0}, "ckpt_interval 0")]:
+    for bad, named in [
+        ({"hang_s": 0}, "hang_s 0"),
+        ({"expected": "maybe"}, "expected 'maybe'"),
+        ({"min_nodes": 3}, "max_nodes 2 < min_nodes 3"),
+        ({"max_restarts": -1}, "max_restarts -1"),
+        ({"loss_jump_tolerance": float("nan")}, "loss_jump_tolerance nan"),
+        ({"ckpt_interval": 0}, "ckpt_interval 0"),
+    ]:
         with pytest.raises(ValueError, match=named):
             RunSpec.from_run(RunModel(history), **bad)
 
@@ -100,12 +109,21 @@ def test_max_nodes_left_unset_in_the_cluster_spec_means_nodes():
 
 # ---------------------------------------------------------------- all together
 
+
 def test_clean_run_passes_every_check():
     run = clean_run()
     verdict = run.verdict()
     assert verdict.valid, [r for r in verdict.results if not r.valid]
-    assert [r.name for r in verdict.results] == ["completed", "restart_budget", "world_size", "ranks", "progress",
-                                                 "loss_continuity", "hang", "recovery"]
+    assert [r.name for r in verdict.results] == [
+        "completed",
+        "restart_budget",
+        "world_size",
+        "ranks",
+        "progress",
+        "loss_continuity",
+        "hang",
+        "recovery",
+    ]
     assert verdict.restarts_per_node == {"node0": 0, "node1": 0}
     assert verdict.rounds == 1
     assert verdict.recoveries == ()
@@ -118,9 +136,19 @@ def test_worker_kill_recovers_with_exact_figures():
     (recovery,) = verdict.recoveries
     t_ok = T0 + 2.5 + 24 + 0.25 + 0.5
     # ok, then 4 s until the new rendezvous, 2.5 s until the workers start, 1 s to the first step.
-    assert recovery == FaultRecovery(op=recovery.op, fault="kill-worker", target="node1", t_fault=t_ok,
-                                     t_recovered=t_ok + 7.5, recovery_s=7.5, steps_lost=4, world_before=4,
-                                     world_after=4, throughput_before=1.0, throughput_after=1.0)
+    assert recovery == FaultRecovery(
+        op=recovery.op,
+        fault="kill-worker",
+        target="node1",
+        t_fault=t_ok,
+        t_recovered=t_ok + 7.5,
+        recovery_s=7.5,
+        steps_lost=4,
+        world_before=4,
+        world_after=4,
+        throughput_before=1.0,
+        throughput_after=1.0,
+    )
     assert verdict.restarts_per_node == {"node0": 1, "node1": 1}
     assert verdict.rounds == 2
 
@@ -149,12 +177,20 @@ def test_a_failing_run_is_judged_by_the_fails_checks():
 
 # ---------------------------------------------------------------- completed
 
+
 def test_completed_passes_and_excuses_a_node_scaled_away():
     run = HistoryBuilder(nodes=3, steps=30)
     run.start_workers()
     run.train(15)
-    run.fault("scale", "nodes=2", take_s=3.0, joined=[], left=["node2"], abrupt=False,
-              effects=[docker("node2", "kill", signal="15"), docker("node2", "die", exit_code=143)])
+    run.fault(
+        "scale",
+        "nodes=2",
+        take_s=3.0,
+        joined=[],
+        left=["node2"],
+        abrupt=False,
+        effects=[docker("node2", "kill", signal="15"), docker("node2", "die", exit_code=143)],
+    )
     run.group_failure(["node0", "node1"])
     run.wait(3.0)
     run.start_workers(resumed_from=10, nodes=["node0", "node1"])
@@ -177,8 +213,7 @@ def test_completed_fails_when_an_agent_has_no_exit_0():
     assert not result.valid
     assert_reason(result, "node1: no agent exit recorded")
 
-    records = [{**r, "exit_code": 1} if r.get("action") == "die" and r["node"] == "node0" else r
-               for r in run.records]
+    records = [{**r, "exit_code": 1} if r.get("action") == "die" and r["node"] == "node0" else r for r in run.records]
     assert_reason(check_completed(RunModel(records), run.spec()), "node0's agent exited 1 at")
 
 
@@ -197,6 +232,7 @@ def test_completed_fails_when_the_job_stops_short():
 
 # ---------------------------------------------------------------- restart_budget
 
+
 def test_restart_budget_counts_per_agent():
     run = worker_kill_run()
     result = check_restart_budget(RunModel(run.records), run.spec())
@@ -208,7 +244,7 @@ def test_restart_budget_counts_per_agent():
 def test_restart_budget_fails_beyond_max_restarts():
     run = HistoryBuilder(max_restarts=5, steps=30)  # the agents ran with 5; the spec allows 3
     run.start_workers()
-    for crash in range(4):
+    for _ in range(4):
         run.train(run.step + 3)
         run.fault("kill-worker", "node1", node="node1")
         run.group_failure()
@@ -222,6 +258,7 @@ def test_restart_budget_fails_beyond_max_restarts():
 
 
 # ---------------------------------------------------------------- world_size and ranks
+
 
 def test_world_size_fails_outside_the_allowed_range():
     run = HistoryBuilder(nodes=3, max_nodes=2)
@@ -261,6 +298,7 @@ def test_cohorts_split_on_progress_even_without_agent_logs():
 
 # ---------------------------------------------------------------- progress
 
+
 def test_progress_passes_after_a_resume_within_the_checkpoint_interval():
     run = worker_kill_run()
     result = check_progress(RunModel(run.records), run.spec())
@@ -295,17 +333,23 @@ def test_progress_fails_when_more_steps_are_lost_than_the_checkpoint_interval():
     result = check_progress(RunModel(run.records), run.spec())
     assert not result.valid
     assert_reason(result, "14 steps lost (reached 24, resumed from 10) > checkpoint interval 10")
-    assert_reason(check_progress(RunModel(worker_kill_run().records), worker_kill_run().spec(max_steps_lost=3)),
-                  "4 steps lost (reached 24, resumed from 20) > max 3")
+    assert_reason(
+        check_progress(RunModel(worker_kill_run().records), worker_kill_run().spec(max_steps_lost=3)),
+        "4 steps lost (reached 24, resumed from 20) > max 3",
+    )
 
 
 def test_progress_fails_when_ranks_resume_from_different_steps():
     run = worker_kill_run()
     restart_t = max(r["t"] for r in run.records if r.get("kind") == "start")
-    records = [{**r, "resumed_from": 10} if r.get("kind") == "start" and r["t"] == restart_t and r["rank"] == 3
-               else r for r in run.records]
-    assert_reason(check_progress(RunModel(records), run.spec()),
-                  "resumed from different steps: rank 3 from step 10; ranks 0, 1, 2 from step 20")
+    records = [
+        {**r, "resumed_from": 10} if r.get("kind") == "start" and r["t"] == restart_t and r["rank"] == 3 else r
+        for r in run.records
+    ]
+    assert_reason(
+        check_progress(RunModel(records), run.spec()),
+        "resumed from different steps: rank 3 from step 10; ranks 0, 1, 2 from step 20",
+    )
 
 
 def test_a_partition_healed_before_anything_failed_loses_no_steps():
@@ -344,6 +388,7 @@ def test_a_restart_belongs_to_the_fault_after_which_training_stopped():
 
 # ---------------------------------------------------------------- loss_continuity
 
+
 def test_loss_carries_on_after_a_resume():
     run = worker_kill_run()
     result = check_loss_continuity(RunModel(run.records), run.spec())
@@ -363,8 +408,13 @@ def test_loss_jump_after_a_resume_fails():
     result = check_loss_continuity(RunModel(run.records), run.spec())
     assert not result.valid
     # Steps 21..23 ran before the fault too: the same steps are compared.
-    assert_reason(result, "loss jumped", "after the resume from step 20", "over steps 21..23 before",
-                  "over steps 21..23 after (tolerance 50%)")
+    assert_reason(
+        result,
+        "loss jumped",
+        "after the resume from step 20",
+        "over steps 21..23 before",
+        "over steps 21..23 after (tolerance 50%)",
+    )
 
 
 def test_a_jump_after_one_replayed_step_fails():
@@ -403,6 +453,7 @@ def test_a_replayed_oscillation_is_no_jump():
 
 # ---------------------------------------------------------------- hang
 
+
 def test_a_90_s_gap_while_a_partition_is_in_force_is_no_hang():
     run = HistoryBuilder()
     run.start_workers()
@@ -438,12 +489,17 @@ def test_a_job_that_stalls_to_the_end_is_a_hang():
 
 # ---------------------------------------------------------------- recovery
 
+
 def test_recovery_fails_for_a_fault_never_recovered():
     run = HistoryBuilder()
     run.start_workers()
     run.train(15)
-    run.fault("kill-node", "node1", node="node1",
-              effects=[docker("node1", "kill", signal="9"), docker("node1", "die", exit_code=137)])
+    run.fault(
+        "kill-node",
+        "node1",
+        node="node1",
+        effects=[docker("node1", "kill", signal="9"), docker("node1", "die", exit_code=137)],
+    )
     run.wait(200.0)
     run.end()
     result = check_recovery(RunModel(run.records), run.spec())
@@ -465,8 +521,12 @@ def test_recovery_at_a_smaller_world_after_a_node_is_lost():
     run = HistoryBuilder(nodes=3)
     run.start_workers()
     run.train(13)
-    t_ok = run.fault("kill-node", "node2", node="node2",
-                     effects=[docker("node2", "kill", signal="9"), docker("node2", "die", exit_code=137)])
+    t_ok = run.fault(
+        "kill-node",
+        "node2",
+        node="node2",
+        effects=[docker("node2", "kill", signal="9"), docker("node2", "die", exit_code=137)],
+    )
     run.group_failure(["node0", "node1"])
     run.wait(15.0)
     run.start_workers(resumed_from=10, nodes=["node0", "node1"])
@@ -481,6 +541,7 @@ def test_recovery_at_a_smaller_world_after_a_node_is_lost():
 
 
 # ---------------------------------------------------------------- fails_cleanly
+
 
 def failing_run(hang_node=None):
     run = HistoryBuilder(max_restarts=0)
@@ -552,12 +613,19 @@ def test_a_fails_run_that_exits_slowly_or_completes_fails_the_check():
     run.wait(90.0)
     run.die("node0", 1)
     run.end()
-    assert_reason(check_fails_cleanly(RunModel(run.records), run.spec(expected="fails")),
-                  "node0 exited 91.0 s after kill-worker node1 at", "> fail_fast 60 s")
+    assert_reason(
+        check_fails_cleanly(RunModel(run.records), run.spec(expected="fails")),
+        "node0 exited 91.0 s after kill-worker node1 at",
+        "> fail_fast 60 s",
+    )
 
     done = clean_run()
-    assert_reason(check_fails_cleanly(RunModel(done.records), done.spec(expected="fails")),
-                  "the job completed (step 30 at", "but was expected to fail", "node0's agent exited 0")
+    assert_reason(
+        check_fails_cleanly(RunModel(done.records), done.spec(expected="fails")),
+        "the job completed (step 30 at",
+        "but was expected to fail",
+        "node0's agent exited 0",
+    )
 
 
 def test_check_all_of_a_hanging_fails_run_is_invalid():

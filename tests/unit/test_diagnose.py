@@ -56,6 +56,7 @@ def evidence(diagnosis) -> str:
 
 # --------------------------------------------------------------------------- (a) shared TCP store
 
+
 def test_shared_store_loop_etcd_v2_two_agents():
     """etcd-v2, torch defaults, --max-restarts 1: node1's worker SIGKILLed; the next round's gloo
     groups are refused on both nodes, node1 runs out of restarts, node0 gets RendezvousClosedError."""
@@ -64,8 +65,10 @@ def test_shared_store_loop_etcd_v2_two_agents():
     store = found[0]
     assert "node0, node1" in store.cause and "RendezvousClosedError" in store.cause
     assert "node1 14:09:40.0  worker local_rank 0 (pid 15572) failed, exitcode -9" in store.evidence
-    assert "node0 14:09:46.8  Gloo connectFullMesh failed with timed out connecting: SO_ERROR: Connection refused" \
+    assert (
+        "node0 14:09:46.8  Gloo connectFullMesh failed with timed out connecting: SO_ERROR: Connection refused"
         in evidence(store)
+    )
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in store.fix and "--env" in store.fix
 
 
@@ -89,13 +92,16 @@ def test_shared_store_one_node_c10d_refused_then_hung():
 
 def test_a_first_round_connect_failure_is_not_the_shared_store():
     """Refused connections with no earlier failure are a different problem (a peer that never came up)."""
-    text = "\n".join(line for line in (LOGS / "shared_store_etcd_v2" / "node0.log").read_text().splitlines()
-                     if "exitcode" not in line and "attempts left" not in line and "new nodes" not in line
-                     and "Detected" not in line)
+    text = "\n".join(
+        line
+        for line in (LOGS / "shared_store_etcd_v2" / "node0.log").read_text().splitlines()
+        if "exitcode" not in line and "attempts left" not in line and "new nodes" not in line and "Detected" not in line
+    )
     assert "shared-tcp-store" not in codes(diagnose([], {"node0": text}))
 
 
 # --------------------------------------------------------------------------- (b) restart budget
+
 
 def test_restart_budget_used_up_per_agent():
     """etcd-v2, store opt-out, --max-restarts 1: node1's worker SIGKILLed twice; node1 gives up
@@ -105,30 +111,37 @@ def test_restart_budget_used_up_per_agent():
     budget = found[0]
     assert budget.title == "Restart budget used up on node1 (1 of 1)"
     assert "node0 used 1 of 1" in budget.cause
-    assert budget.evidence[0] == ("node1 14:21:40.4  worker local_rank 0 (pid 28001) failed, exitcode -9: "
-                                  "restart 1 of 1 used")
-    assert budget.evidence[1] == "node1 14:21:54.2  worker local_rank 0 (pid 28095) failed, exitcode -9: no restart left"
+    assert budget.evidence[0] == (
+        "node1 14:21:40.4  worker local_rank 0 (pid 28001) failed, exitcode -9: restart 1 of 1 used"
+    )
+    assert budget.evidence[1] == (
+        "node1 14:21:54.2  worker local_rank 0 (pid 28095) failed, exitcode -9: no restart left"
+    )
     assert "root cause: rank 1 (local_rank: 0), exitcode -9" in budget.evidence[2]
     assert "--max-restarts" in budget.fix
 
 
 def test_restart_budget_zero_from_the_spec():
     """With --max-restarts 0 torch prints no "attempts left" line at all: the first failure ends it."""
-    text = "\n".join(line for line in (LOGS / "restart_budget" / "node1.log").read_text().splitlines()
-                     if "attempts left" not in line)
+    text = "\n".join(
+        line for line in (LOGS / "restart_budget" / "node1.log").read_text().splitlines() if "attempts left" not in line
+    )
     found = diagnose([run_start(max_restarts=0)], {"node1": text})
     assert found[0].title == "Restart budget used up on node1 (0 of 0)"
 
 
 # --------------------------------------------------------------------------- (c) waiting for nodes
 
+
 def test_rendezvous_timeout_waiting_for_nodes():
     """etcd-v2, --nnodes 2 with one agent, join_timeout=20: RendezvousTimeoutError after 20 s."""
     found = diagnose([run_start(min_nodes=2)], logs("rdzv_timeout"))
     assert codes(found) == ["waiting-for-nodes"]
     wait = found[0]
-    assert wait.evidence == ("node0 14:22:59.1  agent entered the rendezvous, waited 20 s",
-                             "node0 14:23:19.5  RendezvousTimeoutError: not enough nodes joined in time")
+    assert wait.evidence == (
+        "node0 14:22:59.1  agent entered the rendezvous, waited 20 s",
+        "node0 14:23:19.5  RendezvousTimeoutError: not enough nodes joined in time",
+    )
     assert "at least 2 nodes (--min-nodes)" in wait.cause and "join_timeout" in wait.fix
 
 
@@ -137,17 +150,31 @@ def test_waiting_now_with_a_node_gone_and_another_cut_off():
     sit in the rendezvous with no training since (hand-written: a live wait cannot be captured
     finished)."""
     t0 = 1_800_000_000.0
-    history = [run_start(t0, nodes=3, min_nodes=3),
-               {"t": t0 + 5, "type": "worker", "node": "node0", "event": "step", "n": 1, "step": None},
-               {"t": t0 + 10, "type": "fault", "op": "f1", "fault": "kill-node", "target": "node2", "phase": "ok"},
-               {"t": t0 + 10.1, "type": "docker", "node": "node2", "action": "die", "exit_code": 137},
-               {"t": t0 + 11, "type": "agent", "node": "node0", "event": "worker_failed", "exitcode": 1,
-                "local_rank": 0, "pid": 7},
-               {"t": t0 + 12, "type": "agent", "node": "node0", "event": "rdzv_joining"},
-               {"t": t0 + 12, "type": "agent", "node": "node1", "event": "rdzv_joining"},
-               {"t": t0 + 30, "type": "agent", "node": "node1", "event": "keepalive_failed",
-                "message": "The node 'node1_7_0' has failed to send a keep-alive heartbeat to the rendezvous"},
-               {"t": t0 + 200, "type": "run", "event": "end"}]
+    history = [
+        run_start(t0, nodes=3, min_nodes=3),
+        {"t": t0 + 5, "type": "worker", "node": "node0", "event": "step", "n": 1, "step": None},
+        {"t": t0 + 10, "type": "fault", "op": "f1", "fault": "kill-node", "target": "node2", "phase": "ok"},
+        {"t": t0 + 10.1, "type": "docker", "node": "node2", "action": "die", "exit_code": 137},
+        {
+            "t": t0 + 11,
+            "type": "agent",
+            "node": "node0",
+            "event": "worker_failed",
+            "exitcode": 1,
+            "local_rank": 0,
+            "pid": 7,
+        },
+        {"t": t0 + 12, "type": "agent", "node": "node0", "event": "rdzv_joining"},
+        {"t": t0 + 12, "type": "agent", "node": "node1", "event": "rdzv_joining"},
+        {
+            "t": t0 + 30,
+            "type": "agent",
+            "node": "node1",
+            "event": "keepalive_failed",
+            "message": "The node 'node1_7_0' has failed to send a keep-alive heartbeat to the rendezvous",
+        },
+        {"t": t0 + 200, "type": "run", "event": "end"},
+    ]
     found = diagnose(history, {})
     assert codes(found) == ["waiting-for-nodes"]
     wait = found[0]
@@ -160,12 +187,15 @@ def test_waiting_now_with_a_node_gone_and_another_cut_off():
 def test_a_spare_waiting_beside_a_training_job_is_not_waiting_for_nodes():
     t0 = 1_800_000_000.0
     history = [{"t": t0, "type": "agent", "node": "node3", "event": "rdzv_joining"}]
-    history += [{"t": t0 + s, "type": "worker", "node": "node0", "event": "step", "n": s, "step": None}
-                for s in range(1, 200, 10)]
+    history += [
+        {"t": t0 + s, "type": "worker", "node": "node0", "event": "step", "n": s, "step": None}
+        for s in range(1, 200, 10)
+    ]
     assert diagnose(history, {}) == []
 
 
 # --------------------------------------------------------------------------- (d) loss jump
+
 
 def test_loss_jump_when_only_the_model_is_saved():
     """model_only_ckpt.py (Adam, model saved alone), c10d, store opt-out: one worker SIGKILLed at
@@ -199,6 +229,7 @@ def test_no_loss_jump_when_the_optimizer_is_restored():
 
 # --------------------------------------------------------------------------- (e) process-group timeout
 
+
 def test_process_group_timeout_after_a_frozen_peer():
     """ddp_sgd.py at torch defaults, one agent, 2 workers: rank 1 SIGSTOPped at step 15; rank 0
     waits in its all-reduce for gloo's 30-minute default and fails."""
@@ -206,35 +237,48 @@ def test_process_group_timeout_after_a_frozen_peer():
     assert "process-group-timeout" in codes(found)
     hang = next(d for d in found if d.code == "process-group-timeout")
     assert "after waiting 30 min" in hang.cause
-    assert hang.evidence[0] == "node0 14:52:55.9  RuntimeError: Timed out waiting 1800000ms for recv operation to complete"
+    assert hang.evidence[0] == (
+        "node0 14:52:55.9  RuntimeError: Timed out waiting 1800000ms for recv operation to complete"
+    )
     assert "timeout=timedelta" in hang.fix
 
 
 def test_hang_while_a_node_is_frozen_before_any_timeout():
     """The live view: node1 paused, no step anywhere since (hand-written: 30 minutes of nothing)."""
     t0 = 1_800_000_000.0
-    steps = [{"t": t0 + s, "type": "worker", "node": f"node{s % 2}", "event": "step", "n": s, "step": None}
-             for s in range(1, 40)]
-    pause = [{"t": t0 + 40, "type": "fault", "op": "p1", "fault": "pause", "target": "node1", "phase": "invoke"},
-             {"t": t0 + 40.2, "type": "fault", "op": "p1", "fault": "pause", "target": "node1", "phase": "ok"},
-             {"t": t0 + 40.2, "type": "docker", "node": "node1", "action": "pause"},
-             {"t": t0 + 400, "type": "run", "event": "end"}]
+    steps = [
+        {"t": t0 + s, "type": "worker", "node": f"node{s % 2}", "event": "step", "n": s, "step": None}
+        for s in range(1, 40)
+    ]
+    pause = [
+        {"t": t0 + 40, "type": "fault", "op": "p1", "fault": "pause", "target": "node1", "phase": "invoke"},
+        {"t": t0 + 40.2, "type": "fault", "op": "p1", "fault": "pause", "target": "node1", "phase": "ok"},
+        {"t": t0 + 40.2, "type": "docker", "node": "node1", "action": "pause"},
+        {"t": t0 + 400, "type": "run", "event": "end"},
+    ]
     found = diagnose(steps + pause, {})
     assert codes(found) == ["process-group-timeout"]
-    assert found[0].evidence[0].startswith("node1 ") and "no training progress on any node for 360 s" \
-        in found[0].evidence[0]
+    assert (
+        found[0].evidence[0].startswith("node1 ")
+        and "no training progress on any node for 360 s" in found[0].evidence[0]
+    )
 
 
 def test_a_short_pause_is_not_a_hang():
     t0 = 1_800_000_000.0
-    steps = [{"t": t0 + s, "type": "worker", "node": "node0", "event": "step", "n": s, "step": None}
-             for s in list(range(1, 40)) + list(range(52, 90))]
-    pause = [{"t": t0 + 40, "type": "fault", "op": "p1", "fault": "pause", "target": "node1", "phase": "ok"},
-             {"t": t0 + 50, "type": "fault", "op": "u1", "fault": "unpause", "target": "node1", "phase": "ok"}]
+    steps = [
+        {"t": t0 + s, "type": "worker", "node": "node0", "event": "step", "n": s, "step": None}
+        for s in list(range(1, 40)) + list(range(52, 90))
+    ]
+    pause = [
+        {"t": t0 + 40, "type": "fault", "op": "p1", "fault": "pause", "target": "node1", "phase": "ok"},
+        {"t": t0 + 50, "type": "fault", "op": "u1", "fault": "unpause", "target": "node1", "phase": "ok"},
+    ]
     assert diagnose(steps + pause, {}) == []
 
 
 # --------------------------------------------------------------------------- (f) c10d store host
+
 
 def test_c10d_store_host_lost():
     """c10d, two agents on one host: node0 (the store host, first to bind the endpoint) killed
@@ -250,14 +294,17 @@ def test_c10d_store_host_lost():
 def test_c10d_store_host_named_from_the_history():
     text = logs("c10d_store_host_lost")["node1"]
     t_kill = parse_docker_timestamp(text.splitlines()[-1])[0] - 1.0
-    history = [run_start(t_kill - 30, rdzv_backend="c10d", nodes=2),
-               {"t": t_kill, "type": "fault", "op": "k1", "fault": "kill-node", "target": "node0", "phase": "ok"}]
+    history = [
+        run_start(t_kill - 30, rdzv_backend="c10d", nodes=2),
+        {"t": t_kill, "type": "fault", "op": "k1", "fault": "kill-node", "target": "node0", "phase": "ok"},
+    ]
     lost = diagnose(history, {"node1": text})[0]
     assert lost.title == "c10d rendezvous store lost with its host (node0)"
     assert lost.evidence[0].startswith("node0 ") and "fault kill-node on node0" in lost.evidence[0]
 
 
 # --------------------------------------------------------------------------- (g) etcd without v2
+
 
 def test_etcd_without_v2_api():
     """etcd 3.4.23 started without --enable-v2; torchrun with --rdzv-backend etcd-v2 (node0.log)
@@ -271,6 +318,7 @@ def test_etcd_without_v2_api():
 
 # --------------------------------------------------------------------------- (h) spare agent
 
+
 def test_spare_agent_attribute_error_at_job_end():
     """etcd-v2, --nnodes 1:1, two agents: node1 waits as a spare; when node0's job ends, node1
     exits 1 with torchrun's AttributeError."""
@@ -280,10 +328,12 @@ def test_spare_agent_attribute_error_at_job_end():
     assert spare.title.endswith(": node1")
     assert spare.evidence == (
         "node1 14:05:21.2  The rendezvous 'h2job15056' is closed, terminating pending rendezvous.",
-        "node1 14:05:21.2  AttributeError: 'NoneType' object has no attribute 'is_failed'")
+        "node1 14:05:21.2  AttributeError: 'NoneType' object has no attribute 'is_failed'",
+    )
 
 
 # --------------------------------------------------------------------------- clean runs, output
+
 
 def test_a_clean_run_has_no_diagnosis():
     """ddp_sgd.py on two etcd-v2 agents, torch defaults, no fault, 40 steps."""
@@ -295,6 +345,7 @@ def test_a_clean_run_has_no_diagnosis():
 
 def test_history_agent_records_are_used_when_no_log_is_given():
     from sim.agentlog import parse_node_log
+
     text = logs("spare_agent")["node1"]
     assert codes(diagnose(parse_node_log("node1", text), {})) == ["spare-agent-exit"]
 

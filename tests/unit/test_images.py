@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from sim.images import IMAGES_DIR, ImageBuilder
 
 

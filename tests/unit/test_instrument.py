@@ -16,15 +16,23 @@ NODE_DIR = Path(__file__).resolve().parents[2] / "images" / "node"
 sys.path.insert(0, str(NODE_DIR))
 
 import elastic_sim_instrument as instrument  # noqa: E402
+
 import elastic_sim_progress as progress  # noqa: E402
 
-WORKER_ENV = {"LOCAL_RANK": "0", "RANK": "2", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "demo-r1",
-              "TORCHELASTIC_RESTART_COUNT": "1", "SIM_NODE": "node1"}
+WORKER_ENV = {
+    "LOCAL_RANK": "0",
+    "RANK": "2",
+    "WORLD_SIZE": "4",
+    "TORCHELASTIC_RUN_ID": "demo-r1",
+    "TORCHELASTIC_RESTART_COUNT": "1",
+    "SIM_NODE": "node1",
+}
 # What elastic-sim.pth does at start-up, for a process that is not in the node's site-packages.
 WITH_NODE_SITE = f"import site; site.addsitedir({str(NODE_DIR)!r}); "
 
 
 # --- who is instrumented -------------------------------------------------------------------
+
 
 def test_only_torchrun_workers_with_a_side_channel_are_instrumented():
     worker = {**WORKER_ENV, "SIM_EVENTS_DIR": "/sim/events"}
@@ -41,8 +49,20 @@ def test_only_torchrun_workers_with_a_side_channel_are_instrumented():
 def test_record_fields_follow_the_contract():
     identity = progress.worker_identity(WORKER_ENV)
     record = progress.build_record("step", identity, 12.5, 99, n=3, step=103)
-    assert record == {"t": 12.5, "type": "worker", "node": "node1", "event": "step", "rank": 2, "local_rank": 0,
-                      "world_size": 4, "restart": 1, "pid": 99, "run_id": "demo-r1", "n": 3, "step": 103}
+    assert record == {
+        "t": 12.5,
+        "type": "worker",
+        "node": "node1",
+        "event": "step",
+        "rank": 2,
+        "local_rank": 0,
+        "world_size": 4,
+        "restart": 1,
+        "pid": 99,
+        "run_id": "demo-r1",
+        "n": 3,
+        "step": 103,
+    }
     assert list(record)[:4] == ["t", "type", "node", "event"]
 
 
@@ -55,6 +75,7 @@ def test_the_api_is_a_no_op_outside_the_simulator(tmp_path, monkeypatch):
 
 
 # --- the probe's hooks, with fake optimizers -------------------------------------------------
+
 
 class FakeOptimizer:
     def __init__(self, step=None):
@@ -112,9 +133,12 @@ def test_exit_writes_what_the_rate_limit_held_back():
     probe.exit_code = 0
     probe.at_exit()
     assert records == [
-        {"event": "step", "n": 1, "step": None}, {"event": "activity", "collectives": 1, "op": "all_reduce"},
-        {"event": "step", "n": 5, "step": None}, {"event": "activity", "collectives": 3, "op": "all_reduce"},
-        {"event": "exit", "code": 0}]
+        {"event": "step", "n": 1, "step": None},
+        {"event": "activity", "collectives": 1, "op": "all_reduce"},
+        {"event": "step", "n": 5, "step": None},
+        {"event": "activity", "collectives": 3, "op": "all_reduce"},
+        {"event": "exit", "code": 0},
+    ]
 
 
 def test_a_failing_write_turns_the_probe_off_quietly():
@@ -132,11 +156,13 @@ def test_an_import_hook_runs_after_the_module_and_then_leaves(tmp_path, monkeypa
     (tmp_path / "watched_mod.py").write_text("VALUE = 41\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     seen = []
-    hook = instrument.AfterImport({"watched_mod": lambda module: seen.append(module.VALUE + 1)},
-                                  on_error=lambda: seen.append("error"))
+    hook = instrument.AfterImport(
+        {"watched_mod": lambda module: seen.append(module.VALUE + 1)}, on_error=lambda: seen.append("error")
+    )
     hook.install()
     try:
         import watched_mod  # noqa: F401
+
         assert seen == [42]
         assert hook not in sys.meta_path  # nothing left to watch: no cost for later imports
     finally:
@@ -178,10 +204,14 @@ SCRIPT = textwrap.dedent("""
 def run_as_worker(tmp_path: Path, script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     path = tmp_path / "train.py"
     path.write_text(script)
-    code = WITH_NODE_SITE + f"import runpy, sys; sys.argv = {[str(path), *args]!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+    code = (
+        WITH_NODE_SITE
+        + f"import runpy, sys; sys.argv = {[str(path), *args]!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
     base = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", instrument.OWNER_ENV)}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**base, **WORKER_ENV, **env})
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={**base, **WORKER_ENV, **env}
+    )
 
 
 def side_channel(events: Path) -> list[dict]:
@@ -199,8 +229,9 @@ def test_a_real_torch_loop_is_recorded_on_the_side_channel_only(tmp_path):
 
     records = side_channel(events)
     assert {r["type"] for r in records} == {"worker"}
-    assert {(r["node"], r["rank"], r["local_rank"], r["world_size"], r["restart"], r["run_id"]) for r in records} \
-        == {("node1", 2, 0, 4, 1, "demo-r1")}
+    assert {(r["node"], r["rank"], r["local_rank"], r["world_size"], r["restart"], r["run_id"]) for r in records} == {
+        ("node1", 2, 0, 4, 1, "demo-r1")
+    }
     assert len({r["pid"] for r in records}) == 1  # the child wrote nothing
     events_seen = [r["event"] for r in records]
     assert events_seen[0] == "start" and events_seen[-1] == "exit"
@@ -251,7 +282,9 @@ def test_a_broken_side_channel_leaves_the_script_alone(tmp_path):
 
 
 def test_other_processes_pay_nothing(tmp_path):
-    code = WITH_NODE_SITE + "import sys; print(sorted(m for m in ('torch', 'elastic_sim_progress') if m in sys.modules))"
+    code = (
+        WITH_NODE_SITE + "import sys; print(sorted(m for m in ('torch', 'elastic_sim_progress') if m in sys.modules))"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert (result.stdout, result.stderr) == ("[]\n", "")

@@ -4,8 +4,9 @@ import-linter's layers contract constrains only the modules it lists: a new modu
 it could import anything. This test keeps the list whole.
 """
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,12 @@ commands each fault makes, without Docker (as Blockade tests its net layer)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
@@ -12,7 +17,8 @@ from chaos.nemesis import Nemesis
 from chaos.partition import isolate, parse_partition_spec
 from sim import labels
 from sim.cluster import Cluster
-from sim.docker import Container, ExecResult
+from chaos import nodescripts
+from sim.docker import NO_MEMORY_LIMIT, Container, ExecResult, Resources
 from sim.errors import FaultError, UsageError
 from sim.history import History
 from sim.procs import PROBE_ARGV, parse_probe
@@ -32,9 +38,11 @@ class FakeProvider:
     """The part of the Docker provider the nemesis uses: a cluster of four running containers
     (ids id-NODE), answering execs as a node would; every call is recorded."""
 
-    def __init__(self, paused=()):
+    def __init__(self, paused=(), answers=None):
         self.calls: list[tuple] = []
         self.paused = set(paused)
+        self.answers = answers or {}  # the first word after `python3 -c SCRIPT` or `sh -c` -> its ExecResult
+        self.limits = Resources(0, 0, 0)
 
     def containers(self, label_filter: str) -> list[Container]:
         assert label_filter == labels.cluster_filter("demo")
@@ -50,7 +58,16 @@ class FakeProvider:
             return ExecResult(0, PROBE_OUTPUT, "")
         if argv[-2:] == ["link", "show"]:
             return ExecResult(0, "2: eth1@if9: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500\n", "")
+        for script, result in self.answers.items():
+            if any(script in arg for arg in argv):
+                return result
         return ExecResult(0, "", "")
+
+    def resources(self, container):
+        return self.limits
+
+    def update_resources(self, container, **limits):
+        self.calls.append(("update", container, limits))
 
     def __getattr__(self, verb):
         if verb not in ("kill", "pause", "unpause", "stop", "start", "restart", "remove"):
@@ -193,3 +210,147 @@ def test_the_fault_store_loses_nothing_to_concurrent_writers(nemesis):
     for thread in threads:
         thread.join()
     assert sorted(f["id"] for f in nem.active()) == sorted(f"f{i}" for i in range(20))
+
+
+# ---------------------------------------------------------------- faults inside a node
+
+
+def test_hang_worker_stops_one_process_and_resume_continues_it(nemesis):
+    nem, fake = nemesis
+    result = nem.hang_worker("node0", local_rank=1)
+    assert (result["id"], result["pid"]) == ("hang-node0-41", 41)
+    assert ("exec", "id-node0", ["kill", "-STOP", "41"], "root") in fake.calls
+    assert [f["id"] for f in nem.active()] == ["hang-node0-41"]
+    nem.heal("hang-node0-41")
+    assert ("exec", "id-node0", ["kill", "-CONT", "41"], None) in fake.calls and nem.active() == []
+    nem.hang_worker("node0", local_rank=0)
+    nem.resume_worker("node0")
+    assert [c[2] for c in fake.calls if c[2][:2] == ["kill", "-CONT"]][-2:] == [["kill", "-CONT", "40"],
+                                                                                ["kill", "-CONT", "41"]]
+    assert nem.active() == []
+
+
+def test_slow_node_sets_a_cpu_quota_and_heal_restores_the_old_one(nemesis):
+    nem, fake = nemesis
+    fake.limits = Resources(cpu_quota=0, cpu_period=0, memory=0)
+    result = nem.slow_node("node1", cpus=0.2)
+    assert result["id"] == "slow-node1"
+    assert fake.calls[-1] == ("update", "id-node1", {"cpu_quota": 20000, "cpu_period": 100000})
+    with pytest.raises(UsageError, match="already slowed"):
+        nem.slow_node("node1", cpus=0.5)
+    nem.heal("slow-node1")
+    assert [c for c in fake.calls if c[0] == "update"][-1] == ("update", "id-node1", {"cpu_quota": -1,
+                                                                                      "cpu_period": 100000})
+
+
+def oom_answers(died: bool) -> dict:
+    return {"/sys/fs/cgroup/memory.current 2>/dev/null || cat /sys/fs/cgroup/memory/memory.usage_in_bytes":
+            ExecResult(0, f"{500 * 2**20}\n", ""),
+            nodescripts.HOG: ExecResult(0, json.dumps({"allocated": 2**26, "worker_died": died}), "")}
+
+
+def test_oom_worker_limits_memory_only_while_the_hog_runs(nemesis):
+    nem, fake = nemesis
+    fake.answers = oom_answers(died=True)
+    result = nem.oom_worker("node0", local_rank=0)
+    limit = 500 * 2**20 + 64 * 2**20
+    assert (result["pid"], result["limit"], result["limit_kept"]) == (40, limit, False)
+    assert ("exec", "id-node0", ["sh", "-c", "echo 1000 > /proc/40/oom_score_adj"], None) in fake.calls
+    hog = next(c for c in fake.calls if c[0] == "exec" and nodescripts.HOG in c[2])
+    assert hog[2][-3:] == ["40", str(2 * limit), "30.0"]
+    updates = [c[2] for c in fake.calls if c[0] == "update"]
+    assert updates == [{"memory": limit}, {"memory": NO_MEMORY_LIMIT}]
+
+
+def test_oom_worker_keeps_a_nodes_own_limit_and_fails_when_the_worker_survives(nemesis):
+    nem, fake = nemesis
+    fake.limits = Resources(0, 0, 2**30)  # `memory: 1g` in the spec
+    fake.answers = oom_answers(died=False)
+    with pytest.raises(FaultError, match="worker 40 survived 64 MiB allocated over a 1024 MiB limit"):
+        nem.oom_worker("node0", local_rank=0)
+    assert not any(c[0] == "update" for c in fake.calls)
+    assert [r["phase"] for r in nem.history.records()] == ["invoke", "fail"]
+
+
+def test_corrupt_checkpoint_runs_its_script_and_records_the_damage(nemesis):
+    nem, fake = nemesis
+    fake.answers = {nodescripts.CORRUPT: ExecResult(0, json.dumps({"file": "/ckpt/ckpt-00000040.pt", "size": 9000,
+                                                                    "mode": "truncate", "new_size": 4500}), "")}
+    result = nem.corrupt_checkpoint("node1", mode="truncate")
+    assert (result["file"], result["new_size"], result["node"]) == ("/ckpt/ckpt-00000040.pt", 4500, "node1")
+    argv = next(c[2] for c in fake.calls if c[0] == "exec" and nodescripts.CORRUPT in c[2])
+    assert argv[3:5] == ["/ckpt", "truncate"] and argv[5].isdigit()
+
+
+def test_fill_disk_refuses_an_unlimited_disk_and_heal_removes_its_filler(nemesis):
+    nem, fake = nemesis
+    fake.answers = {nodescripts.FILL: ExecResult(3, "", "/ckpt has 90000 MiB free: not a size-limited disk")}
+    with pytest.raises(UsageError, match="not a size-limited disk; give the cluster a size-limited one"):
+        nem.fill_disk("node1")
+    fake.answers = {nodescripts.FILL: ExecResult(0, json.dumps({"file": "/ckpt/.sim-filler", "written": 2**26,
+                                                                 "free": 0}), "")}
+    assert nem.fill_disk("node1")["id"] == "fill-node1"
+    nem.heal("fill-node1")
+    assert ("exec", "id-node1", ["rm", "-f", "/ckpt/.sim-filler"], None) in fake.calls and nem.active() == []
+
+
+def test_kill_during_checkpoint_reports_the_write_it_cut_or_that_none_came(nemesis):
+    nem, fake = nemesis
+    fake.answers = {nodescripts.KILL_IN_WRITE: ExecResult(0, json.dumps(
+        {"pid": 40, "file": "/ckpt/ckpt-00000020.pt.tmp.40", "size_at_kill": 4096}), "")}
+    result = nem.kill_during_checkpoint("node0", within=5)
+    assert (result["pid"], result["signal"]) == (40, "SIGKILL")
+    fake.answers = {nodescripts.KILL_IN_WRITE: ExecResult(4, "", "no worker opened a file under /ckpt/ for writing")}
+    with pytest.raises(FaultError, match="no worker opened a file"):
+        nem.kill_during_checkpoint("node0", within=5)
+
+
+# The node scripts themselves, run here on local files and processes (they are stdlib Python).
+
+def run_script(script: str, *args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
+                          timeout=30, env=env)
+
+
+def test_corrupt_script_damages_the_newest_file_only(tmp_path):
+    (tmp_path / "old.pt").write_bytes(b"a" * 100)
+    time.sleep(0.01)
+    (tmp_path / "new.pt").write_bytes(b"a" * 100)
+    (tmp_path / "new.pt.tmp.9").write_bytes(b"a" * 100)  # a write in progress is not a checkpoint yet
+    done = json.loads(run_script(nodescripts.CORRUPT, tmp_path, "bitflip", 1).stdout)
+    assert done["file"] == str(tmp_path / "new.pt") and len(done["offsets"]) == 8
+    assert (tmp_path / "new.pt").read_bytes() != b"a" * 100 and (tmp_path / "old.pt").read_bytes() == b"a" * 100
+    run_script(nodescripts.CORRUPT, tmp_path, "truncate", 1)
+    assert (tmp_path / "new.pt").stat().st_size == 50
+    assert run_script(nodescripts.CORRUPT, tmp_path / "none", "truncate", 1).returncode == nodescripts.WRONG_REQUEST
+
+
+def test_fill_script_refuses_a_disk_with_more_free_than_allowed(tmp_path):
+    refused = run_script(nodescripts.FILL, tmp_path, 0, 2**20)
+    assert refused.returncode == nodescripts.WRONG_REQUEST and "not a size-limited disk" in refused.stderr
+    assert not (tmp_path / ".sim-filler").exists()
+
+
+def test_kill_in_write_script_kills_the_worker_that_opens_a_file_for_writing(tmp_path):
+    worker_env = {**os.environ, "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "t"}
+    reader = subprocess.Popen([sys.executable, "-c", f"import time; f = open({str(tmp_path / 'a')!r}, 'a'); "
+                               "f.close(); g = open(" + repr(str(tmp_path / "a")) + "); time.sleep(30)"],
+                              env=worker_env)
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1); "
+                               f"f = open({str(tmp_path / 'ckpt.tmp')!r}, 'wb'); time.sleep(30)"], env=worker_env)
+    try:
+        watched = run_script(nodescripts.KILL_IN_WRITE, tmp_path, 10, int(signal.SIGKILL))
+        assert watched.returncode == 0, watched.stderr
+        assert json.loads(watched.stdout)["pid"] == writer.pid
+        assert writer.wait(5) == -signal.SIGKILL and reader.poll() is None, "only the writer is killed"
+    finally:
+        reader.kill(), writer.kill()
+    assert run_script(nodescripts.KILL_IN_WRITE, tmp_path, 0.2, 9).returncode == nodescripts.NEVER_CAME
+
+
+def test_hog_script_stops_once_the_worker_is_gone():
+    worker = subprocess.Popen(["sleep", "30"])
+    threading.Timer(0.5, worker.kill).start()
+    done = json.loads(run_script(nodescripts.HOG, worker.pid, 2**30, 10).stdout)
+    worker.wait()
+    assert done["worker_died"] is True and 0 < done["allocated"] < 2**30

@@ -68,9 +68,11 @@ def test_partition_rules_nothing_blocked():
 
 @pytest.mark.parametrize(
     "call, message",
-    [(lambda: partition_rules(["10.0.0.2"], [], mode="tarpit"), "partition mode 'tarpit': unknown"),
-     (lambda: partition_rules(["node1"], []), "IP address 'node1': not an IPv4 address"),
-     (lambda: partition_rules([], ["fe80::1"]), "IP address 'fe80::1': not an IPv4 address")],
+    [
+        (lambda: partition_rules(["10.0.0.2"], [], mode="tarpit"), "partition mode 'tarpit': unknown"),
+        (lambda: partition_rules(["node1"], []), "IP address 'node1': not an IPv4 address"),
+        (lambda: partition_rules([], ["fe80::1"]), "IP address 'fe80::1': not an IPv4 address"),
+    ],
 )
 def test_partition_rules_reject_bad_input(call, message):
     with pytest.raises(UsageError, match=re.escape(message)):
@@ -99,8 +101,11 @@ def test_loss_rules_in_only():
 
 @pytest.mark.parametrize(
     "call, message",
-    [(lambda: loss_rules(0), "loss 0%: out of range"), (lambda: loss_rules(101), "loss 101%: out of range"),
-     (lambda: loss_rules(5, "sideways"), "loss direction 'sideways': unknown")],
+    [
+        (lambda: loss_rules(0), "loss 0%: out of range"),
+        (lambda: loss_rules(101), "loss 101%: out of range"),
+        (lambda: loss_rules(5, "sideways"), "loss direction 'sideways': unknown"),
+    ],
 )
 def test_loss_rules_reject_bad_input(call, message):
     with pytest.raises(UsageError, match=re.escape(message)):
@@ -109,8 +114,19 @@ def test_loss_rules_reject_bad_input(call, message):
 
 def test_bandwidth_qdisc_defaults():
     assert bandwidth_qdisc("eth1", 1_000_000) == [
-        "tc", "qdisc", "replace", "dev", "eth1", "root",
-        "tbf", "rate", "1000000bit", "burst", "1600", "latency", "50ms",
+        "tc",
+        "qdisc",
+        "replace",
+        "dev",
+        "eth1",
+        "root",
+        "tbf",
+        "rate",
+        "1000000bit",
+        "burst",
+        "1600",
+        "latency",
+        "50ms",
     ]
 
 
@@ -126,12 +142,15 @@ def test_bandwidth_qdisc_explicit_burst():
 
 @pytest.mark.parametrize(
     "call, message",
-    [(lambda: bandwidth_qdisc("eth0", 0), "rate 0 bit/s"), (lambda: bandwidth_qdisc("eth0", 1.5), "rate 1.5 bit/s"),
-     (lambda: bandwidth_qdisc("eth0", 1000, burst_bytes=0), "burst 0 bytes"),
-     (lambda: bandwidth_qdisc("eth0", 1000, latency_ms=0), "latency 0 ms"),
-     (lambda: bandwidth_qdisc("", 1000), "interface ''"),
-     (lambda: bandwidth_qdisc("eth0 root", 1000), "interface 'eth0 root'"),
-     (lambda: bandwidth_qdisc("a-very-long-name0", 1000), "interface 'a-very-long-name0'")],
+    [
+        (lambda: bandwidth_qdisc("eth0", 0), "rate 0 bit/s"),
+        (lambda: bandwidth_qdisc("eth0", 1.5), "rate 1.5 bit/s"),
+        (lambda: bandwidth_qdisc("eth0", 1000, burst_bytes=0), "burst 0 bytes"),
+        (lambda: bandwidth_qdisc("eth0", 1000, latency_ms=0), "latency 0 ms"),
+        (lambda: bandwidth_qdisc("", 1000), "interface ''"),
+        (lambda: bandwidth_qdisc("eth0 root", 1000), "interface 'eth0 root'"),
+        (lambda: bandwidth_qdisc("a-very-long-name0", 1000), "interface 'a-very-long-name0'"),
+    ],
 )
 def test_bandwidth_qdisc_rejects_bad_input(call, message):
     with pytest.raises(UsageError, match=re.escape(message)):
@@ -139,10 +158,28 @@ def test_bandwidth_qdisc_rejects_bad_input(call, message):
 
 
 def test_netem_qdisc_all_options_in_tc_order():
-    assert netem_qdisc("eth0", delay_ms=100, jitter_ms=20, loss_pct=1, duplicate_pct=0.5, corrupt_pct=0.1,
-                       reorder_pct=25) == [
-        "tc", "qdisc", "replace", "dev", "eth0", "root", "netem",
-        "delay", "100ms", "20ms", "loss", "1%", "duplicate", "0.5%", "corrupt", "0.1%", "reorder", "25%"]
+    assert netem_qdisc(
+        "eth0", delay_ms=100, jitter_ms=20, loss_pct=1, duplicate_pct=0.5, corrupt_pct=0.1, reorder_pct=25
+    ) == [
+        "tc",
+        "qdisc",
+        "replace",
+        "dev",
+        "eth0",
+        "root",
+        "netem",
+        "delay",
+        "100ms",
+        "20ms",
+        "loss",
+        "1%",
+        "duplicate",
+        "0.5%",
+        "corrupt",
+        "0.1%",
+        "reorder",
+        "25%",
+    ]
 
 
 def test_netem_qdisc_loss_alone():
@@ -151,13 +188,15 @@ def test_netem_qdisc_loss_alone():
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({}, "netem: no options given"),
-     ({"jitter_ms": 20}, "jitter 20ms without a delay"),
-     ({"reorder_pct": 25}, "reorder 25% without a delay"),
-     ({"delay_ms": -1}, "delay -1ms: negative"),
-     ({"delay_ms": 10, "jitter_ms": -1}, "jitter -1ms: negative"),
-     ({"loss_pct": 101}, "loss 101%: out of range"),
-     ({"corrupt_pct": -1}, "corrupt -1%: out of range")],
+    [
+        ({}, "netem: no options given"),
+        ({"jitter_ms": 20}, "jitter 20ms without a delay"),
+        ({"reorder_pct": 25}, "reorder 25% without a delay"),
+        ({"delay_ms": -1}, "delay -1ms: negative"),
+        ({"delay_ms": 10, "jitter_ms": -1}, "jitter -1ms: negative"),
+        ({"loss_pct": 101}, "loss 101%: out of range"),
+        ({"corrupt_pct": -1}, "corrupt -1%: out of range"),
+    ],
 )
 def test_netem_qdisc_rejects_bad_input(kwargs, message):
     with pytest.raises(UsageError, match=re.escape(message)):
@@ -170,12 +209,14 @@ def test_clear_qdisc():
 
 @pytest.mark.parametrize(
     "stderr, unsupported",
-    [("Error: Specified qdisc kind is unknown.\n", True),
-     ("Error: Specified qdisc not found.\n", True),
-     ('Unknown qdisc "netem", hence option "delay" is unparsable\n', True),
-     ("Error: Cannot delete qdisc with handle of zero.\n", False),
-     ("Cannot find device \"eth9\"\n", False),
-     ("", False)],
+    [
+        ("Error: Specified qdisc kind is unknown.\n", True),
+        ("Error: Specified qdisc not found.\n", True),
+        ('Unknown qdisc "netem", hence option "delay" is unparsable\n', True),
+        ("Error: Cannot delete qdisc with handle of zero.\n", False),
+        ('Cannot find device "eth9"\n', False),
+        ("", False),
+    ],
 )
 def test_netem_unsupported(stderr, unsupported):
     assert netem_unsupported(stderr) is unsupported
@@ -189,8 +230,10 @@ def test_iface_lookup_argv():
 
 @pytest.mark.parametrize(
     "output, iface",
-    [("10.0.0.3 dev eth1 src 10.0.0.2 uid 0 \\    cache \n", "eth1"),
-     ("8.8.8.8 via 192.0.2.1 dev eth0 src 192.0.2.2 uid 0 \\    cache \n", "eth0")],
+    [
+        ("10.0.0.3 dev eth1 src 10.0.0.2 uid 0 \\    cache \n", "eth1"),
+        ("8.8.8.8 via 192.0.2.1 dev eth0 src 192.0.2.2 uid 0 \\    cache \n", "eth0"),
+    ],
 )
 def test_parse_route_get(output, iface):
     assert parse_route_get(output) == iface

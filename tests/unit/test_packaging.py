@@ -35,7 +35,7 @@ def installed(wheel, tmp_path_factory) -> Path:
 
 def wheel_files(wheel: Path, prefix: str) -> dict[str, bytes]:
     with zipfile.ZipFile(wheel) as archive:
-        return {name[len(prefix):]: archive.read(name) for name in archive.namelist() if name.startswith(prefix)}
+        return {name[len(prefix) :]: archive.read(name) for name in archive.namelist() if name.startswith(prefix)}
 
 
 @pytest.mark.parametrize("folder", ["images", "compose", "trainer"])
@@ -59,9 +59,11 @@ def test_installed_layout_tags_images_as_the_checkout_does(installed, tmp_path):
 
 def test_installed_package_finds_its_files_without_a_checkout(installed):
     # Run from the unpacked wheel: its sim/ and chaos/ come first on sys.path.
-    code = ("import sim, sim.paths as p, chaos.catalog as c; "
-            "print(p.PROJECT_FILES == p.PACKAGE_DIR / '_data', p.COMPOSE_TEMPLATE.is_file(), "
-            "(p.IMAGES_DIR / 'node' / 'Dockerfile').is_file(), len(c.shipped_paths()) > 0, sim.__file__)")
+    code = (
+        "import sim, sim.paths as p, chaos.catalog as c; "
+        "print(p.PROJECT_FILES == p.PACKAGE_DIR / '_data', p.COMPOSE_TEMPLATE.is_file(), "
+        "(p.IMAGES_DIR / 'node' / 'Dockerfile').is_file(), len(c.shipped_paths()) > 0, sim.__file__)"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=installed, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     *checks, module = done.stdout.split()

@@ -17,8 +17,19 @@ NODES = ("node0", "node1", "node2", "node3")
 
 @pytest.mark.parametrize(
     "text, seconds",
-    [("500ms", 0.5), ("30s", 30), ("2m", 120), ("1m30s", 90), ("1h", 3600), ("1h2m3s", 3723),
-     ("2.5", 2.5), ("0", 0), ("1.5s", 1.5), ("2m500ms", 120.5), (" 10S ", 10)],
+    [
+        ("500ms", 0.5),
+        ("30s", 30),
+        ("2m", 120),
+        ("1m30s", 90),
+        ("1h", 3600),
+        ("1h2m3s", 3723),
+        ("2.5", 2.5),
+        ("0", 0),
+        ("1.5s", 1.5),
+        ("2m500ms", 120.5),
+        (" 10S ", 10),
+    ],
 )
 def test_parse_duration(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)
@@ -32,8 +43,16 @@ def test_parse_duration_rejects(text):
 
 @pytest.mark.parametrize(
     "text, sig",
-    [("KILL", signal.SIGKILL), ("SIGKILL", signal.SIGKILL), ("kill", signal.SIGKILL), ("9", signal.SIGKILL),
-     ("TERM", signal.SIGTERM), ("SEGV", signal.SIGSEGV), ("int", signal.SIGINT), ("STOP", signal.SIGSTOP)],
+    [
+        ("KILL", signal.SIGKILL),
+        ("SIGKILL", signal.SIGKILL),
+        ("kill", signal.SIGKILL),
+        ("9", signal.SIGKILL),
+        ("TERM", signal.SIGTERM),
+        ("SEGV", signal.SIGSEGV),
+        ("int", signal.SIGINT),
+        ("STOP", signal.SIGSTOP),
+    ],
 )
 def test_parse_signal(text, sig):
     assert parse_signal(text) is sig
@@ -47,8 +66,16 @@ def test_parse_signal_rejects_and_lists_valid_ones(text):
 
 @pytest.mark.parametrize(
     "text, bps",
-    [("1mbit", 1_000_000), ("500kbit", 500_000), ("10Mbit", 10_000_000), ("1gbit", 10**9),
-     ("100kbps", 800_000), ("1.5mbit", 1_500_000), ("64bit", 64), ("2mbps", 16_000_000)],
+    [
+        ("1mbit", 1_000_000),
+        ("500kbit", 500_000),
+        ("10Mbit", 10_000_000),
+        ("1gbit", 10**9),
+        ("100kbps", 800_000),
+        ("1.5mbit", 1_500_000),
+        ("64bit", 64),
+        ("2mbps", 16_000_000),
+    ],
 )
 def test_parse_rate(text, bps):
     assert parse_rate(text) == bps

@@ -111,13 +111,15 @@ def test_parse_partition_spec_is_split():
 
 @pytest.mark.parametrize(
     "text, problem",
-    [("node0,node1|node1,node2,node3", "node 'node1' named twice"),
-     ("node0|node1,node1,node2,node3", "node 'node1' named twice"),
-     ("node0,node1|node2,node9", "unknown node 'node9'; known nodes: node0, node1, node2, node3"),
-     ("node0,node1|node2", "node3 in no group"),
-     ("node0,node1,node2,node3", "one group cuts nothing"),
-     ("node0,node1|", "empty node name"),
-     ("", "empty")],
+    [
+        ("node0,node1|node1,node2,node3", "node 'node1' named twice"),
+        ("node0|node1,node1,node2,node3", "node 'node1' named twice"),
+        ("node0,node1|node2,node9", "unknown node 'node9'; known nodes: node0, node1, node2, node3"),
+        ("node0,node1|node2", "node3 in no group"),
+        ("node0,node1,node2,node3", "one group cuts nothing"),
+        ("node0,node1|", "empty node name"),
+        ("", "empty"),
+    ],
 )
 def test_parse_partition_spec_rejects(text, problem):
     with pytest.raises(UsageError, match=re.escape(f"partition '{text}': {problem}")):
@@ -126,17 +128,19 @@ def test_parse_partition_spec_rejects(text, problem):
 
 @pytest.mark.parametrize(
     "build, message",
-    [(lambda: isolate(["node9"], FOUR), "isolate 'node9': unknown node 'node9'"),
-     (lambda: isolate(FOUR, FOUR), "isolate 'node0,node1,node2,node3': that is every node"),
-     (lambda: isolate([], FOUR), "isolate '': no nodes named"),
-     (lambda: split([["node0", "node1"], ["node2"]], FOUR), "partition 'node0,node1 | node2': node3 in no group"),
-     (lambda: split([["node0", "node1"], [], ["node2", "node3"]], FOUR), "an empty group"),
-     (lambda: cut_from(["node0"], ["etcd"], FOUR), "cut 'node0' from 'etcd': unknown node 'etcd'"),
-     (lambda: cut_from(["node0", "node1"], ["node1"], FOUR), "cut 'node0,node1' from 'node1': node1 on both sides"),
-     (lambda: one_way(["node0"], ["node0"]), "one-way cut 'node0' -/-> 'node0': node0 on both sides"),
-     (lambda: one_way(["node0", "node0"], ["node1"]), "node 'node0' named twice"),
-     (lambda: Partition({("node0", "node0")}), "cut ('node0', 'node0'): a node cannot be cut from itself"),
-     (lambda: Partition({("node0", "")}), "cut ('node0', ''): not a (src, dst) pair")],
+    [
+        (lambda: isolate(["node9"], FOUR), "isolate 'node9': unknown node 'node9'"),
+        (lambda: isolate(FOUR, FOUR), "isolate 'node0,node1,node2,node3': that is every node"),
+        (lambda: isolate([], FOUR), "isolate '': no nodes named"),
+        (lambda: split([["node0", "node1"], ["node2"]], FOUR), "partition 'node0,node1 | node2': node3 in no group"),
+        (lambda: split([["node0", "node1"], [], ["node2", "node3"]], FOUR), "an empty group"),
+        (lambda: cut_from(["node0"], ["etcd"], FOUR), "cut 'node0' from 'etcd': unknown node 'etcd'"),
+        (lambda: cut_from(["node0", "node1"], ["node1"], FOUR), "cut 'node0,node1' from 'node1': node1 on both sides"),
+        (lambda: one_way(["node0"], ["node0"]), "one-way cut 'node0' -/-> 'node0': node0 on both sides"),
+        (lambda: one_way(["node0", "node0"], ["node1"]), "node 'node0' named twice"),
+        (lambda: Partition({("node0", "node0")}), "cut ('node0', 'node0'): a node cannot be cut from itself"),
+        (lambda: Partition({("node0", "")}), "cut ('node0', ''): not a (src, dst) pair"),
+    ],
 )
 def test_bad_shapes_raise_usage_error_naming_the_input(build, message):
     with pytest.raises(UsageError, match=re.escape(message)):

@@ -99,3 +99,14 @@ def test_user_script_is_bind_mounted_read_only(tmp_path):
 def test_yaml_round_trips():
     project = render(ClusterSpec(name="demo", nodes=2), **IMAGES)
     assert yaml.safe_load(to_yaml(project)) == project
+
+
+def test_memory_limit_and_a_size_limited_checkpoint_disk_are_opt_in():
+    plain = render(ClusterSpec(name="demo", nodes=2), **IMAGES)
+    assert "mem_limit" not in plain["services"]["node0"] and "driver_opts" not in plain["volumes"]["ckpt"]
+    project = render(ClusterSpec(name="demo", nodes=2, memory="1g", ckpt_size="16m"), **IMAGES)
+    for node in ("node0", "node1"):
+        assert project["services"][node]["mem_limit"] == project["services"][node]["memswap_limit"] == 2**30
+    # One tmpfs volume shared by every node, not one per node: checkpoints must be seen by all.
+    assert project["volumes"]["ckpt"]["driver_opts"] == {"type": "tmpfs", "device": "tmpfs", "o": f"size={16 * 2**20}"}
+    assert "mem_limit" not in project["services"]["etcd"]

@@ -4,6 +4,7 @@ loses a worker (one restart, same world) and then a whole node (the world shrink
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 
 import pytest
@@ -23,11 +24,11 @@ def docker(node: str, action: str, **fields) -> dict:
 
 
 def elastic_run(kill_worker_target: str = "node1") -> HistoryBuilder:
-    """  0 s   run starts, round 1 (3 nodes, world 6); training from step 1 at 2.6 s
-         5.1 s  kill-worker node1 after step 26: every agent's group fails; round 2 (world 6) at 6.6 s,
-                training resumes from checkpoint 20 (6 steps lost), first step at 9.2 s
-        11.8 s  kill-node node2 after step 47: node0 and node1 fail; round 3 without node2 at 13.3 s,
-                training resumes from checkpoint 40 at world 4 (7 steps lost) and finishes at 60"""
+    """0 s   run starts, round 1 (3 nodes, world 6); training from step 1 at 2.6 s
+     5.1 s  kill-worker node1 after step 26: every agent's group fails; round 2 (world 6) at 6.6 s,
+            training resumes from checkpoint 20 (6 steps lost), first step at 9.2 s
+    11.8 s  kill-node node2 after step 47: node0 and node1 fail; round 3 without node2 at 13.3 s,
+            training resumes from checkpoint 40 at world 4 (7 steps lost) and finishes at 60"""
     run = HistoryBuilder(nodes=3, nproc=2, steps=60, ckpt=10)
     run.start_workers()
     run.train(26, step_s=STEP_S)
@@ -37,8 +38,13 @@ def elastic_run(kill_worker_target: str = "node1") -> HistoryBuilder:
     run.wait(1.0)
     run.start_workers(resumed_from=20)
     run.train(47, step_s=STEP_S)
-    run.fault("kill-node", "node2", op="op2", node="node2",
-              effects=[docker("node2", "kill", signal="SIGKILL"), docker("node2", "die", exit_code=137)])
+    run.fault(
+        "kill-node",
+        "node2",
+        op="op2",
+        node="node2",
+        effects=[docker("node2", "kill", signal="SIGKILL"), docker("node2", "die", exit_code=137)],
+    )
     for node in ("node0", "node1"):
         run.add(type="agent", node=node, event="worker_failed", local_rank=0, exitcode=1, pid=77)
     run.group_failure(["node0", "node1"])
@@ -60,18 +66,26 @@ def elastic() -> HistoryBuilder:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory, elastic) -> ReportFiles:
-    return write_report(elastic.model(), elastic.verdict(), tmp_path_factory.mktemp("report"),
-                        title="kill a worker, then a node", profile=None)
+    return write_report(
+        elastic.model(),
+        elastic.verdict(),
+        tmp_path_factory.mktemp("report"),
+        title="kill a worker, then a node",
+        profile=None,
+    )
 
 
 def test_the_checkers_pass_the_elastic_run(elastic):
     verdict = elastic.verdict()
     assert verdict.valid, [r for r in verdict.results if not r.valid]
     assert [(r.fault, r.recovery_s, r.steps_lost, r.world_before, r.world_after) for r in verdict.recoveries] == [
-        ("kill-worker", 3.6, 6, 6, 6), ("kill-node", 3.6, 7, 6, 4)]
+        ("kill-worker", 3.6, 6, 6, 6),
+        ("kill-node", 3.6, 7, 6, 4),
+    ]
 
 
 # ---------------------------------------------------------------- files
+
 
 def test_files_exist_and_png_is_a_real_picture(report):
     assert report.json.name == "report.json" and report.png.name == "timeline.png"
@@ -86,9 +100,10 @@ def test_json_holds_the_verdicts_figures(report, elastic):
     verdict = elastic.verdict()
     assert data["verdict"] == "PASS" and data["expected"] == "recovers"
     assert data["profile"] == "fast"  # from the run record, as none was given
-    assert [(r["fault"], r["target"], r["recovery_s"], r["steps_lost"], r["world_before"], r["world_after"])
-            for r in data["recoveries"]] == [(r.fault, r.target, r.recovery_s, r.steps_lost, r.world_before,
-                                              r.world_after) for r in verdict.recoveries]
+    assert [
+        (r["fault"], r["target"], r["recovery_s"], r["steps_lost"], r["world_before"], r["world_after"])
+        for r in data["recoveries"]
+    ] == [(r.fault, r.target, r.recovery_s, r.steps_lost, r.world_before, r.world_after) for r in verdict.recoveries]
     assert [r["since_start_s"] for r in data["recoveries"]] == [at(5.6), at(12.3)]
     assert [c["name"] for c in data["checks"]] == list(CHECKS_FOR["recovers"])
     recovery = next(c for c in data["checks"] if c["name"] == "recovery")
@@ -118,6 +133,7 @@ def test_html_escapes_text_from_the_run(tmp_path):
 
 
 # ---------------------------------------------------------------- summary
+
 
 def test_summary_names_verdict_faults_restarts_profile_and_files(report, elastic):
     text = format_summary(elastic.verdict(), elastic.model(), title="demo", profile="torch-defaults", files=report)
@@ -163,6 +179,7 @@ def test_summary_of_a_failed_check_and_an_unrecovered_fault():
 
 # ---------------------------------------------------------------- the timeline as data
 
+
 def test_timeline_lanes_show_restart_death_and_running(elastic):
     timeline = build_timeline(elastic.model(), elastic.verdict())
     assert list(timeline.lanes) == ["node0", "node1", "node2"]
@@ -177,11 +194,12 @@ def test_timeline_steps_world_faults_and_rounds(elastic):
     timeline = build_timeline(elastic.model(), elastic.verdict())
     steps = [step for _, step in timeline.steps]
     assert max(steps) == 60
-    assert any(b < a for a, b in zip(steps, steps[1:]))  # the falls back to checkpoints 20 and 40
+    assert any(b < a for a, b in itertools.pairwise(steps))  # the falls back to checkpoints 20 and 40
     assert [size for _, size in timeline.world] == [6, 4]
     assert [(span.label, span.start, span.end, span.outcome) for span in timeline.faults] == [
         ("kill-worker node1", at(5.1), at(9.2), "recovered in 3.6 s, 6 steps lost"),
-        ("kill-node node2", at(11.8), at(15.9), "recovered in 3.6 s, 7 steps lost")]
+        ("kill-node node2", at(11.8), at(15.9), "recovered in 3.6 s, 7 steps lost"),
+    ]
     assert [label for _, label in timeline.rounds] == ["round 1", "round 2", "round 3"]
     assert max(rate for _, rate in timeline.throughput) == pytest.approx(1 / STEP_S, rel=0.3)
 
@@ -204,7 +222,9 @@ def test_partition_shades_the_nodes_it_names_until_heal_all():
     assert "node10" not in timeline.lanes and list(timeline.lanes)[-1] == "etcd"
     assert timeline.lanes["etcd"]["running"] == [(at(0.0), at(timeline.end))]  # up throughout
     assert [(span.label, span.end) for span in timeline.faults] == [
-        ("partition node0 | node1,node2", at(19.0)), ("partition node2 -/-> etcd", at(19.0))]
+        ("partition node0 | node1,node2", at(19.0)),
+        ("partition node2 -/-> etcd", at(19.0)),
+    ]
 
 
 def test_pause_lasts_until_unpause():
@@ -219,10 +239,12 @@ def test_pause_lasts_until_unpause():
     timeline = build_timeline(run.model(), run.verdict())
     assert timeline.lanes["node1"]["paused"] == [(at(7.75), at(11.25))]
     assert [(span.label, span.start, span.end) for span in timeline.faults] == [
-        ("pause random → node1", at(7.5), at(11.5))]
+        ("pause random → node1", at(7.5), at(11.5))
+    ]
 
 
 # ---------------------------------------------------------------- a run meant to fail
+
 
 def etcd_loss_run() -> HistoryBuilder:
     """2 nodes x 1 worker; etcd is killed (invoke at 5.4 s) and both agents exit 1 within 1.7 s."""
@@ -256,13 +278,20 @@ def test_a_run_meant_to_fail_shows_how_soon_each_fault_ended_it():
 SPARSE_BOUNDS = {"min_nodes": 1, "max_nodes": 2, "nproc_per_node": 1, "max_restarts": 0}
 
 
-@pytest.mark.parametrize("history", [
-    [],
-    [{"t": 0.0, "type": "run", "event": "start", "spec": {"nodes": 2}, "profile": "fast"}],  # nodes without records
-    [{"t": 0.0, "type": "run", "event": "start"}, {"t": 1.0, **docker("node0", "start")},
-     {"t": 2.0, "type": "agent", "node": "node0", "event": "rdzv_timeout"}],
-    [{"t": 3.0, "type": "trainer", "node": "node0", "kind": "progress", "rank": 0, "step": 1, "world_size": 1}],
-], ids=["empty", "no-records-per-node", "no-progress", "single-progress-line"])
+@pytest.mark.parametrize(
+    "history",
+    [
+        [],
+        [{"t": 0.0, "type": "run", "event": "start", "spec": {"nodes": 2}, "profile": "fast"}],  # nodes without records
+        [
+            {"t": 0.0, "type": "run", "event": "start"},
+            {"t": 1.0, **docker("node0", "start")},
+            {"t": 2.0, "type": "agent", "node": "node0", "event": "rdzv_timeout"},
+        ],
+        [{"t": 3.0, "type": "trainer", "node": "node0", "kind": "progress", "rank": 0, "step": 1, "world_size": 1}],
+    ],
+    ids=["empty", "no-records-per-node", "no-progress", "single-progress-line"],
+)
 def test_sparse_histories_still_produce_every_file(tmp_path, history):
     run = RunModel(history)
     verdict = check_all(run, RunSpec.from_run(run, **SPARSE_BOUNDS))

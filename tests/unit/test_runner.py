@@ -104,6 +104,22 @@ WIRING = {
     "etcd-pause": ("", ["etcd", "pause"], ("pause", ("etcd",), {}), ("unpause", ("etcd",), {})),
     "etcd-unpause": ("", ["etcd", "unpause"], ("unpause", ("etcd",), {}), None),
     "etcd-isolate": ("", ["etcd", "isolate"], ("partition", (ETCD_CUT,), {}), ("heal", ("partition-x",), {})),
+    "hang-worker": ("target: node1\n    local_rank: 1", ["hang-worker", "node1", "--local-rank", "1"],
+                    ("hang_worker", ("node1",), {"rank": None, "local_rank": 1}), ("resume_worker", ("node1",), {})),
+    "resume-worker": ("target: node2", ["resume-worker", "node2"], ("resume_worker", ("node2",), {}), None),
+    "slow-node": ("target: node1\n    cpus: 0.25", ["slow", "node1", "--cpus", "0.25"],
+                  ("slow_node", ("node1",), {"cpus": 0.25}), ("heal", ("link-node1",), {})),
+    "oom-worker": ("rank: 2", ["oom-worker", "--rank", "2"],
+                   ("oom_worker", ("random",), {"rank": 2, "local_rank": None}), None),
+    "corrupt-checkpoint": ("target: node0\n    mode: truncate\n    dir: /data/ckpt",
+                           ["corrupt-checkpoint", "node0", "--mode", "truncate", "--dir", "/data/ckpt"],
+                           ("corrupt_checkpoint", ("node0",), {"mode": "truncate", "directory": "/data/ckpt"}), None),
+    "fill-disk": ("target: node2\n    leave: 4k", ["fill-disk", "node2", "--leave", "4k"],
+                  ("fill_disk", ("node2",), {"directory": "/ckpt", "leave": 4096}), ("heal", ("link-node1",), {})),
+    "kill-during-checkpoint": ("within: 20s\n    signal: TERM", ["kill-during-checkpoint", "--within", "20s",
+                                                                 "--signal", "TERM"],
+                               ("kill_during_checkpoint", ("rank0",), {"directory": "/ckpt", "within": 20.0,
+                                                                      "sig": signal.SIGTERM}), None),
     "scale": ("nodes: 2\n    abrupt: true\n    grace: 3s", ["scale", "--nodes", "2", "--abrupt", "--grace", "3s"],
               ("scale", (2,), {"abrupt": True, "grace": 3.0}), None),
 }
@@ -175,6 +191,12 @@ def test_cli_option_shapes(argv, call, monkeypatch, capsys):
     (["partition"], "give exactly one of groups, isolate, from_etcd, from_peers, one_way; got none"),
     (["scale", "--nodes", "x"], "--nodes: 'x' is not a whole number"),
     (["stop", "node1", "--grace", "soon"], "--grace: duration 'soon'"),
+    (["slow", "node1", "--cpus", "fast"], "--cpus: cpus 'fast': not a number"),
+    (["slow", "node1", "--cpus", "0"], "cpus 0.0: not a number of CPUs > 0"),
+    (["corrupt-checkpoint", "--mode", "shred"], "mode 'shred': not bitflip or truncate"),
+    (["fill-disk", "--dir", "ckpt"], "dir 'ckpt': not an absolute path"),
+    (["fill-disk", "--leave", "lots"], "--leave: size 'lots': not a size"),
+    (["hang-worker", "--rank", "1", "--local-rank", "0"], "give at most one of rank, local_rank"),
 ])
 def test_bad_cli_input_is_one_line_and_reaches_no_cluster(argv, message, monkeypatch, capsys):
     monkeypatch.setattr(chaos.cli, "_nemesis", lambda *a, **k: pytest.fail("reached the cluster"))
@@ -203,3 +225,18 @@ def test_fault_options_validate_themselves():
     with pytest.raises(UsageError, match="scale: takes no target"):
         FAULTS["scale"].make_options({"nodes": 2, "target": "node0"})
     assert FAULTS["stop-node"].make_options({"target": "node1"}).grace == 10.0
+
+
+def test_history_state_counts_any_scripts_optimizer_steps(tmp_path):
+    # A plain script seen by the instrumentation: an absolute step where the optimizer knows it
+    # (Adam), else the optimizer steps the process took (SGD).
+    history = History(tmp_path / "h.jsonl")
+    state = HistoryState(history.path)
+    history.append({"t": 10.0, "type": "worker", "node": "node0", "event": "step", "n": 3, "step": None,
+                    "world_size": 2})
+    history.append({"t": 11.0, "type": "worker", "node": "node0", "event": "activity", "collectives": 9})
+    state.update()
+    assert (state.first_step_t, state.max_step, state.world_size) == (10.0, 3, 2)
+    history.append({"t": 12.0, "type": "worker", "node": "node1", "event": "step", "n": 1, "step": 41})
+    state.update()
+    assert state.max_step == 41

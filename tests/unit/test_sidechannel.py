@@ -20,10 +20,14 @@ from sim.sidechannel import EventsTail, ProgressMatcher, compile_progress_regex,
 from sim.spec import ClusterSpec, spec_from_options
 
 # Lines as elastic_sim_instrument writes them (captured from tests/unit/test_instrument.py's run).
-START = ('{"t":1796046212.64,"type":"worker","node":"node0","event":"start","rank":0,"local_rank":0,'
-         '"world_size":2,"restart":0,"pid":71,"run_id":"demo-r1"}')
-STEP = ('{"t":1796046223.08,"type":"worker","node":"node0","event":"step","rank":0,"local_rank":0,'
-        '"world_size":2,"restart":0,"pid":71,"run_id":"demo-r1","n":1,"step":101}')
+START = (
+    '{"t":1796046212.64,"type":"worker","node":"node0","event":"start","rank":0,"local_rank":0,'
+    '"world_size":2,"restart":0,"pid":71,"run_id":"demo-r1"}'
+)
+STEP = (
+    '{"t":1796046223.08,"type":"worker","node":"node0","event":"step","rank":0,"local_rank":0,'
+    '"world_size":2,"restart":0,"pid":71,"run_id":"demo-r1","n":1,"step":101}'
+)
 IMAGES = {"node_image": "elastic-sim/node:abc", "etcd_image": "elastic-sim/etcd:def", "run_id": "r1"}
 REGEX = r"step (?P<step>\d+) loss (?P<loss>[\d.]+)"
 
@@ -87,12 +91,20 @@ def test_progress_regex_must_compile_and_name_a_step():
 def test_progress_matcher_reads_step_and_loss():
     matcher = ProgressMatcher(REGEX)
     assert matcher.match("node1", 5.0, "epoch 0 step 12 loss 0.375") == {
-        "t": 5.0, "type": "worker", "node": "node1", "event": "progress", "step": 12, "loss": 0.375, "source": "log"}
+        "t": 5.0,
+        "type": "worker",
+        "node": "node1",
+        "event": "progress",
+        "step": 12,
+        "loss": 0.375,
+        "source": "log",
+    }
     assert matcher.match("node1", 5.0, "Starting worker group") is None
     assert matcher.match("node1", None, "step 3 loss 1.5")["t"] > 0  # a line without a timestamp
     assert ProgressMatcher(r"it=(?P<step>\d+)").match("node0", 1.0, "it=7")["loss"] is None
     assert ProgressMatcher(r"it=(?P<step>\w+)").match("node0", 1.0, "it=seven") is None
-    assert ProgressMatcher(r"it=(?P<step>\d+)(?: loss=(?P<loss>\S+))?").match("node0", 1.0, "it=7 loss=nan?")["loss"] is None
+    optional_loss = ProgressMatcher(r"it=(?P<step>\d+)(?: loss=(?P<loss>\S+))?")
+    assert optional_loss.match("node0", 1.0, "it=7 loss=nan?")["loss"] is None
 
 
 def test_spec_fields_round_trip_and_default_for_old_specs():
@@ -114,8 +126,7 @@ def test_up_flags():
 
 
 def test_scenario_keys(tmp_path):
-    text = ("name: a\ndescription: b\ncluster:\n  progress: '%s'\n  instrument: false\n"
-            "expect: {outcome: recovers}\n")
+    text = "name: a\ndescription: b\ncluster:\n  progress: '%s'\n  instrument: false\nexpect: {outcome: recovers}\n"
     spec = spec_from_options(scenario_spec_options(parse_scenario(text % REGEX, "s.yaml"), "etcd-v2"), None)
     assert (spec.progress_regex, spec.instrument) == (REGEX, False)
     with pytest.raises(UsageError, match=r"^s\.yaml:4: cluster\.progress: 'it=\(\\d\+\)': has no named group 'step'"):
@@ -152,7 +163,9 @@ def test_collector_appends_side_channel_records_as_worker_records(tmp_path):
     collector._tail_side_channel(done)
     records = list(history.records())
     assert [(r["type"], r["event"], r["t"]) for r in records] == [
-        ("worker", "start", 1796046212.64), ("worker", "step", 1796046223.08)]
+        ("worker", "start", 1796046212.64),
+        ("worker", "step", 1796046223.08),
+    ]
     assert collector.progress.match("node0", 1.0, "step 4 loss 2")["step"] == 4
 
 
@@ -163,8 +176,17 @@ def test_history_reads_typed_records_and_counts_torn_lines(tmp_path):
     history = History(tmp_path / "history.jsonl")
     start = history.append({"type": "run", "event": "start", "cluster": "c"})
     assert isinstance(start, RunRecord) and start.schema == SCHEMA_VERSION
-    history.append({"t": 2.0, "type": "agent", "node": "node0", "event": "group_failed", "attempts_left": 2,
-                    "max_restarts": 3, "newer_field": 1})
+    history.append(
+        {
+            "t": 2.0,
+            "type": "agent",
+            "node": "node0",
+            "event": "group_failed",
+            "attempts_left": 2,
+            "max_restarts": 3,
+            "newer_field": 1,
+        }
+    )
     with open(history.path, "a") as f:
         f.write('{"t": 3.0, "type": "agent", "node": "no\nnot json\n{"t": 4.0, "type": "nonsense"}\n')
     contents = history.read()

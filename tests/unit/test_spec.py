@@ -1,7 +1,15 @@
 import pytest
 
 from sim.errors import UsageError
-from sim.spec import DEFAULT_TRAINER_ARGS, SHIPPED_TRAINER, ClusterSpec, GpuRequest, parse_kv_list, spec_from_options
+from sim.spec import (
+    DEFAULT_TRAINER_ARGS,
+    SHIPPED_TRAINER,
+    ClusterSpec,
+    GpuRequest,
+    parse_kv_list,
+    parse_size,
+    spec_from_options,
+)
 
 
 def test_defaults_are_elastic_one_to_n():
@@ -23,6 +31,8 @@ def test_defaults_are_elastic_one_to_n():
     ({"max_restarts": -1}, "--max-restarts -1"),
     ({"monitor_interval": 0.0}, "--monitor-interval"),
     ({"nproc_per_node": 0}, "--nproc-per-node 0"),
+    ({"memory": "lots"}, "--memory 'lots': not a size"),
+    ({"ckpt_size": "512k"}, "--ckpt-size '512k': below 1024 KiB"),
     ({"rdzv_backend": "static", "nodes": 2}, "static"),
     ({"rdzv_conf": (("bad key", "1"),)}, "bad key"),
 ])
@@ -107,3 +117,11 @@ def test_start_record_reads_steps_from_merged_args():
     from sim.cluster import run_start_record
     record = run_start_record(spec_from_options({}, ["--steps=400"]), "r1")
     assert (record["target_steps"], record["ckpt_interval"]) == (400, 10)
+
+
+def test_sizes_in_binary_units():
+    assert [parse_size("--memory", text) for text in ("64m", "2G", "1024k", "1048576", "3gb")] == [
+        64 * 2**20, 2 * 2**30, 2**20, 2**20, 3 * 2**30]
+    assert parse_size("leave", "0", least=0) == 0
+    spec = ClusterSpec(memory="2g", ckpt_size="64m")
+    assert ClusterSpec.from_json(spec.to_json()) == spec

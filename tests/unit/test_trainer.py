@@ -25,12 +25,12 @@ def permutation(size, seed, epoch):
 
 def consumed_by_steps(size, seed, epoch, start, world_size, batch_size, steps):
     """Samples all ranks read in `steps` global steps from position `start`."""
-    shards = [train.epoch_shard(size, seed, epoch, start, rank, world_size, batch_size)
-              for rank in range(world_size)]
+    shards = [train.epoch_shard(size, seed, epoch, start, rank, world_size, batch_size) for rank in range(world_size)]
     return [index for shard in shards for index in shard[: steps * batch_size]]
 
 
 # ---------------------------------------------------------------- sampling
+
 
 def test_shards_of_a_fresh_epoch_are_disjoint_and_cover_whole_global_batches():
     size, batch_size, world_size = 1000, 16, 3
@@ -47,8 +47,8 @@ def test_each_global_step_consumes_the_next_contiguous_slice_of_the_permutation(
     shards = [train.epoch_shard(size, 7, 2, start, rank, world_size, batch_size) for rank in range(world_size)]
     global_batch = batch_size * world_size
     for step in range(len(shards[0]) // batch_size):
-        read = {i for shard in shards for i in shard[step * batch_size:(step + 1) * batch_size]}
-        assert read == set(perm[start + step * global_batch:start + (step + 1) * global_batch])
+        read = {i for shard in shards for i in shard[step * batch_size : (step + 1) * batch_size]}
+        assert read == set(perm[start + step * global_batch : start + (step + 1) * global_batch])
 
 
 def test_reshard_from_world_size_2_to_3_reads_every_remaining_sample_exactly_once():
@@ -56,8 +56,9 @@ def test_reshard_from_world_size_2_to_3_reads_every_remaining_sample_exactly_onc
     steps_at_2 = 37
     before = consumed_by_steps(size, seed, epoch, 0, 2, batch_size, steps_at_2)
     samples_seen_in_epoch = steps_at_2 * batch_size * 2  # what the checkpoint stores
-    after = [i for rank in range(3)
-             for i in train.epoch_shard(size, seed, epoch, samples_seen_in_epoch, rank, 3, batch_size)]
+    after = [
+        i for rank in range(3) for i in train.epoch_shard(size, seed, epoch, samples_seen_in_epoch, rank, 3, batch_size)
+    ]
 
     assert len(before) + len(after) == len(set(before) | set(after)), "a sample was replayed"
     perm = permutation(size, seed, epoch)
@@ -104,11 +105,12 @@ def test_sampler_with_dataloader_yields_the_shard_and_honours_set_epoch():
 
 def test_dataset_is_deterministic():
     first, second = train.make_dataset(64, seed=1), train.make_dataset(64, seed=1)
-    assert all(torch.equal(a, b) for a, b in zip(first.tensors, second.tensors))
+    assert all(torch.equal(a, b) for a, b in zip(first.tensors, second.tensors, strict=True))
     assert not torch.equal(first.tensors[0], train.make_dataset(64, seed=2).tensors[0])
 
 
 # ---------------------------------------------------------------- checkpoints
+
 
 def training_state(step):
     model = torch.nn.Linear(3, 1)
@@ -117,16 +119,28 @@ def training_state(step):
     model(torch.ones(2, 3)).sum().backward()
     optimizer.step()
     scheduler.step()
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "step": step, "epoch": 1,
-            "samples_seen_in_epoch": 64, "world_size": 2, "loss": 0.5}
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "step": step,
+        "epoch": 1,
+        "samples_seen_in_epoch": 64,
+        "world_size": 2,
+        "loss": 0.5,
+    }
 
 
 def test_checkpoint_round_trip_keeps_model_optimizer_and_scheduler_state():
     state = training_state(7)
     loaded = train.decode_checkpoint(train.encode_checkpoint(state))
-    assert {k: loaded[k] for k in ("step", "epoch", "samples_seen_in_epoch", "world_size", "loss")} == \
-        {"step": 7, "epoch": 1, "samples_seen_in_epoch": 64, "world_size": 2, "loss": 0.5}
+    assert {k: loaded[k] for k in ("step", "epoch", "samples_seen_in_epoch", "world_size", "loss")} == {
+        "step": 7,
+        "epoch": 1,
+        "samples_seen_in_epoch": 64,
+        "world_size": 2,
+        "loss": 0.5,
+    }
     assert torch.equal(loaded["model"]["weight"], state["model"]["weight"])
     momentum = loaded["optimizer"]["state"][0]["momentum_buffer"]
     assert torch.equal(momentum, state["optimizer"]["state"][0]["momentum_buffer"])
@@ -185,9 +199,9 @@ def test_no_usable_checkpoint_means_start_from_scratch(tmp_path):
 
 # ---------------------------------------------------------------- start token
 
+
 def test_every_rank_agrees_on_a_fresh_token_despite_stale_keys_of_an_earlier_start():
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=10))
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
     server.set("sim-start/hello/1", "nonce-of-a-dead-worker")  # left over by the last start
     server.set("sim-start/hello/2", "another-dead-nonce")
 
@@ -213,17 +227,35 @@ def test_every_rank_agrees_on_a_fresh_token_despite_stale_keys_of_an_earlier_sta
 
 # ---------------------------------------------------------------- arguments
 
+
 def test_defaults():
     args = train.parse_args([])
     assert (args.steps, args.batch_size, args.ckpt_interval, args.dataset_size) == (200, 16, 10, 4096)
     assert (args.step_time, args.pg_timeout, args.seed, args.backend) == (0.0, 60.0, 0, "auto")
 
 
-@pytest.mark.parametrize("argv", [["--steps", "0"], ["--steps", "x"], ["--lr", "-1"], ["--step-time", "-0.5"],
-                                  ["--pg-timeout", "0"], ["--backend", "mpi"], ["--step-time", "nan"],
-                                  ["--no-such-flag"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--steps", "0"],
+        ["--steps", "x"],
+        ["--lr", "-1"],
+        ["--step-time", "-0.5"],
+        ["--pg-timeout", "0"],
+        ["--backend", "mpi"],
+        ["--step-time", "nan"],
+        ["--no-such-flag"],
+    ],
+)
 def test_bad_arguments_exit_non_zero(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         train.parse_args(argv)
     assert exit_info.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_the_harness_knows_the_trainers_own_defaults():
+    from sim.spec import SHIPPED_TRAINER_DEFAULTS
+
+    args = train.parse_args([])
+    assert SHIPPED_TRAINER_DEFAULTS == {"--steps": args.steps, "--ckpt-interval": args.ckpt_interval}

@@ -28,8 +28,9 @@ class Scripted:
 
 def test_wait_ready_after_polls():
     clock = FakeClock()
-    result = wait_for(Scripted([Check(False), Check(False), Check(True, detail="node1")]), timeout=10,
-                      clock=clock, sleep=clock.sleep)
+    result = wait_for(
+        Scripted([Check(False), Check(False), Check(True, detail="node1")]), timeout=10, clock=clock, sleep=clock.sleep
+    )
     assert result.detail == "node1" and clock.now == 2.0
 
 
@@ -48,11 +49,13 @@ def test_wait_fails_fast():
 
 def test_wait_without_raising_returns_the_last_check():
     clock = FakeClock()
-    timed_out = wait_for(Scripted([Check(False, detail="slow")]), timeout=3, clock=clock, sleep=clock.sleep,
-                         raise_errors=False)
+    timed_out = wait_for(
+        Scripted([Check(False, detail="slow")]), timeout=3, clock=clock, sleep=clock.sleep, raise_errors=False
+    )
     assert not timed_out.ready and timed_out.failure is None and clock.now == 3.0
-    failed = wait_for(Scripted([Check(False, failure="gone")]), timeout=None, clock=clock, sleep=clock.sleep,
-                      raise_errors=False)
+    failed = wait_for(
+        Scripted([Check(False, failure="gone")]), timeout=None, clock=clock, sleep=clock.sleep, raise_errors=False
+    )
     assert failed.failure == "gone"
 
 
@@ -74,5 +77,3 @@ def test_node_log_facts():
     assert (facts.round, facts.group_rank, facts.nodes_in_round) == (2, 1, 3)
     # "2/3 attempts left" is the agent's second failure: two restarts used (the progress line is older)
     assert facts.restarts == 2 and facts.step == 17 and facts.world_size == 6 and not facts.finished
-
-

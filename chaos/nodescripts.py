@@ -1,0 +1,150 @@
+"""Small programs the nemesis runs inside a node (`python3 -c SCRIPT ARGS...`, stdlib only).
+
+Each prints one JSON line saying what it did, or exits non-zero with the reason on stderr
+(exit 3: the request was wrong for this node; 4: what it waited for never came). They run as
+the training user, who owns the workers and the checkpoint files: no capability is needed.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sim.errors import FaultError
+
+WRONG_REQUEST = 3
+NEVER_CAME = 4
+
+# argv: DIR MODE SEED. The newest regular file under DIR (by mtime, temp files of a write in
+# progress aside) is damaged as Jepsen's nemeses do: bitflip flips one bit in each of 8 random
+# bytes; truncate cuts it to half its length.
+CORRUPT = r"""
+import json, os, random, sys
+root, mode, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+files = []
+for folder, _, names in os.walk(root):
+    for name in names:
+        path = os.path.join(folder, name)
+        if '.tmp' in name or name.startswith('.sim-') or not os.path.isfile(path):
+            continue
+        files.append((os.stat(path).st_mtime, path))
+if not files:
+    sys.exit(print(f'no file under {root} to corrupt yet (no checkpoint written?)', file=sys.stderr) or 3)
+_, path = max(files)
+size = os.path.getsize(path)
+rng = random.Random(seed)
+with open(path, 'r+b') as f:
+    if mode == 'truncate':
+        f.truncate(size // 2)
+        done = {'new_size': size // 2}
+    else:
+        offsets = sorted(rng.sample(range(size), min(8, size)))
+        for offset in offsets:
+            f.seek(offset)
+            byte = f.read(1)[0]
+            f.seek(offset)
+            f.write(bytes([byte ^ (1 << rng.randrange(8))]))
+        done = {'offsets': offsets}
+    f.flush()
+    os.fsync(f.fileno())
+print(json.dumps({'file': path, 'size': size, 'mode': mode, **done}))
+"""
+
+# argv: DIR LEAVE MAX. Fills the filesystem holding DIR with DIR/.sim-filler until LEAVE bytes are
+# free; refuses (exit 3) when more than MAX bytes are free: a disk that large is the host's own.
+FILL = r"""
+import json, os, sys
+root, leave, most = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+stat = os.statvfs(root)
+free = stat.f_bavail * stat.f_frsize
+if free > most:
+    sys.exit(print(f'{root} has {free >> 20} MiB free: not a size-limited disk', file=sys.stderr) or 3)
+path, chunk, written = os.path.join(root, '.sim-filler'), b'\0' * (1 << 20), 0
+with open(path, 'ab') as f:
+    try:
+        while written < free - leave:
+            written += f.write(chunk[:max(1, min(len(chunk), free - leave - written))])
+            f.flush()
+    except OSError:
+        pass  # ENOSPC: full
+stat = os.statvfs(root)
+print(json.dumps({'file': path, 'written': written, 'free': stat.f_bavail * stat.f_frsize}))
+"""
+
+# argv: PID MOST WITHIN. Allocates (and touches) memory until the worker PID is gone, MOST bytes are
+# held, or WITHIN seconds pass; then frees it all by exiting.
+HOG = r"""
+import json, os, sys, time
+pid, most, within = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+def alive():
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False
+held, deadline = [], time.monotonic() + within
+while alive() and len(held) < most >> 23 and time.monotonic() < deadline:
+    held.append(b'\1' * (1 << 23))
+    time.sleep(0.005)
+died = not alive()
+print(json.dumps({'allocated': len(held) << 23, 'worker_died': died}))
+"""
+
+# argv: DIR WITHIN SIGNAL. Watches every torchrun worker of the node for a file under DIR open for
+# writing, and signals that worker at once: a kill that lands inside a checkpoint write.
+KILL_IN_WRITE = r"""
+import json, os, sys, time
+root, within, sig = sys.argv[1].rstrip('/') + '/', float(sys.argv[2]), int(sys.argv[3])
+def workers():
+    found = []
+    for p in os.listdir('/proc'):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f'/proc/{p}/environ', 'rb') as f:
+                env = b'\0' + f.read()
+        except OSError:
+            continue
+        if b'\0LOCAL_RANK=' in env and b'\0TORCHELASTIC_RUN_ID=' in env:
+            found.append(int(p))
+    return found
+def writing(pid):
+    try:
+        for fd in os.listdir(f'/proc/{pid}/fd'):
+            target = os.readlink(f'/proc/{pid}/fd/{fd}')
+            if target.startswith(root):
+                with open(f'/proc/{pid}/fdinfo/{fd}') as f:
+                    flags = int(f.read().split('flags:')[1].split()[0], 8)
+                if flags & 3:  # O_WRONLY or O_RDWR
+                    return target
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
+deadline, pids, rescan = time.monotonic() + within, [], 0.0
+while time.monotonic() < deadline:
+    if time.monotonic() >= rescan:
+        pids, rescan = workers(), time.monotonic() + 0.5
+    for pid in pids:
+        target = writing(pid)
+        if target:
+            os.kill(pid, sig)
+            try:
+                size = os.path.getsize(target)
+            except OSError:
+                size = None
+            sys.exit(print(json.dumps({'pid': pid, 'file': target, 'size_at_kill': size})))
+    time.sleep(0.001)
+sys.exit(print(f'no worker opened a file under {root} for writing within {within:g}s', file=sys.stderr) or 4)
+"""
+
+
+def argv(script: str, *args: object) -> list[str]:
+    return ["python3", "-c", script, *map(str, args)]
+
+
+def parse_result(node: str, what: str, stdout: str) -> dict:
+    """The JSON line a script printed last."""
+    lines = [line for line in stdout.strip().splitlines() if line.strip()]
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise FaultError(f"{node}: {what}: no result from the node ({stdout.strip()[:200] or 'no output'})") from None

@@ -1,0 +1,155 @@
+"""The resource, process and checkpoint faults on one real cluster, from the CLI, their effect seen
+from outside: a hung worker, a straggler, an OOM kill, a corrupt checkpoint, a full disk and a kill
+inside a checkpoint write.
+
+One cluster serves the module (sound: each test undoes its fault, or lets torchrun restart the
+group, and waits until the job trains again). It has a size-limited checkpoint disk (for
+fill-disk) and the trainer's write hook (for kill-during-checkpoint), which no other fault minds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from chaos.nemesis import Nemesis
+from sim.cluster import Cluster, up
+from sim.history import FILE_NAME, History
+from sim.spec import ClusterSpec
+from tests.conftest import run_sim, unique_name
+from tests.integration.test_faults import eventually, process_states
+
+pytestmark = pytest.mark.docker
+NODES = ("node0", "node1")
+
+
+@pytest.fixture(scope="module")
+def cluster(docker, images):
+    spec = ClusterSpec(
+        name=unique_name("t-newfaults"), nodes=2, nproc_per_node=1, max_restarts=50, ckpt_size="16m",
+        rdzv_conf=(("last_call_timeout", "1"), ("join_timeout", "120"), ("keep_alive_interval", "1"),
+                   ("keep_alive_max_attempt", "3")),
+        env=(("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"), ("SIM_CKPT_WRITE_DELAY", "0.3")),
+        script_args=("--steps", "1000000", "--step-time", "0.1", "--pg-timeout", "10", "--ckpt-interval", "10"))
+    try:
+        yield up(spec, docker, progress=lambda line: None)
+    finally:
+        run_sim("down", spec.name)
+
+
+def sim(cluster: Cluster, *args: str) -> dict:
+    result = run_sim(*args, "--name", cluster.name)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[0])
+
+
+def records(cluster: Cluster) -> list[dict]:
+    return list(History(cluster.run_dir / FILE_NAME).records())
+
+
+def trainer_records(cluster: Cluster, kind: str, after: float) -> list[dict]:
+    return [r for r in records(cluster) if r.get("type") == "trainer" and r.get("kind") == kind and r["t"] > after]
+
+
+def fault_time(cluster: Cluster, op: str) -> float:
+    return next(r["t"] for r in records(cluster) if r.get("op") == op and r.get("phase") == "ok")
+
+
+def training(cluster: Cluster, after: float = 0.0) -> None:
+    """Both workers run and rank 0 reports steps after `after` (a Unix time)."""
+    nemesis = Nemesis(cluster)
+
+    def check() -> bool:
+        try:
+            running = all(len(nemesis.processes(n).workers) == 1 for n in NODES)
+        except Exception:
+            return False
+        return running and any(r.get("rank") == 0 for r in trainer_records(cluster, "progress", after))
+    eventually(check, timeout=120, what="the job trains on both nodes")
+
+
+def restarted(cluster: Cluster, after: float) -> list[dict]:
+    """The start records of the group that began after `after`, once both ranks have one."""
+    found: list[dict] = []
+
+    def check() -> bool:
+        found[:] = trainer_records(cluster, "start", after)
+        return len({r["rank"] for r in found}) == 2
+    eventually(check, timeout=120, what="a restarted group")
+    return found
+
+
+def test_hang_worker_stops_one_process_and_resume_worker_continues_it(cluster):
+    training(cluster)
+    result = sim(cluster, "hang-worker", "node1")
+    assert result["id"] == f"hang-node1-{result['pid']}"
+    states = process_states(cluster, "node1")
+    assert sum(state.startswith("T") for state in states) == 1, states  # one process stopped: the worker
+    assert cluster.container("node1").state == "running", "the node itself runs on"
+    sim(cluster, "resume-worker", "node1")
+    assert not any(state.startswith("T") for state in process_states(cluster, "node1"))
+    training(cluster, after=fault_time(cluster, result["op"]))
+
+
+def test_slow_sets_a_cpu_quota_and_heal_lifts_it(cluster):
+    training(cluster)
+    result = sim(cluster, "slow", "node1", "--cpus", "0.1")
+    host = cluster.docker.api.inspect_container(cluster.container("node1").id)["HostConfig"]
+    assert (host["CpuQuota"], host["CpuPeriod"]) == (10000, 100000)
+    sim(cluster, "heal", result["id"])
+    host = cluster.docker.api.inspect_container(cluster.container("node1").id)["HostConfig"]
+    assert host["CpuQuota"] in (0, -1)
+    training(cluster, after=fault_time(cluster, result["op"]))
+
+
+def test_oom_worker_is_killed_by_the_kernel_and_the_group_restarts(cluster):
+    training(cluster)
+    result = sim(cluster, "oom-worker", "node1")
+    assert result["node"] == "node1" and not result["limit_kept"]
+    t = fault_time(cluster, result["op"])
+    eventually(lambda: any(r.get("type") == "docker" and r.get("action") == "oom" and r.get("node") == "node1"
+                           for r in records(cluster)), 30, what="Docker's oom event in the history")
+    host = cluster.docker.api.inspect_container(cluster.container("node1").id)["HostConfig"]
+    assert host["Memory"] > 2**40, "the limit is lifted again"
+    restarted(cluster, after=t)
+    training(cluster, after=t)
+
+
+def test_a_corrupt_checkpoint_is_skipped_on_resume(cluster):
+    training(cluster)
+    corrupt = sim(cluster, "corrupt-checkpoint", "--mode", "truncate")
+    damaged_step = int(re.search(r"ckpt-(\d+)\.pt$", corrupt["file"]).group(1))
+    sim(cluster, "kill-worker", "node0")
+    starts = restarted(cluster, after=fault_time(cluster, corrupt["op"]))
+    warnings = trainer_records(cluster, "warning", after=fault_time(cluster, corrupt["op"]))
+    # A checkpoint written between the two faults may be newer than the damaged one; otherwise the
+    # damaged one is named and skipped.
+    resumed = starts[0]["resumed_from"]
+    assert resumed != damaged_step
+    if resumed < damaged_step:
+        assert any(corrupt["file"] in w["message"] for w in warnings), warnings
+    training(cluster, after=fault_time(cluster, corrupt["op"]))
+
+
+def test_a_full_disk_fails_the_checkpoint_write_and_heal_frees_it(cluster):
+    training(cluster)
+    result = sim(cluster, "fill-disk", "node0")
+    assert result["free"] < 64 * 1024, result
+    t = fault_time(cluster, result["op"])
+    restarted(cluster, after=t)  # the write failed (ENOSPC), the worker exited, torchrun restarted the group
+    assert "No space left on device" in cluster.logs("node0") + cluster.logs("node1")
+    sim(cluster, "heal", result["id"])
+    assert cluster.exec("node0", "ls", "-a", "/ckpt").stdout.count(".sim-filler") == 0
+    training(cluster, after=fault_time(cluster, result["op"]))
+
+
+def test_kill_during_checkpoint_lands_in_the_write_and_never_resumes_from_it(cluster):
+    training(cluster)
+    result = sim(cluster, "kill-during-checkpoint", "--within", "30s")
+    assert re.search(r"/ckpt/ckpt-\d+\.pt\.tmp\.\d+$", result["file"]), result
+    killed_step = int(re.search(r"ckpt-(\d+)\.pt", result["file"]).group(1))
+    starts = restarted(cluster, after=fault_time(cluster, result["op"]))
+    assert {r["resumed_from"] for r in starts} == {killed_step - 10}, "resumed from the previous, whole checkpoint"
+    training(cluster, after=fault_time(cluster, result["op"]))
