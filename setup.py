@@ -14,7 +14,7 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 # sim/paths.py reads the same names, beside sim/ or in sim/_data/.
-PROJECT_FOLDERS = ("images", "compose", "trainer")
+PROJECT_FOLDERS = ("images", "compose", "trainer", "rendezvous-etcd-v3")
 DATA_PACKAGE_DIR = Path("sim", "_data")
 
 
@@ -22,7 +22,12 @@ def project_files(folder: Path) -> list[Path]:
     # The files sim/images.py hashes into image tags (all but bytecode), so a
     # wheel's copy yields the same tags and reuses images built from a checkout.
     return sorted(
-        p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and "__pycache__" not in p.parts
+        and not p.name.endswith(".pyc")
+        and not any(part.endswith(".egg-info") or part == "build" for part in p.relative_to(folder).parts)
     )
 
 

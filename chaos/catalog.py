@@ -22,8 +22,8 @@ def shipped_scenarios() -> list[Scenario]:
 def find_scenario(name_or_path: str) -> Path:
     """A path to a scenario file, or the name of a shipped one."""
     path = Path(name_or_path)
-    if path.is_file():
-        return path
+    if path.exists():
+        return path  # a folder, or a file: load_scenario says what is wrong with it
     shipped = SCENARIO_DIR / f"{name_or_path}.yaml"
     if shipped.is_file():
         return shipped

@@ -72,8 +72,14 @@ def whole(least: int, example: int) -> Kind:
             raise UsageError(f"{text!r} is not a whole number; use e.g. {example}")
         return int(text)
 
-    return Kind("whole", parse, lambda v: _is_number(v, least) and isinstance(v, int),
-                f"a whole number >= {least}", least=least, example=example)
+    return Kind(
+        "whole",
+        parse,
+        lambda v: _is_number(v, least) and isinstance(v, int),
+        f"a whole number >= {least}",
+        least=least,
+        example=example,
+    )
 
 
 def _text(what: str) -> Kind:
@@ -85,23 +91,49 @@ NODE_TARGET = _text("a node name, or random, store-host, rank0")  # a node's tra
 TEXT = _text("a word")
 FLAG = Kind("flag", bool, lambda v: isinstance(v, bool), "true or false")
 SECONDS = Kind("seconds", parse_duration, _is_number, "a number of seconds >= 0", show=lambda v: f"{v:g}s")
-SIGNAL = Kind("signal", parse_signal, lambda v: isinstance(v, Signals), "a signal (signal.Signals)",
-              show=lambda v: v.name.removeprefix("SIG"))
+SIGNAL = Kind(
+    "signal",
+    parse_signal,
+    lambda v: isinstance(v, Signals),
+    "a signal (signal.Signals)",
+    show=lambda v: v.name.removeprefix("SIG"),
+)
 PERCENT = Kind("percent", parse_percent, lambda v: _is_number(v, 0, 100), "a percentage from 0 to 100")
 RATE = Kind("rate", parse_rate, lambda v: _is_number(v, 1) and isinstance(v, int), "a whole number of bits/s > 0")
-CPUS = Kind("cpus", lambda text: _checked_number(text, "cpus", "0.2"), lambda v: _is_number(v, 0.001),
-            "a number of CPUs > 0, e.g. 0.2")
-SIZE = Kind("size", lambda text: parse_size("size", text, least=0), lambda v: _is_number(v, 0) and isinstance(v, int),
-            "a size in bytes >= 0", show=lambda v: f"{v >> 20}m" if v and not v % 2**20 else str(v))
+CPUS = Kind(
+    "cpus",
+    lambda text: _checked_number(text, "cpus", "0.2"),
+    lambda v: _is_number(v, 0.001),
+    "a number of CPUs > 0, e.g. 0.2",
+)
+SIZE = Kind(
+    "size",
+    lambda text: parse_size("size", text, least=0),
+    lambda v: _is_number(v, 0) and isinstance(v, int),
+    "a size in bytes >= 0",
+    show=lambda v: f"{v >> 20}m" if v and not v % 2**20 else str(v),
+)
 CORRUPTION = Kind("corruption", str, lambda v: v in CORRUPTIONS, "bitflip or truncate")
-DIRECTORY = Kind("directory", str, lambda v: isinstance(v, str) and v.startswith("/") and len(v) > 1,
-                 "an absolute path inside the node, e.g. /ckpt")
+DIRECTORY = Kind(
+    "directory",
+    str,
+    lambda v: isinstance(v, str) and v.startswith("/") and len(v) > 1,
+    "an absolute path inside the node, e.g. /ckpt",
+)
 NODES = Kind("nodes", _comma_names, _is_names, "a list of node names")
-GROUPS = Kind("groups", partitions.parse_groups, lambda v: isinstance(v, (tuple, list)) and all(map(_is_names, v)),
-              "groups of node names")
-NODES_PAIR = Kind("nodes pair", lambda sides: tuple(map(_comma_names, sides)),
-                  lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(map(_is_names, v)),
-                  "[from, to], two lists of node names", nargs=2)
+GROUPS = Kind(
+    "groups",
+    partitions.parse_groups,
+    lambda v: isinstance(v, (tuple, list)) and all(map(_is_names, v)),
+    "groups of node names",
+)
+NODES_PAIR = Kind(
+    "nodes pair",
+    lambda sides: tuple(map(_comma_names, sides)),
+    lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(map(_is_names, v)),
+    "[from, to], two lists of node names",
+    nargs=2,
+)
 
 
 @dataclass(frozen=True)
@@ -114,8 +146,15 @@ class Option:
     metavar: str | tuple[str, ...] | None = None
 
 
-def option(kind: Kind, help: str, default: Any = None, *, required: bool = False, positional: bool = False,
-           metavar: str | tuple[str, ...] | None = None) -> Any:
+def option(
+    kind: Kind,
+    help: str,
+    default: Any = None,
+    *,
+    required: bool = False,
+    positional: bool = False,
+    metavar: str | tuple[str, ...] | None = None,
+) -> Any:
     """A field of a fault's options; None (the default default) means not given."""
     spelling = {"metadata": {"option": Option(kind, help, positional, metavar)}}
     return field(**spelling) if required else field(default=default, **spelling)
@@ -206,17 +245,18 @@ _CKPT_DIR_HELP = "the checkpoint directory inside the nodes (shared by all)"
 
 @dataclass(frozen=True)
 class CorruptOptions(FaultOptions):
-    target: str = option(NODE_TARGET, "the node that writes the damage (the directory is shared)", "random",
-                         positional=True)
-    mode: str = option(CORRUPTION, "bitflip: flip a bit in 8 random bytes; truncate: cut to half its length",
-                       "bitflip")
+    target: str = option(
+        NODE_TARGET, "the node that writes the damage (the directory is shared)", "random", positional=True
+    )
+    mode: str = option(CORRUPTION, "bitflip: flip a bit in 8 random bytes; truncate: cut to half its length", "bitflip")
     dir: str = option(DIRECTORY, _CKPT_DIR_HELP, "/ckpt")
 
 
 @dataclass(frozen=True)
 class FillOptions(FaultOptions):
-    target: str = option(NODE_TARGET, "the node that writes the filler (the directory is shared)", "random",
-                         positional=True)
+    target: str = option(
+        NODE_TARGET, "the node that writes the filler (the directory is shared)", "random", positional=True
+    )
     dir: str = option(DIRECTORY, _CKPT_DIR_HELP + "; its disk must be size-limited (cluster ckpt_size)", "/ckpt")
     leave: int = option(SIZE, "bytes left free, e.g. 4k", 0)
 
@@ -259,25 +299,29 @@ PARTITION_SHAPES = ("groups", "isolate", "from_etcd", "from_peers", "one_way")
 @dataclass(frozen=True)
 class PartitionOptions(FaultOptions):
     groups: tuple[tuple[str, ...], ...] | None = option(
-        GROUPS, "groups separated by |, every node in exactly one, e.g. node0,node1|node2,node3", positional=True)
+        GROUPS, "groups separated by |, every node in exactly one, e.g. node0,node1|node2,node3", positional=True
+    )
     isolate: tuple[str, ...] | None = option(NODES, "nodes cut off from everyone (etcd included)")
     from_etcd: tuple[str, ...] | None = option(NODES, "nodes cut off from etcd only (control plane)")
     from_peers: tuple[str, ...] | None = option(NODES, "nodes cut off from the other nodes only (data plane)")
     one_way: tuple[tuple[str, ...], tuple[str, ...]] | None = option(
-        NODES_PAIR, "FROM's packets to TO are dropped; TO->FROM still flows", metavar=("FROM", "TO"))
+        NODES_PAIR, "FROM's packets to TO are dropped; TO->FROM still flows", metavar=("FROM", "TO")
+    )
 
     def problem(self) -> str | None:
         return _exactly_one(self, PARTITION_SHAPES)
 
     def cuts(self, nodes: Sequence[str], *, has_etcd: bool) -> partitions.Partition:
         """The links cut among `nodes` (and etcd, when the cluster has it)."""
-        (shape, value), = self.given().items()
+        ((shape, value),) = self.given().items()
         everyone = [*nodes, ETCD] if has_etcd else list(nodes)
         if shape == "groups":
             return partitions.split(value, nodes)
         if shape == "one_way":
-            src, dst = (check_node_names(side, everyone, f"one_way {label}")
-                        for side, label in zip(value, ("from", "to"), strict=True))
+            src, dst = (
+                check_node_names(side, everyone, f"one_way {label}")
+                for side, label in zip(value, ("from", "to"), strict=True)
+            )
             return partitions.one_way(src, dst)
         chosen = check_node_names(value, nodes, shape)
         if shape == "isolate":
@@ -378,8 +422,9 @@ class Fault:
         """Its options from those given (by name), defaults for the rest; errors name the fault."""
         unknown = sorted(set(given) - set(self.option_names))
         if unknown:
-            raise UsageError(f"{self.name}: takes no {', '.join(unknown)}; "
-                             f"its options: {', '.join(self.option_names) or 'none'}")
+            raise UsageError(
+                f"{self.name}: takes no {', '.join(unknown)}; its options: {', '.join(self.option_names) or 'none'}"
+            )
         missing = [name for name in self.required if name not in given]
         if missing:
             raise UsageError(f"{self.name}: needs {', '.join(missing)}")
@@ -412,72 +457,226 @@ def _heal_result(nemesis: Nemesis, result: dict) -> dict:
 
 
 _CATALOG = (
-    Fault("kill-worker", KillWorkerOptions, ("kill-worker",), "signal one training worker (SIGKILL by default)",
-          lambda n, o: n.kill_worker(o.target, rank=o.rank, local_rank=o.local_rank, sig=o.signal)),
-    Fault("kill-agent", KillAgentOptions, ("kill-agent",),
-          "signal the torchrun agent (KILL: abrupt; TERM: torchrun's graceful path)",
-          lambda n, o: n.kill_agent(o.target, sig=o.signal)),
-    Fault("kill-node", TargetOptions, ("kill",), "crash a whole node or etcd at once (docker kill)",
-          lambda n, o: n.kill_node(o.target)),
-    Fault("stop-node", StopOptions, ("stop",),
-          "preempt a node: SIGTERM, then SIGKILL after a grace period (docker stop -t)",
-          lambda n, o: n.stop_node(o.target, grace=o.grace)),
-    Fault("restart-node", RestartOptions, ("restart",),
-          "restart a node or etcd with the same hostname (quick rejoin; etcd keeps its data)",
-          lambda n, o: n.restart_node(o.target, grace=o.grace, downtime=o.downtime)),
-    Fault("start-node", TargetOptions, ("start",), "start a node or etcd that was killed or stopped",
-          lambda n, o: n.start_node(o.target), needs_running=False),
-    Fault("pause", TargetOptions, ("pause",), "freeze a node or etcd (every process stops; docker pause)",
-          lambda n, o: n.pause(o.target), undo=lambda n, result: n.unpause(result["node"]), undone_by="unpause"),
-    Fault("unpause", TargetOptions, ("unpause",), "resume a frozen node or etcd",
-          lambda n, o: n.unpause(o.target)),
-    Fault("partition", PartitionOptions, ("partition",),
-          "cut the network: groups 'node0,node1|node2,node3', or --isolate/--from-etcd/--from-peers/--one-way",
-          _partition, undo=_heal_result, undone_by="heal",
-          check_nodes=lambda o, nodes, has_etcd: o.cuts(nodes, has_etcd=has_etcd)),
-    Fault("heal", HealOptions, ("heal",), "undo one fault by id (see `sim faults`), or every reversible one with --all",
-          lambda n, o: n.heal(None if o.all else o.id)),
-    Fault("netem", NetemOptions, ("netem",),
-          "degrade a node's link: --loss, --rate, or --delay/--jitter/--duplicate/--corrupt (kernel netem)",
-          lambda n, o: n.link(o.target, loss_pct=o.loss, rate_bps=o.rate, netem={
-              "delay_ms": _ms(o.delay), "jitter_ms": _ms(o.jitter), "duplicate_pct": o.duplicate,
-              "corrupt_pct": o.corrupt}),
-          undo=lambda n, result: n.heal(f"link-{result['node']}"), undone_by="heal"),
-    Fault("etcd-kill", NoOptions, ("etcd", "kill"), "crash etcd at once (docker kill)",
-          lambda n, o: n.kill_node(ETCD), needs_etcd=True),
-    Fault("etcd-start", NoOptions, ("etcd", "start"), "start etcd after a kill, keeping its data",
-          lambda n, o: n.start_node(ETCD), needs_etcd=True, needs_running=False),
-    Fault("etcd-restart", DowntimeOptions, ("etcd", "restart"), "restart etcd, keeping its data",
-          lambda n, o: n.restart_node(ETCD, downtime=o.downtime), needs_etcd=True),
-    Fault("etcd-wipe", DowntimeOptions, ("etcd", "wipe"), "restart etcd empty: every rendezvous key is gone",
-          lambda n, o: n.wipe_etcd(downtime=o.downtime), needs_etcd=True),
-    Fault("etcd-pause", NoOptions, ("etcd", "pause"), "freeze etcd", lambda n, o: n.pause(ETCD),
-          undo=lambda n, result: n.unpause(ETCD), undone_by="etcd unpause", needs_etcd=True),
-    Fault("etcd-unpause", NoOptions, ("etcd", "unpause"), "resume a frozen etcd", lambda n, o: n.unpause(ETCD),
-          needs_etcd=True),
-    Fault("etcd-isolate", NoOptions, ("etcd", "isolate"), "cut etcd off from every node", _isolate_etcd,
-          undo=_heal_result, undone_by="heal", needs_etcd=True),
-    Fault("hang-worker", WorkerOptions, ("hang-worker",),
-          "stop one worker process (SIGSTOP; its agent still sees it alive, its peers wait in a collective)",
-          lambda n, o: n.hang_worker(o.target, rank=o.rank, local_rank=o.local_rank),
-          undo=lambda n, result: n.resume_worker(result["node"]), undone_by="resume-worker"),
-    Fault("resume-worker", NodeOptions, ("resume-worker",), "continue the stopped workers of a node (SIGCONT)",
-          lambda n, o: n.resume_worker(o.target)),
-    Fault("slow-node", SlowOptions, ("slow",), "a straggler: throttle a node's (or etcd's) CPU with a cgroup quota",
-          lambda n, o: n.slow_node(o.target, cpus=o.cpus), undo=_heal_result, undone_by="heal"),
-    Fault("oom-worker", WorkerOptions, ("oom-worker",),
-          "the kernel's OOM killer kills one worker (a memory limit on its node, then memory pressure)",
-          lambda n, o: n.oom_worker(o.target, rank=o.rank, local_rank=o.local_rank)),
-    Fault("corrupt-checkpoint", CorruptOptions, ("corrupt-checkpoint",),
-          "flip bits in, or truncate, the newest checkpoint file",
-          lambda n, o: n.corrupt_checkpoint(o.target, mode=o.mode, directory=o.dir)),
-    Fault("fill-disk", FillOptions, ("fill-disk",),
-          "fill the checkpoint disk (size-limited: cluster ckpt_size) so the next write fails with ENOSPC",
-          lambda n, o: n.fill_disk(o.target, directory=o.dir, leave=o.leave), undo=_heal_result, undone_by="heal"),
-    Fault("kill-during-checkpoint", KillInWriteOptions, ("kill-during-checkpoint",),
-          "signal the worker that writes a checkpoint, the moment it opens the file",
-          lambda n, o: n.kill_during_checkpoint(o.target, directory=o.dir, within=o.within, sig=o.signal)),
-    Fault("scale", ScaleOptions, ("scale",), "add nodes that join the running job, or remove the highest ones",
-          lambda n, o: n.scale(o.nodes, abrupt=o.abrupt, grace=o.grace)),
+    Fault(
+        "kill-worker",
+        KillWorkerOptions,
+        ("kill-worker",),
+        "signal one training worker (SIGKILL by default)",
+        lambda n, o: n.kill_worker(o.target, rank=o.rank, local_rank=o.local_rank, sig=o.signal),
+    ),
+    Fault(
+        "kill-agent",
+        KillAgentOptions,
+        ("kill-agent",),
+        "signal the torchrun agent (KILL: abrupt; TERM: torchrun's graceful path)",
+        lambda n, o: n.kill_agent(o.target, sig=o.signal),
+    ),
+    Fault(
+        "kill-node",
+        TargetOptions,
+        ("kill",),
+        "crash a whole node or etcd at once (docker kill)",
+        lambda n, o: n.kill_node(o.target),
+    ),
+    Fault(
+        "stop-node",
+        StopOptions,
+        ("stop",),
+        "preempt a node: SIGTERM, then SIGKILL after a grace period (docker stop -t)",
+        lambda n, o: n.stop_node(o.target, grace=o.grace),
+    ),
+    Fault(
+        "restart-node",
+        RestartOptions,
+        ("restart",),
+        "restart a node or etcd with the same hostname (quick rejoin; etcd keeps its data)",
+        lambda n, o: n.restart_node(o.target, grace=o.grace, downtime=o.downtime),
+    ),
+    Fault(
+        "start-node",
+        TargetOptions,
+        ("start",),
+        "start a node or etcd that was killed or stopped",
+        lambda n, o: n.start_node(o.target),
+        needs_running=False,
+    ),
+    Fault(
+        "pause",
+        TargetOptions,
+        ("pause",),
+        "freeze a node or etcd (every process stops; docker pause)",
+        lambda n, o: n.pause(o.target),
+        undo=lambda n, result: n.unpause(result["node"]),
+        undone_by="unpause",
+    ),
+    Fault("unpause", TargetOptions, ("unpause",), "resume a frozen node or etcd", lambda n, o: n.unpause(o.target)),
+    Fault(
+        "partition",
+        PartitionOptions,
+        ("partition",),
+        "cut the network: groups 'node0,node1|node2,node3', or --isolate/--from-etcd/--from-peers/--one-way",
+        _partition,
+        undo=_heal_result,
+        undone_by="heal",
+        check_nodes=lambda o, nodes, has_etcd: o.cuts(nodes, has_etcd=has_etcd),
+    ),
+    Fault(
+        "heal",
+        HealOptions,
+        ("heal",),
+        "undo one fault by id (see `sim faults`), or every reversible one with --all",
+        lambda n, o: n.heal(None if o.all else o.id),
+    ),
+    Fault(
+        "netem",
+        NetemOptions,
+        ("netem",),
+        "degrade a node's link: --loss, --rate, or --delay/--jitter/--duplicate/--corrupt (kernel netem)",
+        lambda n, o: n.link(
+            o.target,
+            loss_pct=o.loss,
+            rate_bps=o.rate,
+            netem={
+                "delay_ms": _ms(o.delay),
+                "jitter_ms": _ms(o.jitter),
+                "duplicate_pct": o.duplicate,
+                "corrupt_pct": o.corrupt,
+            },
+        ),
+        undo=lambda n, result: n.heal(f"link-{result['node']}"),
+        undone_by="heal",
+    ),
+    Fault(
+        "etcd-kill",
+        NoOptions,
+        ("etcd", "kill"),
+        "crash etcd at once (docker kill)",
+        lambda n, o: n.kill_node(ETCD),
+        needs_etcd=True,
+    ),
+    Fault(
+        "etcd-start",
+        NoOptions,
+        ("etcd", "start"),
+        "start etcd after a kill, keeping its data",
+        lambda n, o: n.start_node(ETCD),
+        needs_etcd=True,
+        needs_running=False,
+    ),
+    Fault(
+        "etcd-restart",
+        DowntimeOptions,
+        ("etcd", "restart"),
+        "restart etcd, keeping its data",
+        lambda n, o: n.restart_node(ETCD, downtime=o.downtime),
+        needs_etcd=True,
+    ),
+    Fault(
+        "etcd-wipe",
+        DowntimeOptions,
+        ("etcd", "wipe"),
+        "restart etcd empty: every rendezvous key is gone",
+        lambda n, o: n.wipe_etcd(downtime=o.downtime),
+        needs_etcd=True,
+    ),
+    Fault(
+        "etcd-pause",
+        NoOptions,
+        ("etcd", "pause"),
+        "freeze etcd",
+        lambda n, o: n.pause(ETCD),
+        undo=lambda n, result: n.unpause(ETCD),
+        undone_by="etcd unpause",
+        needs_etcd=True,
+    ),
+    Fault(
+        "etcd-unpause",
+        NoOptions,
+        ("etcd", "unpause"),
+        "resume a frozen etcd",
+        lambda n, o: n.unpause(ETCD),
+        needs_etcd=True,
+    ),
+    Fault(
+        "etcd-isolate",
+        NoOptions,
+        ("etcd", "isolate"),
+        "cut etcd off from every node",
+        _isolate_etcd,
+        undo=_heal_result,
+        undone_by="heal",
+        needs_etcd=True,
+    ),
+    Fault(
+        "hang-worker",
+        WorkerOptions,
+        ("hang-worker",),
+        "stop one worker process (SIGSTOP; its agent still sees it alive, its peers wait in a collective)",
+        lambda n, o: n.hang_worker(o.target, rank=o.rank, local_rank=o.local_rank),
+        undo=lambda n, result: n.resume_worker(result["node"]),
+        undone_by="resume-worker",
+    ),
+    Fault(
+        "hang-collectives",
+        WorkerOptions,
+        ("hang-collectives",),
+        "one worker stops calling collectives while its process runs on (a hang inside the script; instrumented)",
+        lambda n, o: n.hang_collectives(o.target, rank=o.rank, local_rank=o.local_rank),
+        undo=_heal_result,
+        undone_by="heal",
+    ),
+    Fault(
+        "resume-worker",
+        NodeOptions,
+        ("resume-worker",),
+        "continue the stopped workers of a node (SIGCONT)",
+        lambda n, o: n.resume_worker(o.target),
+    ),
+    Fault(
+        "slow-node",
+        SlowOptions,
+        ("slow",),
+        "a straggler: throttle a node's (or etcd's) CPU with a cgroup quota",
+        lambda n, o: n.slow_node(o.target, cpus=o.cpus),
+        undo=_heal_result,
+        undone_by="heal",
+    ),
+    Fault(
+        "oom-worker",
+        WorkerOptions,
+        ("oom-worker",),
+        "the kernel's OOM killer kills one worker (a memory limit on its node, then memory pressure)",
+        lambda n, o: n.oom_worker(o.target, rank=o.rank, local_rank=o.local_rank),
+    ),
+    Fault(
+        "corrupt-checkpoint",
+        CorruptOptions,
+        ("corrupt-checkpoint",),
+        "flip bits in, or truncate, the newest checkpoint file",
+        lambda n, o: n.corrupt_checkpoint(o.target, mode=o.mode, directory=o.dir),
+    ),
+    Fault(
+        "fill-disk",
+        FillOptions,
+        ("fill-disk",),
+        "fill the checkpoint disk (size-limited: cluster ckpt_size) so the next write fails with ENOSPC",
+        lambda n, o: n.fill_disk(o.target, directory=o.dir, leave=o.leave),
+        undo=_heal_result,
+        undone_by="heal",
+    ),
+    Fault(
+        "kill-during-checkpoint",
+        KillInWriteOptions,
+        ("kill-during-checkpoint",),
+        "signal the worker that writes a checkpoint, the moment it opens the file",
+        lambda n, o: n.kill_during_checkpoint(o.target, directory=o.dir, within=o.within, sig=o.signal),
+    ),
+    Fault(
+        "scale",
+        ScaleOptions,
+        ("scale",),
+        "add nodes that join the running job, or remove the highest ones",
+        lambda n, o: n.scale(o.nodes, abrupt=o.abrupt, grace=o.grace),
+    ),
 )
 FAULTS: dict[str, Fault] = {fault.name: fault for fault in _CATALOG}

@@ -18,8 +18,8 @@ import shlex
 import signal as signals
 import time
 import uuid
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 from sim.cluster import Cluster, ContainerInfo
 from sim.docker import NO_MEMORY_LIMIT, ExecResult
@@ -30,7 +30,6 @@ from sim.procs import PROBE_ARGV, NodeProcesses, Worker, parse_probe
 
 from . import netcmd, nodescripts
 from .partition import Partition, blocked_peers
-
 from .targets import ETCD
 
 CPU_PERIOD_US = 100_000  # the CFS period a CPU quota is a share of
@@ -74,11 +73,12 @@ class Nemesis:
             if not allow_etcd:
                 raise UsageError("target 'etcd': this fault acts on a node's training processes; name a node")
             if ETCD not in infos:
-                raise UsageError(f"target 'etcd': cluster '{self.cluster.name}' has no etcd (its backend is c10d/static)")
+                raise UsageError(
+                    f"target 'etcd': cluster '{self.cluster.name}' has no etcd (its backend is c10d/static)"
+                )
             return ETCD
         if target == "random":
-            live = sorted((c.node for c in infos.values() if c.role == "node" and c.state == "running"),
-                          key=node_order)
+            live = sorted((c.node for c in infos.values() if c.role == "node" and c.state == "running"), key=node_order)
             if not live:
                 raise FaultError(f"target 'random': no running node in cluster '{self.cluster.name}'")
             return self.rng.choice(live)
@@ -94,12 +94,16 @@ class Nemesis:
             raise FaultError("target 'rank0': no running node has a worker group of rank 0 right now")
         if target not in infos:
             known = ", ".join(sorted(infos, key=node_order)) or "none"
-            raise UsageError(f"target '{target}': no such node in cluster '{self.cluster.name}'; use one of {known}, "
-                             f"or random, store-host, rank0")
+            raise UsageError(
+                f"target '{target}': no such node in cluster '{self.cluster.name}'; use one of {known}, "
+                f"or random, store-host, rank0"
+            )
         return target
 
     def processes(self, node: str) -> NodeProcesses:
-        result = self.cluster.exec(node, *PROBE_ARGV)  # as the training user: root lacks CAP_SYS_PTRACE to read its environ
+        result = self.cluster.exec(
+            node, *PROBE_ARGV
+        )  # as the training user: root lacks CAP_SYS_PTRACE to read its environ
         if not result.ok:
             raise FaultError(f"{node}: cannot read its processes ({_last(result.stderr)}); is it running, not paused?")
         return parse_probe(result.stdout)
@@ -109,51 +113,132 @@ class Nemesis:
 
     # --- process faults -------------------------------------------------------------
 
-    def kill_worker(self, target: str = "random", *, rank: int | None = None, local_rank: int | None = None,
-                    sig: signals.Signals = signals.SIGKILL) -> dict:
+    def kill_worker(
+        self,
+        target: str = "random",
+        *,
+        rank: int | None = None,
+        local_rank: int | None = None,
+        sig: signals.Signals = signals.SIGKILL,
+    ) -> dict:
         """Signal one training worker: by global rank (anywhere), or by local rank / at random on a node."""
+
         def act() -> dict:
             node, worker = self._pick_worker(target, rank, local_rank)
             self._signal(node, worker.pid, sig)
-            return {"node": node, "pid": worker.pid, "rank": worker.rank, "local_rank": worker.local_rank,
-                    "signal": sig.name}
-        return self.invoke("kill-worker", _worker_target(target, rank), act,
-                           rank=rank, local_rank=local_rank, signal=sig.name, seed=self.seed)
+            return {
+                "node": node,
+                "pid": worker.pid,
+                "rank": worker.rank,
+                "local_rank": worker.local_rank,
+                "signal": sig.name,
+            }
+
+        return self.invoke(
+            "kill-worker",
+            _worker_target(target, rank),
+            act,
+            rank=rank,
+            local_rank=local_rank,
+            signal=sig.name,
+            seed=self.seed,
+        )
 
     def hang_worker(self, target: str = "random", *, rank: int | None = None, local_rank: int | None = None) -> dict:
         """SIGSTOP one worker process (not its node): its agent still sees it alive, and its peers
         block in their next collective until the process group times out."""
+
         def act() -> dict:
             node, worker = self._pick_worker(target, rank, local_rank)
             self._signal(node, worker.pid, signals.SIGSTOP)
             fault_id = f"hang-{node}-{worker.pid}"
-            self._remember({"id": fault_id, "fault": "hang", "target": node, "pid": worker.pid,
-                            "detail": f"rank {worker.rank} stopped"})
-            return {"id": fault_id, "node": node, "pid": worker.pid, "rank": worker.rank,
-                    "local_rank": worker.local_rank}
-        return self.invoke("hang-worker", _worker_target(target, rank), act, rank=rank, local_rank=local_rank,
-                           seed=self.seed)
+            self._remember(
+                {
+                    "id": fault_id,
+                    "fault": "hang",
+                    "target": node,
+                    "pid": worker.pid,
+                    "detail": f"rank {worker.rank} stopped",
+                }
+            )
+            return {
+                "id": fault_id,
+                "node": node,
+                "pid": worker.pid,
+                "rank": worker.rank,
+                "local_rank": worker.local_rank,
+            }
+
+        return self.invoke(
+            "hang-worker", _worker_target(target, rank), act, rank=rank, local_rank=local_rank, seed=self.seed
+        )
+
+    def hang_collectives(
+        self, target: str = "random", *, rank: int | None = None, local_rank: int | None = None
+    ) -> dict:
+        """One worker stops calling collectives while its process runs on (a hang inside the script):
+        the node image's instrumentation holds it before its next collective while a file exists."""
+
+        def act() -> dict:
+            node, worker = self._pick_worker(target, rank, local_rank)
+            path = nodescripts.COLLECTIVE_HANG_FILE.format(pid=worker.pid)
+            touched = self.cluster.exec(node, "touch", path)
+            if not touched.ok:
+                raise FaultError(f"{node}: cannot create {path}: {_last(touched.stderr)}")
+            fault_id = f"stall-{node}-{worker.pid}"
+            self._remember(
+                {
+                    "id": fault_id,
+                    "fault": "stall",
+                    "target": node,
+                    "file": path,
+                    "detail": f"rank {worker.rank} holds before its next collective",
+                }
+            )
+            return {
+                "id": fault_id,
+                "node": node,
+                "pid": worker.pid,
+                "rank": worker.rank,
+                "local_rank": worker.local_rank,
+                "file": path,
+            }
+
+        return self.invoke(
+            "hang-collectives", _worker_target(target, rank), act, rank=rank, local_rank=local_rank, seed=self.seed
+        )
 
     def resume_worker(self, target: str) -> dict:
         """SIGCONT every worker of a node (those not stopped ignore it)."""
+
         def act() -> dict:
             node = self.resolve(target, allow_etcd=False)
             pids = [w.pid for w in self.processes(node).workers]
             for pid in pids:
                 self._signal(node, pid, signals.SIGCONT)
+            healed = []
             for fault in self.active():
                 if fault["fault"] == "hang" and fault["target"] == node:
                     self._forget(fault["id"])
-            return {"node": node, "pids": pids}
+                    healed.append(fault["id"])
+            return {"node": node, "pids": pids, "healed": healed}
+
         return self.invoke("resume-worker", target, act)
 
-    def oom_worker(self, target: str = "random", *, rank: int | None = None, local_rank: int | None = None,
-                   headroom: int = OOM_HEADROOM) -> dict:
+    def oom_worker(
+        self,
+        target: str = "random",
+        *,
+        rank: int | None = None,
+        local_rank: int | None = None,
+        headroom: int = OOM_HEADROOM,
+    ) -> dict:
         """The kernel's OOM killer kills one worker. Its node gets a memory limit `headroom` bytes
         above what it uses now (kept if it has one already, e.g. from `memory` in the spec), the
         worker is made the OOM killer's first choice (oom_score_adj 1000, which any process may raise
         for its own user's), and a helper process in the node allocates until the worker is gone.
         The script is untouched; the limit is lifted again at once."""
+
         def act() -> dict:
             node, worker = self._pick_worker(target, rank, local_rank)
             cid = self._info(node).id
@@ -161,48 +246,83 @@ class Nemesis:
             limit = before.memory if 0 < before.memory < NO_MEMORY_LIMIT else self._memory_used(node) + headroom
             adjusted = self.cluster.exec(node, "sh", "-c", f"echo 1000 > /proc/{worker.pid}/oom_score_adj")
             if not adjusted.ok:
-                raise FaultError(f"{node}: cannot make worker {worker.pid} the OOM killer's choice: "
-                                 f"{_last(adjusted.stderr)}")
+                raise FaultError(
+                    f"{node}: cannot make worker {worker.pid} the OOM killer's choice: {_last(adjusted.stderr)}"
+                )
             if limit != before.memory:
                 self.docker.update_resources(cid, memory=limit)
             try:
-                hog = self.cluster.exec(node, *nodescripts.argv(nodescripts.HOG, worker.pid, 2 * limit, OOM_WITHIN_S),
-                                        timeout=OOM_WITHIN_S + 15)
+                hog = self.cluster.exec(
+                    node,
+                    *nodescripts.argv(nodescripts.HOG, worker.pid, 2 * limit, OOM_WITHIN_S),
+                    timeout=OOM_WITHIN_S + 15,
+                )
             finally:
                 if limit != before.memory:
                     self.docker.update_resources(cid, memory=before.memory or NO_MEMORY_LIMIT)
-            done = nodescripts.parse_result(node, "memory hog", hog.stdout)
+            if hog.stdout.strip():
+                done = nodescripts.parse_result(node, "memory hog", hog.stdout)
+            else:
+                # The hog was the kernel's second victim (a retry while the worker's memory was being
+                # freed; its oom_score_adj puts it before the agent): see for ourselves.
+                gone = all(w.pid != worker.pid for w in self.processes(node).workers)
+                done = {"worker_died": gone, "allocated": None, "hog_killed": True}
             if not done.get("worker_died"):
-                raise FaultError(f"{node}: worker {worker.pid} survived {done.get('allocated', 0) >> 20} MiB "
-                                 f"allocated over a {limit >> 20} MiB limit")
-            return {"node": node, "pid": worker.pid, "rank": worker.rank, "local_rank": worker.local_rank,
-                    "limit": limit, "allocated": done["allocated"], "limit_kept": limit == before.memory}
-        return self.invoke("oom-worker", _worker_target(target, rank), act, rank=rank, local_rank=local_rank,
-                           seed=self.seed)
+                raise FaultError(
+                    f"{node}: worker {worker.pid} survived {(done.get('allocated') or 0) >> 20} MiB "
+                    f"allocated over a {limit >> 20} MiB limit"
+                )
+            return {
+                "node": node,
+                "pid": worker.pid,
+                "rank": worker.rank,
+                "local_rank": worker.local_rank,
+                "limit": limit,
+                "allocated": done["allocated"],
+                "limit_kept": limit == before.memory,
+                "oom_kills": done.get("oom_kills"),
+                "hog_killed": done.get("hog_killed", False),
+            }
+
+        return self.invoke(
+            "oom-worker", _worker_target(target, rank), act, rank=rank, local_rank=local_rank, seed=self.seed
+        )
 
     def _memory_used(self, node: str) -> int:
         """Bytes the node's cgroup uses now (cgroup v2's memory.current, or v1's usage_in_bytes)."""
-        read = self.cluster.exec(node, "sh", "-c", "cat /sys/fs/cgroup/memory.current 2>/dev/null "
-                                 "|| cat /sys/fs/cgroup/memory/memory.usage_in_bytes")
+        read = self.cluster.exec(
+            node,
+            "sh",
+            "-c",
+            "cat /sys/fs/cgroup/memory.current 2>/dev/null || cat /sys/fs/cgroup/memory/memory.usage_in_bytes",
+        )
         if not read.ok or not read.stdout.strip().isdigit():
             raise FaultError(f"{node}: cannot read its memory use: {_last(read.stderr or read.stdout)}")
         return int(read.stdout.strip())
 
-    def kill_during_checkpoint(self, target: str = "rank0", *, directory: str = "/ckpt", within: float = 60.0,
-                               sig: signals.Signals = signals.SIGKILL) -> dict:
+    def kill_during_checkpoint(
+        self,
+        target: str = "rank0",
+        *,
+        directory: str = "/ckpt",
+        within: float = 60.0,
+        sig: signals.Signals = signals.SIGKILL,
+    ) -> dict:
         """Signal the worker of a node that opens a file under `directory` for writing, the moment
         it does (within `within` seconds): a kill inside a checkpoint write, by design, not by luck."""
+
         def act() -> dict:
             node = self.resolve(target, allow_etcd=False)
-            watched = self.cluster.exec(node, *nodescripts.argv(nodescripts.KILL_IN_WRITE, directory, within,
-                                                                int(sig)), timeout=within + 15)
+            watched = self.cluster.exec(
+                node, *nodescripts.argv(nodescripts.KILL_IN_WRITE, directory, within, int(sig)), timeout=within + 15
+            )
             if watched.exit_code == nodescripts.NEVER_CAME:
                 raise FaultError(f"{node}: {_last(watched.stderr)}")
             if not watched.ok:
                 raise FaultError(f"{node}: watching for a checkpoint write failed: {_last(watched.stderr)}")
             return {"node": node, "signal": sig.name, **nodescripts.parse_result(node, "write watcher", watched.stdout)}
-        return self.invoke("kill-during-checkpoint", target, act, directory=directory, within=within,
-                           signal=sig.name)
+
+        return self.invoke("kill-during-checkpoint", target, act, directory=directory, within=within, signal=sig.name)
 
     def _pick_worker(self, target: str, rank: int | None, local_rank: int | None) -> tuple[str, Worker]:
         node = self._node_of_rank(rank) if rank is not None else self.resolve(target, allow_etcd=False)
@@ -214,22 +334,28 @@ class Nemesis:
         else:
             worker = self.rng.choice(procs.workers) if procs.workers else None
         if worker is None:
-            which = f"rank {rank}" if rank is not None else (f"local rank {local_rank}" if local_rank is not None
-                                                             else "any worker")
-            raise FaultError(f"{node}: no running worker with {which} (workers: "
-                             f"{[w.rank for w in procs.workers] or 'none'}); is the job between restarts?")
+            which = (
+                f"rank {rank}"
+                if rank is not None
+                else (f"local rank {local_rank}" if local_rank is not None else "any worker")
+            )
+            raise FaultError(
+                f"{node}: no running worker with {which} (workers: "
+                f"{[w.rank for w in procs.workers] or 'none'}); is the job between restarts?"
+            )
         return node, worker
 
     def kill_agent(self, target: str, *, sig: signals.Signals = signals.SIGKILL) -> dict:
         """Signal the torchrun agent itself. SIGKILL: abrupt; SIGTERM: torchrun's graceful path."""
+
         def act() -> dict:
             node = self.resolve(target, allow_etcd=False)
             procs = self.processes(node)
             if procs.agent_pid is None:
                 raise FaultError(f"{node}: no torchrun agent is running")
             self._signal(node, procs.agent_pid, sig)
-            return {"node": node, "pid": procs.agent_pid, "signal": sig.name,
-                    "workers": [w.pid for w in procs.workers]}
+            return {"node": node, "pid": procs.agent_pid, "signal": sig.name, "workers": [w.pid for w in procs.workers]}
+
         return self.invoke("kill-agent", target, act, signal=sig.name, seed=self.seed)
 
     def _signal(self, node: str, pid: int, sig: signals.Signals) -> None:
@@ -247,25 +373,30 @@ class Nemesis:
 
     def kill_node(self, target: str) -> dict:
         """The whole node dies at once (SIGKILL to every process: `docker kill`)."""
+
         def act() -> dict:
             name = self.resolve(target)
             self.docker.kill(self._info(name).id, "SIGKILL")
             return {"node": name}
+
         return self.invoke("kill-node", target, act, seed=self.seed)
 
     def stop_node(self, target: str, *, grace: float = 10.0) -> dict:
         """Preemption: SIGTERM, then SIGKILL after `grace` seconds (`docker stop -t`)."""
+
         def act() -> dict:
             name = self.resolve(target)
             started = time.monotonic()
             self.docker.stop(self._info(name).id, grace)
             return {"node": name, "grace": grace, "took": round(time.monotonic() - started, 2)}
+
         return self.invoke("stop-node", target, act, grace=grace, seed=self.seed)
 
     def restart_node(self, target: str, *, grace: float = 0.0, downtime: float = 0.0) -> dict:
         """The same node (same hostname) comes back: a quick rejoin, or after `downtime`
         seconds down (a real restart takes seconds; whether a peer's call lands in the gap
         decides what torch does, so a scenario can make the gap certain)."""
+
         def act() -> dict:
             name = self.resolve(target)
             cid = self._info(name).id
@@ -277,19 +408,23 @@ class Nemesis:
                 self.docker.restart(cid, grace)
             self._reapply_network(name)
             return {"node": name, "grace": grace, "downtime": downtime}
+
         return self.invoke("restart-node", target, act, grace=grace, downtime=downtime, seed=self.seed)
 
     def start_node(self, target: str) -> dict:
         """Start a node (or etcd) that was killed or stopped, keeping its data."""
+
         def act() -> dict:
             name = self.resolve(target)
             self.docker.start(self._info(name).id)
             self._reapply_network(name)
             return {"node": name}
+
         return self.invoke("start-node", target, act)
 
     def pause(self, target: str) -> dict:
         """Freeze every process of a node (cgroup freezer: `docker pause`)."""
+
         def act() -> dict:
             name = self.resolve(target)
             info = self._info(name)
@@ -299,6 +434,7 @@ class Nemesis:
             fault_id = f"pause-{name}"
             self._remember({"id": fault_id, "fault": "pause", "target": name, "detail": "frozen"})
             return {"id": fault_id, "node": name}
+
         return self.invoke("pause", target, act, seed=self.seed)
 
     def unpause(self, target: str) -> dict:
@@ -310,11 +446,13 @@ class Nemesis:
             self.docker.unpause(info.id)
             self._forget(f"pause-{name}")
             return {"node": name}
+
         return self.invoke("unpause", target, act)
 
     def slow_node(self, target: str, *, cpus: float) -> dict:
         """A straggler: the node (or etcd) gets `cpus` CPUs' worth of time (cgroup CPU quota,
         `docker update --cpus`); its own limits come back with `heal`."""
+
         def act() -> dict:
             name = self.resolve(target)
             cid = self._info(name).id
@@ -324,35 +462,56 @@ class Nemesis:
             before = self.docker.resources(cid)
             quota = max(1000, round(cpus * CPU_PERIOD_US))  # the kernel's least quota is 1 ms
             self.docker.update_resources(cid, cpu_quota=quota, cpu_period=CPU_PERIOD_US)
-            self._remember({"id": fault_id, "fault": "slow", "target": name, "detail": f"{cpus:g} CPUs",
-                            "cpu_quota": before.cpu_quota, "cpu_period": before.cpu_period})
+            self._remember(
+                {
+                    "id": fault_id,
+                    "fault": "slow",
+                    "target": name,
+                    "detail": f"{cpus:g} CPUs",
+                    "cpu_quota": before.cpu_quota,
+                    "cpu_period": before.cpu_period,
+                }
+            )
             return {"id": fault_id, "node": name, "cpus": cpus, "cpu_quota": quota, "cpu_period": CPU_PERIOD_US}
+
         return self.invoke("slow-node", target, act, cpus=cpus)
 
     # --- the checkpoint volume ------------------------------------------------------------
 
     def corrupt_checkpoint(self, target: str = "random", *, mode: str = "bitflip", directory: str = "/ckpt") -> dict:
         """Damage the newest file under `directory` (shared by every node): flip bits, or truncate it."""
+
         def act() -> dict:
             node = self.resolve(target, allow_etcd=False)
-            done = self._node_script(node, "corrupting a checkpoint", nodescripts.CORRUPT, directory, mode,
-                                     self.rng.randrange(2**31))
+            done = self._node_script(
+                node, "corrupting a checkpoint", nodescripts.CORRUPT, directory, mode, self.rng.randrange(2**31)
+            )
             return {"node": node, **done}
+
         return self.invoke("corrupt-checkpoint", target, act, mode=mode, directory=directory, seed=self.seed)
 
     def fill_disk(self, target: str = "random", *, directory: str = "/ckpt", leave: int = 0) -> dict:
         """Fill the filesystem under `directory` with a filler file until `leave` bytes are free, so the
         next write fails with ENOSPC; `heal` removes the filler. Only a size-limited disk (the spec's
         `ckpt_size`): a larger one is refused, as filling it would fill the host's."""
+
         def act() -> dict:
             node = self.resolve(target, allow_etcd=False)
             fault_id = f"fill-{node}"
             if any(f["id"] == fault_id for f in self.active()):
                 raise UsageError(f"{node}: a filler is in place already; `sim heal {fault_id}` first")
             done = self._node_script(node, "filling the disk", nodescripts.FILL, directory, leave, FILL_AT_MOST)
-            self._remember({"id": fault_id, "fault": "fill", "target": node, "file": done["file"],
-                            "detail": f"{done['written'] >> 20} MiB filler"})
+            self._remember(
+                {
+                    "id": fault_id,
+                    "fault": "fill",
+                    "target": node,
+                    "file": done["file"],
+                    "detail": f"{done['written'] >> 20} MiB filler",
+                }
+            )
             return {"id": fault_id, "node": node, **done}
+
         return self.invoke("fill-disk", target, act, directory=directory, leave=leave)
 
     def _node_script(self, node: str, what: str, script: str, *args: object) -> dict:
@@ -370,6 +529,7 @@ class Nemesis:
         """Restart etcd with an empty data dir: every rendezvous key is gone. The data is
         unlinked while etcd runs (it keeps its open files until it stops), so etcd is down
         no longer than a plain restart, or for `downtime` seconds when given."""
+
         def act() -> dict:
             info = self._info(ETCD)
             removed = self.cluster.exec(ETCD, "sh", "-c", "rm -rf /var/lib/etcd/data")
@@ -383,6 +543,7 @@ class Nemesis:
                 self.docker.restart(info.id, 0)
             self._reapply_network(ETCD)
             return {"node": ETCD, "downtime": downtime}
+
         return self.invoke("wipe-etcd", ETCD, act, downtime=downtime)
 
     # --- scale ----------------------------------------------------------------------------------
@@ -397,8 +558,11 @@ class Nemesis:
         def act() -> dict:
             existing = {c.node: c for c in self.cluster.nodes()}
             wanted = [f"node{i}" for i in range(nodes)]
-            leaving = sorted((n for n, c in existing.items() if n not in wanted and c.state in ("running", "paused")),
-                             key=node_order, reverse=True)
+            leaving = sorted(
+                (n for n, c in existing.items() if n not in wanted and c.state in ("running", "paused")),
+                key=node_order,
+                reverse=True,
+            )
             for name in leaving:
                 info = existing[name]
                 if info.state == "paused":
@@ -413,16 +577,24 @@ class Nemesis:
                 self.cluster.start_nodes(joining, nodes=nodes)
                 self._apply_partitions()
             return {"joined": joining, "left": leaving, "abrupt": abrupt}
+
         return self.invoke("scale", f"nodes={nodes}", act, nodes=nodes, abrupt=abrupt, grace=grace)
 
     # --- network ---------------------------------------------------------------------------
 
     def partition(self, partition: Partition) -> dict:
         """Add a partition to those in force and re-apply them all."""
+
         def act() -> dict:
             fault_id = f"partition-{uuid.uuid4().hex[:6]}"
-            self._remember({"id": fault_id, "fault": "partition", "target": partition.describe(),
-                            "cuts": sorted(map(list, partition.cuts))})
+            self._remember(
+                {
+                    "id": fault_id,
+                    "fault": "partition",
+                    "target": partition.describe(),
+                    "cuts": sorted(map(list, partition.cuts)),
+                }
+            )
             try:
                 rules = self._apply_partitions()
             except SimError:
@@ -430,10 +602,12 @@ class Nemesis:
                 self._apply_partitions()
                 raise
             return {"id": fault_id, "partition": partition.describe(), "rules": rules}
+
         return self.invoke("partition", partition.describe(), act)
 
     def heal(self, fault_id: str | None = None) -> dict:
         """Undo one fault by id, or every reversible one (partitions, link faults, pauses)."""
+
         def act() -> dict:
             active = self.active()
             chosen = active if fault_id is None else [f for f in active if f["id"] == fault_id]
@@ -448,7 +622,7 @@ class Nemesis:
                         self.docker.unpause(info.id)
                 elif fault["fault"] == "link":
                     self._clear_link(fault["target"])
-                elif fault["fault"] in ("hang", "slow", "fill"):
+                elif fault["fault"] in ("hang", "slow", "fill", "stall"):
                     self._heal_process_fault(fault)
                 self._forget(fault["id"])
                 healed.append(fault["id"])
@@ -462,31 +636,38 @@ class Nemesis:
                         self._clear_link(info.node, quiet=True)
             self._apply_partitions()
             return {"healed": healed}
+
         return self.invoke("heal", fault_id or "all", act)
 
     def _heal_process_fault(self, fault: dict) -> None:
-        """Undo a hung worker, a slowed node or a filled disk; one whose node is gone has nothing to undo."""
+        """Undo a hung or stalled worker, a slowed node or a filled disk; one whose node is gone has nothing
+        to undo."""
         node = fault["target"]
-        if self._info(node).state != "running":
+        info = next((c for c in self.cluster.containers() if c.node == node), None)
+        if info is None or info.state != "running":
             return
         if fault["fault"] == "hang":
             self.cluster.exec(node, "kill", "-CONT", str(fault["pid"]))  # the worker may be gone since: fine
         elif fault["fault"] == "slow":
-            self.docker.update_resources(self._info(node).id, cpu_quota=fault["cpu_quota"] or -1,
-                                         cpu_period=fault["cpu_period"] or CPU_PERIOD_US)
-        elif fault["fault"] == "fill":
+            self.docker.update_resources(
+                info.id, cpu_quota=fault["cpu_quota"] or -1, cpu_period=fault["cpu_period"] or CPU_PERIOD_US
+            )
+        elif fault["fault"] in ("fill", "stall"):  # a filler file, or the file that holds a worker
             removed = self.cluster.exec(node, "rm", "-f", fault["file"])
             if not removed.ok:
-                raise FaultError(f"{node}: removing the filler {fault['file']} failed: {_last(removed.stderr)}")
+                raise FaultError(f"{node}: removing {fault['file']} failed: {_last(removed.stderr)}")
 
-    def link(self, target: str, *, loss_pct: float | None = None, rate_bps: int | None = None,
-             netem: dict | None = None) -> dict:
+    def link(
+        self, target: str, *, loss_pct: float | None = None, rate_bps: int | None = None, netem: dict | None = None
+    ) -> dict:
         """Degrade one node's link: random loss (iptables), bandwidth (tc tbf), or netem options."""
         netem = {k: v for k, v in (netem or {}).items() if v is not None}
         if loss_pct is None and rate_bps is None and not netem:
             raise UsageError("netem: nothing to do; give --loss, --rate, or --delay/--jitter/--duplicate/--corrupt")
         if rate_bps is not None and netem:
-            raise UsageError("netem: --rate and --delay/--jitter/--duplicate/--corrupt both replace the root qdisc; use one")
+            raise UsageError(
+                "netem: --rate and --delay/--jitter/--duplicate/--corrupt both replace the root qdisc; use one"
+            )
 
         def act() -> dict:
             name = self.resolve(target)
@@ -498,24 +679,44 @@ class Nemesis:
             iface = None
             if rate_bps is not None or netem:
                 iface = self._iface(name)
-                argvs.append(netcmd.bandwidth_qdisc(iface, rate_bps) if rate_bps is not None
-                             else netcmd.netem_qdisc(iface, **netem))
+                argvs.append(
+                    netcmd.bandwidth_qdisc(iface, rate_bps)
+                    if rate_bps is not None
+                    else netcmd.netem_qdisc(iface, **netem)
+                )
             result = self._run_script(name, argvs)
             if not result.ok:
                 if netem and netcmd.netem_unsupported(result.stderr):
                     raise UnsupportedFaultError(
                         "netem: this kernel has no netem qdisc (delay, jitter, duplicate, corrupt); "
-                        "use --loss or --rate, which work here (see `sim doctor`)")
+                        "use --loss or --rate, which work here (see `sim doctor`)"
+                    )
                 raise FaultError(f"{name}: link fault failed: {_last(result.stderr)}")
             fault_id = f"link-{name}"
-            self._remember({"id": fault_id, "fault": "link", "target": name,
-                            "loss_pct": loss_pct, "rate_bps": rate_bps, "netem": netem, "iface": iface})
-            return {"id": fault_id, "node": name, "commands": [shlex.join(a) if isinstance(a, list) else a for a in argvs]}
+            self._remember(
+                {
+                    "id": fault_id,
+                    "fault": "link",
+                    "target": name,
+                    "loss_pct": loss_pct,
+                    "rate_bps": rate_bps,
+                    "netem": netem,
+                    "iface": iface,
+                }
+            )
+            return {
+                "id": fault_id,
+                "node": name,
+                "commands": [shlex.join(a) if isinstance(a, list) else a for a in argvs],
+            }
+
         return self.invoke("link", target, act, loss_pct=loss_pct, rate_bps=rate_bps, netem=netem)
 
     def _clear_link(self, node: str, quiet: bool = False) -> None:
-        lines = [f"{shlex.join(netcmd.flush_chain(c))} 2>/dev/null || true"
-                 for c in (netcmd.LOSS_IN_CHAIN, netcmd.LOSS_OUT_CHAIN)]
+        lines = [
+            f"{shlex.join(netcmd.flush_chain(c))} 2>/dev/null || true"
+            for c in (netcmd.LOSS_IN_CHAIN, netcmd.LOSS_OUT_CHAIN)
+        ]
         for iface in self._ifaces(node):
             lines.append(f"{shlex.join(netcmd.clear_qdisc(iface))} 2>/dev/null || true")
         result = self.cluster.exec(node, "sh", "-c", "\n".join(lines), user="root")
@@ -541,12 +742,14 @@ class Nemesis:
 
     def _ips(self) -> dict[str, str]:
         """Each running container's address on the cluster network (its only one), looked up now."""
-        return {c.node: ip for c in self.cluster.containers() if c.state in ("running", "paused")
-                for ip in c.ips.values()}
+        return {
+            c.node: ip for c in self.cluster.containers() if c.state in ("running", "paused") for ip in c.ips.values()
+        }
 
     def _chain_setup(self, chain: str) -> list[str]:
-        return [f"{shlex.join(step.check)} >/dev/null 2>&1 || {shlex.join(step.add)}"
-                for step in netcmd.chain_setup(chain)]
+        return [
+            f"{shlex.join(step.check)} >/dev/null 2>&1 || {shlex.join(step.add)}" for step in netcmd.chain_setup(chain)
+        ]
 
     def _apply_partitions(self) -> dict[str, list[str]]:
         """The one mechanism: the union of every partition in force, as iptables

@@ -11,6 +11,9 @@ import json
 
 from sim.errors import FaultError
 
+# While this file exists, the worker with that pid waits before its next collective: read by the node
+# image's instrumentation (images/node/elastic_sim_instrument.py HANG_FILE; a unit test keeps them equal).
+COLLECTIVE_HANG_FILE = "/tmp/elastic-sim-hang-{pid}"
 WRONG_REQUEST = 3
 NEVER_CAME = 4
 
@@ -70,23 +73,41 @@ stat = os.statvfs(root)
 print(json.dumps({'file': path, 'written': written, 'free': stat.f_bavail * stat.f_frsize}))
 """
 
-# argv: PID MOST WITHIN. Allocates (and touches) memory until the worker PID is gone, MOST bytes are
-# held, or WITHIN seconds pass; then frees it all by exiting.
+# argv: PID MOST WITHIN. Allocates (and touches) memory until the worker PID is gone, the node's
+# cgroup has OOM-killed anything, MOST bytes are held, or WITHIN seconds pass; then frees it all by
+# exiting. Its own oom_score_adj of 999 (the worker has 1000) makes it the next victim should the
+# kernel need a second kill while the worker is still exiting: never the agent.
 HOG = r"""
 import json, os, sys, time
 pid, most, within = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+with open('/proc/self/oom_score_adj', 'w') as f:
+    f.write('999')
 def alive():
     try:
         with open(f'/proc/{pid}/stat') as f:
-            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+            return f.read().rsplit(')', 1)[1].split()[0] not in 'ZXx'
     except OSError:
         return False
-held, deadline = [], time.monotonic() + within
-while alive() and len(held) < most >> 23 and time.monotonic() < deadline:
+def oom_kills():
+    for path, key in (('/sys/fs/cgroup/memory.events', 'oom_kill'),
+                      ('/sys/fs/cgroup/memory/memory.oom_control', 'oom_kill')):
+        try:
+            with open(path) as f:
+                return next((int(v) for k, v in (line.split() for line in f) if k == key), 0)
+        except (OSError, ValueError):
+            continue
+    return 0
+held, deadline, kills = [], time.monotonic() + within, oom_kills()
+while alive() and oom_kills() == kills and len(held) < most >> 23 and time.monotonic() < deadline:
     held.append(b'\1' * (1 << 23))
     time.sleep(0.005)
-died = not alive()
-print(json.dumps({'allocated': len(held) << 23, 'worker_died': died}))
+allocated = len(held) << 23
+held.clear()
+for _ in range(200):  # the kernel reaps the victim in a moment
+    if not alive():
+        break
+    time.sleep(0.01)
+print(json.dumps({'allocated': allocated, 'worker_died': not alive(), 'oom_kills': oom_kills() - kills}))
 """
 
 # argv: DIR WITHIN SIGNAL. Watches every torchrun worker of the node for a file under DIR open for

@@ -22,8 +22,16 @@ _SECONDS_PER = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
 # tc's rate units (tc(8)): "bit" units count bits, "bps" units count bytes; prefixes are SI (1000).
 _BITS_PER_SECOND = {
-    "bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12,
-    "bps": 8, "kbps": 8 * 10**3, "mbps": 8 * 10**6, "gbps": 8 * 10**9, "tbps": 8 * 10**12,
+    "bit": 1,
+    "kbit": 10**3,
+    "mbit": 10**6,
+    "gbit": 10**9,
+    "tbit": 10**12,
+    "bps": 8,
+    "kbps": 8 * 10**3,
+    "mbps": 8 * 10**6,
+    "gbps": 8 * 10**9,
+    "tbps": 8 * 10**12,
 }
 
 
@@ -96,4 +104,3 @@ def check_node_names(names: Iterable[str], known: Sequence[str] | None, source: 
             raise UsageError(f"{source}: node {name!r} named twice; name each node once")
         seen.add(name)
     return names
-

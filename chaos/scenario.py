@@ -50,8 +50,13 @@ PROFILES: dict[str, dict[str, dict]] = {
     # lost node after 15 s, and gloo times out after 30 minutes. Whole numbers: torch reads these
     # with get_as_int, and only these keys: it ignores unknown ones silently.
     "fast": {
-        "rdzv_conf": {"last_call_timeout": 2, "join_timeout": 120, "keep_alive_interval": 1,
-                      "keep_alive_max_attempt": 3, "close_timeout": 5},
+        "rdzv_conf": {
+            "last_call_timeout": 2,
+            "join_timeout": 120,
+            "keep_alive_interval": 1,
+            "keep_alive_max_attempt": 3,
+            "close_timeout": 5,
+        },
         "trainer": {"pg_timeout": 15},
         # torch 2.13's shared rendezvous TCP store makes joining nodes hang (README, known torch behaviour).
         "env": {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
@@ -61,6 +66,7 @@ PROFILES: dict[str, dict[str, dict]] = {
 
 
 # ---------------------------------------------------------------- the scenario as data
+
 
 @dataclass(frozen=True)
 class Trigger:
@@ -74,8 +80,11 @@ class Trigger:
             raise UsageError(f"trigger {self.kind!r}: unknown; use one of {', '.join(TRIGGER_KINDS)}")
         seconds = self.kind in ("time", "after")
         least = 1 if self.kind == "world_size" else 0
-        if isinstance(self.value, bool) or not isinstance(self.value, (int, float) if seconds else int) \
-                or not self.value >= least:
+        if (
+            isinstance(self.value, bool)
+            or not isinstance(self.value, (int, float) if seconds else int)
+            or not self.value >= least
+        ):
             unit = "a number of seconds" if seconds else "a whole number"
             raise UsageError(f"trigger {self.kind} {self.value!r}: must be {unit} >= {least}")
         if seconds:
@@ -174,7 +183,7 @@ def _is_whole(value: object, least: int) -> bool:
 
 
 def _check_name(name: str) -> None:
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise UsageError(f"{name!r} is not a scenario name; use lowercase letters, digits and '-', e.g. worker-crash")
 
 
@@ -209,11 +218,14 @@ def _check_repeat(times: int, every_s: float | None, duration_s: float | None) -
     if times > 1 and not (every_s is not None and every_s > 0):
         raise UsageError("repeat: give every, the time between repetitions, e.g. every: 20s")
     if times > 1 and duration_s is not None and duration_s >= every_s:
-        raise UsageError(f"repeat every {every_s:g}s, but each lasts {duration_s:g}s: the next would start "
-                         "before the last is undone; make every longer than duration")
+        raise UsageError(
+            f"repeat every {every_s:g}s, but each lasts {duration_s:g}s: the next would start "
+            "before the last is undone; make every longer than duration"
+        )
 
 
 # ---------------------------------------------------------------- the file, node by node
+
 
 class _Field:
     """One YAML node and where it is: the file, its line and the path of keys to it."""
@@ -302,6 +314,10 @@ class _Field:
             return self.doc.loader.construct_object(self.node)
         except yaml.YAMLError as error:
             raise self.error(getattr(error, "problem", None) or str(error)) from None
+        except ValueError:  # Python refuses to read an int of more than 4300 digits
+            raise self.error(
+                f"a number of {len(self.node.value)} digits is too long to read; use a number of a few digits"
+            ) from None
 
     def text(self) -> str:
         """The scalar as written (so 1:30 stays "1:30", not YAML 1.1's sexagesimal 90)."""
@@ -350,6 +366,7 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 # ---------------------------------------------------------------- a step's options, where it stands
 
+
 @dataclass(frozen=True)
 class _Where:
     """What a step may name at its place in the schedule: the nodes that exist then (a `scale`
@@ -369,8 +386,10 @@ class _Where:
     def require_etcd(self, field: _Field, what: str) -> None:
         for backend in self.backends:
             if backend not in ETCD_BACKENDS:
-                raise field.error(f"{what} needs an etcd backend ({' or '.join(ETCD_BACKENDS)}), "
-                                  f"but the scenario runs on {backend}, which has no etcd")
+                raise field.error(
+                    f"{what} needs an etcd backend ({', '.join(ETCD_BACKENDS)}), "
+                    f"but the scenario runs on {backend}, which has no etcd"
+                )
 
 
 def _read_option(f: _Field, option: Option, where: _Where) -> Any:
@@ -417,16 +436,33 @@ def _check_target(f: _Field, target: str, where: _Where, *, allow_etcd: bool) ->
 
 _TOP_KEYS = ("name", "description", "cluster", "trainer", "profile", "seed", "steps", "expect", "timeout")
 _CLUSTER_WHOLE = {"nodes": 1, "min_nodes": 1, "max_nodes": 1, "nproc_per_node": 1, "max_restarts": 0}  # -> least
-_CLUSTER_KEYS = (*_CLUSTER_WHOLE, "monitor_interval", "gpus", "rdzv_backend", "rdzv_conf", "env", "script",
-                 "script_args", "progress", "instrument", "memory", "ckpt_size")
+_CLUSTER_KEYS = (
+    *_CLUSTER_WHOLE,
+    "monitor_interval",
+    "gpus",
+    "rdzv_backend",
+    "rdzv_conf",
+    "env",
+    "script",
+    "script_args",
+    "progress",
+    "instrument",
+    "memory",
+    "ckpt_size",
+)
 _TRAINER_READERS: dict[str, Callable[[_Field], Any]] = {
-    "steps": lambda f: f.whole(1, 120), "step_time": lambda f: f.seconds(), "ckpt_interval": lambda f: f.whole(1, 10),
-    "pg_timeout": lambda f: f.seconds(positive=True), "batch_size": lambda f: f.whole(1, 16),
+    "steps": lambda f: f.whole(1, 120),
+    "step_time": lambda f: f.seconds(),
+    "ckpt_interval": lambda f: f.whole(1, 10),
+    "pg_timeout": lambda f: f.seconds(positive=True),
+    "batch_size": lambda f: f.whole(1, 16),
 }
 TRAINER_KEYS = tuple(_TRAINER_READERS)
 # Under the profile's and the scenario's trainer args: `sim up`'s own defaults for the shipped trainer.
-_TRAINER_BASE = {flag[2:].replace("-", "_"): float(value) if "." in value else int(value)
-                 for flag, value in zip(DEFAULT_TRAINER_ARGS[::2], DEFAULT_TRAINER_ARGS[1::2], strict=True)}
+_TRAINER_BASE = {
+    flag[2:].replace("-", "_"): float(value) if "." in value else int(value)
+    for flag, value in zip(DEFAULT_TRAINER_ARGS[::2], DEFAULT_TRAINER_ARGS[1::2], strict=True)
+}
 _STEP_KEYS = ("fault", "at", "duration", "repeat")
 _TRIGGER_EXAMPLES = {"step": 30, "world_size": 4, "round": 1}
 _EXPECT_KEYS = ("outcome", "checkers", "max_recovery_s", "max_steps_lost", "hang_s", "fail_fast_s")
@@ -439,9 +475,10 @@ def load_scenario(path: str | Path) -> Scenario:
     except FileNotFoundError:
         raise UsageError(f"{path}: no such scenario file") from None
     except UnicodeDecodeError as error:
-        line = error.object[:error.start].count(b"\n") + 1
-        raise UsageError(f"{path}:{line}: not UTF-8 text (byte 0x{error.object[error.start]:02x}); "
-                         "save the file as UTF-8") from None
+        line = error.object[: error.start].count(b"\n") + 1
+        raise UsageError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{error.object[error.start]:02x}); save the file as UTF-8"
+        ) from None
     except IsADirectoryError:
         raise UsageError(f"{path}: a directory; give a scenario file (.yaml) or a shipped name") from None
     except OSError as error:
@@ -473,8 +510,10 @@ def parse_scenario(text: str, source_name: str = "<scenario>") -> Scenario:
 
 def _too_deep(source_name: str, loader: yaml.SafeLoader) -> UsageError:
     # PyYAML reads nested lists and mappings by recursion, so a runaway nesting exhausts Python's stack.
-    return UsageError(f"{source_name}:{loader.get_mark().line + 1}: nested too deeply to read; a scenario needs "
-                      "only a few levels of lists and mappings: look for unclosed [ or {, or runaway indentation")
+    return UsageError(
+        f"{source_name}:{loader.get_mark().line + 1}: nested too deeply to read; a scenario needs "
+        "only a few levels of lists and mappings: look for unclosed [ or {, or runaway indentation"
+    )
 
 
 def _read_scenario(top: _Field) -> Scenario:
@@ -499,14 +538,27 @@ def _read_scenario(top: _Field) -> Scenario:
             where = dataclasses.replace(where, nodes=_node_names(steps[-1].options.nodes))
     expect = _read_expect(fields["expect"], backends)
     timeout = fields["timeout"].seconds(positive=True) if "timeout" in fields else DEFAULT_TIMEOUT_S
-    return top.checked(Scenario, name, description, top.doc.source, cluster, backends, trainer, profile, seed,
-                       tuple(steps), expect, timeout)
+    return top.checked(
+        Scenario,
+        name,
+        description,
+        top.doc.source,
+        cluster,
+        backends,
+        trainer,
+        profile,
+        seed,
+        tuple(steps),
+        expect,
+        timeout,
+    )
 
 
 def _read_cluster(f: _Field, base_dir: Path) -> tuple[dict, tuple[str, ...]]:
     fields = f.mapping(_CLUSTER_KEYS)
-    cluster: dict[str, Any] = {key: fields[key].whole(least, 2) for key, least in _CLUSTER_WHOLE.items()
-                               if key in fields}
+    cluster: dict[str, Any] = {
+        key: fields[key].whole(least, 2) for key, least in _CLUSTER_WHOLE.items() if key in fields
+    }
     if "monitor_interval" in fields:
         cluster["monitor_interval"] = fields["monitor_interval"].seconds(positive=True)
     if "gpus" in fields:
@@ -521,8 +573,9 @@ def _read_cluster(f: _Field, base_dir: Path) -> tuple[dict, tuple[str, ...]]:
         cluster["script"] = fields["script"].checked(check_script_path, "script", script)
     if "script_args" in fields:
         if "script" not in cluster:
-            raise fields["script_args"].error("only for a user script (cluster.script); "
-                                              "give the shipped trainer's args under trainer:")
+            raise fields["script_args"].error(
+                "only for a user script (cluster.script); give the shipped trainer's args under trainer:"
+            )
         cluster["script_args"] = tuple(arg.text() for arg in fields["script_args"].items())
     if "progress" in fields and not fields["progress"].is_null():
         pattern = fields["progress"].text()
@@ -547,8 +600,9 @@ def _read_backends(f: _Field) -> tuple[str, ...]:
 
 def _read_trainer(f: _Field, cluster: Mapping[str, Any]) -> dict:
     if "script" in cluster:
-        raise f.error("args of the shipped trainer, but cluster.script names your own; pass its args in "
-                      "cluster.script_args")
+        raise f.error(
+            "args of the shipped trainer, but cluster.script names your own; pass its args in cluster.script_args"
+        )
     return {key: _TRAINER_READERS[key](value) for key, value in f.mapping(TRAINER_KEYS).items()}
 
 
@@ -589,15 +643,14 @@ def _read_trigger(f: _Field, where: _Where) -> Trigger:
     fields = f.mapping(TRIGGER_KINDS)
     if len(fields) != 1:
         raise f.error(f"give exactly one of {', '.join(TRIGGER_KINDS)}; got {' and '.join(fields) or 'none'}")
-    (kind, value), = fields.items()
+    ((kind, value),) = fields.items()
     if kind in ("time", "after"):
         return value.checked(Trigger, kind, value.seconds())
     trigger = value.checked(Trigger, kind, value.whole(0, _TRIGGER_EXAMPLES[kind]))
     if kind == "world_size" and trigger.value > where.max_world:
         raise value.error(f"{trigger.value} is never reached: at most max_nodes x nproc_per_node = {where.max_world}")
     if kind == "step" and where.last_step is not None and trigger.value > where.last_step:
-        raise value.error(f"{trigger.value} is never reached: the trainer runs {where.last_step} steps "
-                          "(trainer.steps)")
+        raise value.error(f"{trigger.value} is never reached: the trainer runs {where.last_step} steps (trainer.steps)")
     return trigger
 
 
@@ -613,12 +666,15 @@ def _read_expect(f: _Field, backends: tuple[str, ...]) -> Expectation:
     fields = f.mapping(_EXPECT_KEYS, required=("outcome",))
     outcome = fields["outcome"]
     if isinstance(outcome.node, yaml.MappingNode):
-        by_backend = {backend: value.choice(OUTCOMES, "an outcome")
-                      for backend, value in outcome.mapping(backends, required=backends).items()}
+        by_backend = {
+            backend: value.choice(OUTCOMES, "an outcome")
+            for backend, value in outcome.mapping(backends, required=backends).items()
+        }
     else:
         by_backend = dict.fromkeys(backends, outcome.choice(OUTCOMES, "an outcome"))
-    bounds = {key: fields[key].seconds(positive=True) for key in ("max_recovery_s", "hang_s", "fail_fast_s")
-              if key in fields}
+    bounds = {
+        key: fields[key].seconds(positive=True) for key in ("max_recovery_s", "hang_s", "fail_fast_s") if key in fields
+    }
     if "max_steps_lost" in fields:
         bounds["max_steps_lost"] = fields["max_steps_lost"].whole(0, 10)
     if "checkers" in fields:
@@ -628,6 +684,7 @@ def _read_expect(f: _Field, backends: tuple[str, ...]) -> Expectation:
 
 
 # ---------------------------------------------------------------- to a cluster
+
 
 def _trainer_args(profile_name: str, trainer: Mapping[str, Any]) -> dict:
     return {**_TRAINER_BASE, **PROFILES[profile_name].get("trainer", {}), **trainer}
@@ -649,6 +706,7 @@ def _spec_options(profile_name: str, cluster: Mapping[str, Any], trainer: Mappin
         options[key] = tuple(merged.items())
     if cluster.get("script") is None:
         args = _trainer_args(profile_name, trainer)
-        options["script_args"] = tuple(part for key in TRAINER_KEYS if key in args
-                                       for part in ("--" + key.replace("_", "-"), str(args[key])))
+        options["script_args"] = tuple(
+            part for key in TRAINER_KEYS if key in args for part in ("--" + key.replace("_", "-"), str(args[key]))
+        )
     return options

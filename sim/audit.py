@@ -54,8 +54,13 @@ def _audit_service(name: str, service: Mapping[str, Any]) -> list[Finding]:
         if cap.upper().removeprefix("CAP_") != NET_ADMIN:
             found.append(Finding(name, "cap_add", f"adds {cap}; only {NET_ADMIN} is needed (network faults)"))
         elif role not in NET_ADMIN_ROLES:
-            found.append(Finding(name, "cap_add", f"adds {NET_ADMIN}, but no fault acts on a {role or 'unlabelled'} "
-                                                  "container's network"))
+            found.append(
+                Finding(
+                    name,
+                    "cap_add",
+                    f"adds {NET_ADMIN}, but no fault acts on a {role or 'unlabelled'} container's network",
+                )
+            )
     user = str(service.get("user") or "").split(":")[0]
     if role == "node" and user in ROOT_USERS:
         found.append(Finding(name, "root", f"workers run as {user}; run them as the image's user (sim)"))
@@ -68,8 +73,9 @@ def _audit_service(name: str, service: Mapping[str, Any]) -> list[Finding]:
     for port in service.get("ports") or ():
         host_ip = _port_host_ip(port)
         if host_ip not in LOOPBACK:
-            found.append(Finding(name, "port", f"publishes {port} on {host_ip or 'every address'}; bind it to "
-                                               "127.0.0.1"))
+            found.append(
+                Finding(name, "port", f"publishes {port} on {host_ip or 'every address'}; bind it to 127.0.0.1")
+            )
     for key in _HOST_NAMESPACES:
         if str(service.get(key) or "") == "host":
             found.append(Finding(name, "host_namespace", f"{key}: host shares the host's namespace"))
@@ -107,10 +113,15 @@ def project_from_inspect(containers: Sequence[Mapping[str, Any]]) -> dict:
             "privileged": bool(host.get("Privileged")),
             "cap_add": list(host.get("CapAdd") or ()),
             "user": config.get("User") or "root",
-            "volumes": [{"source": m.get("Source", ""), "target": m.get("Destination", ""),
-                         "read_only": not m.get("RW", True)} for m in info.get("Mounts") or ()],
-            "ports": [{"host_ip": binding.get("HostIp") or "", "published": binding.get("HostPort"), "target": port}
-                      for port, bindings in (host.get("PortBindings") or {}).items() for binding in bindings or ()],
+            "volumes": [
+                {"source": m.get("Source", ""), "target": m.get("Destination", ""), "read_only": not m.get("RW", True)}
+                for m in info.get("Mounts") or ()
+            ],
+            "ports": [
+                {"host_ip": binding.get("HostIp") or "", "published": binding.get("HostPort"), "target": port}
+                for port, bindings in (host.get("PortBindings") or {}).items()
+                for binding in bindings or ()
+            ],
             "network_mode": host.get("NetworkMode", ""),
             "pid": host.get("PidMode", ""),
             "ipc": host.get("IpcMode", ""),

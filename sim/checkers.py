@@ -22,6 +22,8 @@ from .runmodel import REVERSIBLE_FAULTS, Cohort, Fault, RunModel, clock
 from .verdict import CheckResult, FaultRecovery, Verdict
 
 EXPECTED = ("recovers", "fails")
+# Faults that leave the newest checkpoint unusable on purpose: the resume falls back one further.
+CHECKPOINT_DAMAGING_FAULTS = ("corrupt-checkpoint", "kill-during-checkpoint")
 # At most this many violations listed in one result's reasons.
 MAX_EXAMPLES = 5
 
@@ -216,7 +218,7 @@ def check_progress(run: RunModel, spec: RunSpec) -> CheckResult:
     # Only the trainer says which step each rank resumed from; other sources give the cohort's first step.
     reasons = _skipped_steps(run) + _resume_disagreements(run) if run.step_source == "trainer" else []
     for recovery in recoveries(run):
-        reasons += _steps_lost_problems(recovery, spec)
+        reasons += _steps_lost_problems(recovery, spec, run)
     return CheckResult("progress", not reasons, tuple(reasons[:MAX_EXAMPLES]), metrics)
 
 
@@ -290,17 +292,31 @@ def _resume_disagreements(run: RunModel) -> list[str]:
     return problems
 
 
-def _steps_lost_problems(recovery: Recovery, spec: RunSpec) -> list[str]:
+def _steps_lost_problems(recovery: Recovery, spec: RunSpec, run: RunModel) -> list[str]:
     lost = recovery.steps_lost
     if lost is None or recovery.restart is None:
         return []
+    # A checkpoint damaged on purpose (corrupted, or its write killed) is skipped for the one before
+    # it: each such fault in the round that ended costs one more interval, by design.
+    round_began = run.cohort_at(recovery.fault.t_invoke)
+    damaged = sum(
+        1
+        for f in run.faults
+        if f.fault in CHECKPOINT_DAMAGING_FAULTS
+        and (round_began is None or f.t_ok >= round_began.t)
+        and f.t_ok <= recovery.restart.t
+    )
+    interval = None if spec.ckpt_interval is None else spec.ckpt_interval * (1 + damaged)
     what = (
         f"after {recovery.fault.describe()}: {lost} steps lost "
         f"(reached {recovery.steps_before or 0}, resumed from {recovery.resumed_from})"
     )
     problems = []
-    if spec.ckpt_interval is not None and lost > spec.ckpt_interval:
-        problems.append(f"{what} > checkpoint interval {spec.ckpt_interval}")
+    if interval is not None and lost > interval:
+        allowed = f"checkpoint interval {spec.ckpt_interval}" + (
+            f" x {1 + damaged} (checkpoints damaged on purpose)" if damaged else ""
+        )
+        problems.append(f"{what} > {allowed}")
     if spec.max_steps_lost is not None and lost > spec.max_steps_lost:
         problems.append(f"{what} > max {spec.max_steps_lost}")
     return problems
@@ -423,7 +439,9 @@ def check_recovery(run: RunModel, spec: RunSpec) -> CheckResult:
     for recovery in found:
         public = recovery.public()
         what = recovery.fault.describe()
-        if public.recovery_s is None:
+        if public.degraded:
+            facts.append(f"{what}: training slowed, no restart" + _throughput_words(public))
+        elif public.recovery_s is None:
             problems.append(
                 f"{what}: never recovered (no progress after it"
                 + (f"; workers restarted at {clock(recovery.restart.t)})" if recovery.restart else ")")
@@ -453,6 +471,9 @@ def _throughput_words(recovery: FaultRecovery) -> str:
     def rate(value: float | None) -> str:
         return "?" if value is None else f"{value:.2f}"
 
+    if recovery.degraded:
+        during = rate(recovery.throughput_during)
+        return f"; {rate(recovery.throughput_before)} -> {during} (during) -> {rate(recovery.throughput_after)} steps/s"
     return f"; {rate(recovery.throughput_before)} -> {rate(recovery.throughput_after)} steps/s"
 
 

@@ -10,8 +10,8 @@ import math
 import os
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from . import cluster as cluster_mod
 from .docker import Docker
@@ -34,33 +34,65 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    up = sub.add_parser("up", help="build images if needed, start a cluster, follow the job until it ends",
-                        description="Start a cluster and follow the job until it ends, then print its verdict. "
-                                    "Script arguments go after `--`, e.g. `sim up -- --steps 50` (the shipped "
-                                    "trainer keeps its other defaults).")
+    up = sub.add_parser(
+        "up",
+        help="build images if needed, start a cluster, follow the job until it ends",
+        description="Start a cluster and follow the job until it ends, then print its verdict. "
+        "Script arguments go after `--`, e.g. `sim up -- --steps 50` (the shipped "
+        "trainer keeps its other defaults).",
+    )
     up.add_argument("--nodes", type=int, default=4, help="node containers to start (default 4)")
     up.add_argument("--min-nodes", type=int, help="torchrun --nnodes MIN (default 1)")
     up.add_argument("--max-nodes", type=int, help="torchrun --nnodes :MAX (default --nodes)")
     up.add_argument("--nproc-per-node", type=int, help="workers per node (default 2)")
     up.add_argument("--max-restarts", type=int, help="torchrun --max-restarts, per agent (default 3)")
     up.add_argument("--monitor-interval", type=float, help="torchrun --monitor-interval in seconds (default torch's)")
-    up.add_argument("--rdzv-backend", help=f"one of {', '.join(RDZV_BACKENDS)} (default etcd-v2; c10d uses node0 as the endpoint)")
+    up.add_argument(
+        "--rdzv-backend",
+        help=f"one of {', '.join(RDZV_BACKENDS)} (default etcd-v2; c10d uses node0 as "
+        "the endpoint; etcd-v3 is rendezvous-etcd-v3/, on an etcd without the v2 API)",
+    )
+    up.add_argument(
+        "--etcd-version",
+        help="the etcd server: 3.4 (with the v2 API torch's etcd backends need) or 3.5 "
+        "(without it); default 3.5 for etcd-v3, else 3.4",
+    )
     up.add_argument("--rdzv-conf", help="torchrun --rdzv-conf, passed unchanged: k=v,k2=v2")
     up.add_argument("--script", help="a torchrun training script on this machine (default: the shipped trainer)")
-    up.add_argument("--env", action="append", metavar="KEY=VALUE",
-                    help="extra environment for every node's agent and workers (repeatable)")
+    up.add_argument(
+        "--env",
+        action="append",
+        metavar="KEY=VALUE",
+        help="extra environment for every node's agent and workers (repeatable)",
+    )
     up.add_argument("--gpus", help="GPUs per node: none, all or a number (default none)")
-    up.add_argument("--no-instrument", dest="instrument", action="store_false",
-                    help="no optimizer-step and collective hooks in the workers (they record progress of any script)")
-    up.add_argument("--progress-regex", metavar="REGEX",
-                    help=r"read step and loss from the script's own log lines, e.g. 'step (?P<step>\d+) loss (?P<loss>[\d.]+)'")
+    up.add_argument("--memory", help="each node's memory limit, e.g. 2g (no swap; the oom-worker fault needs none)")
+    up.add_argument("--ckpt-size", help="make /ckpt a shared tmpfs of this size, e.g. 64m (a disk fill-disk can fill)")
+    up.add_argument(
+        "--no-instrument",
+        dest="instrument",
+        action="store_false",
+        help="no optimizer-step and collective hooks in the workers (they record progress of any script)",
+    )
+    up.add_argument(
+        "--progress-regex",
+        metavar="REGEX",
+        help=r"read step and loss from the script's own log lines, e.g. 'step (?P<step>\d+) loss (?P<loss>[\d.]+)'",
+    )
     up.add_argument("--name", default=DEFAULT_NAME, help=f"cluster name (default {DEFAULT_NAME})")
     up.add_argument("--detach", action="store_true", help="return once training has started instead of following it")
-    up.add_argument("--verbose", action="store_true",
-                    help="follow the raw container logs (torch's INFO stream, every script line) instead of the compact view")
+    up.add_argument(
+        "--verbose",
+        action="store_true",
+        help="follow the raw container logs (torch's INFO stream, every script line) instead of the compact view",
+    )
     up.add_argument("--keep", action="store_true", help="keep a failed cluster for debugging instead of removing it")
-    up.add_argument("--timeout", type=float, default=cluster_mod.DEFAULT_START_TIMEOUT,
-                    help="seconds to wait for the first training step (default 300)")
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=cluster_mod.DEFAULT_START_TIMEOUT,
+        help="seconds to wait for the first training step (default 300)",
+    )
 
     down = sub.add_parser("down", help="remove a cluster (containers, network, volumes), keeping its logs")
     down.add_argument("name", nargs="?", default=None, help=f"cluster name (default {DEFAULT_NAME})")
@@ -74,19 +106,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="check a run's history: verdict, recovery times, timeline picture")
     report.add_argument("run", nargs="?", help="a run folder, run name, or cluster name (default: the newest run)")
-    report.add_argument("--expect", choices=["recovers", "fails"],
-                        help="the outcome the run should have (default: its scenario's, else recovers)")
+    report.add_argument(
+        "--expect",
+        choices=["recovers", "fails"],
+        help="the outcome the run should have (default: its scenario's, else recovers)",
+    )
 
     logs = sub.add_parser("logs", help="container logs, prefixed and colored per node (docker compose logs)")
     logs.add_argument("node", nargs="?", help="one node (default all)")
     logs.add_argument("-f", "--follow", action="store_true")
     logs.add_argument("--name", default=DEFAULT_NAME)
 
-    doctor = sub.add_parser("doctor", help="check Docker, Compose v2, images, kernel features for faults, GPU runtime, "
-                                           "and the privilege audit of a rendered (or a running) cluster")
+    doctor = sub.add_parser(
+        "doctor",
+        help="check Docker, Compose v2, images, kernel features for faults, GPU runtime, "
+        "and the privilege audit of a rendered (or a running) cluster",
+    )
     doctor.add_argument("name", nargs="?", help="also audit this running cluster's containers")
     sub.add_parser("build", help="build the node and etcd images (cached by content)")
     from chaos.cli import register as register_faults
+
     COMMANDS.update(register_faults(sub))
     return parser
 
@@ -97,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     script_args: list[str] | None = None
     if "--" in argv:
         cut = argv.index("--")
-        argv, script_args = argv[:cut], argv[cut + 1:]
+        argv, script_args = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
     if script_args is not None and args.command != "up":
         print(f"sim {args.command}: error: arguments after `--` are only for `sim up`", file=sys.stderr)
@@ -123,8 +162,10 @@ def _docker() -> Docker:
 
 # What the environment may say, checked before any command acts (docker-py reads DOCKER_HOST itself,
 # but its error for a malformed one blames the engine).
-_IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[0-9]+/[a-z0-9._/-]+)?(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
-                        r"(@sha256:[0-9a-f]{64})?$")
+_IMAGE_REF = re.compile(
+    r"^[a-z0-9][a-z0-9._/-]*(:[0-9]+/[a-z0-9._/-]+)?(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(@sha256:[0-9a-f]{64})?$"
+)
 _ENVIRONMENT_FORMATS = {  # variable: (pattern, what it must be, an example)
     "SIM_BASE_IMAGE": (_IMAGE_REF, "an image reference", "debian-python:bookworm"),
     "SIM_DEBIAN_SUITE": (re.compile(r"^[a-z][a-z0-9-]*$"), "a Debian suite name", "bookworm"),
@@ -138,20 +179,23 @@ def check_environment(environ: Mapping[str, str]) -> None:
     """Refuse a malformed setting of the environment, naming the variable and the fix, before anything acts."""
     for variable, (pattern, what, example) in _ENVIRONMENT_FORMATS.items():
         value = environ.get(variable)
-        if value and not pattern.match(value):
+        if value and not pattern.fullmatch(value):
             raise UsageError(f"{variable} {value!r}: not {what}; set it to {what} such as {example}, or unset it")
     for variable, folder in (("SIM_HOME", state_home()), ("SIM_CACHE", cache_home())):
         # The first part of the path that exists must be a folder: `mkdir -p` goes on from there.
         existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("/"))
         if not existing.is_dir():
-            raise UsageError(f"{variable} '{folder}': {existing} is a file, not a folder; "
-                             f"point {variable} at a folder, or unset it")
+            raise UsageError(
+                f"{variable} '{folder}': {existing} is a file, not a folder; point {variable} at a folder, or unset it"
+            )
 
 
 def check_start_timeout(seconds: float) -> None:
     if not 0 < seconds < math.inf:
-        raise UsageError(f"--timeout {seconds:g}: must be a finite number of seconds above zero; "
-                         f"use e.g. --timeout {cluster_mod.DEFAULT_START_TIMEOUT:g}")
+        raise UsageError(
+            f"--timeout {seconds:g}: must be a finite number of seconds above zero; "
+            f"use e.g. --timeout {cluster_mod.DEFAULT_START_TIMEOUT:g}"
+        )
 
 
 def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
@@ -161,16 +205,24 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
     cluster = cluster_mod.up(spec, docker, keep=args.keep, timeout=args.timeout)
     name = spec.name
     flag = "" if name == DEFAULT_NAME else f" {name}"
-    print(f"cluster '{name}' is training: {spec.nodes} nodes x {spec.nproc_per_node} workers, "
-          f"{spec.rdzv_backend} rendezvous, nnodes {spec.min_nodes}:{spec.max_nodes}")
+    print(
+        f"cluster '{name}' is training: {spec.nodes} nodes x {spec.nproc_per_node} workers, "
+        f"{spec.rdzv_backend} rendezvous{f' on etcd {spec.etcd_server_version}' if spec.uses_etcd else ''}, "
+        f"nnodes {spec.min_nodes}:{spec.max_nodes}"
+    )
     print(f"  compose file: {cluster.compose_file}")
-    print(f"  logs:         `python -m sim logs{' --name ' + name if flag else ''} -f`; saved to {cluster.run_dir}/logs on down")
-    print("  next:         "
-          f"python -m sim status{flag}   |   docker compose -p {name} ps   |   python -m sim down{flag}")
+    print(
+        f"  logs:         `python -m sim logs{' --name ' + name if flag else ''} -f`; "
+        f"saved to {cluster.run_dir}/logs on down"
+    )
+    print(
+        f"  next:         python -m sim status{flag}   |   docker compose -p {name} ps   |   python -m sim down{flag}"
+    )
     if args.detach:
         return 0
     from .logs import follow_job
     from .runreport import report_run
+
     print("following the job until it ends (Ctrl-C stops following; the cluster keeps running)", flush=True)
     try:
         print(follow_job(cluster, verbose=args.verbose), flush=True)
@@ -197,8 +249,10 @@ def cmd_down(args: argparse.Namespace, _: list[str] | None) -> int:
             raise UsageError(f"cluster '{name}': not found; `python -m sim ls` lists clusters")
         logs_at = cluster.run_dir / "logs"
         removed = cluster.down()
-        print(f"removed cluster '{name}': {removed['containers']} containers, {removed['networks']} networks, "
-              f"{removed['volumes']} volumes; logs kept in {logs_at}")
+        print(
+            f"removed cluster '{name}': {removed['containers']} containers, {removed['networks']} networks, "
+            f"{removed['volumes']} volumes; logs kept in {logs_at}"
+        )
     if args.all and not names:
         print("no clusters")
     return 0
@@ -225,6 +279,7 @@ def cmd_ls(args: argparse.Namespace, _: list[str] | None) -> int:
 
 def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
     from .status import StatusWatch, cluster_status, format_status
+
     docker = _docker()
     docker.ping()
     cluster = cluster_mod.Cluster(args.name, docker)
@@ -242,6 +297,7 @@ def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
 
 def cmd_report(args: argparse.Namespace, _: list[str] | None) -> int:
     from .runreport import report_run, resolve_run_dir
+
     run_dir = resolve_run_dir(args.run)
     up, total = _nodes_up(run_dir)
     if up:
@@ -255,6 +311,7 @@ def _nodes_up(run_dir) -> tuple[int, int]:
     """(node containers up, node containers) of a run that has not ended; (0, 0) once it has."""
     from .history import FILE_NAME, History
     from .logs import live_run, nodes_up
+
     live = live_run(History(run_dir / FILE_NAME).records())
     if live is None:
         return 0, 0
@@ -280,6 +337,7 @@ def cmd_logs(args: argparse.Namespace, _: list[str] | None) -> int:
 
 def cmd_doctor(args: argparse.Namespace, _: list[str] | None) -> int:
     from .doctor import format_report, rendered_audit, run_checks, running_audit
+
     docker = _docker()
     checks = run_checks(docker) + rendered_audit() + (running_audit(docker, args.name) if args.name else [])
     print(format_report(checks))
@@ -288,6 +346,7 @@ def cmd_doctor(args: argparse.Namespace, _: list[str] | None) -> int:
 
 def cmd_build(args: argparse.Namespace, _: list[str] | None) -> int:
     from .images import ImageBuilder
+
     docker = _docker()
     docker.ping()
     result = ImageBuilder(docker).ensure()
@@ -296,8 +355,16 @@ def cmd_build(args: argparse.Namespace, _: list[str] | None) -> int:
     return 0
 
 
-COMMANDS = {"up": cmd_up, "down": cmd_down, "ls": cmd_ls, "status": cmd_status, "report": cmd_report, "logs": cmd_logs,
-            "doctor": cmd_doctor, "build": cmd_build}
+COMMANDS = {
+    "up": cmd_up,
+    "down": cmd_down,
+    "ls": cmd_ls,
+    "status": cmd_status,
+    "report": cmd_report,
+    "logs": cmd_logs,
+    "doctor": cmd_doctor,
+    "build": cmd_build,
+}
 
 
 if __name__ == "__main__":

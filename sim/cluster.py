@@ -341,7 +341,7 @@ def up(
             f"remove it with `python -m sim down {spec.name}` or choose another --name"
         )
     builder = builder or ImageBuilder(docker, progress=progress)
-    images = builder.ensure(need_etcd=spec.uses_etcd).images
+    images = builder.ensure(need_etcd=spec.uses_etcd, etcd_version=spec.etcd_server_version).images
 
     run_id = new_run_id()
     created = False

@@ -437,8 +437,8 @@ def _waiting_now(run: RunModel) -> list[AgentRecord]:
 
 def _live_nodes(run: RunModel, until: float) -> tuple[list[str] | None, list[DockerRecord]]:
     """Nodes whose container was up at `until` (from Docker events), and the records that took nodes out."""
-    count = run.spec_fields.get("nodes")
-    if not isinstance(count, int):
+    count = run.spec_nodes
+    if count is None:
         return None, []
     up = {f"node{i}": True for i in range(count)}
     lost = []
@@ -642,6 +642,8 @@ def c10d_store_lost(run: RunModel) -> Diagnosis | None:
 
 def etcd_without_v2(run: RunModel) -> Diagnosis | None:
     """(g) etcd answers 404 on the v2 API that torch's etcd backends (python-etcd) speak."""
+    if run.spec_fields.get("rdzv_backend") not in (None, "etcd", "etcd-v2"):
+        return None  # etcd-v3 speaks the v3 API; its connection errors are no sign of a missing v2
     found = [
         r
         for r in run.agent_events("exception", "rdzv_error")
@@ -657,7 +659,8 @@ def etcd_without_v2(run: RunModel) -> Diagnosis | None:
         "answers 404 on it (etcd 3.4/3.5 serve v2 only with --enable-v2, and etcd 3.6 removed it), so every "
         "agent fails before the first rendezvous.",
         [_line(r) for r in _first_per_node(found) + _first_per_node(failed)],
-        "Run etcd 3.4 or 3.5 with --enable-v2 (elastic-sim's own etcd does), or use --rdzv-backend c10d.",
+        "Run etcd 3.4 or 3.5 with --enable-v2 (elastic-sim's default etcd 3.4 does), or use --rdzv-backend etcd-v3 "
+        "(pip install torch-rendezvous-etcd-v3; see rendezvous-etcd-v3/README.md) or c10d.",
     )
 
 

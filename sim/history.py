@@ -29,6 +29,10 @@ from .errors import HistoryError
 
 FILE_NAME = "history.jsonl"
 SCHEMA_VERSION = 1
+# Bounds no real record comes near: a corrupt or hostile line beyond them is skipped, so no checker
+# meets a step of 10**400 (overflow) or a world size of 10**30 (a range it would build).
+MAX_WHOLE_NUMBER = 10**12
+MAX_TIME = 1e11  # unix seconds (the year 5138): a clock further ahead is broken
 FAULT_PHASES = ("invoke", "ok", "fail", "info")
 # What the node image's instrumentation writes through the side channel (sim/sidechannel.py).
 WORKER_EVENTS = ("start", "step", "activity", "progress", "exit")
@@ -231,6 +235,10 @@ def parse_record(data: Mapping) -> Record:
             continue
         if tuple in accepted and isinstance(value, list):
             value = tuple(value)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_WHOLE_NUMBER:
+            raise HistoryError(
+                f"history record {_brief(data)}: {name} is a {value.bit_length()}-bit number, beyond any real value"
+            )
         if not isinstance(value, accepted) or isinstance(value, bool):
             raise HistoryError(
                 f"history record {_brief(data)}: {name} {value!r} is not "
@@ -238,6 +246,8 @@ def parse_record(data: Mapping) -> Record:
                 "write it as the schema in sim/history.py says"
             )
         values[name] = value
+    if not 0 <= values["t"] <= MAX_TIME:  # NaN fails too
+        raise HistoryError(f"history record {_brief(data)}: time {values['t']!r} is not a wall-clock time")
     if kind is FaultRecord and values["phase"] not in FAULT_PHASES:
         raise HistoryError(
             f"history record {_brief(data)}: phase {values['phase']!r}; use one of {', '.join(FAULT_PHASES)}"
@@ -284,7 +294,7 @@ def _parse_line(line: bytes | str) -> Record | None:
         return None
     try:
         data = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested thousands deep
         raise HistoryError(f"history line {line[:80]!r}: not JSON (a torn write?)") from None
     return parse_record(data)
 

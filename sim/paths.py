@@ -23,6 +23,8 @@ PROJECT_FILES = project_files_root()
 COMPOSE_TEMPLATE = PROJECT_FILES / "compose" / "cluster.yaml"
 IMAGES_DIR = PROJECT_FILES / "images"
 TRAINER_DIR = PROJECT_FILES / "trainer"
+# The etcd v3 rendezvous backend: its own package, installed into the node runtime.
+RENDEZVOUS_DIR = PROJECT_FILES / "rendezvous-etcd-v3"
 
 
 def state_home() -> Path:

@@ -18,7 +18,7 @@ import functools
 import itertools
 import math
 
-from .runmodel import Beat, Cohort, Fault, Resume, RunModel
+from .runmodel import DEGRADING_FAULTS, Beat, Cohort, Fault, Resume, RunModel
 from .verdict import FaultRecovery
 
 # Throughput before and after a fault is measured over this much training.
@@ -42,6 +42,12 @@ class Recovery:
     world_after_restart: int | None
     throughput_before: float | None  # steps/s in the window before the fault
     throughput_after: float | None  # steps/s in the window after the recovery
+    throughput_during: float | None = None  # steps/s while a degrading fault (straggler) was in force
+
+    @property
+    def degraded(self) -> bool:
+        """Training slowed, never stopped: a degrading fault that no restart followed."""
+        return self.fault.fault in DEGRADING_FAULTS and self.restart is None
 
     @property
     def steps_lost(self) -> int | None:
@@ -62,7 +68,7 @@ class Recovery:
         return self.first_progress.t if self.first_progress else None
 
     def public(self) -> FaultRecovery:
-        t_recovered = self.t_recovered
+        t_recovered = None if self.degraded else self.t_recovered
         return FaultRecovery(
             op=self.fault.op,
             fault=self.fault.fault,
@@ -75,6 +81,8 @@ class Recovery:
             world_after=self.world_after,
             throughput_before=self.throughput_before,
             throughput_after=self.throughput_after,
+            degraded=self.degraded,
+            throughput_during=self.throughput_during,
         )
 
 
@@ -110,7 +118,13 @@ def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> Recovery
     world_after = run.world_at(first) if first else None
     rate_after = throughput(run, first.t, first.t + THROUGHPUT_WINDOW_S) if first else None
     if restart is None:
-        return Recovery(fault, None, first, None, None, world_before, world_after, rate_before, rate_after)
+        during = None
+        if fault.fault in DEGRADING_FAULTS:
+            healed = run.healed_at(fault)
+            until = healed if healed is not None else min(run.t_training_ended, run.t_end)
+            during = throughput(run, fault.t_ok, until)
+            rate_after = throughput(run, healed, healed + THROUGHPUT_WINDOW_S) if healed is not None else None
+        return Recovery(fault, None, first, None, None, world_before, world_after, rate_before, rate_after, during)
     recovering = run.cohort_at(first.t) if first else restart
     steps_before = run.highest_step_before(restart.t) if run.steps_known else None
     return Recovery(

@@ -13,8 +13,15 @@ from .spec import USER_SCRIPT_DIR, ClusterSpec, node_name, parse_size
 from .torchrun import torchrun_argv
 
 
-def render(spec: ClusterSpec, *, node_image: str, etcd_image: str, run_id: str,
-           events_dir: Path | None = None, template_path: Path = COMPOSE_TEMPLATE) -> dict:
+def render(
+    spec: ClusterSpec,
+    *,
+    node_image: str,
+    etcd_image: str,
+    run_id: str,
+    events_dir: Path | None = None,
+    template_path: Path = COMPOSE_TEMPLATE,
+) -> dict:
     """`events_dir`: the host folder for the workers' side channel (sidechannel.prepare_events_dir);
     None renders nodes without one, so their workers record nothing."""
     template = yaml.safe_load(template_path.read_text())
@@ -27,11 +34,19 @@ def render(spec: ClusterSpec, *, node_image: str, etcd_image: str, run_id: str,
         etcd["image"] = etcd_image
         etcd["container_name"] = container_name(spec.name, "etcd")
         etcd["labels"] = {**common, labels.ROLE: "etcd", labels.NODE: "etcd"}
+        if not spec.etcd_v2_api:  # etcd 3.5 for etcd-v3: no v2 API at all, as on a current cluster
+            etcd["command"] = [arg for arg in etcd["command"] if not arg.startswith("--enable-v2")]
         project["services"]["etcd"] = etcd
     for index in range(spec.nodes):
         project["services"][node_name(index)] = render_node(
-            spec, index, node_template, node_image=node_image, run_id=run_id, common_labels=common,
-            events_dir=events_dir)
+            spec,
+            index,
+            node_template,
+            node_image=node_image,
+            run_id=run_id,
+            common_labels=common,
+            events_dir=events_dir,
+        )
 
     for net_name, net in template["networks"].items():
         project["networks"][net_name] = {**net, "labels": dict(common)}
@@ -47,8 +62,16 @@ def render(spec: ClusterSpec, *, node_image: str, etcd_image: str, run_id: str,
     return project
 
 
-def render_node(spec: ClusterSpec, index: int, node_template: dict, *, node_image: str,
-                run_id: str, common_labels: dict[str, str], events_dir: Path | None = None) -> dict:
+def render_node(
+    spec: ClusterSpec,
+    index: int,
+    node_template: dict,
+    *,
+    node_image: str,
+    run_id: str,
+    common_labels: dict[str, str],
+    events_dir: Path | None = None,
+) -> dict:
     name = node_name(index)
     node = copy.deepcopy(node_template)
     node["image"] = node_image
@@ -67,9 +90,14 @@ def render_node(spec: ClusterSpec, index: int, node_template: dict, *, node_imag
     else:
         del env["SIM_EVENTS_DIR"]
     env.update(dict(spec.env))
+    # Compose interpolates `$VAR` from the host's environment: `$$` keeps a user's `$` as it is.
+    node["command"] = [_literal(arg) for arg in node["command"]]
+    for key, value in env.items():
+        env[key] = _literal(value)
     if spec.script is not None:
-        node["volumes"].append({
-            "type": "bind", "source": str(Path(spec.script).parent), "target": USER_SCRIPT_DIR, "read_only": True})
+        node["volumes"].append(
+            {"type": "bind", "source": str(Path(spec.script).parent), "target": USER_SCRIPT_DIR, "read_only": True}
+        )
     if spec.memory is not None:
         # No swap: a node over its limit meets the OOM killer, as on a training host without swap.
         node["mem_limit"] = node["memswap_limit"] = parse_size("--memory", spec.memory)
@@ -101,3 +129,8 @@ def rdzv_id(cluster: str, run_id: str) -> str:
 def to_yaml(project: dict) -> str:
     header = "# Rendered by elastic-sim (sim/render.py). Plain Compose v2: docker compose -p NAME ps|logs|down\n"
     return header + yaml.safe_dump(project, sort_keys=False, default_flow_style=False, width=1000)
+
+
+def _literal(value: object) -> object:
+    """A Compose string that reaches the container unchanged (no host-variable interpolation)."""
+    return value.replace("$", "$$") if isinstance(value, str) else value

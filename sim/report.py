@@ -155,7 +155,7 @@ def _fault_row(recovery: dict, never: str = "never") -> list[str]:
         f"+{recovery['since_start_s']:.1f} s",
         recovery["fault"],
         recovery["target"] or "-",
-        _seconds(recovery["recovery_s"], never),
+        "no restart" if recovery.get("degraded") else _seconds(recovery["recovery_s"], never),
         "-" if steps_lost is None else str(steps_lost),
         _world_change(recovery["world_before"], recovery["world_after"]),
         _rate_change(recovery["throughput_before"], recovery["throughput_after"]),

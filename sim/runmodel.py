@@ -45,9 +45,11 @@ from .history import (
 from .nodes import node_order
 
 # Operations that undo faults rather than inject them.
-HEAL_OPS = ("heal", "unpause")
+HEAL_OPS = ("heal", "unpause", "resume-worker")
 # Faults in force until a heal undoes them.
-REVERSIBLE_FAULTS = ("pause", "partition", "link")
+REVERSIBLE_FAULTS = ("pause", "partition", "link", "hang-worker", "hang-collectives", "slow-node", "fill-disk")
+# Faults that slow training without stopping it: no restart follows, so no recovery is timed.
+DEGRADING_FAULTS = ("slow-node",)
 # Faults that take a whole node out on purpose.
 # The agent is its container's main process: killing it takes the whole node out too.
 NODE_REMOVING_FAULTS = ("kill-node", "stop-node", "kill-agent")
@@ -74,6 +76,8 @@ STEP_SOURCE_WORDS = {
 }
 
 
+# More nodes than any spec can ask for (sim.spec refuses what the machine cannot hold).
+MAX_SPEC_NODES = 100_000
 # Records that count as training steps (the others that show training are collective calls).
 STEP_EVENTS = ("step", "progress")
 # Group starts closer than this belong to one rendezvous round (the agents start together).
@@ -112,7 +116,7 @@ class Fault:
         """The id a heal names this fault by (chaos/nemesis.py's fault ids)."""
         if self.fault in ("pause", "link"):
             return f"{self.fault}-{self.where}"
-        if self.fault == "partition":
+        if self.fault in REVERSIBLE_FAULTS:  # partition and the process faults: the id the nemesis gave
             return self.result.get("id")
         return None
 
@@ -237,6 +241,13 @@ class RunModel:
     def spec_fields(self) -> dict:
         """The ClusterSpec fields the run start record gives ({} without one)."""
         return self.start.spec_fields if self.start else {}
+
+    @property
+    def spec_nodes(self) -> int | None:
+        """How many nodes the run started with, per its spec; None where the spec does not say
+        (or says something no cluster could be, such as 10**30)."""
+        count = self.spec_fields.get("nodes")
+        return count if isinstance(count, int) and 0 <= count <= MAX_SPEC_NODES else None
 
     @property
     def env(self) -> dict[str, str]:

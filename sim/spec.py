@@ -12,22 +12,34 @@ import json
 import math
 import os
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from .errors import UsageError
 from .sidechannel import compile_progress_regex
 
-RDZV_BACKENDS = ("etcd-v2", "etcd", "c10d", "static")
-ETCD_BACKENDS = ("etcd-v2", "etcd")
+RDZV_BACKENDS = ("etcd-v2", "etcd", "etcd-v3", "c10d", "static")
+ETCD_BACKENDS = ("etcd-v2", "etcd", "etcd-v3")
+# torch's own etcd backends speak etcd's v2 API (python-etcd); etcd-v3 (rendezvous-etcd-v3/) the v3 API.
+V2_BACKENDS = ("etcd-v2", "etcd")
+# The etcd servers an image can hold: 3.4 serves the v2 API (--enable-v2), 3.5 runs here without it.
+ETCD_VERSIONS = ("3.4", "3.5")
 # Compose project names: lowercase letters, digits, dashes and underscores.
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 _CONF_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # torchrun passes --rdzv-conf values on as they are: plain words only, so no shell or Compose character
 # (`$`, `;`, quotes, spaces) can reach a node. The timing keys torch reads as whole numbers (FACTS.md).
 _CONF_VALUE_RE = re.compile(r"^[A-Za-z0-9._:/@+-]*$")
-RDZV_WHOLE_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout", "keep_alive_interval",
-                   "keep_alive_max_attempt", "read_timeout", "timeout")
+RDZV_WHOLE_KEYS = (
+    "join_timeout",
+    "last_call_timeout",
+    "close_timeout",
+    "heartbeat_timeout",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+    "read_timeout",
+    "timeout",
+)
 # Memory one node takes (FACTS.md, torch 2.13 CPU): 366 MiB with one worker, 600 MiB with two, so
 # about 130 for the agent and 235 per worker. The host keeps a reserve for itself, the engine and etcd.
 NODE_AGENT_MIB = 132
@@ -60,7 +72,7 @@ class GpuRequest:
     count: int = 0
 
     @classmethod
-    def parse(cls, text: str | int | None) -> "GpuRequest":
+    def parse(cls, text: str | int | None) -> GpuRequest:
         if text is None:
             return cls()
         value = str(text).strip().lower()
@@ -69,8 +81,10 @@ class GpuRequest:
         if value == "all":
             return cls("all")
         if value.isdigit() and int(value) > MAX_GPUS_PER_NODE:
-            raise UsageError(f"--gpus '{text}': more GPUs than any machine has per node; "
-                             f"use none, all, or a number up to {MAX_GPUS_PER_NODE}")
+            raise UsageError(
+                f"--gpus '{text}': more GPUs than any machine has per node; "
+                f"use none, all, or a number up to {MAX_GPUS_PER_NODE}"
+            )
         if value.isdigit():
             return cls("count", int(value))
         raise UsageError(f"--gpus '{text}': not a GPU request; use none, all, or a number per node such as 1")
@@ -108,12 +122,16 @@ class ClusterSpec:
     instrument: bool = True  # optimizer-step and collective hooks in every worker (images/node)
     progress_regex: str | None = None  # step (and loss) read from the script's own log lines
     memory: str | None = None  # each node's memory limit, e.g. "2g" (no swap); None: no limit
-    ckpt_size: str | None = None  # /ckpt as a tmpfs of this size, e.g. "64m" (a disk that can fill); None: a plain volume
+    etcd_version: str | None = None  # None: 3.5 for etcd-v3 (no v2 API at all), else 3.4
+    ckpt_size: str | None = (
+        None  # /ckpt as a tmpfs of this size, e.g. "64m" (a disk that can fill); None: a plain volume
+    )
 
     def __post_init__(self) -> None:
-        if not _NAME_RE.match(self.name):
+        if not _NAME_RE.fullmatch(self.name):
             raise UsageError(
-                f"--name '{self.name}': not a valid cluster name; use 1-40 lowercase letters, digits, '-' or '_', starting with a letter or digit"
+                f"--name {self.name!r}: not a valid cluster name; use 1-40 lowercase letters, digits, '-' or '_', "
+                "starting with a letter or digit"
             )
         _positive_int("--nodes", self.nodes)
         _positive_int("--min-nodes", self.min_nodes)
@@ -124,11 +142,13 @@ class ClusterSpec:
         _positive_int("--max-nodes", self.max_nodes)
         if self.min_nodes > self.max_nodes:
             raise UsageError(
-                f"--min-nodes {self.min_nodes} > --max-nodes {self.max_nodes}: the job could never form; lower --min-nodes or raise --max-nodes"
+                f"--min-nodes {self.min_nodes} > --max-nodes {self.max_nodes}: the job could never form; "
+                "lower --min-nodes or raise --max-nodes"
             )
         if self.min_nodes > self.nodes:
             raise UsageError(
-                f"--min-nodes {self.min_nodes} > --nodes {self.nodes}: the job would never start; use --nodes {self.min_nodes} or more, or lower --min-nodes"
+                f"--min-nodes {self.min_nodes} > --nodes {self.nodes}: the job would never start; "
+                f"use --nodes {self.min_nodes} or more, or lower --min-nodes"
             )
         if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise UsageError(f"--max-restarts {self.max_restarts!r}: must be a whole number >= 0")
@@ -138,15 +158,17 @@ class ClusterSpec:
             raise UsageError(
                 f"--rdzv-backend '{self.rdzv_backend}': unknown backend; use one of {', '.join(RDZV_BACKENDS)}"
             )
+        self._check_etcd_version()
         if self.rdzv_backend == "static" and not (self.min_nodes == self.max_nodes == self.nodes):
             raise UsageError(
-                f"--rdzv-backend static: needs a fixed size, but nodes={self.nodes} min={self.min_nodes} max={self.max_nodes}; "
+                f"--rdzv-backend static: needs a fixed size, but nodes={self.nodes} min={self.min_nodes} "
+                f"max={self.max_nodes}; "
                 f"use --min-nodes {self.nodes} --max-nodes {self.nodes}, or an elastic backend (etcd-v2, c10d)"
             )
         for key, value in self.rdzv_conf:
             _check_rdzv_conf(key, value)
         for key, value in self.env:
-            if not _CONF_KEY_RE.match(key):
+            if not _CONF_KEY_RE.fullmatch(key):
                 raise UsageError(f"--env '{key}': not a valid variable name; use KEY=VALUE, e.g. NCCL_DEBUG=INFO")
             _check_text(f"--env {key}", value)
         for arg in self.script_args or ():
@@ -163,7 +185,34 @@ class ClusterSpec:
             if size is not None:
                 parse_size(flag, size)
 
+    def _check_etcd_version(self) -> None:
+        if self.etcd_version is None:
+            return
+        if self.etcd_version not in ETCD_VERSIONS:
+            raise UsageError(
+                f"--etcd-version {self.etcd_version!r}: not one this tool builds; use one of {', '.join(ETCD_VERSIONS)}"
+            )
+        if not self.uses_etcd:
+            raise UsageError(
+                f"--etcd-version {self.etcd_version}: --rdzv-backend {self.rdzv_backend} runs no etcd; "
+                "drop --etcd-version or use an etcd backend (etcd-v2, etcd-v3)"
+            )
+        if self.rdzv_backend in V2_BACKENDS and self.etcd_version != "3.4":
+            raise UsageError(
+                f"--etcd-version {self.etcd_version}: --rdzv-backend {self.rdzv_backend} needs etcd's v2 "
+                "API, which this etcd runs without; use --etcd-version 3.4 or --rdzv-backend etcd-v3"
+            )
+
     # --- derived values -------------------------------------------------
+
+    @property
+    def etcd_server_version(self) -> str:
+        """The etcd the cluster runs: 3.5 without the v2 API for etcd-v3, else 3.4 with it."""
+        return self.etcd_version or ("3.5" if self.rdzv_backend == "etcd-v3" else "3.4")
+
+    @property
+    def etcd_v2_api(self) -> bool:
+        return self.etcd_server_version == "3.4"
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -185,7 +234,7 @@ class ClusterSpec:
             return tuple(self.script_args)
         return DEFAULT_TRAINER_ARGS if self.script is None else ()
 
-    def with_nodes(self, nodes: int) -> "ClusterSpec":
+    def with_nodes(self, nodes: int) -> ClusterSpec:
         return dataclasses.replace(self, nodes=nodes)
 
     # --- persistence (spec.json in the cluster's state folder) ----------
@@ -196,7 +245,7 @@ class ClusterSpec:
         return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "ClusterSpec":
+    def from_json(cls, text: str) -> ClusterSpec:
         data = json.loads(text)
         data["gpus"] = GpuRequest.parse(data.get("gpus"))
         for key in ("rdzv_conf", "env"):
@@ -221,8 +270,9 @@ def node_name(index: int) -> str:
     return f"node{index}"
 
 
-def parse_kv_list(flag: str, text: str | None, example: str = "join_timeout=60,last_call_timeout=5"
-                  ) -> tuple[tuple[str, str], ...]:
+def parse_kv_list(
+    flag: str, text: str | None, example: str = "join_timeout=60,last_call_timeout=5"
+) -> tuple[tuple[str, str], ...]:
     """`k=v,k2=v2` -> (("k","v"), ("k2","v2")), order kept, as torchrun takes it."""
     if not text:
         return ()
@@ -241,11 +291,12 @@ def _positive_int(flag: str, value: object) -> None:
 
 
 def _check_rdzv_conf(key: str, value: str) -> None:
-    if not _CONF_KEY_RE.match(key):
+    if not _CONF_KEY_RE.fullmatch(key):
         raise UsageError(f"--rdzv-conf key '{key}': not a valid key; use key=value pairs such as join_timeout=60")
-    if not _CONF_VALUE_RE.match(value):
-        raise UsageError(f"--rdzv-conf {key}={value!r}: not a plain value (letters, digits and ._:/@+- only); "
-                         f"use e.g. {key}=60")
+    if not _CONF_VALUE_RE.fullmatch(value):
+        raise UsageError(
+            f"--rdzv-conf {key}={value!r}: not a plain value (letters, digits and ._:/@+- only); use e.g. {key}=60"
+        )
     if key in RDZV_WHOLE_KEYS and not value.isdigit():
         raise UsageError(f"--rdzv-conf {key}={value!r}: torch reads it as a whole number of seconds; use e.g. {key}=60")
 
@@ -255,8 +306,9 @@ def _check_text(what: str, value: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise UsageError(f"{what} {value.encode('utf-8', 'backslashreplace').decode()!r}: not UTF-8 text; "
-                         "give it as UTF-8") from None
+        raise UsageError(
+            f"{what} {value.encode('utf-8', 'backslashreplace').decode()!r}: not UTF-8 text; give it as UTF-8"
+        ) from None
 
 
 def check_script_path(flag: str, script: str | Path) -> str:
@@ -280,9 +332,9 @@ def machine_memory_mib() -> int:
 
 
 def max_nodes_in_memory(nproc_per_node: int, memory_mib: int | None = None) -> int:
-    """How many nodes of `nproc_per_node` workers fit in this machine's memory (at least 1)."""
+    """How many nodes of `nproc_per_node` workers fit in this machine's memory (0: not even one)."""
     memory_mib = machine_memory_mib() if memory_mib is None else memory_mib
-    return max(1, (memory_mib - HOST_RESERVE_MIB) // (NODE_AGENT_MIB + NODE_WORKER_MIB * nproc_per_node))
+    return max(0, (memory_mib - HOST_RESERVE_MIB) // (NODE_AGENT_MIB + NODE_WORKER_MIB * nproc_per_node))
 
 
 def check_fits_in_memory(flag: str, nodes: int, nproc_per_node: int, memory_mib: int | None = None) -> None:
@@ -291,8 +343,16 @@ def check_fits_in_memory(flag: str, nodes: int, nproc_per_node: int, memory_mib:
     limit = max_nodes_in_memory(nproc_per_node, memory_mib)
     if nodes > limit:
         per_node = NODE_AGENT_MIB + NODE_WORKER_MIB * nproc_per_node
-        raise UsageError(f"{flag} {nodes}: more than this machine can hold ({memory_mib / 1024:.0f} GiB; a node of "
-                         f"{nproc_per_node} worker(s) needs about {per_node} MiB); use {flag} {limit} or fewer")
+        fix = f"{flag} {limit}" if limit else f"--nproc-per-node {max_workers_in_memory(memory_mib)}"
+        raise UsageError(
+            f"{flag} {nodes}: more than this machine can hold ({memory_mib / 1024:.0f} GiB; a node of "
+            f"{nproc_per_node} worker(s) needs about {per_node} MiB); use {fix} or fewer"
+        )
+
+
+def max_workers_in_memory(memory_mib: int) -> int:
+    """The most workers one node can have here."""
+    return max(1, (memory_mib - HOST_RESERVE_MIB - NODE_AGENT_MIB) // NODE_WORKER_MIB)
 
 
 def spec_from_options(options: Mapping[str, object], script_args: Sequence[str] | None) -> ClusterSpec:
@@ -307,8 +367,9 @@ def spec_from_options(options: Mapping[str, object], script_args: Sequence[str] 
     if "gpus" in values:
         values["gpus"] = GpuRequest.parse(values["gpus"])
     if "env" in values and isinstance(values["env"], list):
-        values["env"] = tuple(pair for item in values["env"]
-                              for pair in parse_kv_list("--env", item, example="NCCL_DEBUG=INFO"))
+        values["env"] = tuple(
+            pair for item in values["env"] for pair in parse_kv_list("--env", item, example="NCCL_DEBUG=INFO")
+        )
     if script_args:
         given = tuple(str(arg) for arg in script_args)
         values["script_args"] = given if values.get("script") else over_trainer_defaults(given)
@@ -324,7 +385,11 @@ def over_trainer_defaults(given: Sequence[str]) -> tuple[str, ...]:
         flag, sep, value = arg.partition("=")
         split += [flag, value] if sep and arg.startswith("--") else [arg]
     overridden = {arg for arg in split if arg.startswith("--")}
-    kept = [part for flag, value in zip(DEFAULT_TRAINER_ARGS[::2], DEFAULT_TRAINER_ARGS[1::2])
-            if flag not in overridden for part in (flag, value)]
+    kept = [
+        part
+        for flag, value in zip(DEFAULT_TRAINER_ARGS[::2], DEFAULT_TRAINER_ARGS[1::2], strict=True)
+        if flag not in overridden
+        for part in (flag, value)
+    ]
     # The given args come last: argparse keeps the last value, so they win even if abbreviated.
     return (*kept, *split)

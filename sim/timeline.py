@@ -98,6 +98,9 @@ def _since(periods: Periods, origin: float) -> Periods:
     return [(start - origin, stop - origin) for start, stop in periods]
 
 
+MAX_SAMPLES = 20_000
+
+
 def step_series(progress: Sequence[Beat], origin: float, end: float):
     """Highest step per small time bin (from the run's start), and the rolling throughput computed
     from it (from the run model's progress: whatever step source the script offered)."""
@@ -120,7 +123,9 @@ def step_series(progress: Sequence[Beat], origin: float, end: float):
     for _, gain in gains:
         cumulative.append(cumulative[-1] + gain)
     throughput = []
-    sample_s = window / 8  # finer sampling only shows the aliasing of steps against the window
+    # Finer sampling only shows the aliasing of steps against the window; a run stretched by a broken
+    # clock gets coarser samples, not millions of them.
+    sample_s = max(window / 8, end / MAX_SAMPLES)
     for index in range(int(end // sample_s) + 1):
         t = index * sample_s
         new_steps = (
@@ -221,6 +226,8 @@ def _ending(span: FaultSpan, job_end: dict | None) -> FaultSpan:
 def _recovery_words(recovery: FaultRecovery | None) -> str:
     if recovery is None:
         return ""
+    if recovery.degraded:
+        return "slowed, no restart"
     if recovery.recovery_s is None:
         return "never recovered"
     lost = "" if recovery.steps_lost is None else f", {recovery.steps_lost} steps lost"
@@ -236,8 +243,8 @@ def lane_names(run: RunModel) -> list[str]:
     for record in run.all_records:
         if isinstance(record, (TrainerRecord, WorkerRecord, AgentRecord, DockerRecord)) and record.node is not None:
             names.add(record.node)
-        elif isinstance(record, RunRecord) and isinstance(record.spec_fields.get("nodes"), int):
-            names.update(f"node{i}" for i in range(record.spec_fields["nodes"]))
+        elif isinstance(record, RunRecord) and record is run.start and run.spec_nodes is not None:
+            names.update(f"node{i}" for i in range(run.spec_nodes))
         elif isinstance(record, FaultRecord) and isinstance(record.node, str):
             names.add(record.node)
     return sorted(names, key=node_order)  # etcd, not a node, after them

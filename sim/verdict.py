@@ -62,6 +62,10 @@ class FaultRecovery:
     world_after: int | None
     throughput_before: float | None = None  # steps/s over the 10 s before the fault
     throughput_after: float | None = None  # steps/s over the 10 s after the recovery
+    # A fault that slows training without stopping it (a straggler): no restart, so nothing to recover
+    # from; recovery_s is None, and the steps/s while it was in force tell its cost.
+    degraded: bool = False
+    throughput_during: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

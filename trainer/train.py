@@ -55,6 +55,7 @@ INPUT_DIM, HIDDEN_DIM = 16, 32
 
 # ---------------------------------------------------------------- sampling
 
+
 def epoch_shard(dataset_size, seed, epoch, start_index, rank, world_size, batch_size):
     """Indices this rank reads for the rest of `epoch`, from `start_index` on.
 
@@ -87,8 +88,9 @@ class ElasticDistributedSampler(DistributedSampler):
         self.start_index = start_index
 
     def _indices(self):
-        return epoch_shard(len(self.dataset), self.seed, self.epoch, self.start_index,
-                           self.rank, self.num_replicas, self.batch_size)
+        return epoch_shard(
+            len(self.dataset), self.seed, self.epoch, self.start_index, self.rank, self.num_replicas, self.batch_size
+        )
 
     def __iter__(self):
         return iter(self._indices())
@@ -108,6 +110,7 @@ def make_dataset(size, seed):
 
 
 # ---------------------------------------------------------------- checkpoints
+
 
 class CheckpointError(Exception):
     """A checkpoint file that is truncated, corrupt or not ours."""
@@ -146,8 +149,7 @@ def list_checkpoints(ckpt_dir):
         names = os.listdir(ckpt_dir)
     except FileNotFoundError:
         return []
-    found = [(int(m.group(1)), os.path.join(ckpt_dir, name))
-             for name in names if (m := CKPT_NAME.match(name))]
+    found = [(int(m.group(1)), os.path.join(ckpt_dir, name)) for name in names if (m := CKPT_NAME.match(name))]
     return sorted(found, reverse=True)
 
 
@@ -160,13 +162,8 @@ def write_checkpoint(ckpt_dir, step, state):
     os.makedirs(ckpt_dir, exist_ok=True)
     path = checkpoint_path(ckpt_dir, step)
     tmp_path = f"{path}.tmp.{os.getpid()}"
-    data = encode_checkpoint(state)
     with open(tmp_path, "wb") as tmp_file:
-        tmp_file.write(data[: len(data) // 2])
-        # A test hook: pause halfway, as a large checkpoint's write takes time, so a fault can land
-        # inside the write (elastic-sim's kill-during-checkpoint). Unset: no pause.
-        time.sleep(float(os.environ.get("SIM_CKPT_WRITE_DELAY") or 0))
-        tmp_file.write(data[len(data) // 2:])
+        tmp_file.write(encode_checkpoint(state))
         tmp_file.flush()
         os.fsync(tmp_file.fileno())
     os.replace(tmp_path, path)
@@ -204,6 +201,7 @@ def find_latest_checkpoint(ckpt_dir, warn):
 
 
 # ---------------------------------------------------------------- rendezvous
+
 
 def agree_on_start_token(store, rank, world_size, timeout_s, poll_s=0.02):
     """A fresh token that every rank of this start gets, for a key namespace.
@@ -244,14 +242,17 @@ def init_process_group(backend, rank, world_size, timeout_s):
         # env:// makes this start's rank 0 host a brand-new store: nothing stale.
         dist.init_process_group(backend, timeout=timeout)
         return
-    shared = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                           is_master=False, timeout=timeout)
+    shared = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
+    )
     token = agree_on_start_token(shared, rank, world_size, timeout_s)
-    dist.init_process_group(backend, store=dist.PrefixStore(f"sim-pg/{token}/", shared),
-                            rank=rank, world_size=world_size, timeout=timeout)
+    dist.init_process_group(
+        backend, store=dist.PrefixStore(f"sim-pg/{token}/", shared), rank=rank, world_size=world_size, timeout=timeout
+    )
 
 
 # ---------------------------------------------------------------- main
+
 
 def emit(kind, ctx, **fields):
     """Print one JSON line; ctx holds the identity fields of this process."""
@@ -264,6 +265,7 @@ def emit(kind, ctx, **fields):
 
 def number(kind, above=None, at_least=None):
     """argparse type: a `kind` number with a lower bound."""
+
     def parse(text):
         value = kind(text)
         if not math.isfinite(value):
@@ -272,6 +274,7 @@ def number(kind, above=None, at_least=None):
             bound = f"> {above}" if above is not None else f">= {at_least}"
             raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
         return value
+
     parse.__name__ = kind.__name__  # argparse names it in "invalid int value"
     return parse
 
@@ -284,13 +287,20 @@ def parse_args(argv=None):
     add("--lr", type=number(float, above=0), default=0.01, help="initial SGD learning rate")
     add("--seed", type=int, default=0, help="seed of the data, its order and the initial weights")
     add("--dataset-size", type=number(int, at_least=1), default=4096, help="samples in the dataset")
-    add("--ckpt-dir", default=os.environ.get("SIM_CKPT_DIR", "/ckpt"),
-        help="shared checkpoint directory (default: $SIM_CKPT_DIR, else /ckpt)")
+    add(
+        "--ckpt-dir",
+        default=os.environ.get("SIM_CKPT_DIR", "/ckpt"),
+        help="shared checkpoint directory (default: $SIM_CKPT_DIR, else /ckpt)",
+    )
     add("--ckpt-interval", type=number(int, at_least=1), default=10, help="checkpoint every N steps")
     add("--step-time", type=number(float, at_least=0), default=0.0, help="minimum seconds per step")
     add("--pg-timeout", type=number(float, above=0), default=60.0, help="process group timeout (s)")
-    add("--backend", choices=["auto", "gloo", "nccl"], default=os.environ.get("SIM_BACKEND", "auto"),
-        help="auto: nccl if CUDA is available, else gloo (default: $SIM_BACKEND, else auto)")
+    add(
+        "--backend",
+        choices=["auto", "gloo", "nccl"],
+        default=os.environ.get("SIM_BACKEND", "auto"),
+        help="auto: nccl if CUDA is available, else gloo (default: $SIM_BACKEND, else auto)",
+    )
     return parser.parse_args(argv)
 
 
@@ -305,9 +315,14 @@ def main(argv=None):
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
-    ctx = {"node": socket.gethostname(), "rank": rank, "local_rank": local_rank,
-           "world_size": world_size, "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-           "run_id": os.environ.get("TORCHELASTIC_RUN_ID")}
+    ctx = {
+        "node": socket.gethostname(),
+        "rank": rank,
+        "local_rank": local_rank,
+        "world_size": world_size,
+        "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
+    }
 
     global_batch = args.batch_size * world_size
     if args.dataset_size < global_batch:  # an epoch would hold no whole step
@@ -323,8 +338,9 @@ def main(argv=None):
     init_process_group(backend, rank, world_size, args.pg_timeout)
 
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP broadcasts them anyway)
-    model = torch.nn.Sequential(torch.nn.Linear(INPUT_DIM, HIDDEN_DIM), torch.nn.ReLU(),
-                                torch.nn.Linear(HIDDEN_DIM, 1)).to(device)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(INPUT_DIM, HIDDEN_DIM), torch.nn.ReLU(), torch.nn.Linear(HIDDEN_DIM, 1)
+    ).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.5)
 
@@ -377,10 +393,20 @@ def main(argv=None):
             mean_loss = mean_loss.item() / world_size
             emit("progress", ctx, step=step, epoch=epoch, loss=mean_loss)
             if rank == 0 and (step % args.ckpt_interval == 0 or step == args.steps):
-                path = write_checkpoint(args.ckpt_dir, step, {
-                    "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "step": step, "epoch": epoch,
-                    "samples_seen_in_epoch": seen_in_epoch, "world_size": world_size, "loss": mean_loss})
+                path = write_checkpoint(
+                    args.ckpt_dir,
+                    step,
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "step": step,
+                        "epoch": epoch,
+                        "samples_seen_in_epoch": seen_in_epoch,
+                        "world_size": world_size,
+                        "loss": mean_loss,
+                    },
+                )
                 emit("checkpoint", ctx, step=step, path=path)
             time.sleep(max(0.0, args.step_time - (time.monotonic() - step_began)))
             if step >= args.steps:
@@ -389,8 +415,7 @@ def main(argv=None):
             epoch, seen_in_epoch = epoch + 1, 0
 
     if rank == 0:
-        emit("summary", ctx, final_step=step, elapsed=time.time() - started,
-             steps_run_this_start=step - start_step)
+        emit("summary", ctx, final_step=step, elapsed=time.time() - started, steps_run_this_start=step - start_step)
     dist.destroy_process_group()
 
 

@@ -22,12 +22,40 @@ OWNER_ENV = "SIM_INSTRUMENTED_PID"
 # machine) is most of the instrumentation's cost. Slower steps are each recorded.
 STEP_RECORD_GAP_S = 0.5
 ACTIVITY_RECORD_GAP_S = 1.0
+# elastic-sim's hang-collectives fault: while this file exists, the worker waits before its next
+# collective call and its process runs on (a hang inside the script, which a SIGSTOP is not).
+# Looked for at most every HANG_CHECK_GAP_S, so a fast loop pays for one stat a fifth of a second.
+HANG_FILE = "/tmp/elastic-sim-hang-{pid}"
+HANG_CHECK_GAP_S = 0.2
 COLLECTIVES = (
-    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-    "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "reduce", "gather", "scatter",
-    "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list", "all_reduce_coalesced",
-    "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base", "send", "recv", "isend", "irecv",
-    "batch_isend_irecv", "send_object_list", "recv_object_list",
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_gather_object",
+    "broadcast_object_list",
+    "gather_object",
+    "scatter_object_list",
+    "all_reduce_coalesced",
+    "all_gather_coalesced",
+    "_all_gather_base",
+    "_reduce_scatter_base",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "send_object_list",
+    "recv_object_list",
 )
 
 
@@ -64,6 +92,9 @@ class WorkerProbe:
         self._collectives_written = 0
         self._activity_written_at = 0.0
         self._last_op = None
+        self._hang_file = HANG_FILE.format(pid=self.pid)
+        self._hang_checked_at = 0.0
+        self._sleep = time.sleep
         self.exit_code = None
 
     def write(self, event, **fields) -> None:
@@ -154,6 +185,7 @@ class WorkerProbe:
         def counted(*args, **kwargs):
             if probe.off or getattr(nested, "inside", False):
                 return collective(*args, **kwargs)  # e.g. all_gather_object's own all_gather
+            probe.hold_while_hung()
             probe.on_collective(op)
             nested.inside = True
             try:
@@ -162,6 +194,14 @@ class WorkerProbe:
                 nested.inside = False
 
         return counted
+
+    def hold_while_hung(self) -> None:
+        now = self._clock()
+        if now - self._hang_checked_at < HANG_CHECK_GAP_S:
+            return
+        self._hang_checked_at = now
+        while os.path.exists(self._hang_file):
+            self._sleep(HANG_CHECK_GAP_S)
 
     def on_collective(self, op: str) -> None:
         try:
@@ -267,8 +307,10 @@ def activate():
         if c10d is not None:
             probe.wrap_collectives(dist, c10d)
 
-    AfterImport({"torch.optim.optimizer": probe.install_step_hook, "torch.distributed": after_distributed},
-                on_error=probe.disable).install()
+    AfterImport(
+        {"torch.optim.optimizer": probe.install_step_hook, "torch.distributed": after_distributed},
+        on_error=probe.disable,
+    ).install()
     _record_exit_code(probe, sys)
     atexit.register(probe.at_exit)
     return probe

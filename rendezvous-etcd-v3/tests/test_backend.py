@@ -148,7 +148,8 @@ def test_lost_lease_is_replaced(make_client):
 
 
 def test_etcd_restart_maps_to_connection_error_then_resumes(own_etcd_server, make_client):
-    backend = EtcdV3RendezvousBackend(make_client(own_etcd_server, connect_timeout="1"), "restart")
+    conf = {"connect_timeout": "1", "reconnect_timeout": "0"}  # give up at once: etcd stays down here
+    backend = EtcdV3RendezvousBackend(make_client(own_etcd_server, **conf), "restart")
     _, token, _ = backend.set_state(b"before")
     own_etcd_server.stop()
     with pytest.raises(RendezvousConnectionError):
@@ -158,6 +159,22 @@ def test_etcd_restart_maps_to_connection_error_then_resumes(own_etcd_server, mak
     own_etcd_server.start()
     assert backend.get_state() == (b"before", token)
     assert backend.set_state(b"after", token)[::2] == (b"after", True)
+
+
+def test_a_call_while_etcd_restarts_waits_for_it(own_etcd_server, make_client):
+    """etcd down for 2 s (a restart): the call connects once it is back, within reconnect_timeout."""
+    backend = EtcdV3RendezvousBackend(make_client(own_etcd_server, reconnect_timeout="20"), "restarting")
+    _, token, _ = backend.set_state(b"before")
+    own_etcd_server.stop()
+    backend._client.close()  # the pooled connection is gone with the server
+    restarter = threading.Timer(2.0, own_etcd_server.start)
+    restarter.start()
+    try:
+        started = time.monotonic()
+        assert backend.get_state() == (b"before", token)
+        assert time.monotonic() - started >= 1.5
+    finally:
+        restarter.join()
 
 
 def test_etcd_restart_between_calls_needs_no_retry(own_etcd_server, make_client):

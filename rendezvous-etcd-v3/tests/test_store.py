@@ -135,7 +135,9 @@ def test_store_keys_carry_the_lease(store, make_client, key_prefix):
 
 
 def test_etcd_down_raises_dist_network_error_then_resumes(own_etcd_server, make_client):
-    store = EtcdV3Store(make_client(own_etcd_server, connect_timeout="1"), timeout=timedelta(seconds=5))
+    store = EtcdV3Store(
+        make_client(own_etcd_server, connect_timeout="1", reconnect_timeout="0"), timeout=timedelta(seconds=5)
+    )
     store.set("k", b"v")
     own_etcd_server.stop()
     with pytest.raises(dist.DistNetworkError):
@@ -148,7 +150,9 @@ def test_etcd_down_raises_dist_network_error_then_resumes(own_etcd_server, make_
 
 
 def test_wait_across_a_restart_fails_fast_not_at_its_timeout(own_etcd_server, make_client):
-    store = EtcdV3Store(make_client(own_etcd_server, connect_timeout="1"), timeout=timedelta(seconds=60))
+    store = EtcdV3Store(
+        make_client(own_etcd_server, connect_timeout="1", reconnect_timeout="0"), timeout=timedelta(seconds=60)
+    )
     _later(0.5, own_etcd_server.stop)
     started = time.monotonic()
     with pytest.raises(dist.DistNetworkError):

@@ -36,13 +36,36 @@ def process_states(cluster: Cluster, node: str) -> list[str]:
 @pytest.fixture(scope="module")
 def cluster(docker, images):
     name = unique_name("t-faults")
-    result = run_sim("up", "--name", name, "--detach", "--nodes", "3", "--max-nodes", "4", "--nproc-per-node", "2",
-                     "--max-restarts", "50", "--rdzv-conf", FAST,
-                     # torch 2.13's shared rendezvous TCP store makes a node that joins a running
-                     # job wait forever for the round's MASTER_ADDR (rank 0 publishes it only in
-                     # its first round): torch's own opt-out, so scale-up can be shown working.
-                     "--env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
-                     "--", "--steps", "1000000", "--step-time", "0.1", "--pg-timeout", "15", "--ckpt-interval", "5")
+    result = run_sim(
+        "up",
+        "--name",
+        name,
+        "--detach",
+        "--nodes",
+        "3",
+        "--max-nodes",
+        "4",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "50",
+        "--rdzv-conf",
+        FAST,
+        # torch 2.13's shared rendezvous TCP store makes a node that joins a running
+        # job wait forever for the round's MASTER_ADDR (rank 0 publishes it only in
+        # its first round): torch's own opt-out, so scale-up can be shown working.
+        "--env",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+        "--",
+        "--steps",
+        "1000000",
+        "--step-time",
+        "0.1",
+        "--pg-timeout",
+        "15",
+        "--ckpt-interval",
+        "5",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     yield Cluster(name, docker)
     run_sim("down", name)
@@ -57,11 +80,13 @@ def sim(cluster, *args) -> dict:
 def training(cluster: Cluster, nodes=("node0", "node1", "node2"), per_node: int = 2):
     """Every listed node runs a full worker group (the job has regrouped)."""
     nemesis = Nemesis(cluster)
+
     def check():
         try:
             return all(len(nemesis.processes(n).workers) == per_node for n in nodes)
         except Exception:
             return False
+
     return eventually(check, timeout=120, what=f"{nodes} training with {per_node} workers each")
 
 
@@ -78,8 +103,11 @@ def test_kill_worker_by_global_rank(cluster):
     nemesis = Nemesis(cluster)
     # The signalled process is gone, and torchrun noticed.
     eventually(lambda: all(w.pid != pid for w in nemesis.processes(node).workers), 30, what=f"pid {pid} gone")
-    eventually(lambda: "Worker group FAILED" in cluster.logs(node) or "failed (exitcode: -9)" in cluster.logs(node),
-               60, what="torchrun logged the worker failure")
+    eventually(
+        lambda: "Worker group FAILED" in cluster.logs(node) or "failed (exitcode: -9)" in cluster.logs(node),
+        60,
+        what="torchrun logged the worker failure",
+    )
     training(cluster)
 
 
@@ -87,8 +115,11 @@ def test_kill_worker_with_another_signal(cluster):
     training(cluster)
     result = sim(cluster, "kill-worker", "node1", "--local-rank", "0", "--signal", "SEGV")
     assert result["signal"] == "SIGSEGV" and result["node"] == "node1"
-    eventually(lambda: "Signal 11 (SIGSEGV)" in cluster.logs("node1") or "exitcode: -11" in cluster.logs("node1"),
-               60, what="torchrun logged SIGSEGV")
+    eventually(
+        lambda: "Signal 11 (SIGSEGV)" in cluster.logs("node1") or "exitcode: -11" in cluster.logs("node1"),
+        60,
+        what="torchrun logged SIGSEGV",
+    )
     training(cluster)
 
 
@@ -152,7 +183,7 @@ def probe_servers(cluster):
     for node in ("node0", "node1", "node2"):
         start_tcp_server(cluster, node)
     for src, dst in (("node0", "node1"), ("node1", "node2"), ("node2", "node0")):
-        eventually(lambda: tcp_connects(cluster, src, dst), 20, what=f"probe server on {dst}")
+        eventually(lambda src=src, dst=dst: tcp_connects(cluster, src, dst), 20, what=f"probe server on {dst}")
 
 
 def test_partition_cuts_tcp_between_groups_and_heal_restores(cluster):
@@ -169,13 +200,15 @@ def test_cut_from_etcd_only_keeps_peers(cluster):
     probe_servers(cluster)
     sim(cluster, "partition", "--from-etcd", "node2")
     # etcd's own client port is the probe here.
-    probe = cluster.exec("node2", "python3", "-c",
-                         "import socket; socket.create_connection(('etcd', 2379), timeout=2); print('ok')")
+    probe = cluster.exec(
+        "node2", "python3", "-c", "import socket; socket.create_connection(('etcd', 2379), timeout=2); print('ok')"
+    )
     assert "ok" not in probe.stdout
     assert tcp_connects(cluster, "node2", "node0")
     sim(cluster, "heal", "--all")
-    probe = cluster.exec("node2", "python3", "-c",
-                         "import socket; socket.create_connection(('etcd', 2379), timeout=2); print('ok')")
+    probe = cluster.exec(
+        "node2", "python3", "-c", "import socket; socket.create_connection(('etcd', 2379), timeout=2); print('ok')"
+    )
     assert "ok" in probe.stdout
 
 
@@ -200,9 +233,14 @@ def test_bandwidth_limit_slows_a_transfer(cluster):
     sim(cluster, "netem", "node1", "--rate", "1mbit")
     qdisc = cluster.exec("node1", "tc", "qdisc", "show", user="root").stdout
     assert "tbf" in qdisc and "1Mbit" in qdisc
-    send = ("import socket, time; s = socket.create_connection(('node0', 39998)); t = time.time(); "
-            "s.sendall(b'x' * 250000); s.close(); print(time.time() - t)")
-    sink = "import socket; s = socket.socket(); s.bind(('0.0.0.0', 39998)); s.listen(1); c, _ = s.accept()\nwhile c.recv(65536): pass"
+    send = (
+        "import socket, time; s = socket.create_connection(('node0', 39998)); t = time.time(); "
+        "s.sendall(b'x' * 250000); s.close(); print(time.time() - t)"
+    )
+    sink = (
+        "import socket; s = socket.socket(); s.bind(('0.0.0.0', 39998)); s.listen(1); c, _ = s.accept()\n"
+        "while c.recv(65536): pass"
+    )
     cluster.docker.exec(cluster.container("node0").id, ["python3", "-c", sink], detach=True)
     time.sleep(1)
     took = float(cluster.exec("node1", "python3", "-c", send, timeout=60).stdout.strip() or 0)
@@ -222,8 +260,12 @@ def test_netem_missing_is_one_clear_line(cluster):
 
 
 def test_bad_fault_input_changes_nothing(cluster):
-    for argv, mentions in ((["kill", "node9"], "node9"), (["pause", "node1", "--for", "3x"], "3x"),
-                           (["partition", "node0,node0|node1,node2"], "node0"), (["bogus-fault"], "bogus-fault")):
+    for argv, mentions in (
+        (["kill", "node9"], "node9"),
+        (["pause", "node1", "--for", "3x"], "3x"),
+        (["partition", "node0,node0|node1,node2"], "node0"),
+        (["bogus-fault"], "bogus-fault"),
+    ):
         result = run_sim(*argv, "--name", cluster.name)
         assert result.returncode == 2, (argv, result.stderr)
         assert result.stderr.strip().count("\n") == 0 and mentions in result.stderr, result.stderr
@@ -232,10 +274,14 @@ def test_bad_fault_input_changes_nothing(cluster):
 
 
 def test_etcd_restart_keeps_data_and_wipe_empties_it(cluster):
-    put = ("import urllib.request as u; r = u.Request('http://127.0.0.1:2379/v2/keys/simprobe', data=b'value=1', "
-           "method='PUT', headers={'Content-Type': 'application/x-www-form-urlencoded'}); print(u.urlopen(r).status)")
-    get = ("import urllib.request as u, urllib.error as e\ntry: print(u.urlopen('http://127.0.0.1:2379/v2/keys/simprobe').status)\n"
-           "except e.HTTPError as x: print(x.code)")
+    put = (
+        "import urllib.request as u; r = u.Request('http://127.0.0.1:2379/v2/keys/simprobe', data=b'value=1', "
+        "method='PUT', headers={'Content-Type': 'application/x-www-form-urlencoded'}); print(u.urlopen(r).status)"
+    )
+    get = (
+        "import urllib.request as u, urllib.error as e\ntry: print(u.urlopen('http://127.0.0.1:2379/v2/keys/simprobe').status)\n"
+        "except e.HTTPError as x: print(x.code)"
+    )
     assert cluster.exec("etcd", "python3", "-c", put).stdout.strip() in ("200", "201")
     sim(cluster, "etcd", "restart")
     eventually(lambda: cluster.exec("etcd", "python3", "-c", get).stdout.strip() == "200", 30, what="key kept")

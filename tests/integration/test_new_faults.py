@@ -4,13 +4,14 @@ inside a checkpoint write.
 
 One cluster serves the module (sound: each test undoes its fault, or lets torchrun restart the
 group, and waits until the job trains again). It has a size-limited checkpoint disk (for
-fill-disk) and the trainer's write hook (for kill-during-checkpoint), which no other fault minds.
+fill-disk), which no other fault minds.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 
@@ -28,11 +29,20 @@ NODES = ("node0", "node1")
 @pytest.fixture(scope="module")
 def cluster(docker, images):
     spec = ClusterSpec(
-        name=unique_name("t-newfaults"), nodes=2, nproc_per_node=1, max_restarts=50, ckpt_size="16m",
-        rdzv_conf=(("last_call_timeout", "1"), ("join_timeout", "120"), ("keep_alive_interval", "1"),
-                   ("keep_alive_max_attempt", "3")),
-        env=(("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"), ("SIM_CKPT_WRITE_DELAY", "0.3")),
-        script_args=("--steps", "1000000", "--step-time", "0.1", "--pg-timeout", "10", "--ckpt-interval", "10"))
+        name=unique_name("t-newfaults"),
+        nodes=2,
+        nproc_per_node=1,
+        max_restarts=50,
+        ckpt_size="16m",
+        rdzv_conf=(
+            ("last_call_timeout", "1"),
+            ("join_timeout", "120"),
+            ("keep_alive_interval", "1"),
+            ("keep_alive_max_attempt", "3"),
+        ),
+        env=(("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),),
+        script_args=("--steps", "1000000", "--step-time", "0.1", "--pg-timeout", "10", "--ckpt-interval", "10"),
+    )
     try:
         yield up(spec, docker, progress=lambda line: None)
     finally:
@@ -57,9 +67,9 @@ def fault_time(cluster: Cluster, op: str) -> float:
     return next(r["t"] for r in records(cluster) if r.get("op") == op and r.get("phase") == "ok")
 
 
-def training(cluster: Cluster, after: float = 0.0) -> None:
-    """Both workers run and rank 0 reports steps after `after` (a Unix time)."""
-    nemesis = Nemesis(cluster)
+def training(cluster: Cluster) -> None:
+    """Both workers run and rank 0 reports steps from now on (not only from before a restart)."""
+    nemesis, after = Nemesis(cluster), time.time()
 
     def check() -> bool:
         try:
@@ -67,6 +77,7 @@ def training(cluster: Cluster, after: float = 0.0) -> None:
         except Exception:
             return False
         return running and any(r.get("rank") == 0 for r in trainer_records(cluster, "progress", after))
+
     eventually(check, timeout=120, what="the job trains on both nodes")
 
 
@@ -77,6 +88,7 @@ def restarted(cluster: Cluster, after: float) -> list[dict]:
     def check() -> bool:
         found[:] = trainer_records(cluster, "start", after)
         return len({r["rank"] for r in found}) == 2
+
     eventually(check, timeout=120, what="a restarted group")
     return found
 
@@ -90,7 +102,21 @@ def test_hang_worker_stops_one_process_and_resume_worker_continues_it(cluster):
     assert cluster.container("node1").state == "running", "the node itself runs on"
     sim(cluster, "resume-worker", "node1")
     assert not any(state.startswith("T") for state in process_states(cluster, "node1"))
-    training(cluster, after=fault_time(cluster, result["op"]))
+    training(cluster)
+
+
+def test_hang_collectives_holds_a_running_worker_until_healed(cluster):
+    training(cluster)
+    result = sim(cluster, "hang-collectives", "node1")
+    assert cluster.exec("node1", "test", "-e", result["file"]).ok
+    held_from = time.time() + 1  # the worker looks for the file at most every 0.2 s
+    time.sleep(2)
+    states = process_states(cluster, "node1")
+    assert not any(state.startswith("T") for state in states), states  # held, not stopped
+    assert not [r for r in trainer_records(cluster, "progress", held_from) if r["rank"] == 1]
+    sim(cluster, "heal", result["id"])
+    assert not cluster.exec("node1", "test", "-e", result["file"]).ok
+    training(cluster)
 
 
 def test_slow_sets_a_cpu_quota_and_heal_lifts_it(cluster):
@@ -101,7 +127,7 @@ def test_slow_sets_a_cpu_quota_and_heal_lifts_it(cluster):
     sim(cluster, "heal", result["id"])
     host = cluster.docker.api.inspect_container(cluster.container("node1").id)["HostConfig"]
     assert host["CpuQuota"] in (0, -1)
-    training(cluster, after=fault_time(cluster, result["op"]))
+    training(cluster)
 
 
 def test_oom_worker_is_killed_by_the_kernel_and_the_group_restarts(cluster):
@@ -109,12 +135,18 @@ def test_oom_worker_is_killed_by_the_kernel_and_the_group_restarts(cluster):
     result = sim(cluster, "oom-worker", "node1")
     assert result["node"] == "node1" and not result["limit_kept"]
     t = fault_time(cluster, result["op"])
-    eventually(lambda: any(r.get("type") == "docker" and r.get("action") == "oom" and r.get("node") == "node1"
-                           for r in records(cluster)), 30, what="Docker's oom event in the history")
+    eventually(
+        lambda: any(
+            r.get("type") == "docker" and r.get("action") == "oom" and r.get("node") == "node1"
+            for r in records(cluster)
+        ),
+        30,
+        what="Docker's oom event in the history",
+    )
     host = cluster.docker.api.inspect_container(cluster.container("node1").id)["HostConfig"]
     assert host["Memory"] > 2**40, "the limit is lifted again"
     restarted(cluster, after=t)
-    training(cluster, after=t)
+    training(cluster)
 
 
 def test_a_corrupt_checkpoint_is_skipped_on_resume(cluster):
@@ -130,19 +162,20 @@ def test_a_corrupt_checkpoint_is_skipped_on_resume(cluster):
     assert resumed != damaged_step
     if resumed < damaged_step:
         assert any(corrupt["file"] in w["message"] for w in warnings), warnings
-    training(cluster, after=fault_time(cluster, corrupt["op"]))
+    training(cluster)
 
 
 def test_a_full_disk_fails_the_checkpoint_write_and_heal_frees_it(cluster):
     training(cluster)
     result = sim(cluster, "fill-disk", "node0")
     assert result["free"] < 64 * 1024, result
-    t = fault_time(cluster, result["op"])
-    restarted(cluster, after=t)  # the write failed (ENOSPC), the worker exited, torchrun restarted the group
-    assert "No space left on device" in cluster.logs("node0") + cluster.logs("node1")
+    eventually(
+        lambda: "No space left on device" in cluster.logs("node0"), 60, what="rank 0's checkpoint write failed (ENOSPC)"
+    )
     sim(cluster, "heal", result["id"])
-    assert cluster.exec("node0", "ls", "-a", "/ckpt").stdout.count(".sim-filler") == 0
-    training(cluster, after=fault_time(cluster, result["op"]))
+    assert ".sim-filler" not in cluster.exec("node0", "ls", "-a", "/ckpt").stdout
+    restarted(cluster, after=fault_time(cluster, result["op"]))  # torchrun restarted the group after the crash
+    training(cluster)
 
 
 def test_kill_during_checkpoint_lands_in_the_write_and_never_resumes_from_it(cluster):
@@ -152,4 +185,4 @@ def test_kill_during_checkpoint_lands_in_the_write_and_never_resumes_from_it(clu
     killed_step = int(re.search(r"ckpt-(\d+)\.pt", result["file"]).group(1))
     starts = restarted(cluster, after=fault_time(cluster, result["op"]))
     assert {r["resumed_from"] for r in starts} == {killed_step - 10}, "resumed from the previous, whole checkpoint"
-    training(cluster, after=fault_time(cluster, result["op"]))
+    training(cluster)

@@ -644,3 +644,42 @@ def test_check_all_can_run_only_named_checkers():
     run = clean_run()
     verdict = check_all(RunModel(run.records), run.spec(), only=["completed"])
     assert [r.name for r in verdict.results] == ["completed", "restart_budget"] and verdict.valid
+
+
+def test_a_checkpoint_damaged_on_purpose_allows_one_more_interval_lost():
+    # corrupt-checkpoint at 42 (checkpoints at 20 and 40; 40 damaged), a worker dies at 50: the
+    # resume from 20 loses 30 steps, within 2 x 20, and the progress check passes.
+    run = HistoryBuilder(steps=60, ckpt=20)
+    run.start_workers()
+    run.train(42)
+    run.fault("corrupt-checkpoint", "node0", node="node0")
+    run.train(50)
+    run.fault("kill-worker", "node1", node="node1")
+    run.group_failure()
+    run.wait(3.0)
+    run.start_workers(resumed_from=20)
+    run.train(60)
+    run.finish()
+    assert check_progress(run.model(), run.spec()).valid
+    # The same loss without the corrupted checkpoint is one interval too many.
+    plain = [r for r in run.records if r.get("fault") != "corrupt-checkpoint"]
+    result = check_progress(RunModel(plain), run.spec())
+    assert not result.valid and "> checkpoint interval 20" in result.reasons[0]
+
+
+def test_a_straggler_is_no_recovery_but_a_slowdown():
+    run = HistoryBuilder(steps=60)
+    run.start_workers()
+    run.train(20, step_s=0.1)
+    run.fault("slow-node", "node1", node="node1", id="slow-node1")
+    run.train(40, step_s=0.4)  # every synchronous step waits for the slow node
+    run.fault("heal", "slow-node1", healed=["slow-node1"])
+    run.train(60, step_s=0.1)
+    run.finish()
+    result = check_recovery(run.model(), run.spec())
+    assert result.valid
+    assert_reason(result, "training slowed, no restart", "(during)")
+    (recovery,) = run.verdict().recoveries
+    assert recovery.degraded and recovery.recovery_s is None
+    assert recovery.throughput_during < recovery.throughput_before / 2
+    assert recovery.throughput_after > recovery.throughput_during * 2

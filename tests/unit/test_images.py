@@ -18,10 +18,25 @@ def test_a_new_wheelhouse_replaces_those_of_older_requirements(tmp_path, monkeyp
     builder = ImageBuilder(docker=None, progress=lambda line: None, cache_dir=tmp_path)
     target = builder.wheelhouse()
 
-    assert pip_calls == ["wheel", "download"]
+    assert pip_calls == ["wheel", "wheel", "download"]  # python-etcd, the etcd-v3 rendezvous package, the rest
     assert target.name.startswith("wheelhouse-") and target != old
     assert (target / ".complete").exists()
     assert (target / "requirements.txt").read_text() == (IMAGES_DIR / "runtime" / "requirements.txt").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, "etcd"])
     # A second call finds it complete and fetches nothing.
-    assert builder.wheelhouse() == target and pip_calls == ["wheel", "download"]
+    assert builder.wheelhouse() == target and pip_calls == ["wheel", "wheel", "download"]
+
+
+def test_the_rendezvous_package_sources_key_the_runtime_image(tmp_path):
+    package = tmp_path / "rendezvous-etcd-v3"
+    (package / "src" / "rendezvous_etcd_v3").mkdir(parents=True)
+    (package / "pyproject.toml").write_text("[project]\n")
+    module = package / "src" / "rendezvous_etcd_v3" / "backend.py"
+    module.write_text("x = 1\n")
+    builder = ImageBuilder(docker=None, progress=lambda line: None, cache_dir=tmp_path, rendezvous_dir=package)
+    before = builder.runtime_tag("base:1")
+    (package / "build").mkdir()
+    (package / "build" / "leftover.py").write_text("")  # a build's leftovers change nothing
+    assert builder.runtime_tag("base:1") == before
+    module.write_text("x = 2\n")
+    assert builder.runtime_tag("base:1") != before

@@ -10,28 +10,40 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from chaos import nodescripts
 from chaos.nemesis import Nemesis
 from chaos.partition import isolate, parse_partition_spec
 from sim import labels
 from sim.cluster import Cluster
-from chaos import nodescripts
 from sim.docker import NO_MEMORY_LIMIT, Container, ExecResult, Resources
 from sim.errors import FaultError, UsageError
 from sim.history import History
 from sim.procs import PROBE_ARGV, parse_probe
 
 NODES = {"etcd": "10.0.0.2", "node0": "10.0.0.3", "node1": "10.0.0.4", "node2": "10.0.0.5"}
-PROBE_OUTPUT = "\n".join(json.dumps(row) for row in [
-    {"pid": 1, "ppid": 0, "args": ["/sbin/docker-init", "--", "torchrun", "x"], "env": {}},
-    {"pid": 7, "ppid": 1, "args": ["/opt/venv/bin/python3", "/opt/venv/bin/torchrun", "x"], "env": {}},
-    {"pid": 40, "ppid": 7, "args": ["/opt/venv/bin/python3", "-u", "train.py"],
-     "env": {"RANK": "2", "LOCAL_RANK": "0", "GROUP_RANK": "1", "WORLD_SIZE": "6"}},
-    {"pid": 41, "ppid": 7, "args": ["/opt/venv/bin/python3", "-u", "train.py"],
-     "env": {"RANK": "3", "LOCAL_RANK": "1", "GROUP_RANK": "1", "WORLD_SIZE": "6"}},
-])
+PROBE_OUTPUT = "\n".join(
+    json.dumps(row)
+    for row in [
+        {"pid": 1, "ppid": 0, "args": ["/sbin/docker-init", "--", "torchrun", "x"], "env": {}},
+        {"pid": 7, "ppid": 1, "args": ["/opt/venv/bin/python3", "/opt/venv/bin/torchrun", "x"], "env": {}},
+        {
+            "pid": 40,
+            "ppid": 7,
+            "args": ["/opt/venv/bin/python3", "-u", "train.py"],
+            "env": {"RANK": "2", "LOCAL_RANK": "0", "GROUP_RANK": "1", "WORLD_SIZE": "6"},
+        },
+        {
+            "pid": 41,
+            "ppid": 7,
+            "args": ["/opt/venv/bin/python3", "-u", "train.py"],
+            "env": {"RANK": "3", "LOCAL_RANK": "1", "GROUP_RANK": "1", "WORLD_SIZE": "6"},
+        },
+    ]
+)
 
 
 class FakeProvider:
@@ -46,10 +58,18 @@ class FakeProvider:
 
     def containers(self, label_filter: str) -> list[Container]:
         assert label_filter == labels.cluster_filter("demo")
-        return [Container(id=f"id-{node}", name=f"c-{node}", state="paused" if node in self.paused else "running",
-                          labels={labels.NODE: node, labels.ROLE: "etcd" if node == "etcd" else "node",
-                                  labels.RUN: "r1"},
-                          status="Up", exit_code=None, ips={"demo_cluster": ip}) for node, ip in NODES.items()]
+        return [
+            Container(
+                id=f"id-{node}",
+                name=f"c-{node}",
+                state="paused" if node in self.paused else "running",
+                labels={labels.NODE: node, labels.ROLE: "etcd" if node == "etcd" else "node", labels.RUN: "r1"},
+                status="Up",
+                exit_code=None,
+                ips={"demo_cluster": ip},
+            )
+            for node, ip in NODES.items()
+        ]
 
     def exec(self, container, argv, *, user=None, timeout=30, detach=False) -> ExecResult:
         argv = list(argv)
@@ -76,8 +96,11 @@ class FakeProvider:
 
     def scripts(self, container: str) -> list[str]:
         """The shell scripts run as root in one container, in order."""
-        return [argv[-1] for verb, cid, argv, user in (c for c in self.calls if c[0] == "exec")
-                if cid == container and argv[:2] == ["sh", "-c"] and user == "root"]
+        return [
+            argv[-1]
+            for verb, cid, argv, user in (c for c in self.calls if c[0] == "exec")
+            if cid == container and argv[:2] == ["sh", "-c"] and user == "root"
+        ]
 
 
 @pytest.fixture(autouse=True)
@@ -114,7 +137,9 @@ def test_random_target_replays_with_the_same_seed(tmp_path):
     picks = []
     for _ in range(2):
         cluster = Cluster("demo", FakeProvider())
-        picks.append([Nemesis(cluster, history=History(tmp_path / "h.jsonl"), seed=42).resolve("random") for _ in range(5)])
+        picks.append(
+            [Nemesis(cluster, history=History(tmp_path / "h.jsonl"), seed=42).resolve("random") for _ in range(5)]
+        )
     assert picks[0] == picks[1]
 
 
@@ -176,7 +201,11 @@ def test_container_faults_are_provider_calls(nemesis):
     nem.restart_node("node0", grace=2)
     nem.start_node("node2")
     assert [c for c in fake.calls if c[0] != "exec"] == [
-        ("kill", "id-node1", "SIGKILL"), ("stop", "id-node2", 5), ("restart", "id-node0", 2), ("start", "id-node2")]
+        ("kill", "id-node1", "SIGKILL"),
+        ("stop", "id-node2", 5),
+        ("restart", "id-node0", 2),
+        ("start", "id-node2"),
+    ]
 
 
 def test_scale_down_stops_the_highest_nodes_and_removes_them(nemesis):
@@ -184,8 +213,11 @@ def test_scale_down_stops_the_highest_nodes_and_removes_them(nemesis):
     result = nem.scale(1, abrupt=True)
     assert result == {"op": result["op"], "joined": [], "left": ["node2", "node1"], "abrupt": True}
     assert [c for c in fake.calls if c[0] != "exec"] == [
-        ("kill", "id-node2", "SIGKILL"), ("remove", "container", ["id-node2"]),
-        ("kill", "id-node1", "SIGKILL"), ("remove", "container", ["id-node1"])]
+        ("kill", "id-node2", "SIGKILL"),
+        ("remove", "container", ["id-node2"]),
+        ("kill", "id-node1", "SIGKILL"),
+        ("remove", "container", ["id-node1"]),
+    ]
 
 
 def test_every_reversible_faults_ok_record_carries_its_id(nemesis):
@@ -203,8 +235,10 @@ def test_the_fault_store_loses_nothing_to_concurrent_writers(nemesis):
     import threading
 
     nem, _ = nemesis
-    threads = [threading.Thread(target=nem._remember, args=({"id": f"f{i}", "fault": "pause", "target": "x"},))
-               for i in range(20)]
+    threads = [
+        threading.Thread(target=nem._remember, args=({"id": f"f{i}", "fault": "pause", "target": "x"},))
+        for i in range(20)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -225,8 +259,10 @@ def test_hang_worker_stops_one_process_and_resume_continues_it(nemesis):
     assert ("exec", "id-node0", ["kill", "-CONT", "41"], None) in fake.calls and nem.active() == []
     nem.hang_worker("node0", local_rank=0)
     nem.resume_worker("node0")
-    assert [c[2] for c in fake.calls if c[2][:2] == ["kill", "-CONT"]][-2:] == [["kill", "-CONT", "40"],
-                                                                                ["kill", "-CONT", "41"]]
+    assert [c[2] for c in fake.calls if c[2][:2] == ["kill", "-CONT"]][-2:] == [
+        ["kill", "-CONT", "40"],
+        ["kill", "-CONT", "41"],
+    ]
     assert nem.active() == []
 
 
@@ -239,14 +275,20 @@ def test_slow_node_sets_a_cpu_quota_and_heal_restores_the_old_one(nemesis):
     with pytest.raises(UsageError, match="already slowed"):
         nem.slow_node("node1", cpus=0.5)
     nem.heal("slow-node1")
-    assert [c for c in fake.calls if c[0] == "update"][-1] == ("update", "id-node1", {"cpu_quota": -1,
-                                                                                      "cpu_period": 100000})
+    assert [c for c in fake.calls if c[0] == "update"][-1] == (
+        "update",
+        "id-node1",
+        {"cpu_quota": -1, "cpu_period": 100000},
+    )
 
 
 def oom_answers(died: bool) -> dict:
-    return {"/sys/fs/cgroup/memory.current 2>/dev/null || cat /sys/fs/cgroup/memory/memory.usage_in_bytes":
-            ExecResult(0, f"{500 * 2**20}\n", ""),
-            nodescripts.HOG: ExecResult(0, json.dumps({"allocated": 2**26, "worker_died": died}), "")}
+    return {
+        "/sys/fs/cgroup/memory.current 2>/dev/null || cat /sys/fs/cgroup/memory/memory.usage_in_bytes": ExecResult(
+            0, f"{500 * 2**20}\n", ""
+        ),
+        nodescripts.HOG: ExecResult(0, json.dumps({"allocated": 2**26, "worker_died": died}), ""),
+    }
 
 
 def test_oom_worker_limits_memory_only_while_the_hog_runs(nemesis):
@@ -274,8 +316,11 @@ def test_oom_worker_keeps_a_nodes_own_limit_and_fails_when_the_worker_survives(n
 
 def test_corrupt_checkpoint_runs_its_script_and_records_the_damage(nemesis):
     nem, fake = nemesis
-    fake.answers = {nodescripts.CORRUPT: ExecResult(0, json.dumps({"file": "/ckpt/ckpt-00000040.pt", "size": 9000,
-                                                                    "mode": "truncate", "new_size": 4500}), "")}
+    fake.answers = {
+        nodescripts.CORRUPT: ExecResult(
+            0, json.dumps({"file": "/ckpt/ckpt-00000040.pt", "size": 9000, "mode": "truncate", "new_size": 4500}), ""
+        )
+    }
     result = nem.corrupt_checkpoint("node1", mode="truncate")
     assert (result["file"], result["new_size"], result["node"]) == ("/ckpt/ckpt-00000040.pt", 4500, "node1")
     argv = next(c[2] for c in fake.calls if c[0] == "exec" and nodescripts.CORRUPT in c[2])
@@ -287,8 +332,9 @@ def test_fill_disk_refuses_an_unlimited_disk_and_heal_removes_its_filler(nemesis
     fake.answers = {nodescripts.FILL: ExecResult(3, "", "/ckpt has 90000 MiB free: not a size-limited disk")}
     with pytest.raises(UsageError, match="not a size-limited disk; give the cluster a size-limited one"):
         nem.fill_disk("node1")
-    fake.answers = {nodescripts.FILL: ExecResult(0, json.dumps({"file": "/ckpt/.sim-filler", "written": 2**26,
-                                                                 "free": 0}), "")}
+    fake.answers = {
+        nodescripts.FILL: ExecResult(0, json.dumps({"file": "/ckpt/.sim-filler", "written": 2**26, "free": 0}), "")
+    }
     assert nem.fill_disk("node1")["id"] == "fill-node1"
     nem.heal("fill-node1")
     assert ("exec", "id-node1", ["rm", "-f", "/ckpt/.sim-filler"], None) in fake.calls and nem.active() == []
@@ -296,8 +342,11 @@ def test_fill_disk_refuses_an_unlimited_disk_and_heal_removes_its_filler(nemesis
 
 def test_kill_during_checkpoint_reports_the_write_it_cut_or_that_none_came(nemesis):
     nem, fake = nemesis
-    fake.answers = {nodescripts.KILL_IN_WRITE: ExecResult(0, json.dumps(
-        {"pid": 40, "file": "/ckpt/ckpt-00000020.pt.tmp.40", "size_at_kill": 4096}), "")}
+    fake.answers = {
+        nodescripts.KILL_IN_WRITE: ExecResult(
+            0, json.dumps({"pid": 40, "file": "/ckpt/ckpt-00000020.pt.tmp.40", "size_at_kill": 4096}), ""
+        )
+    }
     result = nem.kill_during_checkpoint("node0", within=5)
     assert (result["pid"], result["signal"]) == (40, "SIGKILL")
     fake.answers = {nodescripts.KILL_IN_WRITE: ExecResult(4, "", "no worker opened a file under /ckpt/ for writing")}
@@ -307,9 +356,11 @@ def test_kill_during_checkpoint_reports_the_write_it_cut_or_that_none_came(nemes
 
 # The node scripts themselves, run here on local files and processes (they are stdlib Python).
 
+
 def run_script(script: str, *args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
-                          timeout=30, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, timeout=30, env=env
+    )
 
 
 def test_corrupt_script_damages_the_newest_file_only(tmp_path):
@@ -333,11 +384,23 @@ def test_fill_script_refuses_a_disk_with_more_free_than_allowed(tmp_path):
 
 def test_kill_in_write_script_kills_the_worker_that_opens_a_file_for_writing(tmp_path):
     worker_env = {**os.environ, "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "t"}
-    reader = subprocess.Popen([sys.executable, "-c", f"import time; f = open({str(tmp_path / 'a')!r}, 'a'); "
-                               "f.close(); g = open(" + repr(str(tmp_path / "a")) + "); time.sleep(30)"],
-                              env=worker_env)
-    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1); "
-                               f"f = open({str(tmp_path / 'ckpt.tmp')!r}, 'wb'); time.sleep(30)"], env=worker_env)
+    reader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import time; f = open({str(tmp_path / 'a')!r}, 'a'); "
+            "f.close(); g = open(" + repr(str(tmp_path / "a")) + "); time.sleep(30)",
+        ],
+        env=worker_env,
+    )
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import time; time.sleep(1); f = open({str(tmp_path / 'ckpt.tmp')!r}, 'wb'); time.sleep(30)",
+        ],
+        env=worker_env,
+    )
     try:
         watched = run_script(nodescripts.KILL_IN_WRITE, tmp_path, 10, int(signal.SIGKILL))
         assert watched.returncode == 0, watched.stderr
@@ -354,3 +417,37 @@ def test_hog_script_stops_once_the_worker_is_gone():
     done = json.loads(run_script(nodescripts.HOG, worker.pid, 2**30, 10).stdout)
     worker.wait()
     assert done["worker_died"] is True and 0 < done["allocated"] < 2**30
+
+
+def test_oom_worker_looks_for_itself_when_the_hog_was_killed_too(nemesis):
+    nem, fake = nemesis
+    fake.answers = {**oom_answers(died=True), nodescripts.HOG: ExecResult(137, "", "")}
+    # The probe still lists pid 40 (the fake node never changes): the worker survived.
+    with pytest.raises(FaultError, match="worker 40 survived 0 MiB"):
+        nem.oom_worker("node0", local_rank=0)
+    assert [c[2] for c in fake.calls if c[0] == "update"][-1] == {"memory": NO_MEMORY_LIMIT}
+
+
+def test_hang_collectives_holds_a_worker_through_a_file_and_heal_removes_it(nemesis):
+    nem, fake = nemesis
+    result = nem.hang_collectives("node0", local_rank=0)
+    assert (result["id"], result["file"]) == ("stall-node0-40", "/tmp/elastic-sim-hang-40")
+    assert ("exec", "id-node0", ["touch", "/tmp/elastic-sim-hang-40"], None) in fake.calls
+    nem.heal("stall-node0-40")
+    assert ("exec", "id-node0", ["rm", "-f", "/tmp/elastic-sim-hang-40"], None) in fake.calls and nem.active() == []
+
+
+def test_the_instrumentation_holds_a_worker_while_the_hang_file_exists(tmp_path, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "images" / "node"))
+    import elastic_sim_instrument as instrument
+
+    assert instrument.HANG_FILE == nodescripts.COLLECTIVE_HANG_FILE
+    monkeypatch.setattr(instrument, "HANG_FILE", str(tmp_path / "hang-{pid}"))
+    probe = instrument.WorkerProbe(lambda event, **fields: True)
+    hang_file = Path(instrument.HANG_FILE.format(pid=probe.pid))
+    hang_file.touch()
+    slept = []
+    probe._sleep = lambda s: slept.append(s) if len(slept) < 3 else hang_file.unlink()
+    probe.hold_while_hung()
+    assert len(slept) == 3 and not hang_file.exists()
+    probe.hold_while_hung()  # checked again only after HANG_CHECK_GAP_S

@@ -54,19 +54,59 @@ def test_c10d_has_no_etcd_and_node0_is_the_endpoint():
 
 
 def test_torchrun_argv_etcd_v2():
-    spec = ClusterSpec(name="demo", nodes=4, min_nodes=2, max_restarts=5, monitor_interval=0.5,
-                       rdzv_conf=(("join_timeout", "60"), ("last_call_timeout", "5")), script_args=("--steps", "9"))
+    spec = ClusterSpec(
+        name="demo",
+        nodes=4,
+        min_nodes=2,
+        max_restarts=5,
+        monitor_interval=0.5,
+        rdzv_conf=(("join_timeout", "60"), ("last_call_timeout", "5")),
+        script_args=("--steps", "9"),
+    )
     assert torchrun_argv(spec, 1, "demo-r1") == [
-        "torchrun", "--nnodes", "2:4", "--nproc-per-node", "2", "--max-restarts", "5", "--monitor-interval", "0.5",
-        "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "etcd:2379", "--rdzv-id", "demo-r1",
-        "--rdzv-conf", "join_timeout=60,last_call_timeout=5", "/opt/sim/trainer/train.py", "--steps", "9"]
+        "torchrun",
+        "--nnodes",
+        "2:4",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "5",
+        "--monitor-interval",
+        "0.5",
+        "--rdzv-backend",
+        "etcd-v2",
+        "--rdzv-endpoint",
+        "etcd:2379",
+        "--rdzv-id",
+        "demo-r1",
+        "--rdzv-conf",
+        "join_timeout=60,last_call_timeout=5",
+        "/opt/sim/trainer/train.py",
+        "--steps",
+        "9",
+    ]
 
 
 def test_torchrun_argv_static_fixed_size():
     spec = ClusterSpec(name="demo", nodes=2, min_nodes=2, rdzv_backend="static", script_args=())
     assert torchrun_argv(spec, 1, "ignored") == [
-        "torchrun", "--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "3", "--rdzv-backend", "static",
-        "--node-rank", "1", "--master-addr", "node0", "--master-port", "29500", "/opt/sim/trainer/train.py"]
+        "torchrun",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "3",
+        "--rdzv-backend",
+        "static",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "node0",
+        "--master-port",
+        "29500",
+        "/opt/sim/trainer/train.py",
+    ]
 
 
 def test_gpu_count_assigns_distinct_devices_per_node():
@@ -92,7 +132,9 @@ def test_user_script_is_bind_mounted_read_only(tmp_path):
     script.write_text("")
     project = render(ClusterSpec(name="demo", nodes=1, script=str(script)), **IMAGES)
     node = project["services"]["node0"]
-    assert {"type": "bind", "source": str(tmp_path.resolve()), "target": "/opt/sim/user", "read_only": True} in node["volumes"]
+    assert {"type": "bind", "source": str(tmp_path.resolve()), "target": "/opt/sim/user", "read_only": True} in node[
+        "volumes"
+    ]
     assert node["command"][-1] == "/opt/sim/user/train_mine.py"
 
 

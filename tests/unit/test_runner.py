@@ -68,60 +68,123 @@ class RecordingNemesis:
         def call(*args, **kwargs):
             self.calls.append((name, args, kwargs))
             return {"op": "1", "id": "partition-x" if name == "partition" else "link-node1", "node": "node1"}
+
         return call
 
 
 # fault -> (its scenario step's options, its CLI argv, the nemesis call, the undo call of a reversible one).
 # Written out by hand, not derived from the catalog: this is what the catalog must do.
 WIRING = {
-    "kill-worker": ("target: node1\n    local_rank: 0\n    signal: TERM",
-                    ["kill-worker", "node1", "--local-rank", "0", "--signal", "TERM"],
-                    ("kill_worker", ("node1",), {"rank": None, "local_rank": 0, "sig": signal.SIGTERM}), None),
-    "kill-agent": ("target: node1\n    signal: TERM", ["kill-agent", "node1", "--signal", "TERM"],
-                   ("kill_agent", ("node1",), {"sig": signal.SIGTERM}), None),
+    "kill-worker": (
+        "target: node1\n    local_rank: 0\n    signal: TERM",
+        ["kill-worker", "node1", "--local-rank", "0", "--signal", "TERM"],
+        ("kill_worker", ("node1",), {"rank": None, "local_rank": 0, "sig": signal.SIGTERM}),
+        None,
+    ),
+    "kill-agent": (
+        "target: node1\n    signal: TERM",
+        ["kill-agent", "node1", "--signal", "TERM"],
+        ("kill_agent", ("node1",), {"sig": signal.SIGTERM}),
+        None,
+    ),
     "kill-node": ("target: node2", ["kill", "node2"], ("kill_node", ("node2",), {}), None),
-    "stop-node": ("target: node1\n    grace: 5s", ["stop", "node1", "--grace", "5s"],
-                  ("stop_node", ("node1",), {"grace": 5.0}), None),
-    "restart-node": ("target: node1\n    grace: 1s\n    downtime: 2s",
-                     ["restart", "node1", "--grace", "1s", "--downtime", "2s"],
-                     ("restart_node", ("node1",), {"grace": 1.0, "downtime": 2.0}), None),
+    "stop-node": (
+        "target: node1\n    grace: 5s",
+        ["stop", "node1", "--grace", "5s"],
+        ("stop_node", ("node1",), {"grace": 5.0}),
+        None,
+    ),
+    "restart-node": (
+        "target: node1\n    grace: 1s\n    downtime: 2s",
+        ["restart", "node1", "--grace", "1s", "--downtime", "2s"],
+        ("restart_node", ("node1",), {"grace": 1.0, "downtime": 2.0}),
+        None,
+    ),
     "start-node": ("target: node1", ["start", "node1"], ("start_node", ("node1",), {}), None),
     "pause": ("target: node1", ["pause", "node1"], ("pause", ("node1",), {}), ("unpause", ("node1",), {})),
     "unpause": ("target: node1", ["unpause", "node1"], ("unpause", ("node1",), {}), None),
-    "partition": ("isolate: [node1]", ["partition", "--isolate", "node1"], ("partition", (ISOLATE_NODE1,), {}),
-                  ("heal", ("partition-x",), {})),
+    "partition": (
+        "isolate: [node1]",
+        ["partition", "--isolate", "node1"],
+        ("partition", (ISOLATE_NODE1,), {}),
+        ("heal", ("partition-x",), {}),
+    ),
     "heal": ("id: link-node1", ["heal", "link-node1"], ("heal", ("link-node1",), {}), None),
-    "netem": ("target: node1\n    delay: 100ms\n    jitter: 20ms\n    duplicate: 1%\n    corrupt: 2%",
-              ["netem", "node1", "--delay", "100ms", "--jitter", "20ms", "--duplicate", "1%", "--corrupt", "2%"],
-              ("link", ("node1",), {"loss_pct": None, "rate_bps": None, "netem": {
-                  "delay_ms": 100.0, "jitter_ms": 20.0, "duplicate_pct": 1.0, "corrupt_pct": 2.0}}),
-              ("heal", ("link-node1",), {})),
+    "netem": (
+        "target: node1\n    delay: 100ms\n    jitter: 20ms\n    duplicate: 1%\n    corrupt: 2%",
+        ["netem", "node1", "--delay", "100ms", "--jitter", "20ms", "--duplicate", "1%", "--corrupt", "2%"],
+        (
+            "link",
+            ("node1",),
+            {
+                "loss_pct": None,
+                "rate_bps": None,
+                "netem": {"delay_ms": 100.0, "jitter_ms": 20.0, "duplicate_pct": 1.0, "corrupt_pct": 2.0},
+            },
+        ),
+        ("heal", ("link-node1",), {}),
+    ),
     "etcd-kill": ("", ["etcd", "kill"], ("kill_node", ("etcd",), {}), None),
     "etcd-start": ("", ["etcd", "start"], ("start_node", ("etcd",), {}), None),
-    "etcd-restart": ("downtime: 3s", ["etcd", "restart", "--downtime", "3s"],
-                     ("restart_node", ("etcd",), {"downtime": 3.0}), None),
+    "etcd-restart": (
+        "downtime: 3s",
+        ["etcd", "restart", "--downtime", "3s"],
+        ("restart_node", ("etcd",), {"downtime": 3.0}),
+        None,
+    ),
     "etcd-wipe": ("downtime: 3s", ["etcd", "wipe", "--downtime", "3s"], ("wipe_etcd", (), {"downtime": 3.0}), None),
     "etcd-pause": ("", ["etcd", "pause"], ("pause", ("etcd",), {}), ("unpause", ("etcd",), {})),
     "etcd-unpause": ("", ["etcd", "unpause"], ("unpause", ("etcd",), {}), None),
     "etcd-isolate": ("", ["etcd", "isolate"], ("partition", (ETCD_CUT,), {}), ("heal", ("partition-x",), {})),
-    "hang-worker": ("target: node1\n    local_rank: 1", ["hang-worker", "node1", "--local-rank", "1"],
-                    ("hang_worker", ("node1",), {"rank": None, "local_rank": 1}), ("resume_worker", ("node1",), {})),
+    "hang-worker": (
+        "target: node1\n    local_rank: 1",
+        ["hang-worker", "node1", "--local-rank", "1"],
+        ("hang_worker", ("node1",), {"rank": None, "local_rank": 1}),
+        ("resume_worker", ("node1",), {}),
+    ),
+    "hang-collectives": (
+        "rank: 1",
+        ["hang-collectives", "--rank", "1"],
+        ("hang_collectives", ("random",), {"rank": 1, "local_rank": None}),
+        ("heal", ("link-node1",), {}),
+    ),
     "resume-worker": ("target: node2", ["resume-worker", "node2"], ("resume_worker", ("node2",), {}), None),
-    "slow-node": ("target: node1\n    cpus: 0.25", ["slow", "node1", "--cpus", "0.25"],
-                  ("slow_node", ("node1",), {"cpus": 0.25}), ("heal", ("link-node1",), {})),
-    "oom-worker": ("rank: 2", ["oom-worker", "--rank", "2"],
-                   ("oom_worker", ("random",), {"rank": 2, "local_rank": None}), None),
-    "corrupt-checkpoint": ("target: node0\n    mode: truncate\n    dir: /data/ckpt",
-                           ["corrupt-checkpoint", "node0", "--mode", "truncate", "--dir", "/data/ckpt"],
-                           ("corrupt_checkpoint", ("node0",), {"mode": "truncate", "directory": "/data/ckpt"}), None),
-    "fill-disk": ("target: node2\n    leave: 4k", ["fill-disk", "node2", "--leave", "4k"],
-                  ("fill_disk", ("node2",), {"directory": "/ckpt", "leave": 4096}), ("heal", ("link-node1",), {})),
-    "kill-during-checkpoint": ("within: 20s\n    signal: TERM", ["kill-during-checkpoint", "--within", "20s",
-                                                                 "--signal", "TERM"],
-                               ("kill_during_checkpoint", ("rank0",), {"directory": "/ckpt", "within": 20.0,
-                                                                      "sig": signal.SIGTERM}), None),
-    "scale": ("nodes: 2\n    abrupt: true\n    grace: 3s", ["scale", "--nodes", "2", "--abrupt", "--grace", "3s"],
-              ("scale", (2,), {"abrupt": True, "grace": 3.0}), None),
+    "slow-node": (
+        "target: node1\n    cpus: 0.25",
+        ["slow", "node1", "--cpus", "0.25"],
+        ("slow_node", ("node1",), {"cpus": 0.25}),
+        ("heal", ("link-node1",), {}),
+    ),
+    "oom-worker": (
+        "rank: 2",
+        ["oom-worker", "--rank", "2"],
+        ("oom_worker", ("random",), {"rank": 2, "local_rank": None}),
+        None,
+    ),
+    "corrupt-checkpoint": (
+        "target: node0\n    mode: truncate\n    dir: /data/ckpt",
+        ["corrupt-checkpoint", "node0", "--mode", "truncate", "--dir", "/data/ckpt"],
+        ("corrupt_checkpoint", ("node0",), {"mode": "truncate", "directory": "/data/ckpt"}),
+        None,
+    ),
+    "fill-disk": (
+        "target: node2\n    leave: 4k",
+        ["fill-disk", "node2", "--leave", "4k"],
+        ("fill_disk", ("node2",), {"directory": "/ckpt", "leave": 4096}),
+        ("heal", ("link-node1",), {}),
+    ),
+    "kill-during-checkpoint": (
+        "within: 20s\n    signal: TERM",
+        ["kill-during-checkpoint", "--within", "20s", "--signal", "TERM"],
+        ("kill_during_checkpoint", ("rank0",), {"directory": "/ckpt", "within": 20.0, "sig": signal.SIGTERM}),
+        None,
+    ),
+    "scale": (
+        "nodes: 2\n    abrupt: true\n    grace: 3s",
+        ["scale", "--nodes", "2", "--abrupt", "--grace", "3s"],
+        ("scale", (2,), {"abrupt": True, "grace": 3.0}),
+        None,
+    ),
 }
 SCENARIO_HEAD = "name: t\ndescription: d\ncluster: {nodes: 3}\nexpect: {outcome: recovers}\n"
 # Verbs that bring a stopped container back, so they must not require a running cluster.
@@ -133,9 +196,11 @@ def test_every_fault_of_the_catalog_is_wired_here():
 
 
 def step_of(fault: str, options: str, reversible: bool) -> Step:
-    text = (f"name: t\ndescription: d\ncluster: {{nodes: 3, rdzv_backend: etcd-v2}}\nexpect: {{outcome: recovers}}\n"
-            f"steps:\n  - fault: {fault}\n    {options}\n    at: {{step: 1}}\n"
-            + ("    duration: 10ms\n" if reversible else ""))
+    text = (
+        f"name: t\ndescription: d\ncluster: {{nodes: 3, rdzv_backend: etcd-v2}}\nexpect: {{outcome: recovers}}\n"
+        f"steps:\n  - fault: {fault}\n    {options}\n    at: {{step: 1}}\n"
+        + ("    duration: 10ms\n" if reversible else "")
+    )
     (step,) = parse_scenario(text, "t.yaml").steps
     return step
 
@@ -162,19 +227,38 @@ def test_a_cli_verb_reaches_its_nemesis_call_and_undo(fault, monkeypatch, capsys
     assert needs_running == [fault not in NOT_NEEDING_RUNNING]
 
 
-@pytest.mark.parametrize("argv, call", [
-    (["heal", "--all"], ("heal", (None,), {})),
-    (["partition", "node0|node1,node2"], ("partition", (split([["node0"], ["node1", "node2"]], NODES),), {})),
-    (["partition", "--from-etcd", "node1"], ("partition", (cut_from(["node1"], ["etcd"], [*NODES, "etcd"]),), {})),
-    (["partition", "--from-peers", "node1"],
-     ("partition", (cut_from(["node1"], ["node0", "node2"], [*NODES, "etcd"]),), {})),
-    (["partition", "--one-way", "node1", "etcd,node0"], ("partition", (one_way(["node1"], ["etcd", "node0"]),), {})),
-    (["kill-worker", "--rank", "3"], ("kill_worker", ("random",), {"rank": 3, "local_rank": None,
-                                                                  "sig": signal.SIGKILL})),
-    (["netem", "node1", "--loss", "30%", "--rate", "1mbit", "--for", "0s"],
-     ("link", ("node1",), {"loss_pct": 30.0, "rate_bps": 1_000_000, "netem": {
-         "delay_ms": None, "jitter_ms": None, "duplicate_pct": None, "corrupt_pct": None}})),
-])
+@pytest.mark.parametrize(
+    "argv, call",
+    [
+        (["heal", "--all"], ("heal", (None,), {})),
+        (["partition", "node0|node1,node2"], ("partition", (split([["node0"], ["node1", "node2"]], NODES),), {})),
+        (["partition", "--from-etcd", "node1"], ("partition", (cut_from(["node1"], ["etcd"], [*NODES, "etcd"]),), {})),
+        (
+            ["partition", "--from-peers", "node1"],
+            ("partition", (cut_from(["node1"], ["node0", "node2"], [*NODES, "etcd"]),), {}),
+        ),
+        (
+            ["partition", "--one-way", "node1", "etcd,node0"],
+            ("partition", (one_way(["node1"], ["etcd", "node0"]),), {}),
+        ),
+        (
+            ["kill-worker", "--rank", "3"],
+            ("kill_worker", ("random",), {"rank": 3, "local_rank": None, "sig": signal.SIGKILL}),
+        ),
+        (
+            ["netem", "node1", "--loss", "30%", "--rate", "1mbit", "--for", "0s"],
+            (
+                "link",
+                ("node1",),
+                {
+                    "loss_pct": 30.0,
+                    "rate_bps": 1_000_000,
+                    "netem": {"delay_ms": None, "jitter_ms": None, "duplicate_pct": None, "corrupt_pct": None},
+                },
+            ),
+        ),
+    ],
+)
 def test_cli_option_shapes(argv, call, monkeypatch, capsys):
     nemesis = RecordingNemesis()
     monkeypatch.setattr(chaos.cli, "_nemesis", lambda args, running=True: nemesis)
@@ -182,22 +266,25 @@ def test_cli_option_shapes(argv, call, monkeypatch, capsys):
     assert nemesis.calls[0] == call
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["kill-worker", "--rank", "1", "--local-rank", "0"], "give at most one of rank, local_rank"),
-    (["pause", "node1", "--for", "3x"], "--for: duration '3x': not a duration"),
-    (["netem", "node1"], "netem: nothing to degrade"),
-    (["netem", "node1", "--jitter", "5ms"], "jitter varies a delay"),
-    (["heal"], "give exactly one of id, all; got none"),
-    (["partition"], "give exactly one of groups, isolate, from_etcd, from_peers, one_way; got none"),
-    (["scale", "--nodes", "x"], "--nodes: 'x' is not a whole number"),
-    (["stop", "node1", "--grace", "soon"], "--grace: duration 'soon'"),
-    (["slow", "node1", "--cpus", "fast"], "--cpus: cpus 'fast': not a number"),
-    (["slow", "node1", "--cpus", "0"], "cpus 0.0: not a number of CPUs > 0"),
-    (["corrupt-checkpoint", "--mode", "shred"], "mode 'shred': not bitflip or truncate"),
-    (["fill-disk", "--dir", "ckpt"], "dir 'ckpt': not an absolute path"),
-    (["fill-disk", "--leave", "lots"], "--leave: size 'lots': not a size"),
-    (["hang-worker", "--rank", "1", "--local-rank", "0"], "give at most one of rank, local_rank"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["kill-worker", "--rank", "1", "--local-rank", "0"], "give at most one of rank, local_rank"),
+        (["pause", "node1", "--for", "3x"], "--for: duration '3x': not a duration"),
+        (["netem", "node1"], "netem: nothing to degrade"),
+        (["netem", "node1", "--jitter", "5ms"], "jitter varies a delay"),
+        (["heal"], "give exactly one of id, all; got none"),
+        (["partition"], "give exactly one of groups, isolate, from_etcd, from_peers, one_way; got none"),
+        (["scale", "--nodes", "x"], "--nodes: 'x' is not a whole number"),
+        (["stop", "node1", "--grace", "soon"], "--grace: duration 'soon'"),
+        (["slow", "node1", "--cpus", "fast"], "--cpus: cpus 'fast': not a number"),
+        (["slow", "node1", "--cpus", "0"], "cpus 0.0: not a number of CPUs > 0"),
+        (["corrupt-checkpoint", "--mode", "shred"], "mode 'shred': not bitflip or truncate"),
+        (["fill-disk", "--dir", "ckpt"], "dir 'ckpt': not an absolute path"),
+        (["fill-disk", "--leave", "lots"], "--leave: size 'lots': not a size"),
+        (["hang-worker", "--rank", "1", "--local-rank", "0"], "give at most one of rank, local_rank"),
+    ],
+)
 def test_bad_cli_input_is_one_line_and_reaches_no_cluster(argv, message, monkeypatch, capsys):
     monkeypatch.setattr(chaos.cli, "_nemesis", lambda *a, **k: pytest.fail("reached the cluster"))
     assert sim_main([*argv, "--name", "t"]) == 2
@@ -232,8 +319,9 @@ def test_history_state_counts_any_scripts_optimizer_steps(tmp_path):
     # (Adam), else the optimizer steps the process took (SGD).
     history = History(tmp_path / "h.jsonl")
     state = HistoryState(history.path)
-    history.append({"t": 10.0, "type": "worker", "node": "node0", "event": "step", "n": 3, "step": None,
-                    "world_size": 2})
+    history.append(
+        {"t": 10.0, "type": "worker", "node": "node0", "event": "step", "n": 3, "step": None, "world_size": 2}
+    )
     history.append({"t": 11.0, "type": "worker", "node": "node0", "event": "activity", "collectives": 9})
     state.update()
     assert (state.first_step_t, state.max_step, state.world_size) == (10.0, 3, 2)

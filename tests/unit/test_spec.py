@@ -21,21 +21,24 @@ def test_defaults_are_elastic_one_to_n():
     assert spec.effective_script_args == DEFAULT_TRAINER_ARGS
 
 
-@pytest.mark.parametrize("kwargs, mentions", [
-    ({"nodes": 0}, "--nodes 0"),
-    ({"nodes": 2, "min_nodes": 3}, "--min-nodes 3 > --nodes 2"),
-    ({"nodes": 4, "min_nodes": 3, "max_nodes": 2}, "--min-nodes 3 > --max-nodes 2"),
-    ({"rdzv_backend": "zookeeper"}, "zookeeper"),
-    ({"script": "/no/such/train.py"}, "/no/such/train.py"),
-    ({"name": "Bad Name"}, "Bad Name"),
-    ({"max_restarts": -1}, "--max-restarts -1"),
-    ({"monitor_interval": 0.0}, "--monitor-interval"),
-    ({"nproc_per_node": 0}, "--nproc-per-node 0"),
-    ({"memory": "lots"}, "--memory 'lots': not a size"),
-    ({"ckpt_size": "512k"}, "--ckpt-size '512k': below 1024 KiB"),
-    ({"rdzv_backend": "static", "nodes": 2}, "static"),
-    ({"rdzv_conf": (("bad key", "1"),)}, "bad key"),
-])
+@pytest.mark.parametrize(
+    "kwargs, mentions",
+    [
+        ({"nodes": 0}, "--nodes 0"),
+        ({"nodes": 2, "min_nodes": 3}, "--min-nodes 3 > --nodes 2"),
+        ({"nodes": 4, "min_nodes": 3, "max_nodes": 2}, "--min-nodes 3 > --max-nodes 2"),
+        ({"rdzv_backend": "zookeeper"}, "zookeeper"),
+        ({"script": "/no/such/train.py"}, "/no/such/train.py"),
+        ({"name": "Bad Name"}, "Bad Name"),
+        ({"max_restarts": -1}, "--max-restarts -1"),
+        ({"monitor_interval": 0.0}, "--monitor-interval"),
+        ({"nproc_per_node": 0}, "--nproc-per-node 0"),
+        ({"memory": "lots"}, "--memory 'lots': not a size"),
+        ({"ckpt_size": "512k"}, "--ckpt-size '512k': below 1024 KiB"),
+        ({"rdzv_backend": "static", "nodes": 2}, "static"),
+        ({"rdzv_conf": (("bad key", "1"),)}, "bad key"),
+    ],
+)
 def test_bad_values_name_themselves(kwargs, mentions):
     with pytest.raises(UsageError) as error:
         ClusterSpec(**kwargs)
@@ -58,8 +61,9 @@ def test_user_script_is_resolved_and_mounted(tmp_path):
 
 
 def test_json_round_trip(tmp_path):
-    spec = ClusterSpec(nodes=3, rdzv_conf=(("join_timeout", "60"),), gpus=GpuRequest.parse("2"),
-                       script_args=("--steps", "5"))
+    spec = ClusterSpec(
+        nodes=3, rdzv_conf=(("join_timeout", "60"),), gpus=GpuRequest.parse("2"), script_args=("--steps", "5")
+    )
     assert ClusterSpec.from_json(spec.to_json()) == spec
 
 
@@ -74,14 +78,17 @@ def test_gpu_requests():
 
 def test_kv_list():
     assert parse_kv_list("--rdzv-conf", "join_timeout=60, last_call_timeout=5") == (
-        ("join_timeout", "60"), ("last_call_timeout", "5"))
+        ("join_timeout", "60"),
+        ("last_call_timeout", "5"),
+    )
     with pytest.raises(UsageError, match="'oops' is not key=value"):
         parse_kv_list("--rdzv-conf", "a=1,oops")
 
 
 def test_spec_from_cli_options():
-    spec = spec_from_options({"nodes": 2, "rdzv_conf": "join_timeout=9", "gpus": None, "detach": True},
-                             ["--steps", "3"])
+    spec = spec_from_options(
+        {"nodes": 2, "rdzv_conf": "join_timeout=9", "gpus": None, "detach": True}, ["--steps", "3"]
+    )
     assert spec.nodes == 2 and spec.rdzv_conf == (("join_timeout", "9"),)
     assert spec.script_args == ("--step-time", "0.2", "--ckpt-interval", "10", "--steps", "3")
 
@@ -93,8 +100,16 @@ def test_one_trainer_arg_keeps_the_other_defaults():
 
 def test_trainer_args_override_flag_by_flag_in_either_spelling():
     spec = spec_from_options({}, ["--step-time=0.05", "--pg-timeout", "15"])
-    assert spec.effective_script_args == ("--steps", "600", "--ckpt-interval", "10",
-                                          "--step-time", "0.05", "--pg-timeout", "15")
+    assert spec.effective_script_args == (
+        "--steps",
+        "600",
+        "--ckpt-interval",
+        "10",
+        "--step-time",
+        "0.05",
+        "--pg-timeout",
+        "15",
+    )
 
 
 def test_every_default_overridden_leaves_only_the_given_args():
@@ -115,13 +130,19 @@ def test_user_script_gets_exactly_its_args(tmp_path):
 
 def test_start_record_reads_steps_from_merged_args():
     from sim.cluster import run_start_record
+
     record = run_start_record(spec_from_options({}, ["--steps=400"]), "r1")
     assert (record["target_steps"], record["ckpt_interval"]) == (400, 10)
 
 
 def test_sizes_in_binary_units():
     assert [parse_size("--memory", text) for text in ("64m", "2G", "1024k", "1048576", "3gb")] == [
-        64 * 2**20, 2 * 2**30, 2**20, 2**20, 3 * 2**30]
+        64 * 2**20,
+        2 * 2**30,
+        2**20,
+        2**20,
+        3 * 2**30,
+    ]
     assert parse_size("leave", "0", least=0) == 0
     spec = ClusterSpec(memory="2g", ckpt_size="64m")
     assert ClusterSpec.from_json(spec.to_json()) == spec

@@ -7,7 +7,8 @@ rendezvous needs only range, txn, put, delete, lease grant and one-shot watches.
 Rules this client keeps:
 - A request that may have reached the server is never sent again (a compare-and-set or an ``add``
   must not apply twice). Only requests that provably did not reach etcd are retried: the connect
-  step failed (then the next endpoint is tried), or etcd answered "invalid auth token" (then we
+  step failed (then the next endpoint is tried, and all of them again until reconnect_timeout: etcd
+  restarting is a pause, not an end), or etcd answered "invalid auth token" (then we
   authenticate again).
 - An idle pooled connection that the server has closed (etcd restarted) is detected before reuse.
 - One connection per thread: torch's dynamic handler calls the backend from its keep-alive thread
@@ -33,6 +34,8 @@ from .config import Endpoint, EtcdConfig
 # gRPC status codes the gateway returns in {"code": N}.
 _GRPC_NOT_FOUND = 5
 _GRPC_UNAUTHENTICATED = 16
+# Between rounds of connect attempts while etcd is down.
+RECONNECT_PAUSE_S = 0.5
 
 
 class EtcdError(Exception):
@@ -162,19 +165,24 @@ class EtcdClient:
         return conn
 
     def _connect_any(self, read_timeout_s: float | None) -> http.client.HTTPConnection:
-        """Connect to the first endpoint that accepts, starting with the last one that worked."""
+        """Connect to the first endpoint that accepts, starting with the last one that worked; while none
+        does (etcd restarting), try again until reconnect_timeout has passed."""
         endpoints = self.config.endpoints
-        errors = []
-        for step in range(len(endpoints)):
-            index = (self._endpoint_index + step) % len(endpoints)
-            try:
-                conn = self._new_connection(endpoints[index], read_timeout_s)
-            except (OSError, http.client.HTTPException) as exc:
-                errors.append(f"{endpoints[index]}: {exc}")
-                continue
-            self._endpoint_index = index
-            return conn
-        raise EtcdConnectionError("cannot connect to etcd at " + "; ".join(errors))
+        deadline = time.monotonic() + self.config.reconnect_timeout_s
+        while True:
+            errors = []
+            for step in range(len(endpoints)):
+                index = (self._endpoint_index + step) % len(endpoints)
+                try:
+                    conn = self._new_connection(endpoints[index], read_timeout_s)
+                except (OSError, http.client.HTTPException) as exc:
+                    errors.append(f"{endpoints[index]}: {exc}")
+                    continue
+                self._endpoint_index = index
+                return conn
+            if time.monotonic() + RECONNECT_PAUSE_S > deadline:
+                raise EtcdConnectionError("cannot connect to etcd at " + "; ".join(errors))
+            time.sleep(RECONNECT_PAUSE_S)
 
     def _pooled_connection(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)

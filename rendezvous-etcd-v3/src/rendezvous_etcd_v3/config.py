@@ -36,6 +36,9 @@ class EtcdConfig:
     protocol: str = "http"
     read_timeout_s: float = 60.0
     connect_timeout_s: float = 10.0
+    # How long a call keeps trying to connect while etcd is down (restarting, its name not resolving)
+    # before it fails; connecting again is always safe: no request of that call reached etcd.
+    reconnect_timeout_s: float = 30.0
     key_prefix: str = DEFAULT_KEY_PREFIX
     ttl_s: int = DEFAULT_TTL_S
     ca_cert: str | None = None
@@ -51,6 +54,11 @@ class EtcdConfig:
             raise ConfigError(f"rdzv-conf protocol={self.protocol!r} is not supported: use protocol=http or https")
         _require_positive("read_timeout", self.read_timeout_s)
         _require_positive("connect_timeout", self.connect_timeout_s)
+        if not 0 <= self.reconnect_timeout_s < float("inf"):
+            raise ConfigError(
+                f"rdzv-conf reconnect_timeout={self.reconnect_timeout_s} must be seconds >= 0, "
+                "e.g. reconnect_timeout=30"
+            )
         # etcd refuses leases shorter than its minimum TTL (a few seconds); 2 s is the least we let through.
         if self.ttl_s < 2:
             raise ConfigError(f"rdzv-conf ttl={self.ttl_s} is too short: give whole seconds >= 2, e.g. ttl=7200")
@@ -94,6 +102,7 @@ class EtcdConfig:
             protocol=str(conf.get("protocol", protocol)).strip().lower(),
             read_timeout_s=_number(conf, "read_timeout", 60.0),
             connect_timeout_s=_number(conf, "connect_timeout", 10.0),
+            reconnect_timeout_s=_number(conf, "reconnect_timeout", 30.0, zero_ok=True),
             key_prefix=str(conf.get("key_prefix", DEFAULT_KEY_PREFIX)).strip(),
             ttl_s=int(_number(conf, "ttl", DEFAULT_TTL_S, whole=True)),
             ca_cert=_optional(conf, "ca_cert"),
@@ -147,7 +156,7 @@ def _optional(conf: dict[str, Any], key: str) -> str | None:
     return value or None
 
 
-def _number(conf: dict[str, Any], key: str, default: float, whole: bool = False) -> float:
+def _number(conf: dict[str, Any], key: str, default: float, whole: bool = False, zero_ok: bool = False) -> float:
     value = conf.get(key)
     if value is None or str(value).strip() == "":
         return default
@@ -156,7 +165,8 @@ def _number(conf: dict[str, Any], key: str, default: float, whole: bool = False)
     except ValueError:
         kind = "a whole number of seconds" if whole else "a number of seconds"
         raise ConfigError(f"rdzv-conf {key}={value!r} is not {kind}: e.g. {key}={int(default)}") from None
-    _require_positive(key, number)
+    if not (zero_ok and number == 0):
+        _require_positive(key, number)
     return number
 
 

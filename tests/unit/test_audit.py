@@ -1,0 +1,133 @@
+"""Privilege audit (issue 11 item 6): the rendered cluster, and the rules on crafted projects."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim import labels
+from sim.audit import audit_project, project_from_inspect
+from sim.docker import Container
+from sim.doctor import rendered_audit, running_audit
+from sim.errors import ClusterNotFoundError
+from sim.render import render
+from sim.spec import USER_SCRIPT_DIR, ClusterSpec, GpuRequest
+
+
+def _rendered(spec: ClusterSpec) -> dict:
+    return render(spec, node_image="node:t", etcd_image="etcd:t", run_id="r1")
+
+
+@pytest.fixture
+def user_script(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('train')\n")
+    return str(script)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"rdzv_backend": "etcd-v2", "nodes": 3},
+        {"rdzv_backend": "c10d"},
+        {"rdzv_backend": "static", "nodes": 2, "min_nodes": 2},
+        {"gpus": GpuRequest.parse("1"), "nodes": 2},
+        {"gpus": GpuRequest.parse("all")},
+    ],
+    ids=["default", "etcd-v2", "c10d", "static", "gpus-1", "gpus-all"],
+)
+def test_rendered_clusters_keep_every_rule(options):
+    assert audit_project(_rendered(ClusterSpec(**options))) == []
+
+
+def test_rendered_user_script_is_read_only_and_only_network_roles_have_net_admin(user_script):
+    project = _rendered(ClusterSpec(script=user_script, rdzv_backend="c10d"))
+    assert audit_project(project) == []
+    for service in project["services"].values():
+        assert "privileged" not in service and not service.get("ports")
+        assert set(service.get("cap_add", ())) <= {"NET_ADMIN"}
+        assert service["labels"][labels.ROLE] in ("node", "etcd")
+        assert str(service.get("user", "sim")).split(":")[0] not in ("root", "0")
+    mounts = [
+        m for m in project["services"]["node0"]["volumes"] if isinstance(m, dict) and m["target"] == USER_SCRIPT_DIR
+    ]
+    assert mounts and all(m["read_only"] for m in mounts)
+
+
+NODE = {labels.ROLE: "node"}
+RULES = {
+    "privileged": {"labels": NODE, "privileged": True},
+    "cap_add": {"labels": NODE, "cap_add": ["SYS_ADMIN"]},
+    "root": {"labels": NODE, "user": "0:0"},
+    "script_writable": {"labels": NODE, "volumes": [{"type": "bind", "source": "/home/u", "target": USER_SCRIPT_DIR}]},
+    "docker_socket": {"labels": NODE, "volumes": ["/var/run/docker.sock:/var/run/docker.sock"]},
+    "port": {"labels": NODE, "ports": ["8080:80"]},
+    "host_namespace": {"labels": NODE, "network_mode": "host"},
+}
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_each_rule_finds_its_breach(rule):
+    findings = audit_project({"services": {"node0": RULES[rule]}})
+    assert [f.rule for f in findings] == [rule] and "node0" in str(findings[0])
+
+
+def test_net_admin_only_where_a_network_fault_needs_it_and_loopback_ports_pass():
+    findings = audit_project(
+        {
+            "services": {
+                "helper": {"cap_add": ["NET_ADMIN"]},
+                "node0": {
+                    "labels": NODE,
+                    "cap_add": ["CAP_NET_ADMIN"],
+                    "ports": ["127.0.0.1:8080:80", {"host_ip": "::1"}],
+                    "volumes": [f"/src:{USER_SCRIPT_DIR}:ro"],
+                },
+            }
+        }
+    )
+    assert [(f.service, f.rule) for f in findings] == [("helper", "cap_add")]
+
+
+def _inspect(**host) -> dict:
+    return {
+        "Name": "/sim-node0",
+        "Config": {"User": "sim", "Labels": {labels.ROLE: "node", labels.NODE: "node0"}},
+        "HostConfig": {
+            "Privileged": False,
+            "CapAdd": ["NET_ADMIN"],
+            "PortBindings": {},
+            "NetworkMode": "sim_c",
+            **host,
+        },
+        "Mounts": [{"Type": "bind", "Source": "/u", "Destination": USER_SCRIPT_DIR, "RW": False}],
+    }
+
+
+def test_a_running_cluster_is_judged_by_the_same_rules():
+    assert audit_project(project_from_inspect([_inspect()])) == []
+    bad = _inspect(Privileged=True, PortBindings={"29400/tcp": [{"HostIp": "0.0.0.0", "HostPort": "29400"}]})
+    bad["Config"]["User"] = ""
+    bad["Mounts"][0]["RW"] = True
+    rules = sorted(f.rule for f in audit_project(project_from_inspect([bad])))
+    assert rules == ["port", "privileged", "root", "script_writable"]
+
+
+class _FakeDocker:
+    def __init__(self, inspected: dict[str, dict]):
+        self.inspected = inspected
+
+    def containers(self, label_filter):
+        return [Container(cid, cid, {}, "running", "Up", None, {}) for cid in self.inspected]
+
+    def inspect(self, container):
+        return self.inspected[container]
+
+
+def test_doctor_prints_the_audit_of_a_rendered_and_of_a_running_cluster():
+    assert [c.ok for c in rendered_audit()] == [True]
+    assert [c.ok for c in running_audit(_FakeDocker({"c1": _inspect()}), "sim")] == [True]
+    failed = running_audit(_FakeDocker({"c1": _inspect(CapAdd=["SYS_PTRACE"])}), "sim")
+    assert [c.ok for c in failed] == [False] and "SYS_PTRACE" in failed[0].detail
+    with pytest.raises(ClusterNotFoundError):
+        running_audit(_FakeDocker({}), "gone")
