@@ -44,7 +44,19 @@ WORKER_ERRORS = (
     (re.compile(r"Timed out waiting \d+ms|ran for \d+ milliseconds before timing out"), "timeout"),
     (re.compile(r"Connection (closed|reset) by peer"), "peer_lost"),
     (re.compile(r"DistBackendError"), "backend"),
+    # ENOSPC on a checkpoint write (a worker's own, or the agent's error file).
+    (re.compile(r"Errno 28\b|No space left on device"), "disk_full"),
+    # torch.load on a damaged file: pickle's and torch's zip reader's own words.
+    (
+        re.compile(r"UnpicklingError|PytorchStreamReader failed|invalid load key|unexpected EOF"),
+        "checkpoint_unreadable",
+    ),
 )
+# A traceback frame inside torch.load: the exception line that ends such a traceback is a
+# checkpoint that could not be read, whatever its words (torch 2.13 reads a truncated zip
+# checkpoint as "OSError: [Errno 22] Invalid argument", an empty one as a bare "EOFError").
+LOAD_FRAME = re.compile(r'torch/serialization\.py", line \d+, in _?(legacy_)?load\b')
+EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[\w.]*(Error|Exception)\b")
 # The last line of a traceback the agent itself dies with, for the exceptions a diagnosis names
 # (torchrun's AttributeError in a spare agent; python-etcd's errors against an etcd without v2).
 AGENT_EXCEPTION = re.compile(r"^(AttributeError|etcd\.Etcd\w+): (.*)$")
@@ -79,6 +91,7 @@ class NodeLogParser:
         self._block_t = 0.0
         self._root_cause: list[str] | None = None
         self._errors_this_attempt: set[str] = set()  # worker error kinds already recorded
+        self._in_load_traceback = False  # a traceback through torch.load is being printed
 
     def feed(self, t: float | None, text: str) -> Iterator[Record]:
         t = t if t is not None else 0.0
@@ -140,6 +153,7 @@ class NodeLogParser:
             yield self._agent_record(t, "group_finished")
         elif GROUP_STARTING in text:
             self._errors_this_attempt.clear()
+            self._in_load_traceback = False
             yield self._agent_record(t, "group_started")
         elif RDZV_JOINING in text:
             yield self._agent_record(t, "rdzv_joining")
@@ -149,7 +163,9 @@ class NodeLogParser:
             yield self._agent_record(t, "keepalive_failed", message=text.strip()[-300:])
         elif m := AGENT_SIGNAL.search(text):
             yield self._agent_record(t, "agent_signal", signal=int(m.group(1)))
-        elif (kind := _worker_error_kind(text)) is not None:
+        elif LOAD_FRAME.search(text):
+            self._in_load_traceback = True
+        elif (kind := self._worker_error_kind(text)) is not None:
             if kind not in self._errors_this_attempt:
                 self._errors_this_attempt.add(kind)
                 yield self._agent_record(t, "worker_error", kind=kind, message=text.strip()[-300:])
@@ -160,6 +176,13 @@ class NodeLogParser:
                 if marker in text and not text.lstrip().startswith(("File ", "raise ", "^")):
                     yield self._agent_record(t, event, message=text.strip()[-300:])
                     break
+
+    def _worker_error_kind(self, text: str) -> str | None:
+        kind = _worker_error_kind(text)
+        if self._in_load_traceback and EXCEPTION_LINE.match(text.strip()):
+            self._in_load_traceback = False
+            return kind or "checkpoint_unreadable"
+        return kind
 
     def close(self) -> Iterator[AgentRecord]:
         if self._block is not None:

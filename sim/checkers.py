@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import posixpath
+import re
 from collections.abc import Callable, Sequence
 
 from .errors import HistoryError, UsageError
@@ -24,6 +26,8 @@ from .verdict import CheckResult, FaultRecovery, Verdict
 EXPECTED = ("recovers", "fails")
 # Faults that leave the newest checkpoint unusable on purpose: the resume falls back one further.
 CHECKPOINT_DAMAGING_FAULTS = ("corrupt-checkpoint", "kill-during-checkpoint")
+# The shipped trainer's checkpoint files (trainer/train.py's checkpoint_path) and their temp files.
+CHECKPOINT_FILE = re.compile(r"^ckpt-(\d+)\.pt(\.tmp\.\d+)?$")
 # At most this many violations listed in one result's reasons.
 MAX_EXAMPLES = 5
 
@@ -352,6 +356,54 @@ def check_loss_continuity(run: RunModel, spec: RunSpec) -> CheckResult:
     return CheckResult("loss_continuity", not reasons, tuple(reasons[:MAX_EXAMPLES]), {"relative_jumps": jumps})
 
 
+def check_checkpoint_integrity(run: RunModel, spec: RunSpec) -> CheckResult:
+    """No start resumed from a checkpoint damaged on purpose (corrupted, or its write killed)
+    unless that step's checkpoint was written again after the damage."""
+    starts = [r for r in run.starts if isinstance(r, TrainerRecord) and r.resumed_from is not None]
+    if not starts:
+        return CheckResult(
+            "checkpoint_integrity",
+            True,
+            (
+                "not measurable here: no start says which checkpoint step it resumed from; to enable it, run "
+                "the shipped trainer (trainer/train.py), whose start lines name that step",
+            ),
+            {"damaged_steps": []},
+            measured=False,
+        )
+    written = [r for r in run.records if isinstance(r, TrainerRecord) and r.kind == "checkpoint"]
+    violations, notes, damaged = [], [], []
+    for fault in run.faults:
+        if fault.fault not in CHECKPOINT_DAMAGING_FAULTS:
+            continue
+        file = str(fault.result.get("file") or "")
+        match = CHECKPOINT_FILE.match(posixpath.basename(file))
+        if match is None:
+            notes.append(
+                f"{fault.describe()} damaged {file or 'a file it did not name'}: no checkpoint step in its name"
+            )
+            continue
+        step = int(match.group(1))
+        damaged.append(step)
+        # Starts after the damage was done (its ok record): one that resumed from `step` loaded the
+        # damaged file, unless a checkpoint of `step` was written again in between.
+        for start in (s for s in starts if s.t > fault.t_ok and s.resumed_from == step):
+            if not any(fault.t_ok < w.t < start.t and w.step == step for w in written):
+                violations.append(
+                    f"rank {start.rank} on {start.node} resumed from step {step} at {clock(start.t)}, "
+                    f"after {fault.describe()} damaged {file}, with no checkpoint of step {step} written since"
+                )
+    if not violations:
+        notes.append(
+            f"no start resumed from a damaged checkpoint ({_steps(sorted(set(damaged)))})"
+            if damaged
+            else "no checkpoint was damaged on purpose"
+        )
+    return CheckResult(
+        "checkpoint_integrity", not violations, tuple(violations[:MAX_EXAMPLES] + notes), {"damaged_steps": damaged}
+    )
+
+
 def check_hang(run: RunModel, spec: RunSpec) -> CheckResult:
     """No stretch longer than hang_s without progress while no fault is in force."""
     if not run.beats and not spec.instrumented:
@@ -527,6 +579,7 @@ CHECKERS: dict[str, Callable[[RunModel, RunSpec], CheckResult]] = {
     "ranks": check_ranks,
     "progress": check_progress,
     "loss_continuity": check_loss_continuity,
+    "checkpoint_integrity": check_checkpoint_integrity,
     "hang": check_hang,
     "recovery": check_recovery,
     "fails_cleanly": check_fails_cleanly,
@@ -539,6 +592,7 @@ CHECKS_FOR = {
         "ranks",
         "progress",
         "loss_continuity",
+        "checkpoint_integrity",
         "hang",
         "recovery",
     ),
@@ -609,6 +663,10 @@ def _exit_summary(record: DockerRecord | None) -> str:
 def _span(losses: dict) -> str:
     steps = sorted(losses)
     return str(steps[0]) if len(steps) == 1 else f"{steps[0]}..{steps[-1]}"
+
+
+def _steps(steps: list[int]) -> str:
+    return f"step {steps[0]}" if len(steps) == 1 else "steps " + ", ".join(map(str, steps))
 
 
 def _ranks(ranks: list) -> str:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 
 from .agentlog import NodeLogParser, parse_docker_timestamp
+from .checkers import CHECKPOINT_DAMAGING_FAULTS
 from .history import AgentRecord, DockerRecord, FaultRecord, Record, TrainerRecord, WorkerRecord
 from .nodes import node_order
 from .recovery import LOSS_JUMP_TOLERANCE, loss_across_resumes
@@ -48,6 +49,10 @@ AGENT_NEWS = (
     "rdzv_error",
     "error_file",
 )
+# A worker that exits with SIGKILL this long after its node's Docker `oom` event was the OOM killer's
+# victim (the agent notices within its monitor interval); the slack covers the two clocks' order.
+OOM_EXIT_S = 30.0
+OOM_CLOCK_SLACK_S = 1.0
 NODE_LOSS_FAULTS = ("kill-node", "stop-node", "kill-agent", "restart-node", "pause", "partition")
 NODE_LOSS_DOCKER = ("die", "kill", "stop", "pause", "network_disconnect")
 
@@ -688,11 +693,136 @@ def spare_agent_exit(run: RunModel) -> Diagnosis | None:
     )
 
 
+def disk_full(run: RunModel) -> Diagnosis | None:
+    """(i) A write failed with ENOSPC (`Errno 28`): the checkpoint disk is full."""
+    full = [r for r in run.agent_events("worker_error") if r.kind == "disk_full"]
+    if not full:
+        return None
+    fills = [r for r in _fault_records(run, "fill-disk") if r.t <= full[-1].t]
+    failed = run.agent_events("worker_failed")
+    evidence = [_line(r, f"fault fill-disk: {_filled(r)}") for r in fills[-2:]]
+    for error in full:
+        evidence.append(_line(error))
+        evidence += [_line(r) for r in failed if r.node == error.node and r.t >= error.t][:1]
+    nodes = ", ".join(sorted({r.node for r in full}, key=node_order))
+    injected = " while the fill-disk fault had filled it" if fills else ""
+    return Diagnosis(
+        "disk-full",
+        f"No space left on device: a write failed on {nodes}",
+        f"A write on {nodes} failed with ENOSPC (OSError: [Errno 28] No space left on device){injected}, "
+        f"{len(full)} time(s). The worker crashed on it, and torchrun restarted the group at the cost of a restart: "
+        "as long as the disk stays full, every restarted group fails at its next checkpoint write, until the "
+        "restarts run out.",
+        evidence,
+        "Free space on the checkpoint volume or give it more (`python -m sim up --ckpt-size`, in a scenario "
+        "cluster.ckpt_size) and keep fewer checkpoints (delete all but the newest K after each good write). In the "
+        "script, write each checkpoint to a temp file and os.replace it, remove the temp file when the write fails, "
+        "and treat ENOSPC on a checkpoint as a warning (keep training, retry at the next interval; the last good "
+        "checkpoint stays) instead of a crash that burns a restart.",
+    )
+
+
+def _filled(fault: FaultRecord) -> str:
+    result = fault.result or {}
+    written = result.get("written")
+    size = f" of {written >> 20} MiB" if isinstance(written, int) else ""
+    return f"filler file {result.get('file', '?')}{size} written, the disk full"
+
+
+def oom_kill(run: RunModel) -> Diagnosis | None:
+    """(j) The kernel's OOM killer killed a worker: a Docker `oom` event on its node, then its
+    exit by SIGKILL (or the node's container dying with 137: its main process, the agent, killed)."""
+    killed = []
+    for oom in (r for r in run.docker if r.action == "oom"):
+
+        def soon_after(record: Record, oom: DockerRecord = oom) -> bool:
+            return record.node == oom.node and -OOM_CLOCK_SLACK_S <= record.t - oom.t <= OOM_EXIT_S
+
+        workers = [r for r in run.agent_events("worker_failed") if r.exitcode == -9 and soon_after(r)]
+        nodes = [r for r in run.docker if r.action == "die" and r.exit_code == 137 and soon_after(r)]
+        if workers or nodes:
+            killed.append((oom, workers[:1] + nodes[:1]))
+    if not killed:
+        return None
+    evidence, limits, injected = [], [], False
+    for oom, exits in killed:
+        # The oom-worker fault that caused it: its ok record follows the kill on the same node.
+        fault = next(
+            (r for r in _fault_records(run, "oom-worker") if r.where == oom.node and abs(r.t - oom.t) <= OOM_EXIT_S),
+            None,
+        )
+        lines = [(oom, "Docker event oom: the kernel's OOM killer killed a process in the container")]
+        lines += [(r, f"{_describe(r)}: SIGKILL from the OOM killer") for r in exits]
+        if fault is not None:
+            injected = True
+            limit = (fault.result or {}).get("limit")
+            if isinstance(limit, int):
+                limits.append(f"{limit >> 20} MiB on {oom.node}")
+                lines.append((fault, f"fault oom-worker: memory limit {limit >> 20} MiB, then memory pressure"))
+        evidence += [_line(r, text) for r, text in sorted(lines, key=lambda line: line[0].t)]
+    nodes = ", ".join(sorted({oom.node for oom, _ in killed}, key=node_order))
+    limit_words = f" (limit {', '.join(limits)})" if limits else ""
+    how = " The oom-worker fault caused it on purpose." if injected else ""
+    return Diagnosis(
+        "oom-kill",
+        f"Out of memory: the kernel's OOM killer killed a worker on {nodes}",
+        f"The memory cgroup of {nodes} reached its limit{limit_words} and the kernel's OOM killer killed a worker "
+        "with SIGKILL (exit code -9, no Python traceback). torchrun saw a failed worker and restarted the group, "
+        f"at the cost of one restart; unless the memory use changes, it happens again.{how}",
+        evidence,
+        "Give the node more memory (`python -m sim up --memory`; on a real cluster, the pod's or job's memory limit) "
+        "or use less: a smaller batch, fewer DataLoader workers, no tensors kept across steps (log loss.item(), "
+        "not loss). If the worker's memory grows step after step, look for a leak.",
+    )
+
+
+def damaged_checkpoint_loaded(run: RunModel) -> Diagnosis | None:
+    """(k) After a checkpoint was damaged on purpose, the script's torch.load fails on it: it loads
+    the newest checkpoint blindly, with no checksum and no fallback."""
+    damage = _fault_records(run, *CHECKPOINT_DAMAGING_FAULTS)
+    if not damage:
+        return None
+    unreadable = [
+        r for r in run.agent_events("worker_error") if r.kind == "checkpoint_unreadable" and r.t > damage[0].t
+    ]
+    if not unreadable:
+        return None
+    before = [r for r in damage if r.t <= unreadable[0].t] or damage[:1]
+    evidence = [_line(r, _damage_words(r)) for r in before[-2:]]
+    evidence += [_line(r) for r in unreadable]
+    evidence += [_line(r) for r in run.agent_events("error_file")[:1]]
+    nodes = ", ".join(sorted({r.node for r in unreadable}, key=node_order))
+    file = (before[-1].result or {}).get("file")
+    return Diagnosis(
+        "damaged-checkpoint-loaded",
+        f"The script loads a damaged checkpoint blindly ({nodes})",
+        f"After the checkpoint{f' {file}' if file else ''} was damaged, the script's torch.load failed on it on "
+        f"{nodes} ({_tidy(unreadable[0].message or '')}), {len(unreadable)} time(s): it loads the newest checkpoint "
+        "with no check and nothing to fall back to, so every restarted group crashes the same way until the "
+        "restarts run out. (Flipped bits inside a tensor's data load without any error: that damage goes unseen.)",
+        evidence,
+        "Write checkpoints atomically: save to a temp file in the same directory, flush and fsync it, then "
+        "os.replace it onto the final name, so a crash mid-write never leaves a partial checkpoint. Keep the previous "
+        "checkpoints (step-numbered names, keep the last K), store a checksum (sha256) with each, verify it before "
+        "loading, and fall back to the previous good one when it fails (trainer/train.py does all of this).",
+    )
+
+
+def _damage_words(fault: FaultRecord) -> str:
+    result = fault.result or {}
+    if fault.fault == "kill-during-checkpoint":
+        return f"fault kill-during-checkpoint: pid {result.get('pid', '?')} killed while it wrote {result.get('file')}"
+    return f"fault corrupt-checkpoint: {result.get('file')} damaged ({result.get('mode', '?')})"
+
+
 # Most fundamental first: a cause before the budget it burned, the budget before what followed.
 DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
     etcd_without_v2,
     shared_tcp_store,
     c10d_store_lost,
+    disk_full,
+    oom_kill,
+    damaged_checkpoint_loaded,
     process_group_timeout,
     loss_jump,
     restart_budget,

@@ -235,8 +235,8 @@ TABLE: dict[str, tuple[list[str], dict[str, str], dict[str, bytes], str, str]] =
         {},
         {"d.yaml/x": b""},
         "d.yaml",
-        "shipped:",
-    ),  # chaos/catalog.py should say "a directory"
+        "a directory; give a scenario file",
+    ),
     "chaos empty file": (["chaos", "run", _SCENARIO], {}, {"s.yaml": b""}, "s.yaml:1", "needs at least"),
     "chaos not yaml": (["chaos", "run", _SCENARIO], {}, {"s.yaml": b"name: [unclosed\n"}, "s.yaml:", "not valid YAML"),
     "chaos not utf-8": (

@@ -137,3 +137,37 @@ def test_error_lines_become_records_once_per_attempt():
     assert records[2].message.endswith("Connection refused, remote=[127.0.0.1]:5526$1")
     assert records[6].message == "The rendezvous 'h2job15056' is closed, terminating pending rendezvous."
     assert records[7].message == "'NoneType' object has no attribute 'is_failed'"
+
+
+# A worker's traceback through torch.load of a truncated zip checkpoint (torch 2.13, captured in
+# tests/data/logs/blind_load_truncated/), then a save that hits a full disk inside torch.save.
+LOAD_TRACEBACK = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/work/main/tests/scripts/ddp_sgd.py", line 61, in main
+[rank0]:     checkpoint = torch.load(path, map_location="cpu")
+[rank0]:   File "/work/main/.venv/lib/python3.11/site-packages/torch/serialization.py", line 1568, in load
+[rank0]:     with _open_zipfile_reader(opened_file) as opened_zipfile:
+[rank0]:   File "/work/main/.venv/lib/python3.11/site-packages/torch/serialization.py", line 807, in __init__
+[rank0]:     super().__init__(torch._C.PyTorchFileReader(name_or_buffer))
+[rank0]: OSError: [Errno 22] Invalid argument
+I1130 18:27:36.275000 25715 torch/distributed/elastic/agent/server/api.py:715] [default] Starting worker group
+[rank0]:   File "/work/main/.venv/lib/python3.11/site-packages/torch/serialization.py", line 967, in save
+[rank0]: OSError: [Errno 28] No space left on device
+[rank0]: ValueError: an unrelated error after the save
+I1130 18:27:40.275000 25715 torch/distributed/elastic/agent/server/api.py:715] [default] Starting worker group
+[rank0]: _pickle.UnpicklingError: invalid load key, '\\x00'.
+RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory
+"""
+
+
+def test_checkpoint_load_and_disk_full_errors_become_worker_errors():
+    records = parse_node_log("node0", LOAD_TRACEBACK)
+    assert [(r.event, r.kind) for r in records] == [
+        ("worker_error", "checkpoint_unreadable"),
+        ("group_started", None),
+        ("worker_error", "disk_full"),
+        ("group_started", None),
+        ("worker_error", "checkpoint_unreadable"),  # once per attempt: the next line is the same kind
+    ]
+    assert records[0].message == "[rank0]: OSError: [Errno 22] Invalid argument"
+    assert records[2].message == "[rank0]: OSError: [Errno 28] No space left on device"

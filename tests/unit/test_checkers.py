@@ -1,13 +1,16 @@
 """Checkers on hand-written histories: for each checker a run that passes and one that must fail."""
 
 import dataclasses
+import json
 import random
+from pathlib import Path
 
 import pytest
 
 from sim.checkers import (
     RunSpec,
     check_all,
+    check_checkpoint_integrity,
     check_completed,
     check_fails_cleanly,
     check_hang,
@@ -121,6 +124,7 @@ def test_clean_run_passes_every_check():
         "ranks",
         "progress",
         "loss_continuity",
+        "checkpoint_integrity",
         "hang",
         "recovery",
     ]
@@ -683,3 +687,117 @@ def test_a_straggler_is_no_recovery_but_a_slowdown():
     assert recovery.degraded and recovery.recovery_s is None
     assert recovery.throughput_during < recovery.throughput_before / 2
     assert recovery.throughput_after > recovery.throughput_during * 2
+
+
+# ---------------------------------------------------------------- checkpoint integrity
+
+RUNS = Path(__file__).resolve().parent.parent / "data" / "runs"
+
+
+def damaged_checkpoint_run(fault, file, resumed_from, rewrite_first=False):
+    """Checkpoints at 10 and 20; `fault` damages `file` at step 22, rank 0 dies, the job resumes
+    from `resumed_from` (after rewriting step 20 first, if asked, in a round that dies again)."""
+    run = HistoryBuilder(steps=30, ckpt=10)
+    run.start_workers()
+    run.train(22)
+    run.fault(fault, "rank0", node="node0", file=file, pid=7)
+    run.add(type="agent", node="node0", event="worker_failed", local_rank=0, exitcode=-9, pid=7)
+    run.group_failure()
+    run.wait(4.0)
+    if rewrite_first:
+        run.start_workers(resumed_from=10)
+        run.train(21)
+        run.group_failure()
+        run.wait(4.0)
+    run.start_workers(resumed_from=resumed_from)
+    run.train(30)
+    run.finish()
+    return run
+
+
+def judge_integrity(run):
+    return check_checkpoint_integrity(RunModel(run.records), run.spec())
+
+
+def test_checkpoint_integrity_passes_when_the_damaged_checkpoint_is_skipped():
+    result = judge_integrity(damaged_checkpoint_run("corrupt-checkpoint", "/ckpt/ckpt-00000020.pt", 10))
+    assert result.valid and result.measured
+    assert result.metrics == {"damaged_steps": [20]}
+    assert_reason(result, "no start resumed from a damaged checkpoint (step 20)")
+
+
+def test_checkpoint_integrity_fails_on_a_resume_from_the_corrupted_checkpoint():
+    result = judge_integrity(damaged_checkpoint_run("corrupt-checkpoint", "/ckpt/ckpt-00000020.pt", 20))
+    assert not result.valid
+    assert_reason(
+        result,
+        "rank 0 on node0 resumed from step 20 at ",
+        "after corrupt-checkpoint rank0 (node0) at ",
+        "damaged /ckpt/ckpt-00000020.pt, with no checkpoint of step 20 written since",
+    )
+
+
+def test_checkpoint_integrity_reads_the_step_of_a_killed_temp_file():
+    run = damaged_checkpoint_run("kill-during-checkpoint", "/ckpt/ckpt-00000020.pt.tmp.7", 20)
+    assert not judge_integrity(run).valid
+
+
+def test_checkpoint_integrity_allows_a_resume_from_a_step_written_again():
+    run = damaged_checkpoint_run("kill-during-checkpoint", "/ckpt/ckpt-00000020.pt.tmp.7", 20, rewrite_first=True)
+    assert judge_integrity(run).valid
+
+
+def test_checkpoint_integrity_without_damage_or_with_an_unnumbered_file():
+    assert_reason(judge_integrity(clean_run()), "no checkpoint was damaged on purpose")
+    result = judge_integrity(damaged_checkpoint_run("corrupt-checkpoint", "/ckpt/checkpoint.pt", 20))
+    assert result.valid and result.metrics == {"damaged_steps": []}
+    assert_reason(result, "damaged /ckpt/checkpoint.pt: no checkpoint step in its name")
+
+
+def test_checkpoint_integrity_is_not_measurable_without_trainer_start_lines():
+    run = damaged_checkpoint_run("corrupt-checkpoint", "/ckpt/ckpt-00000020.pt", 20)
+    records = without(run.records, lambda r: r.get("kind") == "start")
+    result = check_checkpoint_integrity(RunModel(records), run.spec())
+    assert result.valid and not result.measured
+    assert result.reasons[0].startswith("not measurable here: ")
+    assert "trainer/train.py" in result.reasons[0]
+
+
+def captured(case):
+    """A captured run's history (tests/data/runs/, see its README)."""
+    return RunModel([json.loads(line) for line in (RUNS / case / "history.jsonl").read_text().splitlines()])
+
+
+@pytest.mark.parametrize(
+    ("case", "expected", "damaged"),
+    [
+        ("corrupt_checkpoint", "recovers", [40]),
+        ("kill_during_checkpoint", "recovers", [30]),
+        ("full_disk", "recovers", []),
+        ("oom_worker", "recovers", []),
+        ("full_disk_stays", "fails", []),
+    ],
+)
+def test_captured_runs_of_the_shipped_scenarios_keep_their_verdicts(case, expected, damaged):
+    run = captured(case)
+    spec = RunSpec.from_run(run, expected=expected)
+    assert check_all(run, spec).valid
+    assert check_checkpoint_integrity(run, spec).metrics == {"damaged_steps": damaged}
+
+
+def test_captured_repeated_kills_during_checkpoint_writes_never_resume_from_a_damaged_one():
+    run = captured("kill_during_checkpoint_x4")
+    result = check_checkpoint_integrity(run, RunSpec.from_run(run))
+    assert result.valid
+    assert result.metrics == {"damaged_steps": [60, 120, 210, 230, 260, 260]}
+
+
+def test_captured_corrupt_checkpoint_fails_if_a_start_had_loaded_the_damaged_file():
+    records = [json.loads(line) for line in (RUNS / "corrupt_checkpoint" / "history.jsonl").read_text().splitlines()]
+    tampered = [
+        {**r, "resumed_from": 40} if r.get("kind") == "start" and r.get("resumed_from") == 20 else r for r in records
+    ]
+    run = RunModel(tampered)
+    result = check_checkpoint_integrity(run, RunSpec.from_run(run))
+    assert not result.valid
+    assert "rank 0 on node0 resumed from step 40 at 17:44:56" in result.reasons[0]

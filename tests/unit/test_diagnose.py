@@ -360,3 +360,112 @@ def test_format_diagnoses():
     assert any(line.startswith("  fix:      Give each agent") for line in lines)
     assert all(len(line) <= 100 for line in lines)
     assert format_diagnoses([]) == ""
+
+
+# --------------------------------------------------------------------------- (i)-(k) disk, memory, checkpoints
+
+RUNS = LOGS.parent / "runs"
+
+
+def captured_run(case: str) -> tuple[list[dict], dict[str, str]]:
+    """A sim run's history and saved node logs (tests/data/runs/, see its README)."""
+    folder = RUNS / case
+    history = [json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()]
+    return history, {path.stem: path.read_text() for path in sorted(folder.glob("node*.log"))}
+
+
+def test_disk_full_when_the_checkpoint_write_hits_enospc():
+    """full-disk scenario: /ckpt filled at step 25, rank 0's next checkpoint write fails, filler removed 5 s later."""
+    found = diagnose(*captured_run("full_disk"))
+    assert codes(found) == ["disk-full"]
+    full = found[0]
+    assert full.title == "No space left on device: a write failed on node0"
+    assert full.evidence == (
+        "node0 17:48:09.3  fault fill-disk: filler file /ckpt/.sim-filler of 15 MiB written, the disk full",
+        "node0 17:48:10.3  OSError: [Errno 28] No space left on device",
+        "node0 17:48:11.3  worker local_rank 0 (pid 9) failed, exitcode 1",
+    )
+    assert "while the fill-disk fault had filled it" in full.cause
+    assert "os.replace" in full.fix and "--ckpt-size" in full.fix
+
+
+def test_disk_full_that_stays_burns_the_restart_budget():
+    found = diagnose(*captured_run("full_disk_stays"))
+    assert codes(found) == ["disk-full", "restart-budget"]
+    assert "3 time(s)" in found[0].cause
+    assert sum("Errno 28" in line for line in found[0].evidence) == 3
+
+
+def test_oom_kill_from_dockers_oom_event_and_the_sigkilled_worker():
+    found = diagnose(*captured_run("oom_worker"))
+    assert codes(found) == ["oom-kill"]
+    oom = found[0]
+    assert oom.evidence == (
+        "node1 17:59:47.7  Docker event oom: the kernel's OOM killer killed a process in the container",
+        "node1 17:59:47.9  worker local_rank 0 (pid 9) failed, exitcode -9: SIGKILL from the OOM killer",
+        "node1 17:59:47.9  fault oom-worker: memory limit 431 MiB, then memory pressure",
+    )
+    assert "(limit 431 MiB on node1)" in oom.cause and "on purpose" in oom.cause
+    assert "--memory" in oom.fix
+
+
+def test_oom_event_without_a_sigkilled_worker_is_no_oom_kill():
+    history, logs_ = captured_run("oom_worker")
+    late = [{**r, "t": r["t"] - 120} if r.get("action") == "oom" else r for r in history]
+    assert "oom-kill" not in codes(diagnose(late, logs_))
+
+
+def test_oom_kill_of_the_node_container_by_its_exit_code_137():
+    history = [
+        run_start(nodes=1),
+        {"t": 10.0, "type": "docker", "node": "node0", "action": "oom"},
+        {"t": 10.5, "type": "docker", "node": "node0", "action": "die", "exit_code": 137},
+    ]
+    found = diagnose(history, {})
+    assert codes(found) == ["oom-kill"]
+    assert "The oom-worker fault" not in found[0].cause
+
+
+def corrupt_fault(t: float = 0.0) -> dict:
+    result = {"node": "node0", "file": "/tmp/capckpt/ck/checkpoint.pt", "size": 6523, "mode": "truncate"}
+    return {"t": t, "type": "fault", "op": "c1", "fault": "corrupt-checkpoint", "phase": "ok", "result": result}
+
+
+def test_damaged_checkpoint_loaded_blindly_after_corrupt_checkpoint():
+    """ddp_sgd.py (torch.save in place, torch.load with no check) after its checkpoint was truncated."""
+    found = diagnose([corrupt_fault()], logs("blind_load_truncated"))
+    assert codes(found) == ["damaged-checkpoint-loaded", "restart-budget"]
+    blind = found[0]
+    assert blind.title == "The script loads a damaged checkpoint blindly (node0)"
+    assert blind.evidence[:3] == (
+        "node0 00:00:00.0  fault corrupt-checkpoint: /tmp/capckpt/ck/checkpoint.pt damaged (truncate)",
+        "node0 18:27:36.2  OSError: [Errno 22] Invalid argument",
+        "node0 18:27:41.4  OSError: [Errno 22] Invalid argument",
+    )
+    assert "(OSError: [Errno 22] Invalid argument), 2 time(s)" in blind.cause
+    for words in ("atomically", "os.replace", "keep the last K", "sha256", "fall back"):
+        assert words in blind.fix
+
+
+def test_a_load_error_without_a_checkpoint_fault_is_not_blamed_on_damage():
+    assert "damaged-checkpoint-loaded" not in codes(diagnose([], logs("blind_load_truncated")))
+    late = corrupt_fault(t=2e9)  # after every line of the log
+    assert "damaged-checkpoint-loaded" not in codes(diagnose([late], logs("blind_load_truncated")))
+
+
+def test_kill_during_checkpoint_named_in_the_evidence():
+    kill = {
+        **corrupt_fault(),
+        "fault": "kill-during-checkpoint",
+        "result": {"node": "node0", "pid": 9, "file": "/ckpt/checkpoint.pt", "size_at_kill": 100},
+    }
+    found = diagnose([kill], logs("blind_load_truncated"))
+    assert found[0].evidence[0] == (
+        "node0 00:00:00.0  fault kill-during-checkpoint: pid 9 killed while it wrote /ckpt/checkpoint.pt"
+    )
+
+
+def test_the_shipped_trainer_survives_damaged_checkpoints_with_no_diagnosis():
+    """corrupt-checkpoint and kill-during-checkpoint scenarios: the trainer skips the damaged file."""
+    assert diagnose(*captured_run("corrupt_checkpoint")) == []
+    assert diagnose(*captured_run("kill_during_checkpoint")) == []
