@@ -21,7 +21,8 @@ each), all with "t" (unix seconds, one clock) and a type; as written:
      "error_file"    message                            (the @record error-file contents torchrun printed)
      "rdzv_joining"                                      (the agent starts a rendezvous: "Rendezvous'ing worker group")
      "rdzv_graceful_exit" message                        (the rendezvous closed after the job finished)
-     "worker_error"  kind (gloo_connect|timeout|peer_lost|backend|disk_full|checkpoint_unreadable), message  (a worker's error line, once per kind)
+     "worker_error"  kind, message                      (a worker's error line, once per kind: gloo_connect,
+                                                         timeout, peer_lost, backend, disk_full, checkpoint_unreadable)
      "exception"     name, message                      (the agent's own AttributeError / etcd.Etcd* exception)
      "agent_signal"  signal                             (the agent was signalled)
   {"type": "worker", "node", "event": "start"|"step"|"activity"|"progress"|"exit", "rank", "local_rank",
