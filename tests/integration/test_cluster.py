@@ -143,14 +143,17 @@ def test_down_removes_everything_and_keeps_logs(docker, images):
 
 # A failure before training starts: torch's agent rejects a rendezvous option before any round
 # (a worker that crashes is a job that started, then failed: `up` follows it to a FAIL verdict).
-BROKEN_AGENT = ("--rdzv-conf", "join_timeout=abc")
+# Options `sim up` lets through (plain words) that torch's agent rejects once it starts: the cluster
+# is made, then fails before training. etcd-v2 refuses the protocol, c10d the store type.
+BROKEN_AGENT = ("--rdzv-conf", "protocol=ftp")
+BROKEN_C10D_AGENT = ("--rdzv-conf", "store_type=bogus")
 
 
 def test_failed_up_removes_what_it_made(docker, images):
     name = unique_name("t-fail")
     result = run_sim("up", "--name", name, "--detach", "--nodes", "2", *BROKEN_AGENT, "--timeout", "120")
     assert result.returncode != 0
-    assert "before training started" in result.stderr and "join_timeout" in result.stderr, result.stderr
+    assert "before training started" in result.stderr and "HTTP or HTTPS" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert leftovers(docker, name) == {"container": [], "network": [], "volume": []}
 
@@ -165,7 +168,7 @@ def test_failed_up_with_keep_keeps_it(docker, images):
         "--nodes",
         "1",
         "--keep",
-        *BROKEN_AGENT,
+        *BROKEN_C10D_AGENT,
         "--rdzv-backend",
         "c10d",
         "--timeout",
