@@ -201,7 +201,7 @@ class RunModel:
         # Each kind of start is written before its own process's first beat of the same kind (the
         # trainer may call a collective before its start line), so only those split cohorts.
         own_beats = [r.t for r in beats if isinstance(r, TrainerRecord) == bool(trainer_starts)]
-        cohorts = _cohorts(self.starts, own_beats, [r.t for r in self.agent if r.event in RENDEZVOUS_EVENTS])
+        cohorts = _cohorts(self.starts, own_beats, [r for r in self.agent if r.event in RENDEZVOUS_EVENTS])
         cohort_times = [c.t for c in cohorts]
 
         def zombie(record: Beat) -> bool:
@@ -499,29 +499,52 @@ def _faults(records: list[Record]) -> tuple[list[Fault], list[Fault]]:
     return faults, heals
 
 
-def _cohorts(starts: list[Beat], beat_times: list[float], rendezvous_times: list[float]) -> list[Cohort]:
+def _cohorts(starts: list[Beat], beat_times: list[float], rendezvous: list[AgentRecord]) -> list[Cohort]:
     """Group start records into cohorts.
 
     A start opens a new cohort when its world size differs from the current
     cohort's, when it comes more than COHORT_GAP_S after the previous start,
-    or when a beat or an agent rendezvous record lies between the
-    two: every worker starts before its group's first collective, so no beat of
-    its own group (and no rendezvous of a later round) can fall inside one cohort.
+    or when a beat or a later round's rendezvous lies between the two: every worker
+    starts before its group's first collective, so no beat of its own group (and no
+    rendezvous of a later round) can fall inside one cohort.
     """
+    rendezvous_times = [r.t for r in rendezvous]
     groups: list[list[Beat]] = []
     for start in starts:
-        if groups and _same_cohort(groups[-1], start, beat_times, rendezvous_times):
+        if groups and _same_cohort(groups[-1], start, beat_times, rendezvous, rendezvous_times):
             groups[-1].append(start)
         else:
             groups.append([start])
     return [Cohort(tuple(group), min(getattr(s, "resumed_from", None) or 0 for s in group)) for group in groups]
 
 
-def _same_cohort(group: list[Beat], start: Beat, beat_times: list[float], rendezvous_times: list[float]) -> bool:
+def _same_cohort(
+    group: list[Beat],
+    start: Beat,
+    beat_times: list[float],
+    rendezvous: list[AgentRecord],
+    rendezvous_times: list[float],
+) -> bool:
     previous = group[-1]
     if start.world_size != group[0].world_size or start.t - previous.t > COHORT_GAP_S:
         return False
-    return not any(_any_between(times, previous.t, start.t) for times in (beat_times, rendezvous_times))
+    if _any_between(beat_times, previous.t, start.t):
+        return False
+    # The agents of one round log their own rendezvous at their own pace: a slower agent's
+    # record can come after a faster node's worker started. Only a rendezvous of a node that
+    # already started a worker in this cohort, or of a higher round, means a new round began.
+    first = bisect.bisect_right(rendezvous_times, previous.t)
+    last = bisect.bisect_left(rendezvous_times, start.t)
+    started = {s.node for s in group}
+    round_now = max(
+        (r.round for r in rendezvous[:first] if r.round is not None and r.t <= group[0].t), default=None
+    )
+    for record in rendezvous[first:last]:
+        if record.node in started:
+            return False
+        if record.round is not None and round_now is not None and record.round > round_now:
+            return False
+    return True
 
 
 def _any_between(sorted_times: list[float], after: float, before: float) -> bool:

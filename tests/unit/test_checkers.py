@@ -286,6 +286,30 @@ def test_ranks_pass_for_each_cohort_and_fail_on_duplicates():
     assert_reason(result, "rank 0 started 2 times", "ranks 2, 3 never started")
 
 
+def test_a_slow_agents_rendezvous_lines_after_a_faster_nodes_worker_start_keep_one_cohort():
+    """Seen in CI: node1's agent logged "Rendezvous complete" 4 ms after node0's worker started and
+    before its own worker did. One round, one cohort: a rendezvous line splits only when it comes
+    from a node already started in the cohort (or names a higher round)."""
+    run = HistoryBuilder(nodes=3, nproc=1)
+    run.start_workers()
+    starts = [r for r in run.records if r.get("kind") == "start"]
+    for i, start in enumerate(starts):
+        start["t"] += 0.02 * i  # node0 first, then node1, node2
+    late = next(r for r in run.records if r.get("event") == "rdzv_complete" and r["node"] == "node1")
+    late["t"] = starts[0]["t"] + 0.004
+    run.records.sort(key=lambda r: r["t"])
+    run.train(12)
+    run.fault("kill-worker", "node1", node="node1")
+    run.wait(1.0)
+    run.start_workers(resumed_from=10)
+    run.train(30)
+    run.finish()
+    model = RunModel(run.records)
+    assert [sorted(c.nodes) for c in model.cohorts] == [["node0", "node1", "node2"]] * 2
+    assert not model.zombies
+    assert check_ranks(model, run.spec()).valid
+
+
 def test_cohorts_split_on_progress_even_without_agent_logs():
     run = HistoryBuilder()
     run.start_workers(agent_logs=False)
