@@ -536,9 +536,7 @@ def _same_cohort(
     first = bisect.bisect_right(rendezvous_times, previous.t)
     last = bisect.bisect_left(rendezvous_times, start.t)
     started = {s.node for s in group}
-    round_now = max(
-        (r.round for r in rendezvous[:first] if r.round is not None and r.t <= group[0].t), default=None
-    )
+    round_now = max((r.round for r in rendezvous[:first] if r.round is not None and r.t <= group[0].t), default=None)
     for record in rendezvous[first:last]:
         if record.node in started:
             return False
