@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from chaos.catalog import QUICK_SUITE, shipped_scenarios
 from chaos.faults import FAULTS
 from chaos.scenario import (
     PROFILES,
@@ -487,3 +488,23 @@ def test_format_md_fault_table_names_every_fault_and_option():
         assert f"`sim {' '.join(fault.verb)}`" in cli or (
             f"`sim {fault.verb[0]} " in cli and f"`{fault.verb[-1]}`" in cli
         ), (name, cli)
+
+
+def _kinds_and_outcomes(cases):
+    """(backend, fault kind) and (backend, expected outcome) pairs a set of catalog runs covers."""
+    by_name = {s.name: s for s in shipped_scenarios()}
+    kinds, outcomes = set(), set()
+    for name, backend in cases:
+        scenario = by_name[name]
+        kinds |= {(backend, step.fault) for step in scenario.steps}
+        outcomes.add((backend, scenario.expect.outcome(backend)))
+    return kinds, outcomes
+
+
+def test_the_quick_suite_runs_every_fault_kind_and_outcome_on_every_backend():
+    every_run = {(s.name, backend) for s in shipped_scenarios() for backend in s.backends}
+    assert QUICK_SUITE <= every_run, sorted(QUICK_SUITE - every_run)  # no stale names
+    kinds, outcomes = _kinds_and_outcomes(every_run)
+    quick_kinds, quick_outcomes = _kinds_and_outcomes(QUICK_SUITE)
+    assert kinds - quick_kinds == set()
+    assert outcomes - quick_outcomes == set()
