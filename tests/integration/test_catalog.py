@@ -1,7 +1,8 @@
 """The fault-tolerance suite: every shipped scenario on every backend it names, with the fast
 profile. `make test` runs the quick suite (chaos.catalog.QUICK_SUITE: every fault kind and
-outcome on every backend); the rest are marked `full` and run in `make test-full`. A scenario passes when its verdict matches its expectation
-(`recovers`, or `fails` the way torch is known to: fast and cleanly)."""
+outcome on every backend); the rest are marked `full` and run in `make test-full`. A scenario
+passes when its verdict matches its expectation (`recovers`, or `fails` the way torch is known
+to: fast and cleanly)."""
 
 from __future__ import annotations
 
