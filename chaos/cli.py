@@ -39,7 +39,9 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable]:
         else:
             _add_group_verb(sub, verb, faults)
             by_action = {fault.verb[1]: fault for fault in faults}
-            commands[verb] = lambda args, _, by_action=by_action: _inject(by_action[args.action], args)
+            commands[verb] = lambda args, _, verb=verb, by_action=by_action: _inject(
+                _group_action(verb, by_action, args), args
+            )
 
     _verb(sub, "faults", "list the faults now in force")
     commands["faults"] = cmd_faults
@@ -83,7 +85,7 @@ def _add_fault_verb(sub: argparse._SubParsersAction, fault: Fault) -> None:
 
 def _add_group_verb(sub: argparse._SubParsersAction, verb: str, faults: list[Fault]) -> None:
     """One verb whose first argument picks the fault: `sim etcd restart --downtime 5s`. Each option
-    is offered once, saying which actions take it; the others ignore it."""
+    is offered once, saying which actions take it; given to another action, it is an error."""
     actions = [fault.verb[1] for fault in faults]
     parser = _verb(
         sub,
@@ -101,6 +103,25 @@ def _add_group_verb(sub: argparse._SubParsersAction, verb: str, faults: list[Fau
     reversible = [fault.verb[1] for fault in faults if fault.reversible]
     if reversible:
         parser.add_argument("--for", dest="duration", help=f"for {', '.join(reversible)}: undo after this long")
+
+
+def _group_action(verb: str, by_action: dict[str, Fault], args: argparse.Namespace) -> Fault:
+    """The fault a group verb's action names, refusing an option that action does not take
+    (`sim etcd kill --downtime 5s` would otherwise drop the downtime without a word)."""
+
+    def options_of(fault: Fault) -> set[str]:
+        return {f.name for f in fault.fields} | ({"duration"} if fault.reversible else set())
+
+    fault = by_action[args.action]
+    for name in sorted(set().union(*map(options_of, by_action.values())) - options_of(fault)):
+        if getattr(args, name, None) is not None:
+            spelt = "--for" if name == "duration" else _flag(name)
+            takers = [action for action, other in by_action.items() if name in options_of(other)]
+            raise UsageError(
+                f"sim {verb} {args.action} {spelt}: {args.action} takes no {spelt}; it is for "
+                f"{verb} {', '.join(takers)} (e.g. `sim {verb} {takers[0]} {spelt} 5s`), or drop it"
+            )
+    return fault
 
 
 def _add_option(parser: argparse.ArgumentParser, f: dataclasses.Field, takers: list[str] | None = None) -> None:

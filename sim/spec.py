@@ -285,6 +285,14 @@ def parse_kv_list(
     return tuple(pairs)
 
 
+def parse_env_item(text: str) -> tuple[str, str]:
+    """One `--env KEY=VALUE`: the value is kept whole, commas included (CUDA_VISIBLE_DEVICES=0,1)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise UsageError(f"--env '{text}': not KEY=VALUE; use e.g. --env NCCL_DEBUG=INFO (once per variable)")
+    return key.strip(), value
+
+
 def _positive_int(flag: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise UsageError(f"{flag} {value!r}: must be a whole number >= 1")
@@ -367,9 +375,7 @@ def spec_from_options(options: Mapping[str, object], script_args: Sequence[str] 
     if "gpus" in values:
         values["gpus"] = GpuRequest.parse(values["gpus"])
     if "env" in values and isinstance(values["env"], list):
-        values["env"] = tuple(
-            pair for item in values["env"] for pair in parse_kv_list("--env", item, example="NCCL_DEBUG=INFO")
-        )
+        values["env"] = tuple(parse_env_item(item) for item in values["env"])
     if script_args:
         given = tuple(str(arg) for arg in script_args)
         values["script_args"] = given if values.get("script") else over_trainer_defaults(given)

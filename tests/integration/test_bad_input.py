@@ -223,6 +223,8 @@ TABLE: dict[str, tuple[list[str], dict[str, str], dict[str, bytes], str, str]] =
     ),
     "netem bad rate": (["netem", "node0", "--rate", "fast", "--name", PREFIX + "-m"], {}, {}, "fast", "e.g. 1mbit"),
     "etcd unknown action": (["etcd", "explode"], {}, {}, "explode", "--help"),
+    "etcd kill with a downtime": (["etcd", "kill", "--downtime", "5s"], {}, {}, "--downtime", "sim etcd restart"),
+    "etcd kill held for a while": (["etcd", "kill", "--for", "5s"], {}, {}, "--for", "sim etcd pause"),
     "scale negative": (["scale", "--nodes", "-1", "--name", PREFIX + "-m"], {}, {}, "-1", ">= 0"),
     "faults missing cluster": (["faults", "--name", PREFIX + "-missing"], {}, {}, PREFIX + "-missing", "sim up"),
     "doctor missing cluster": (["doctor", PREFIX + "-missing"], {}, {}, PREFIX + "-missing", "sim ls"),

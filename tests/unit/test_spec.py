@@ -146,3 +146,9 @@ def test_sizes_in_binary_units():
     assert parse_size("leave", "0", least=0) == 0
     spec = ClusterSpec(memory="2g", ckpt_size="64m")
     assert ClusterSpec.from_json(spec.to_json()) == spec
+
+
+def test_an_env_value_keeps_its_commas():
+    """`--env CUDA_VISIBLE_DEVICES=0,1` is one variable whose value holds a comma, not two pairs."""
+    spec = spec_from_options({"env": ["CUDA_VISIBLE_DEVICES=0,1", "NCCL_SOCKET_IFNAME=eth0,eth1"]}, None)
+    assert spec.env == (("CUDA_VISIBLE_DEVICES", "0,1"), ("NCCL_SOCKET_IFNAME", "eth0,eth1"))
