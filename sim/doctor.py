@@ -173,6 +173,15 @@ def run_checks(docker: Docker) -> list[DoctorCheck]:
             "procps",
         )
     )
+    checks.append(
+        DoctorCheck(
+            "etcd for rendezvous",
+            True,
+            "etcd-v2 and etcd (torch's) need etcd's v2 API: sim runs etcd 3.4 for them (3.5 only with "
+            "--enable-v2, 3.6 has none); etcd-v3 runs on etcd 3.5 without v2 (--etcd-version picks)",
+            required=False,
+        )
+    )
     if engine_ok:
         missing = ImageBuilder(docker).missing()
         checks.append(
