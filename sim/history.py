@@ -35,7 +35,9 @@ MAX_WHOLE_NUMBER = 10**12
 MAX_TIME = 1e11  # unix seconds (the year 5138): a clock further ahead is broken
 FAULT_PHASES = ("invoke", "ok", "fail", "info")
 # What the node image's instrumentation writes through the side channel (sim/sidechannel.py).
-WORKER_EVENTS = ("start", "step", "activity", "progress", "exit")
+# "imported" (torch imported), "pg_ready" (init_process_group returned) and "load" (checkpoint
+# loads so far) time a start's way to its first step; histories before them lack them.
+WORKER_EVENTS = ("start", "step", "activity", "progress", "exit", "imported", "pg_ready", "load")
 
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
@@ -195,6 +197,11 @@ class TrainerRecord(_WorkerFacts):
     elapsed: float | None = None
     steps_run_this_start: int | None = None
     message: str | None = None
+    # start: when `import torch` finished, the process group was ready and the checkpoint load began
+    # (wall clock; the start line ends the load)
+    t_imported: float | None = None
+    t_pg_ready: float | None = None
+    t_ckpt_began: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
@@ -208,6 +215,7 @@ class WorkerRecord(_WorkerFacts):
     op: str | None = None
     source: str | None = None  # progress: "api" | "log" (a log line: no rank)
     code: int | None = None  # exit
+    seconds: float | None = None  # pg_ready: the init call's duration; load: all loads' so far
 
 
 RECORD_TYPES: dict[str, type[Record]] = {

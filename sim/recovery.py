@@ -7,7 +7,10 @@ the report. Terms:
   at the first progress step after its restart (or, when no restart followed, the first one after
   the fault);
 - a *loss jump* is the loss after a resume rising above the loss before it, beyond a relative
-  tolerance and beyond the step-to-step noise seen before.
+  tolerance and beyond the step-to-step noise seen before;
+- a recovery's *phases* (RecoveryPhases) split the time from the fault to that first step at the
+  milestones the history shows: an agent noticing, the rendezvous complete, torch imported in the
+  new workers, their process group ready, the checkpoint loaded.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import functools
 import itertools
 import math
 
-from .runmodel import DEGRADING_FAULTS, Beat, Cohort, Fault, Resume, RunModel
+from .history import AgentRecord, TrainerRecord, WorkerRecord
+from .runmodel import DEGRADING_FAULTS, NODE_REMOVING_FAULTS, Beat, Cohort, Fault, Resume, RunModel
 from .verdict import FaultRecovery
 
 # Throughput before and after a fault is measured over this much training.
@@ -29,6 +33,50 @@ LOSS_WINDOW = 3
 NOISE_WINDOW = 10
 NOISE_FACTOR = 3.0
 LOSS_JUMP_TOLERANCE = 0.5  # relative: 0.5 = the loss may rise by half
+# Agent events that show an agent noticed a fault: its workers failed, nodes wait to join, its
+# keep-alive failed, or it entered a new rendezvous (sim/agentlog.py).
+NOTICE_EVENTS = ("worker_failed", "group_failed", "new_nodes", "keepalive_failed", "rdzv_joining")
+# Faults whose own node's agent is not the one that notices: gone, restarted, frozen or new.
+NODE_SILENCING_FAULTS = (*NODE_REMOVING_FAULTS, "restart-node", "start-node", "pause")
+# The instrumentation's records of a worker's way to its first step (images/node/elastic_sim_instrument.py).
+WAY_EVENTS = ("imported", "pg_ready", "load")
+
+
+@dataclasses.dataclass(frozen=True)
+class RecoveryPhases:
+    """Where a recovery's time went, in seconds, in order; None where the history cannot tell (a
+    history written before these records, a script run without instrumentation, no restart).
+
+    Each phase runs from one milestone to the next, so the known phases of a recovery that has all
+    its milestones add up to its recovery time (from the fault's ok record to the first step); a
+    milestone before the previous one counts as reached with it (a fault noticed before its ok).
+    - detection: until every agent of the new round has noticed (a worker or group failure, new
+      nodes waiting, a keep-alive failure) and entered the rendezvous, its old workers stopped (a
+      frozen worker: torch's 30 s stop timeout); the agent of a node the fault took out, restarted
+      or added is not one that notices;
+    - rendezvous: to the last agent's rendezvous complete (joins, torch's polls, the last call);
+    - worker start: spawn and `import torch` of the new workers, to the last one's import;
+    - pg_init: to the last worker's init_process_group returning;
+    - ckpt_load: the slowest worker's time loading the checkpoint, taken out of the phase it fell in
+      (the shipped trainer: from its load's start to its start line; another script: its time in
+      torch.load and torch.distributed.checkpoint's loads);
+    - first_step: the rest, to the first step of the new round: building the model and optimizer
+      (torch imports torch._dynamo at the first optimizer: seconds on a busy CPU) and the step.
+    """
+
+    detection_s: float | None = None
+    rendezvous_s: float | None = None
+    worker_start_s: float | None = None
+    pg_init_s: float | None = None
+    ckpt_load_s: float | None = None
+    first_step_s: float | None = None
+
+    def as_dict(self) -> dict[str, float | None]:
+        return dataclasses.asdict(self)
+
+    @property
+    def known(self) -> bool:
+        return any(v is not None for v in self.as_dict().values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +91,7 @@ class Recovery:
     throughput_before: float | None  # steps/s in the window before the fault
     throughput_after: float | None  # steps/s in the window after the recovery
     throughput_during: float | None = None  # steps/s while a degrading fault (straggler) was in force
+    phases: RecoveryPhases = RecoveryPhases()  # where the time to the first step went
 
     @property
     def degraded(self) -> bool:
@@ -115,6 +164,8 @@ def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> Recovery
     ):
         restart = None  # training went on after this fault; the restart belongs to a later one
     first = run.first_step_after(max(restart.t, fault.t_ok) if restart else fault.t_ok)
+    # What tells where the recovery went lies before its first step (else the next fault, the run's end).
+    phases_end = first.t if first else next_fault.t_invoke if next_fault else run.t_end
     world_after = run.world_at(first) if first else None
     rate_after = throughput(run, first.t, first.t + THROUGHPUT_WINDOW_S) if first else None
     if restart is None:
@@ -124,12 +175,126 @@ def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> Recovery
             until = healed if healed is not None else min(run.t_training_ended, run.t_end)
             during = throughput(run, fault.t_ok, until)
             rate_after = throughput(run, healed, healed + THROUGHPUT_WINDOW_S) if healed is not None else None
-        return Recovery(fault, None, first, None, None, world_before, world_after, rate_before, rate_after, during)
+        phases = recovery_phases(run, fault, None, first, phases_end)
+        return Recovery(
+            fault, None, first, None, None, world_before, world_after, rate_before, rate_after, during, phases
+        )
     recovering = run.cohort_at(first.t) if first else restart
     steps_before = run.highest_step_before(restart.t) if run.steps_known else None
     return Recovery(
-        fault, restart, first, steps_before, recovering.resumed_from, world_before, world_after, rate_before, rate_after
+        fault,
+        restart,
+        first,
+        steps_before,
+        recovering.resumed_from,
+        world_before,
+        world_after,
+        rate_before,
+        rate_after,
+        phases=recovery_phases(run, fault, recovering, first, phases_end),
     )
+
+
+def recovery_phases(
+    run: RunModel, fault: Fault, cohort: Cohort | None, first: Beat | None, until: float
+) -> RecoveryPhases:
+    """The phases of the recovery from `fault` by the workers of `cohort` (None: no worker said when
+    it started), from the records up to `until` (the first step, else the next fault or the run's end)."""
+    agents = [r for r in run.agent if fault.t_invoke < r.t <= until]
+    completed = {r.node: r.t for r in agents if r.event == "rdzv_complete"}  # each agent's last
+    silent = _silenced_nodes(fault)
+    way = [r for r in _way_records(run) if fault.t_invoke < r.t <= until]
+    starts = cohort.starts if cohort else ()
+    processes = {(s.node, s.pid) for s in starts if s.pid is not None}
+    if processes:
+        way = [r for r in way if (r.node, r.pid) in processes]
+    trainer = [s for s in starts if isinstance(s, TrainerRecord)]
+
+    def latest(event: str, trainer_field: str) -> float | None:
+        times = [r.t for r in way if r.event == event] or [getattr(s, trainer_field) for s in trainer]
+        return max(times) if times and None not in times else None
+
+    pg_ready = latest("pg_ready", "t_pg_ready")
+    milestones = _monotone(
+        [
+            fault.t_ok,
+            _noticed([r for r in agents if r.node not in silent], set(completed) - silent),
+            max(completed.values(), default=None),
+            latest("imported", "t_imported"),
+            pg_ready,
+            first.t if first else None,
+        ]
+    )
+    detection, rendezvous, worker_start, pg_init, after_pg = [_span(a, b) for a, b in itertools.pairwise(milestones)]
+    loads = _trainer_load_seconds(trainer) or (_load_seconds(way, pg_ready) if way else None)
+    if loads is None:  # loading not told from the rest
+        return RecoveryPhases(detection, rendezvous, worker_start, pg_init)
+    before, total = loads  # out of the phases they fell in
+    pg_init = None if pg_init is None else round(max(0.0, pg_init - before), 3)
+    first_step = None if after_pg is None else round(max(0.0, after_pg - (total - before)), 3)
+    return RecoveryPhases(detection, rendezvous, worker_start, pg_init, round(total, 3), first_step)
+
+
+def _noticed(agents: list[AgentRecord], regrouped: set[str]) -> float | None:
+    """When the last agent of the new round had noticed the fault and entered the rendezvous (its first
+    rdzv_joining, else its first other sign of noticing); with no such agent, when the first one noticed."""
+    first_sign: dict[str, float] = {}
+    joining: dict[str, float] = {}
+    for record in agents:  # in time order
+        if record.event in NOTICE_EVENTS:
+            first_sign.setdefault(record.node, record.t)
+            if record.event == "rdzv_joining":
+                joining.setdefault(record.node, record.t)
+    entered = [joining.get(node, first_sign.get(node)) for node in regrouped]
+    return max((t for t in entered if t is not None), default=min(first_sign.values(), default=None))
+
+
+def _silenced_nodes(fault: Fault) -> set[str]:
+    """Nodes whose agents do not count as noticing this fault: taken out, restarted, frozen or added by it."""
+    nodes = {fault.where} if fault.fault in NODE_SILENCING_FAULTS else set()
+    if fault.fault == "scale":
+        nodes |= set(fault.result.get("joined") or ()) | set(fault.result.get("left") or ())
+    return nodes
+
+
+@functools.lru_cache(maxsize=4)
+def _way_records(run: RunModel) -> list[WorkerRecord]:
+    return [r for r in run.records if isinstance(r, WorkerRecord) and r.event in WAY_EVENTS]
+
+
+def _trainer_load_seconds(starts: list[TrainerRecord]) -> tuple[float, float] | None:
+    """(0, the slowest rank's checkpoint load) of the shipped trainer: each start line ends its load and
+    says when the load began (after the process group was ready); None without them (older trainers)."""
+    if not starts or any(s.t_ckpt_began is None for s in starts):
+        return None
+    return 0.0, max(s.t - s.t_ckpt_began for s in starts)
+
+
+def _load_seconds(way: list[WorkerRecord], pg_ready: float | None) -> tuple[float, float]:
+    """(seconds loading before the process group was ready, seconds loading in all) of the worker
+    that spent the most in checkpoint loads: each "load" record holds its process's total so far."""
+    totals: dict[tuple, tuple[float, float]] = {}
+    for record in way:  # in time order
+        if record.event == "load" and record.seconds is not None:
+            before, _ = totals.get((record.node, record.pid), (0.0, 0.0))
+            if pg_ready is None or record.t <= pg_ready:
+                before = record.seconds
+            totals[(record.node, record.pid)] = (before, record.seconds)
+    return max(totals.values(), key=lambda pair: pair[1], default=(0.0, 0.0))
+
+
+def _monotone(times: list[float | None]) -> list[float | None]:
+    """Each known milestone at or after the known ones before it."""
+    result, floor = [], -math.inf
+    for t in times:
+        if t is not None:
+            floor = t = max(t, floor)
+        result.append(t)
+    return result
+
+
+def _span(begin: float | None, end: float | None) -> float | None:
+    return None if begin is None or end is None else round(end - begin, 3)
 
 
 def throughput(run: RunModel, begin: float, end: float) -> float | None:

@@ -17,6 +17,7 @@ from typing import NamedTuple
 from .diagnose import Diagnosis, format_diagnoses
 from .nodes import node_order
 from .plot import draw_timeline
+from .recovery import RecoveryPhases, recoveries
 from .runmodel import STEP_SOURCE_WORDS, RunModel
 from .timeline import build_timeline, job_end_after_faults, run_origin
 from .verdict import EXPECTED_WORDS, CheckResult, Verdict
@@ -80,6 +81,7 @@ def report_data(
 ) -> dict:
     """The figures of the report as plain data (what report.json holds)."""
     origin = run_origin(run)
+    phases = {r.fault.op: r.phases for r in recoveries(run)}
     return {
         "title": title,
         "verdict": "PASS" if verdict.valid else "FAIL",
@@ -89,7 +91,12 @@ def report_data(
         "run": {"start": origin, "duration_s": None if origin is None else round(run.all_records[-1].t - origin, 3)},
         "checks": [dataclasses.asdict(result) for result in verdict.results],
         "recoveries": [
-            {**dataclasses.asdict(r), "since_start_s": _since(r.t_fault, origin, verdict)} for r in verdict.recoveries
+            {
+                **dataclasses.asdict(r),
+                "since_start_s": _since(r.t_fault, origin, verdict),
+                "phases": phases.get(r.op, RecoveryPhases()).as_dict(),
+            }
+            for r in verdict.recoveries
         ],
         "job_end": job_end_after_faults(verdict, run),
         "restarts_per_node": dict(verdict.restarts_per_node),
@@ -159,7 +166,19 @@ def _fault_row(recovery: dict, never: str = "never") -> list[str]:
         "-" if steps_lost is None else str(steps_lost),
         _world_change(recovery["world_before"], recovery["world_after"]),
         _rate_change(recovery["throughput_before"], recovery["throughput_after"]),
+        *_phase_cells(recovery),
     ]
+
+
+def _phase_cells(recovery: dict) -> list[str]:
+    """Where the recovery went, "0.1/2.2/3.0/0.8/0.4/0.9" ("?": not in the history), and the rendezvous'
+    share of the recovery time; "-" where no phase is known."""
+    phases = recovery.get("phases") or {}
+    if not any(phases.get(key) is not None for key in PHASE_NAMES):
+        return ["-", "-"]
+    total, rendezvous = recovery["recovery_s"], phases.get("rendezvous_s")
+    share = f"{rendezvous / total:.0%}" if rendezvous is not None and total else "-"
+    return ["/".join("?" if phases.get(key) is None else f"{phases[key]:.1f}" for key in PHASE_NAMES), share]
 
 
 def _training_words(training: dict) -> str:
@@ -181,7 +200,27 @@ def _rate_change(before: float | None, after: float | None) -> str:
     return f"{'?' if before is None else f'{before:.2f}'} → {'?' if after is None else f'{after:.2f}'}"
 
 
-FAULT_HEADERS = ["time", "fault", "target", "recovery", "steps lost", "world", "steps/s before → after"]
+# Where each recovery went: RecoveryPhases' fields, in order, by short names.
+PHASE_NAMES = {
+    "detection_s": "detect",
+    "rendezvous_s": "rdzv",
+    "worker_start_s": "start",
+    "pg_init_s": "pg",
+    "ckpt_load_s": "ckpt",
+    "first_step_s": "step",
+}
+PHASES_HEADER = f"s: {'/'.join(PHASE_NAMES.values())}"
+FAULT_HEADERS = [
+    "time",
+    "fault",
+    "target",
+    "recovery",
+    "steps lost",
+    "world",
+    "steps/s before → after",
+    PHASES_HEADER,
+    "rdzv share",
+]
 JOB_END_HEADERS = ["time", "fault", "target", "agents ended after it"]
 
 

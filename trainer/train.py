@@ -47,6 +47,9 @@ from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E40
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
+# The start line says when import torch finished, the process group was ready and the checkpoint
+# load began (it ends with the line): where a restart's time went.
+IMPORTED_AT = time.time()
 CKPT_MAGIC = b"ELASTIC-SIM-CKPT-1"
 CKPT_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 CKPTS_KEPT = 2
@@ -336,6 +339,7 @@ def main(argv=None):
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     init_process_group(backend, rank, world_size, args.pg_timeout)
+    pg_ready_at = time.time()
 
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP broadcasts them anyway)
     model = torch.nn.Sequential(
@@ -347,6 +351,7 @@ def main(argv=None):
     # Rank 0 picks the checkpoint (warning about fallbacks once) and tells the
     # others its step and sha256, so no rank resumes from another file. A plain
     # tensor, not broadcast_object_list: that one needs numpy, which may be absent.
+    ckpt_began_at = time.time()
     choice = torch.full((33,), -1, dtype=torch.int64)  # [step, 32 digest bytes]
     if rank == 0:
         found_step, digest, _ = find_latest_checkpoint(args.ckpt_dir, lambda msg: emit("warning", ctx, message=msg))
@@ -368,7 +373,17 @@ def main(argv=None):
         scheduler.load_state_dict(state["scheduler"])
         step, epoch, seen_in_epoch = state["step"], state["epoch"], state["samples_seen_in_epoch"]
         ckpt_world_size = state["world_size"]
-    emit("start", ctx, resumed_from=step, ckpt_world_size=ckpt_world_size, backend=backend, pid=os.getpid())
+    emit(
+        "start",
+        ctx,
+        resumed_from=step,
+        ckpt_world_size=ckpt_world_size,
+        backend=backend,
+        pid=os.getpid(),
+        t_imported=IMPORTED_AT,
+        t_pg_ready=pg_ready_at,
+        t_ckpt_began=ckpt_began_at,
+    )
     start_step = step
 
     ddp_model = DistributedDataParallel(model, device_ids=[local_rank] if backend == "nccl" else None)

@@ -5,8 +5,12 @@ worker it only reads the environment and returns (no torch import, nothing insta
 worker (LOCAL_RANK and TORCHELASTIC_RUN_ID set, SIM_INSTRUMENT not "0", a side channel in
 SIM_EVENTS_DIR) it writes a "start" record at once and waits, through an import hook, for the
 script to import torch:
+  - torch: an "imported" record when `import torch` has finished (spawn and import, timed), and
+    torch.load is wrapped to write "load" records (checkpoint loads before the first step);
   - torch.optim.optimizer: a global optimizer step post hook writes "step" records;
-  - torch.distributed: its Python collectives are wrapped to write "activity" records;
+  - torch.distributed: its Python collectives are wrapped to write "activity" records, and
+    init_process_group a "pg_ready" record when it returns;
+  - torch.distributed.checkpoint: its load and load_state_dict write "load" records too;
 and at exit it writes "exit". Records go to the side channel (elastic_sim_progress.write_record),
 never to the script's stdout or stderr. Any failure in here turns the instrumentation off
 silently: the user's script must behave exactly as without it.
@@ -27,6 +31,14 @@ ACTIVITY_RECORD_GAP_S = 1.0
 # Looked for at most every HANG_CHECK_GAP_S, so a fast loop pays for one stat a fifth of a second.
 HANG_FILE = "/tmp/elastic-sim-hang-{pid}"
 HANG_CHECK_GAP_S = 0.2
+# Checkpoint loads (torch.load, torch.distributed.checkpoint's load) are timed until the process's
+# first optimizer step: each "load" record carries the seconds spent in them so far, at most one
+# record per gap (a script reading many shards; also before a collective), the rest written before
+# "pg_ready", the first step and exit, so the total at each of those is exact.
+LOAD_RECORD_GAP_S = 0.5
+CHECKPOINT_LOADS = ("load", "load_state_dict")  # torch.distributed.checkpoint's
+# Modules that hold init_process_group under its own name (device_mesh imported it by name).
+PG_INIT_HOLDERS = ("torch.distributed", "torch.distributed.distributed_c10d", "torch.distributed.device_mesh")
 COLLECTIVES = (
     "all_reduce",
     "broadcast",
@@ -95,6 +107,12 @@ class WorkerProbe:
         self._hang_file = HANG_FILE.format(pid=self.pid)
         self._hang_checked_at = 0.0
         self._sleep = time.sleep
+        self._in_load = threading.local()
+        self._load_s = 0.0  # seconds spent in checkpoint loads so far (before the first step)
+        self._loads = 0
+        self._loads_written = 0
+        self._load_written_at = 0.0
+        self._load_op = None
         self.exit_code = None
 
     def write(self, event, **fields) -> None:
@@ -126,6 +144,8 @@ class WorkerProbe:
                 self._optimizer, self._step_offset = self._weakref(optimizer), None
             self._steps += 1
             now = self._clock()
+            if self._steps == 1:
+                self.flush_loads()
             if self._steps == 1 or now - self._step_written_at >= STEP_RECORD_GAP_S:
                 self._write_step(optimizer, now)
         except Exception:
@@ -205,14 +225,90 @@ class WorkerProbe:
 
     def on_collective(self, op: str) -> None:
         try:
+            now = self._clock()
+            if self._loads > self._loads_written and now - self._load_written_at >= LOAD_RECORD_GAP_S:
+                self.flush_loads()  # a script that never steps: its loads so far, before its collectives
             self._collectives += 1
             self._last_op = op
-            now = self._clock()
             if self._collectives == 1 or now - self._activity_written_at >= ACTIVITY_RECORD_GAP_S:
                 self._activity_written_at, self._collectives_written = now, self._collectives
                 self.write("activity", collectives=self._collectives, op=op)
         except Exception:
             self.disable()
+
+    # --- the way to the first step: torch imported, process group ready, checkpoint loads ---
+
+    def wrap_pg_init(self, modules) -> None:
+        """init_process_group writes "pg_ready" when it returns, with the seconds the call took."""
+        import functools
+
+        original = getattr(modules[0], "init_process_group", None) if modules else None
+        if not callable(original) or hasattr(original, "__elastic_sim_op__"):
+            return
+        probe, clock = self, self._clock
+
+        def init_process_group(*args, **kwargs):
+            began = clock()
+            result = original(*args, **kwargs)
+            probe.on_pg_ready(clock() - began)
+            return result
+
+        wrapper = functools.wraps(original)(init_process_group)
+        wrapper.__elastic_sim_op__ = "init_process_group"
+        for module in modules:
+            if getattr(module, "init_process_group", None) is original:
+                module.init_process_group = wrapper
+
+    def on_pg_ready(self, seconds: float) -> None:
+        try:
+            self.flush_loads()
+            self.write("pg_ready", seconds=round(seconds, 6))
+        except Exception:
+            self.disable()
+
+    def wrap_loads(self, module, names, op_prefix) -> None:
+        """Time each call of module.<name> (a checkpoint load) until the first step."""
+        import functools
+
+        for name in names:
+            original = getattr(module, name, None)
+            if not callable(original) or hasattr(original, "__elastic_sim_op__"):
+                continue
+            wrapper = functools.wraps(original)(self._timing(original, f"{op_prefix}{name}"))
+            wrapper.__elastic_sim_op__ = f"{op_prefix}{name}"
+            setattr(module, name, wrapper)
+
+    def _timing(self, load, op):
+        probe, nested, clock = self, self._in_load, self._clock
+
+        def timed(*args, **kwargs):
+            if probe.off or probe._steps or getattr(nested, "inside", False):
+                return load(*args, **kwargs)  # after the first step, or dcp.load's own torch.load
+            nested.inside = True
+            began = clock()
+            try:
+                return load(*args, **kwargs)
+            finally:
+                nested.inside = False
+                probe.on_load(op, clock() - began)
+
+        return timed
+
+    def on_load(self, op: str, seconds: float) -> None:
+        try:
+            self._loads += 1
+            self._load_s += seconds
+            self._load_op = op
+            if self._loads == 1 or self._clock() - self._load_written_at >= LOAD_RECORD_GAP_S:
+                self.flush_loads()
+        except Exception:
+            self.disable()
+
+    def flush_loads(self) -> None:
+        """A "load" record with the totals so far, unless the last one already had them."""
+        if self._loads > self._loads_written:
+            self._load_written_at, self._loads_written = self._clock(), self._loads
+            self.write("load", n=self._loads, seconds=round(self._load_s, 6), op=self._load_op)
 
     # --- exit ------------------------------------------------------------------------------
 
@@ -221,6 +317,7 @@ class WorkerProbe:
             return
         try:
             # What the rate limits held back: the counts at the end are exact.
+            self.flush_loads()
             if self._steps > self._steps_written:
                 optimizer = self._optimizer() if self._optimizer is not None else None
                 self._steps_written = self._steps
@@ -302,13 +399,23 @@ def activate():
         return None
     os.register_at_fork(after_in_child=probe.disable)  # a forked child is not the worker
 
+    def after_torch(torch):
+        probe.write("imported")
+        probe.wrap_loads(torch, ("load",), "torch.")
+
     def after_distributed(dist):
         c10d = sys.modules.get("torch.distributed.distributed_c10d")
         if c10d is not None:
             probe.wrap_collectives(dist, c10d)
+        probe.wrap_pg_init([sys.modules[name] for name in PG_INIT_HOLDERS if name in sys.modules])
 
     AfterImport(
-        {"torch.optim.optimizer": probe.install_step_hook, "torch.distributed": after_distributed},
+        {
+            "torch": after_torch,
+            "torch.optim.optimizer": probe.install_step_hook,
+            "torch.distributed": after_distributed,
+            "torch.distributed.checkpoint": lambda dcp: probe.wrap_loads(dcp, CHECKPOINT_LOADS, "dcp."),
+        },
         on_error=probe.disable,
     ).install()
     _record_exit_code(probe, sys)

@@ -102,6 +102,16 @@ class HistoryBuilder:
             )
         self.step = resumed_from
 
+    def time_starts(self, import_s=1.0, pg_init_s=0.5, load_s=0.25):
+        """Give the last start_workers' trainer start lines the times today's trainer adds: torch imported
+        import_s after the rendezvous completed, the process group ready pg_init_s later, and the
+        checkpoint load began load_s before the start line."""
+        for record in self.records[-len(self.workers) :]:
+            assert record.get("kind") == "start", "call right after start_workers"
+            record["t_imported"] = record["t"] - 2.0 + import_s
+            record["t_pg_ready"] = record["t_imported"] + pg_init_s
+            record["t_ckpt_began"] = record["t"] - load_s
+
     def trainer(self, node, local_rank, rank, world, kind, **fields):
         self.add(
             type="trainer",
@@ -255,6 +265,22 @@ class ScriptRun(HistoryBuilder):
                     loss=self.losses(step),
                 )
             self.step = step
+
+    def way_to_first_step(self, imported_s=0.3, pg_ready_s=0.6, loads=()):
+        """The instrumentation's records of the current workers' way to their first step, at these
+        seconds after their start: torch imported, init_process_group returned, and per (seconds after
+        start, total seconds in loads so far) a "load" record. Call after start_workers; each record
+        goes in its place in time."""
+        started = max(r["t"] for r in self.records if r.get("type") == "worker" and r.get("event") == "start")
+        for worker in self.workers:
+            self._insert(started + imported_s, event="imported", **worker)
+            for after, total in loads:
+                self._insert(started + after, event="load", seconds=total, op="torch.load", **worker)
+            self._insert(started + pg_ready_s, event="pg_ready", seconds=0.1, **worker)
+
+    def _insert(self, t, **record):
+        index = next((i for i, r in enumerate(self.records) if r["t"] > t), len(self.records))
+        self.records.insert(index, {"t": t, "type": "worker", **record})
 
     def kill_worker(self, node):
         """Its worker is killed: every agent's group fails and restarts."""
