@@ -18,6 +18,7 @@ from sim.cluster import Cluster
 from sim.docker import Docker
 from sim.errors import ClusterNotFoundError, UsageError
 from sim.spec import DEFAULT_NAME
+from sim.swarm import provider_for
 
 from .faults import FAULTS, FLAG, Fault, FaultOptions, option_of
 from .nemesis import Nemesis
@@ -187,7 +188,8 @@ def _nemesis(args: argparse.Namespace, *, running: bool = True) -> Nemesis:
     """The cluster's nemesis; `running=False` for verbs that bring stopped containers back."""
     docker = Docker()
     docker.ping()
-    cluster = Cluster(args.name, docker)
+    # A Swarm stack's nodes start and stop through their services (sim/swarm.py).
+    cluster = Cluster(args.name, provider_for(args.name, docker))
     if running:
         cluster.require_running()
     elif not cluster.containers():

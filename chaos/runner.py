@@ -165,7 +165,10 @@ class ScenarioRunner:
         options.setdefault("name", f"chaos-{self.scenario.name}"[:40].rstrip("-"))
         spec = spec_from_options(options, options.pop("script_args", None))
         self.progress(f"[chaos] {self.scenario.name} on {self.backend}: {spec.nodes} nodes, seed {self.seed}")
-        return up(spec, self.docker, progress=self.progress)
+        cluster = up(spec, self.docker, progress=self.progress)
+        if self.keep:
+            cluster.release()  # kept for the user: this run ending is not a leak
+        return cluster
 
     # --- the schedule ------------------------------------------------------------------
 

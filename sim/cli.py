@@ -17,7 +17,7 @@ from . import cluster as cluster_mod
 from .docker import Docker
 from .errors import SimError, UsageError
 from .paths import cache_home, state_home
-from .spec import DEFAULT_NAME, RDZV_BACKENDS, spec_from_options
+from .spec import DEFAULT_NAME, ENGINES, RDZV_BACKENDS, spec_from_options
 from .wait import wait_for
 
 
@@ -79,6 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="REGEX",
         help=r"read step and loss from the script's own log lines, e.g. 'step (?P<step>\d+) loss (?P<loss>[\d.]+)'",
     )
+    up.add_argument(
+        "--engine",
+        choices=ENGINES,
+        help="compose (default: this machine) or swarm (a Swarm stack; made here if the engine is in none)",
+    )
+    up.add_argument(
+        "--placement",
+        choices=["spread", "packed"],
+        default="spread",
+        help="swarm: node i on host i mod H (spread, default) or hosts filled in order (packed)",
+    )
+    up.add_argument("--ckpt-nfs", metavar="SERVER:/EXPORT", help="swarm: the checkpoint volume on NFS (many hosts)")
     up.add_argument("--name", default=DEFAULT_NAME, help=f"cluster name (default {DEFAULT_NAME})")
     up.add_argument("--detach", action="store_true", help="return once training has started instead of following it")
     up.add_argument(
@@ -201,8 +213,18 @@ def check_start_timeout(seconds: float) -> None:
 def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
     spec = spec_from_options(vars(args), script_args)
     check_start_timeout(args.timeout)  # nothing is made before every input is checked
+    if spec.engine != "swarm" and (args.ckpt_nfs or args.placement != "spread"):
+        raise UsageError("--placement and --ckpt-nfs place nodes on Swarm hosts; add --engine swarm or drop them")
     docker = _docker()
-    cluster = cluster_mod.up(spec, docker, keep=args.keep, timeout=args.timeout)
+    if spec.engine == "swarm":
+        from .swarm import up as swarm_up
+
+        cluster = swarm_up(
+            spec, docker, placement=args.placement, ckpt_nfs=args.ckpt_nfs, keep=args.keep, timeout=args.timeout
+        )
+    else:
+        cluster = cluster_mod.up(spec, docker, keep=args.keep, timeout=args.timeout)
+        cluster.release()  # the user's now: `up` ending is not a leak
     name = spec.name
     flag = "" if name == DEFAULT_NAME else f" {name}"
     print(
@@ -241,14 +263,17 @@ def cmd_down(args: argparse.Namespace, _: list[str] | None) -> int:
     if args.all and args.name:
         raise UsageError("down: give a cluster name or --all, not both")
     names = cluster_mod.list_clusters(docker) if args.all else [args.name or DEFAULT_NAME]
+    from . import swarm
+
     for name in names:
-        cluster = cluster_mod.Cluster(name, docker)
-        if not cluster.exists():
+        provider = swarm.provider_for(name, docker)
+        cluster = cluster_mod.Cluster(name, provider)
+        if not cluster.exists() and provider is docker:
             if args.all:
                 continue
             raise UsageError(f"cluster '{name}': not found; `python -m sim ls` lists clusters")
         logs_at = cluster.run_dir / "logs"
-        removed = cluster.down()
+        removed = swarm.down(cluster) if provider is not docker else cluster.down()
         print(
             f"removed cluster '{name}': {removed['containers']} containers, {removed['networks']} networks, "
             f"{removed['volumes']} volumes; logs kept in {logs_at}"
@@ -265,7 +290,8 @@ def cmd_ls(args: argparse.Namespace, _: list[str] | None) -> int:
     if not names:
         print("no clusters (start one with `python -m sim up --nodes 4`)")
         return 0
-    print(f"{'NAME':<16} {'NODES':<14} {'ETCD':<10} RUN")
+    print(f"{'NAME':<24} {'NODES':<14} {'ETCD':<10} {'RUN':<22} NOTE")
+    leftovers = []
     for name in names:
         cluster = cluster_mod.Cluster(name, docker)
         infos = cluster.containers()
@@ -273,7 +299,16 @@ def cmd_ls(args: argparse.Namespace, _: list[str] | None) -> int:
         running = sum(c.state == "running" for c in nodes)
         etcd = next((c.state for c in infos if c.role == "etcd"), "-")
         run_id = next((c.run_id for c in infos if c.run_id), None) or cluster.run_id  # labels first: the truth
-        print(f"{name:<16} {f'{running}/{len(nodes)} running':<14} {etcd:<10} {run_id or '-'}")
+        reason = cluster.leftover_reason(infos)
+        if reason:
+            leftovers.append(name)
+        note = f"leftover? {reason}" if reason else ""
+        print(f"{name:<24} {f'{running}/{len(nodes)} running':<14} {etcd:<10} {run_id or '-':<22} {note}".rstrip())
+    if leftovers:
+        print(
+            f"{len(leftovers)} look left behind; remove with `python -m sim down {leftovers[0]}` "
+            "(each by name; `python -m sim down --all` removes every cluster)"
+        )
     return 0
 
 
@@ -323,8 +358,11 @@ def _nodes_up(run_dir) -> tuple[int, int]:
 
 
 def cmd_logs(args: argparse.Namespace, _: list[str] | None) -> int:
+    from .swarm import provider_for
+
     docker = _docker()
     docker.ping()
+    docker = provider_for(args.name, docker)
     cluster = cluster_mod.Cluster(args.name, docker)
     if not cluster.containers():
         raise UsageError(f"cluster '{args.name}': not found; `python -m sim ls` lists clusters")

@@ -37,6 +37,8 @@ DEFAULT_START_TIMEOUT = 300.0
 # must not import it (the collector imports this one). Its pid file lets `down` stop it.
 COLLECTOR_MODULE = "sim.collector"
 COLLECTOR_PID_FILE = "collector.pid"
+# The process that made the cluster and will remove it (`chaos run`, a test); gone once a person owns it.
+OWNER_PID_FILE = "owner.pid"
 COLLECTOR_DRAIN_S = 10.0
 
 
@@ -203,10 +205,34 @@ class Cluster:
             )
         (self.state_dir / COLLECTOR_PID_FILE).write_text(str(proc.pid))
 
+    def _pid_file(self, name: str) -> int:
+        """A pid from the state folder (0: none written)."""
+        try:
+            return int((self.state_dir / name).read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def release(self) -> None:
+        """The process that made the cluster hands it over (to a person, after `up`): its end is no leak."""
+        (self.state_dir / OWNER_PID_FILE).unlink(missing_ok=True)
+
+    def leftover_reason(self, infos: Sequence[ContainerInfo]) -> str | None:
+        """Why this cluster looks left behind by a harness that died (None: it looks looked after)."""
+        if any(c.state == "created" for c in infos):
+            return "half-made: containers created, never started"
+        if not self.state_dir.exists():
+            return "no state folder here: its harness was killed, or it runs under another SIM_HOME"
+        owner = self._pid_file(OWNER_PID_FILE)
+        if owner and not _alive(owner):
+            return f"the harness that made it (pid {owner}) was killed"
+        collector = self._pid_file(COLLECTOR_PID_FILE)
+        if collector and not _alive(collector):
+            return "its history collector is gone"
+        return None
+
     def _stop_collector(self) -> None:
         """Let the collector drain (it exits once the containers are gone), then make sure."""
-        path = self.state_dir / COLLECTOR_PID_FILE
-        pid = int(path.read_text().strip() or 0) if path.exists() else 0
+        pid = self._pid_file(COLLECTOR_PID_FILE)
         if not pid:
             return
         gone = wait_for(
@@ -336,10 +362,16 @@ def up(
     _ = docker.compose_argv  # fail now, before anything is made, if Compose v2 is missing
     cluster = Cluster(spec.name, docker)
     if cluster.exists():
-        raise UsageError(
-            f"--name '{spec.name}': a cluster of that name already exists; "
-            f"remove it with `python -m sim down {spec.name}` or choose another --name"
-        )
+        infos = cluster.containers()
+        leftover = cluster.leftover_reason(infos) if infos else "networks or volumes only"
+        if leftover is None:
+            raise UsageError(
+                f"--name '{spec.name}': a cluster of that name already exists; "
+                f"remove it with `python -m sim down {spec.name}` or choose another --name"
+            )
+        # What a killed harness left behind is swept by label (its logs are kept), not refused.
+        progress(f"[up] removing what a killed harness left of '{spec.name}' ({leftover})")
+        cluster.down()
     builder = builder or ImageBuilder(docker, progress=progress)
     images = builder.ensure(need_etcd=spec.uses_etcd, etcd_version=spec.etcd_server_version).images
 
@@ -347,6 +379,7 @@ def up(
     created = False
     try:
         write_state(cluster, spec, images, run_id)
+        (cluster.state_dir / OWNER_PID_FILE).write_text(str(os.getpid()))
         History(cluster.run_dir / FILE_NAME).append(run_start_record(spec, run_id))
         progress(f"[up] starting cluster '{spec.name}' ({spec.nodes} nodes, {spec.rdzv_backend}, run {run_id})")
         created = True

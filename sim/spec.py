@@ -24,6 +24,8 @@ ETCD_BACKENDS = ("etcd-v2", "etcd", "etcd-v3")
 V2_BACKENDS = ("etcd-v2", "etcd")
 # The etcd servers an image can hold: 3.4 serves the v2 API (--enable-v2), 3.5 runs here without it.
 ETCD_VERSIONS = ("3.4", "3.5")
+# compose: one machine (docker compose); swarm: a Swarm stack, one host or many (sim/swarm.py, docs/SWARM.md).
+ENGINES = ("compose", "swarm")
 # Compose project names: lowercase letters, digits, dashes and underscores.
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 _CONF_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -126,6 +128,7 @@ class ClusterSpec:
     ckpt_size: str | None = (
         None  # /ckpt as a tmpfs of this size, e.g. "64m" (a disk that can fill); None: a plain volume
     )
+    engine: str = "compose"
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):
@@ -159,6 +162,8 @@ class ClusterSpec:
                 f"--rdzv-backend '{self.rdzv_backend}': unknown backend; use one of {', '.join(RDZV_BACKENDS)}"
             )
         self._check_etcd_version()
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine {self.engine!r}: unknown engine; use one of {', '.join(ENGINES)}")
         if self.rdzv_backend == "static" and not (self.min_nodes == self.max_nodes == self.nodes):
             raise UsageError(
                 f"--rdzv-backend static: needs a fixed size, but nodes={self.nodes} min={self.min_nodes} "

@@ -1,0 +1,376 @@
+"""Docker Swarm as the engine: `sim up --engine swarm` deploys the rendered cluster as a stack.
+
+An engine is a provider choice, not a fork of the code (DESIGN.md): `SwarmDocker` is the Docker
+provider with three verbs changed. Compose's `up` becomes `docker stack deploy` of the stack file
+that sim/swarm_render.py makes from the rendered project (etcd first, until it is healthy: Swarm
+has no `depends_on`); removing a task's container removes its service (with restart policy
+`none`, a service with no task would only linger); starting a stopped task's container makes Swarm
+start a new task instead (a container started by hand runs outside Swarm and its DNS). Everything
+else (containers by label, kill, pause, exec, logs, events) is the engine's own: a task's container
+is a plain container on its host.
+
+The swarm itself: `ensure_swarm` initialises one on this engine when there is none, and records
+that it did; `leave_if_ours` leaves it (and removes the docker_gwbridge network it made) once no
+cluster of ours runs on it. A swarm the user had is kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import yaml
+
+from . import labels
+from .cluster import Cluster
+from .cluster import up as compose_up
+from .docker import API_TIMEOUT_S, Completed, Docker, DockerError
+from .errors import SimError, UsageError
+from .paths import state_home
+from .progress import Progress, to_stderr
+from .render import render
+from .spec import ClusterSpec
+from .swarm_render import SwarmLayout, to_stack
+from .wait import Check, Condition, wait_for
+
+STACK_FILE = "stack.yaml"
+LAYOUT_FILE = "swarm-layout.json"  # in the cluster's state folder: how scale-ups place new nodes
+INIT_FILE = "swarm-init.json"  # in the state home: this tool initialised the engine's swarm
+GWBRIDGE = "docker_gwbridge"
+# The labels Swarm puts on a task's container.
+SERVICE_LABEL = "com.docker.swarm.service.name"
+SERVICE_ID_LABEL = "com.docker.swarm.service.id"
+TASK_LABEL = "com.docker.swarm.task.id"
+LISTEN_ADDR = "127.0.0.1:2377"  # a swarm made here serves this machine only; multi-host: docs/SWARM.md
+ETCD_HEALTHY_S = 120.0
+GONE_S = 60.0
+
+
+class SwarmDocker(Docker):
+    """The Docker provider for a cluster that runs as a Swarm stack."""
+
+    def __init__(self, layout: SwarmLayout, docker_bin: str = "docker"):
+        super().__init__(docker_bin)
+        self.layout = layout
+
+    @property
+    def compose_argv(self) -> list[str]:
+        """Swarm needs no Compose; `docker stack` comes with the docker CLI."""
+        if self._run([self.docker_bin, "stack", "--help"], timeout=20).returncode != 0:
+            raise SimError(f"`{self.docker_bin} stack` is missing: the docker CLI deploys Swarm stacks")
+        return [self.docker_bin, "stack"]
+
+    def compose(
+        self, project: str, compose_file: Path | None, *args: str, check: bool = True, timeout: float | None = 600
+    ) -> Completed:
+        if not args or args[0] != "up" or compose_file is None:
+            raise UsageError(
+                f"`compose {' '.join(args[:1])}`: a Swarm cluster has no such verb here; see docs/SWARM.md"
+            )
+        stack = stack_for(compose_file, self.layout)
+        stack_file = compose_file.parent / STACK_FILE
+        (compose_file.parent / LAYOUT_FILE).write_text(json.dumps(dataclasses.asdict(self.layout)))
+        services = stack["services"]
+        first = {name: s for name, s in services.items() if s["labels"].get(labels.ROLE) != "node"}
+        if first and len(first) < len(services) and not self._running(project, first):
+            self._deploy(project, stack_file, {**stack, "services": first}, check, timeout)
+            wait_for(
+                Condition("waiting for etcd to be healthy", lambda: self._healthy(project, first)),
+                timeout=ETCD_HEALTHY_S,
+            )
+        result = self._deploy(project, stack_file, stack, check, timeout)
+        # As `compose up --detach`: back once every service has its container (Swarm makes them later).
+        wait_for(_TasksMade(self, project, services), timeout=ETCD_HEALTHY_S)
+        return result
+
+    def start(self, container: str) -> None:
+        """Start a stopped node or etcd. Its container started by hand would run outside Swarm: the
+        task stays failed, and Swarm's DNS stops naming it (seen: peers could not resolve it). So
+        Swarm makes a new task of the service (same hostname, same volumes), and the old container goes."""
+        state = self.inspect(container)
+        service = state["Config"]["Labels"].get(SERVICE_LABEL)
+        if service is None or state["State"]["Running"]:
+            super().start(container)
+            return
+        argv = [self.docker_bin, "service", "update", "--force", "--detach", "--no-resolve-image", service]
+        result = self._run(argv, timeout=API_TIMEOUT_S)
+        if not result.ok:
+            raise DockerError(f"`docker service update --force {service}` failed: {_last(result)}")
+        replaced = Condition(
+            f"waiting for Swarm to start a new task of {service}",
+            lambda: any(c.id != container and c.running for c in self.containers(f"label={SERVICE_LABEL}={service}")),
+        )
+        wait_for(replaced, timeout=ETCD_HEALTHY_S)
+        Docker.remove(self, "container", [container])  # the dead task's container, not the service
+
+    def restart(self, container: str, grace: float) -> None:
+        self.stop(container, grace)
+        self.start(container)
+
+    def compose_process(
+        self, project: str, compose_file: Path | None, *args: str, capture: bool = False
+    ) -> subprocess.Popen:
+        """`compose logs [-f] [NODE]` as `docker service logs` of each service (Compose sees no Swarm
+        task); each line comes prefixed with its task and host, as `docker service logs` writes it."""
+        if not args or args[0] != "logs":
+            raise UsageError(
+                f"`compose {' '.join(args[:1])}`: a Swarm cluster has no such verb here; see docs/SWARM.md"
+            )
+        follow = [arg for arg in args[1:] if arg == "-f"]
+        nodes = [arg for arg in args[1:] if arg != "-f"]
+        flt = f"label={labels.CLUSTER}={project}"
+        services = sorted({c.labels[SERVICE_LABEL] for c in self.containers(flt) if SERVICE_LABEL in c.labels})
+        if nodes:
+            services = [f"{project}_{node}" for node in nodes]
+        commands = [shlex.join([self.docker_bin, "service", "logs", *follow, service]) for service in services]
+        pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "errors": "replace"}
+        # One `docker service logs` per service, side by side, as `compose logs` shows every container;
+        # the shell takes its children along when it is told to end (follow_job terminates it).
+        started = "".join(f'{command} & pids="$pids $!"; ' for command in commands)
+        script = f"pids=''; {started}trap 'kill -KILL $pids 2>/dev/null' TERM INT HUP; wait"
+        return subprocess.Popen(["sh", "-c", script], **(pipe if capture else {}))
+
+    def _deploy(self, project: str, path: Path, stack: dict, check: bool, timeout: float | None) -> Completed:
+        path.write_text(yaml.safe_dump(stack, sort_keys=False, width=1000))
+        # Our images are local: no registry is asked for a digest.
+        argv = [self.docker_bin, "stack", "deploy", "--resolve-image", "never", "-c", str(path), project]
+        result = self._run(argv, timeout)
+        if check and not result.ok:
+            raise DockerError(f"`docker stack deploy` failed: {_last(result)}")
+        return result
+
+    def _tasks(self, project: str, services: dict) -> list[dict]:
+        names = {f"{project}_{name}" for name in services}
+        flt = f"label={labels.CLUSTER}={project}"
+        return [self.inspect(c.id) for c in self.containers(flt) if c.labels.get(SERVICE_LABEL) in names and c.running]
+
+    def _running(self, project: str, services: dict) -> bool:
+        return len(self._tasks(project, services)) == len(services)
+
+    def _healthy(self, project: str, services: dict) -> bool:
+        tasks = self._tasks(project, services)
+        return len(tasks) == len(services) and all(
+            (t["State"].get("Health") or {}).get("Status", "healthy") == "healthy" for t in tasks
+        )
+
+    def remove(self, kind: str, ids: Sequence[str]) -> None:
+        """A task's container goes with its service (else the service lingers, or heals it); the
+        overlay network goes once Swarm has let go of the tasks' endpoints on it."""
+        if kind == "container" and ids:
+            services = set()
+            for cid in ids:
+                try:
+                    services.add(self.inspect(cid)["Config"]["Labels"].get(SERVICE_ID_LABEL))
+                except DockerError:
+                    continue  # already gone
+            self._remove_services(services - {None})
+        if kind != "network":
+            super().remove(kind, ids)
+            return
+        for nid in ids:
+            wait_for(_Removed(lambda nid=nid: super(SwarmDocker, self).remove("network", [nid]), nid), timeout=GONE_S)
+
+    def _remove_services(self, service_ids: set[str]) -> None:
+        for sid in service_ids:
+            try:
+                self._call("service rm", self.api.remove_service, sid)
+            except DockerError:
+                if self._call("service ls", self.api.services, filters={"id": sid}):
+                    raise
+
+
+class _TasksMade:
+    """Ready once every service of the stack has a container; failed when Swarm rejects a task."""
+
+    description = "waiting for Swarm to make every service's container"
+
+    def __init__(self, docker: SwarmDocker, project: str, services: dict):
+        self.docker, self.project, self.services = docker, project, services
+
+    def check(self) -> Check:
+        flt = f"label={labels.CLUSTER}={self.project}"
+        made = {c.labels.get(SERVICE_LABEL) for c in self.docker.containers(flt)}
+        missing = sorted(name for name in self.services if f"{self.project}_{name}" not in made)
+        if not missing:
+            return Check(True)
+        tasks = self.docker._call(
+            "service ps", self.docker.api.tasks, filters={"service": f"{self.project}_{missing[0]}"}
+        )
+        errors = [t["Status"].get("Err") for t in tasks if t["Status"].get("Err")]
+        detail = f"{missing[0]}: {tasks[0]['Status'].get('Message', 'no task yet') if tasks else 'no task yet'}"
+        if errors:
+            return Check(False, failure=f"Swarm cannot run {missing[0]}: {errors[0]}")
+        return Check(False, detail=detail)
+
+
+class _Removed:
+    """Ready once `remove` succeeds (Swarm lets go of a network's endpoints a moment after its tasks)."""
+
+    def __init__(self, remove: Callable[[], None], what: str):
+        self.remove = remove
+        self.description = f"removing network {what[:12]}"
+        self.last = ""
+
+    def check(self) -> Check:
+        try:
+            self.remove()
+        except DockerError as error:
+            self.last = str(error)
+            return Check(False, detail=self.last)
+        return Check(True)
+
+
+def stack_for(compose_file: Path, layout: SwarmLayout) -> dict:
+    """The stack for the rendered compose file; its spec.json beside it fixes the packed layout."""
+    project = yaml.safe_load(compose_file.read_text())
+    spec = ClusterSpec.from_json((compose_file.parent / "spec.json").read_text())
+    return to_stack(project, layout, max_nodes=spec.max_nodes or spec.nodes)
+
+
+# --- the swarm on this engine ----------------------------------------------------------
+
+
+def swarm_state(docker: Docker) -> tuple[str, str]:
+    """(LocalNodeState, NodeID): inactive | pending | active | error | locked, and this node's id."""
+    swarm = docker._call("info", docker.api.info).get("Swarm") or {}
+    return str(swarm.get("LocalNodeState") or "inactive"), str(swarm.get("NodeID") or "")
+
+
+def ensure_swarm(docker: Docker, progress: Progress = to_stderr) -> None:
+    """Initialise a one-host swarm unless the engine is in one; remember that we did."""
+    state, _ = swarm_state(docker)
+    if state == "active":
+        return
+    if state != "inactive":
+        raise SimError(f"this engine's swarm is {state}; fix it (`docker info`, `docker swarm leave`) and retry")
+    gwbridge_before = bool(docker._call("network ls", docker.api.networks, names=[GWBRIDGE]))
+    docker._call("swarm init", docker.api.init_swarm, advertise_addr="127.0.0.1", listen_addr=LISTEN_ADDR)
+    _, node_id = swarm_state(docker)
+    _init_file().parent.mkdir(parents=True, exist_ok=True)
+    _init_file().write_text(json.dumps({"node_id": node_id, "gwbridge_before": gwbridge_before}))
+    progress(f"[swarm] initialised a one-host swarm on this engine (node {node_id[:12]}); `sim down` leaves it")
+
+
+def leave_if_ours(docker: Docker, progress: Progress = to_stderr) -> bool:
+    """Leave the swarm when this tool made it and no cluster of ours runs on it any more."""
+    path = _init_file()
+    if not path.exists():
+        return False
+    made = json.loads(path.read_text())
+    state, node_id = swarm_state(docker)
+    if state != "active" or node_id != made.get("node_id"):
+        path.unlink()  # left already, or the user made a swarm of their own since: not ours to leave
+        return False
+    if docker._call("service ls", docker.api.services, filters={"label": labels.CLUSTER}):
+        return False
+    # Leaving breaks Docker's DNS for networks made while in the swarm (docs/SWARM.md): never under
+    # a Compose cluster of ours that still runs.
+    if docker._call("container ls", docker.api.containers, filters={"label": labels.CLUSTER}):
+        progress("[swarm] kept the swarm this tool made: other clusters run (`docker swarm leave --force` later)")
+        return False
+    docker._call("swarm leave", docker.api.leave_swarm, force=True)
+    if not made.get("gwbridge_before"):
+        for network in docker._call("network ls", docker.api.networks, names=[GWBRIDGE]):
+            if network.get("Name") == GWBRIDGE and not docker.api.inspect_network(network["Id"]).get("Containers"):
+                docker._call("network rm", docker.api.remove_network, network["Id"])
+    path.unlink()
+    progress("[swarm] left the swarm this tool had initialised")
+    return True
+
+
+def swarm_hosts(docker: Docker) -> tuple[str, ...]:
+    """The swarm's ready hosts: this one first, then the others by name."""
+    _, self_id = swarm_state(docker)
+    ready = [n for n in docker._call("node ls", docker.api.nodes) if n["Status"]["State"] == "ready"]
+    return tuple(
+        n["Description"]["Hostname"]
+        for n in sorted(ready, key=lambda n: (n["ID"] != self_id, n["Description"]["Hostname"]))
+    )
+
+
+def is_swarm_cluster(docker: Docker, name: str) -> bool:
+    state, _ = swarm_state(docker)
+    return state == "active" and bool(
+        docker._call("service ls", docker.api.services, filters={"label": f"{labels.CLUSTER}={name}"})
+    )
+
+
+def provider_for(name: str, docker: Docker) -> Docker:
+    """The provider for cluster `name`: SwarmDocker when it runs as a stack, else `docker` itself."""
+    if not is_swarm_cluster(docker, name):
+        return docker
+    path = Cluster(name, docker).state_dir / LAYOUT_FILE
+    layout = SwarmLayout(**json.loads(path.read_text())) if path.exists() else SwarmLayout()
+    return SwarmDocker(layout, docker.docker_bin)
+
+
+def remove_services(docker: Docker, name: str) -> int:
+    """Remove every service of cluster `name` (one that never got a task has no container to find
+    it by), and wait until their containers are gone, so its network and volumes can go."""
+    services = docker._call("service ls", docker.api.services, filters={"label": f"{labels.CLUSTER}={name}"})
+    for service in services:
+        docker._call("service rm", docker.api.remove_service, service["ID"])
+    flt = labels.cluster_filter(name)
+    wait_for(
+        Condition("waiting for the stack's containers to go", lambda: not _task_containers(docker, flt)),
+        timeout=GONE_S,
+        raise_errors=False,
+    )
+    return len(services)
+
+
+def _task_containers(docker: Docker, label_filter: str) -> list:
+    return [c for c in docker.containers(label_filter) if TASK_LABEL in c.labels]
+
+
+def up(
+    spec: ClusterSpec,
+    docker: Docker,
+    *,
+    placement: str = "spread",
+    ckpt_nfs: str | None = None,
+    keep: bool = False,
+    timeout: float,
+    progress: Progress = to_stderr,
+    start: Callable[..., Cluster] = compose_up,
+) -> Cluster:
+    """`sim up --engine swarm`: the same `up` (render, start, wait, clean up on failure), on a swarm
+    (this engine's, made here if there is none) through SwarmDocker."""
+    docker.ping()
+    # A name already taken is compose_up's error to give; what it made is then not ours to remove.
+    existed = Cluster(spec.name, docker).exists()
+    # Every input is checked before the swarm is made: the stack of a stand-in rendering.
+    stand_in = render(spec, node_image="check", etcd_image="check", run_id="check")
+    to_stack(stand_in, SwarmLayout(placement=placement, ckpt_nfs=ckpt_nfs), max_nodes=spec.max_nodes or spec.nodes)
+    ensure_swarm(docker, progress)
+    try:
+        layout = SwarmLayout(hosts=swarm_hosts(docker), placement=placement, ckpt_nfs=ckpt_nfs)
+        return start(spec, SwarmDocker(layout, docker.docker_bin), keep=keep, timeout=timeout, progress=progress)
+    except BaseException:
+        if not keep and not existed:
+            remove_services(docker, spec.name)
+            leave_if_ours(docker, progress)
+        raise
+
+
+def down(cluster: Cluster, progress: Progress = to_stderr) -> dict[str, int]:
+    """Remove a Swarm cluster (its `docker` a SwarmDocker): as for Compose, every labelled thing,
+    each container with its service; then any service that never had a task; then the swarm, if
+    this tool made it and nothing of ours runs on it."""
+    removed = cluster.down()
+    removed["services"] = remove_services(cluster.docker, cluster.name)
+    leave_if_ours(cluster.docker, progress)
+    return removed
+
+
+def _init_file() -> Path:
+    return state_home() / INIT_FILE
+
+
+def _last(result: Completed) -> str:
+    lines = (result.stderr.strip() or result.stdout.strip()).splitlines()
+    return lines[-1] if lines else f"exit code {result.returncode}"
