@@ -28,8 +28,10 @@ test-full: lint
 unit: setup
 	$(PY) -m pytest tests/unit -q
 
+# Benchmarks print figures (ratios against bare torchrun measured in the same run); never in CI.
 bench: setup
 	$(PY) bench/bench_up.py
+	$(PY) bench/recovery.py
 
 down:
 	$(PY) -m sim down --all

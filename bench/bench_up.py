@@ -12,7 +12,6 @@ Usage: .venv/bin/python bench/bench_up.py [--nodes 4] [--nproc-per-node 2] [--sk
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import NODE_ENV, first_step_time, quiet  # noqa: E402
 from sim import cluster as cluster_mod  # noqa: E402
 from sim import labels  # noqa: E402
 from sim.docker import Docker  # noqa: E402
@@ -32,10 +32,6 @@ from sim.paths import TRAINER_DIR  # noqa: E402
 from sim.spec import ClusterSpec  # noqa: E402
 
 TRAINER_ARGS = ["--steps", "20", "--step-time", "0.05"]
-
-
-def quiet(_: str) -> None:
-    pass
 
 
 def timed(fn):
@@ -79,14 +75,6 @@ def bench_images(docker: Docker, skip_cold: bool) -> list[tuple[str, str]]:
     return rows
 
 
-def first_step_time(lines, t0: float) -> float | None:
-    for line in lines:
-        start = line.find('{"sim": "progress"')
-        if start >= 0:
-            return json.loads(line[start:])["t"] - t0
-    return None
-
-
 def bench_sim_up(docker: Docker, nodes: int, nproc: int, backend: str) -> float:
     spec = ClusterSpec(
         name=f"bench-{backend}",
@@ -111,7 +99,7 @@ def bench_sim_up(docker: Docker, nodes: int, nproc: int, backend: str) -> float:
 def bench_bare(nodes: int, nproc: int) -> float:
     """The same trainer and settings as `bench_sim_up` with c10d, as plain processes on this host."""
     ckpt = tempfile.mkdtemp(prefix="elastic-sim-bench-ckpt-")
-    env = {**os.environ, "LOGLEVEL": "INFO", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **NODE_ENV}
     port = 29400 + os.getpid() % 500
     t0 = time.time()
     procs = [

@@ -1,0 +1,66 @@
+"""What the benchmarks share: the trainer's JSON lines, and bare `torchrun` processes on the host
+run with exactly the settings a sim node gets (its command line from sim.torchrun, its environment
+from compose/cluster.yaml's x-node and the spec)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from sim.paths import TRAINER_DIR  # noqa: E402
+from sim.spec import ClusterSpec  # noqa: E402
+from sim.torchrun import torchrun_argv  # noqa: E402
+
+# compose/cluster.yaml's x-node environment, less what only the node image reads (SIM_*).
+NODE_ENV = {"LOGLEVEL": "INFO", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+RECORD_START = '{"sim": '
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def trainer_records(lines: Iterable[str]) -> list[dict]:
+    """The trainer's JSON records (trainer/train.py emit()) among a process's output lines."""
+    found = []
+    for line in lines:
+        start = line.find(RECORD_START)
+        if start >= 0:
+            try:
+                found.append(json.loads(line[start:]))
+            except json.JSONDecodeError:
+                pass  # a line cut by a kill
+    return found
+
+
+def first_step_time(lines: Iterable[str], t0: float) -> float | None:
+    """Seconds from t0 to the first progress record (the trainer stamps each with the wall clock)."""
+    return next((r["t"] - t0 for r in trainer_records(lines) if r["sim"] == "progress"), None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bare_torchrun_argv(spec: ClusterSpec, node_index: int, endpoint: str, rdzv_id: str) -> list[str]:
+    """A sim node's torchrun command (sim.torchrun) for a process on this host: this Python's torchrun,
+    the repository's trainer, and `endpoint` (host:port) for the store or etcd. Nothing else changes."""
+    argv = torchrun_argv(spec, node_index, rdzv_id)
+    if "--rdzv-endpoint" in argv:
+        argv[argv.index("--rdzv-endpoint") + 1] = endpoint
+    argv[argv.index(spec.script_in_node)] = str(TRAINER_DIR / "train.py")
+    return [sys.executable, "-m", "torch.distributed.run", *argv[1:]]
+
+
+def bare_env(spec: ClusterSpec, environ: dict[str, str], ckpt_dir: Path) -> dict[str, str]:
+    """A sim node's environment for a process on this host (SIM_CKPT_DIR: the trainer's checkpoints)."""
+    return {**environ, **NODE_ENV, "SIM_CKPT_DIR": str(ckpt_dir), **dict(spec.env)}
