@@ -40,6 +40,13 @@ WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pi
 # What workers print when their process group breaks (gloo, c10d, NCCL), by kind. Every worker
 # and every traceback repeats it, so each kind is recorded once per node per attempt.
 WORKER_ERRORS = (
+    # A name inside the cluster (etcd, node0) does not resolve: first, whatever failed on it.
+    (
+        re.compile(
+            r"Name or service not known|Temporary failure in name resolution|gai error: -[23]\b|Failed to resolve '"
+        ),
+        "name_resolution",
+    ),
     (re.compile(r"connectFullMesh failed"), "gloo_connect"),
     (re.compile(r"Timed out waiting \d+ms|ran for \d+ milliseconds before timing out"), "timeout"),
     (re.compile(r"Connection (closed|reset) by peer"), "peer_lost"),

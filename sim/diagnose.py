@@ -815,8 +815,48 @@ def _damage_words(fault: FaultRecord) -> str:
     return f"fault corrupt-checkpoint: {result.get('file')} damaged ({result.get('mode', '?')})"
 
 
+def name_resolution(run: RunModel) -> Diagnosis | None:
+    """(m) A name inside the cluster (etcd, the store host, a peer) stopped resolving."""
+    # A container that is down has no name in Docker's DNS: that is the fault (etcd killed), not this.
+    failed = [
+        r
+        for r in run.agent_events("worker_error")
+        if r.kind == "name_resolution" and any(_up_at(run, name, r.t) for name in _unresolved(r.message))
+    ]
+    if not failed:
+        return None
+    nodes = ", ".join(sorted({r.node for r in failed}, key=node_order))
+    names = sorted({name for r in failed for name in _unresolved(r.message)})
+    what = f" ({', '.join(names)})" if names else ""
+    return Diagnosis(
+        "name-resolution",
+        f"Names inside the cluster did not resolve on {nodes}",
+        f"A host name the job needs{what} did not resolve (Name or service not known) on {nodes}, so the agents "
+        "could not reach the rendezvous backend, or the workers rank 0's store, and the round failed. Nothing in "
+        "the job does that: the cluster's DNS stopped answering.",
+        [_line(r) for r in _first_per_node(failed)],
+        "Bring the cluster up again (`python -m sim down`, then `up`). On a Docker 20.10 engine, leaving a swarm "
+        "breaks the DNS of networks made while the swarm existed (docs/SWARM.md): do not init or leave a swarm "
+        "while clusters run. On a real cluster, check that MASTER_ADDR and the rendezvous endpoint resolve on "
+        "every host (DNS, /etc/hosts).",
+    )
+
+
+def _unresolved(message: str | None) -> list[str]:
+    """The host names an error line failed to resolve ("etcd at etcd:2379", "(node0, 60543)")."""
+    return re.findall(r"(?:at |\(|resolve ')([a-z][\w-]*)(?=[:,'])", message or "")
+
+
+def _up_at(run: RunModel, name: str, t: float) -> bool:
+    """Whether container `name` was running (or paused) at t, as far as Docker's events say."""
+    events = [r.action for r in run.docker if r.node == name and r.t <= t]
+    down = ("die", "kill", "stop", "destroy", "oom")
+    return not events or next((a for a in reversed(events) if a in (*down, "start", "restart")), "start") not in down
+
+
 # Most fundamental first: a cause before the budget it burned, the budget before what followed.
 DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
+    name_resolution,
     etcd_without_v2,
     shared_tcp_store,
     c10d_store_lost,

@@ -469,3 +469,26 @@ def test_the_shipped_trainer_survives_damaged_checkpoints_with_no_diagnosis():
     """corrupt-checkpoint and kill-during-checkpoint scenarios: the trainer skips the damaged file."""
     assert diagnose(*captured_run("corrupt_checkpoint")) == []
     assert diagnose(*captured_run("kill_during_checkpoint")) == []
+
+
+# --------------------------------------------------------------------------- (m) names that do not resolve
+
+
+def test_name_resolution_when_etcd_stops_resolving_while_it_runs():
+    found = diagnose([run_start(rdzv_backend="etcd-v3")], logs("name_resolution_etcd"))
+    assert codes(found)[0] == "name-resolution"
+    assert "(etcd)" in found[0].cause and "node0, node1" in found[0].title
+    assert "Name or service not known" in evidence(found[0]) and "swarm" in found[0].fix
+
+
+def test_name_resolution_when_workers_cannot_resolve_the_store_host():
+    found = diagnose([run_start(rdzv_backend="etcd-v3")], logs("name_resolution_store"))
+    assert codes(found)[0] == "name-resolution"
+    assert "node0" in found[0].cause and "gai error: -2" in evidence(found[0])
+
+
+def test_no_name_resolution_diagnosis_when_the_container_was_down():
+    """etcd killed on purpose: its name leaves Docker's DNS with it; that is the fault, not this."""
+    killed = {"t": 1796072000.0, "type": "docker", "node": "etcd", "action": "die", "exit_code": 137}
+    found = diagnose([run_start(rdzv_backend="etcd-v3"), killed], logs("name_resolution_etcd"))
+    assert "name-resolution" not in codes(found)
