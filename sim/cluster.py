@@ -193,17 +193,22 @@ class Cluster:
     # --- the collector process ------------------------------------------------------
 
     def _start_collector(self) -> None:
-        """The collector, detached from this process's session, following this cluster."""
-        with open(self.run_dir / "collector.log", "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", COLLECTOR_MODULE, self.name],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-                env=os.environ.copy(),
-            )
-        (self.state_dir / COLLECTOR_PID_FILE).write_text(str(proc.pid))
+        """The collector, detached from this process's session, following this cluster. Ctrl-C
+        waits until its pid is written: a collector nobody knows of could not be stopped."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            with open(self.run_dir / "collector.log", "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", COLLECTOR_MODULE, self.name],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                    env=os.environ.copy(),
+                )
+            (self.state_dir / COLLECTOR_PID_FILE).write_text(str(proc.pid))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def _pid_file(self, name: str) -> int:
         """A pid from the state folder (0: none written)."""

@@ -173,6 +173,8 @@ def main(argv: list[str]) -> int:
     cluster = Cluster(argv[0], Docker())
     collector = Collector(cluster, History(cluster.run_dir / FILE_NAME))
     signal.signal(signal.SIGTERM, lambda *_: collector.stop.set())
+    # Started with these blocked (sim.cluster.Cluster._start_collector holds Ctrl-C until it has our pid).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     collector.run()
     return 0
 
