@@ -45,6 +45,20 @@ def first_step_time(lines: Iterable[str], t0: float) -> float | None:
     return next((r["t"] - t0 for r in trainer_records(lines) if r["sim"] == "progress"), None)
 
 
+def save_results(path: Path, key: str, rows: list[dict]) -> None:
+    """Write `rows` as `key` of a results file (bench/results.json: one list of rows per benchmark),
+    keeping the other benchmarks' rows."""
+    found = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**found, key: rows}, indent=2) + "\n")
+
+
+def print_columns(lines: list[tuple[str, ...]]) -> None:
+    """Print rows of cells (the first: the heading) as left-aligned columns."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    for line in lines:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -47,7 +46,16 @@ from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, bare_env, bare_torchrun_argv, free_port, quiet, trainer_records  # noqa: E402
+from bench.common import (  # noqa: E402
+    ROOT,
+    bare_env,
+    bare_torchrun_argv,
+    free_port,
+    print_columns,
+    quiet,
+    save_results,
+    trainer_records,
+)
 from chaos.nemesis import Nemesis  # noqa: E402
 from chaos.scenario import PROFILES, Scenario, scenario_spec_options  # noqa: E402
 from sim.cluster import up  # noqa: E402
@@ -111,6 +119,7 @@ class Case:
 class Sample:
     seconds: float
     phases: object | None = None  # sim.recovery.RecoveryPhases where that exists
+    startup_rdzv_s: float | None = None  # sim: the start-up rendezvous (startup_rendezvous)
 
 
 def wait_until(what: str, check: Callable[[], T | None], timeout: float) -> T:
@@ -328,8 +337,25 @@ def warm(records: Callable[[], list[dict]], world: int) -> None:
 # ---------------------------------------------------------------- sim containers
 
 
-def run_sim(case: Case, docker: Docker) -> Sample:
-    spec = case.spec(f"bench-recovery-{case.backend}")
+def startup_rendezvous(run: RunModel) -> float | None:
+    """The start-up rendezvous once every node is there: from the last agent's entering it (the
+    latest first rdzv_joining) to the last agent's completing it (the latest first rdzv_complete).
+    Containers start seconds apart on a busy machine; this leaves that out."""
+    joined: dict[str, float] = {}
+    completed: dict[str, float] = {}
+    for record in run.agent:  # in time order
+        if record.event == "rdzv_joining":
+            joined.setdefault(record.node, record.t)
+        elif record.event == "rdzv_complete" and record.node in joined:
+            completed.setdefault(record.node, record.t)
+    if not joined or set(completed) != set(joined):
+        return None
+    last = max(joined, key=joined.get)
+    return round(max(completed.values()) - joined[last], 3)
+
+
+def run_sim(case: Case, docker: Docker, prefix: str = "bench-recovery") -> Sample:
+    spec = case.spec(f"{prefix}-{case.backend}")
     cluster = up(spec, docker, progress=quiet)
     try:
         history = History(cluster.run_dir / FILE_NAME)
@@ -341,6 +367,7 @@ def run_sim(case: Case, docker: Docker) -> Sample:
             return [{"sim": "progress", "t": b.t, "world_size": b.world_size} for b in model().progress]
 
         warm(records, case.world_before)
+        startup = startup_rendezvous(model())
         op = sim_fault(Nemesis(cluster), case.figure)
 
         def recovered() -> Recovery | None:
@@ -351,7 +378,7 @@ def run_sim(case: Case, docker: Docker) -> Sample:
 
         recovery = wait_until(f"recovery at world {case.world_after}", recovered, RECOVERY_TIMEOUT_S)
         t_fault = recovery.fault.t_invoke if case.figure in ("preemption", "scale-up") else recovery.fault.t_ok
-        return Sample(recovery.first_progress.t - t_fault, getattr(recovery, "phases", None))
+        return Sample(recovery.first_progress.t - t_fault, getattr(recovery, "phases", None), startup)
     finally:
         cluster.down(save_logs=False)
 
@@ -429,9 +456,7 @@ def print_table(rows: list[dict]) -> None:
         )
         for r in rows
     ]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    for line in lines:
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+    print_columns(lines)
     phased = [r for r in rows if r["sim_phases"]]
     if phased:
         print("\nsim side, median phases (s): " + ", ".join(name.removesuffix("_s") for name in PHASES))
@@ -484,7 +509,7 @@ def main() -> int:
         for backend in backends:
             for figure in figures:
                 rows.append(measure(Case(figure, backend, profile), reps, docker, etcd))
-                args.out.write_text(json.dumps(rows, indent=2) + "\n")  # what is done so far survives a stop
+                save_results(args.out, "recovery", rows)  # what is done so far survives a stop
     print()
     print_table(rows)
     print(f"\nwritten: {args.out}")

@@ -10,6 +10,10 @@ Rules this client keeps:
   step failed (then the next endpoint is tried, and all of them again until reconnect_timeout: etcd
   restarting is a pause, not an end), or etcd answered "invalid auth token" (then we
   authenticate again).
+- reconnect_timeout bounds the outage, not each call: it runs from the first connect that failed,
+  for every call of every thread, until a connect succeeds. Once etcd has been unreachable that
+  long, each call tries the endpoints once and fails, so an etcd gone for good ends the agent
+  promptly (its monitor call, then its shutdown and close calls) instead of once per call.
 - An idle pooled connection that the server has closed (etcd restarted) is detected before reuse.
 - One connection per thread: torch's dynamic handler calls the backend from its keep-alive thread
   as well as from the agent's main thread.
@@ -139,6 +143,9 @@ class EtcdClient:
         self.config = config
         self._local = threading.local()
         self._endpoint_index = 0
+        # When the current outage began (monotonic; None while etcd answers): see _connect_any.
+        self._unreachable_since: float | None = None
+        self._outage_lock = threading.Lock()
         self._token: str | None = None
         self._auth_lock = threading.Lock()
         self._ssl_context = self._make_ssl_context() if config.protocol == "https" else None
@@ -166,10 +173,11 @@ class EtcdClient:
 
     def _connect_any(self, read_timeout_s: float | None) -> http.client.HTTPConnection:
         """Connect to the first endpoint that accepts, starting with the last one that worked; while none
-        does (etcd restarting), try again until reconnect_timeout has passed."""
+        does (etcd restarting), try again until reconnect_timeout has passed since the outage began: the
+        first failed connect of any call, on any thread, since the last one that succeeded."""
         endpoints = self.config.endpoints
-        deadline = time.monotonic() + self.config.reconnect_timeout_s
         while True:
+            began = time.monotonic()
             errors = []
             for step in range(len(endpoints)):
                 index = (self._endpoint_index + step) % len(endpoints)
@@ -179,9 +187,18 @@ class EtcdClient:
                     errors.append(f"{endpoints[index]}: {exc}")
                     continue
                 self._endpoint_index = index
+                self._unreachable_since = None
                 return conn
-            if time.monotonic() + RECONNECT_PAUSE_S > deadline:
-                raise EtcdConnectionError("cannot connect to etcd at " + "; ".join(errors))
+            with self._outage_lock:
+                if self._unreachable_since is None:
+                    self._unreachable_since = began
+                since = self._unreachable_since
+            now = time.monotonic()
+            if now + RECONNECT_PAUSE_S > since + self.config.reconnect_timeout_s:
+                raise EtcdConnectionError(
+                    f"cannot connect to etcd at {'; '.join(errors)} (unreachable for {now - since:.0f} s, "
+                    f"reconnect_timeout={self.config.reconnect_timeout_s:g})"
+                )
             time.sleep(RECONNECT_PAUSE_S)
 
     def _pooled_connection(self) -> http.client.HTTPConnection:

@@ -36,8 +36,10 @@ class EtcdConfig:
     protocol: str = "http"
     read_timeout_s: float = 60.0
     connect_timeout_s: float = 10.0
-    # How long a call keeps trying to connect while etcd is down (restarting, its name not resolving)
-    # before it fails; connecting again is always safe: no request of that call reached etcd.
+    # How long the client keeps trying to connect while etcd is down (restarting, its name not resolving),
+    # counted from the first failed connect of the outage and shared by every call: once etcd has been
+    # unreachable that long, calls fail at once until a connect succeeds. Connecting again is always
+    # safe: no request of that call reached etcd.
     reconnect_timeout_s: float = 30.0
     key_prefix: str = DEFAULT_KEY_PREFIX
     ttl_s: int = DEFAULT_TTL_S
