@@ -32,6 +32,7 @@ unit: setup
 bench: setup
 	$(PY) bench/bench_up.py
 	$(PY) bench/recovery.py
+	$(PY) bench/backends.py
 
 down:
 	$(PY) -m sim down --all

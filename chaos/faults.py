@@ -114,6 +114,31 @@ SIZE = Kind(
     show=lambda v: f"{v >> 20}m" if v and not v % 2**20 else str(v),
 )
 CORRUPTION = Kind("corruption", str, lambda v: v in CORRUPTIONS, "bitflip or truncate")
+MOST_SKEW_S = 365 * 86400.0
+
+
+def parse_offset(text: str) -> float:
+    """A clock offset: a duration with a sign, "60s", "+5s", "-10m" (seconds, ahead when positive)."""
+    spoken = str(text).strip()
+    sign = -1.0 if spoken.startswith("-") else 1.0
+    try:
+        seconds = sign * parse_duration(spoken.removeprefix("-").removeprefix("+"))
+    except UsageError:
+        raise UsageError(f"offset {text!r}: not an offset; use e.g. 60s, +5s, -10m (ahead, or behind with -)") from None
+    if not seconds:
+        raise UsageError(f"offset {text!r}: no skew; use e.g. 60s, +5s, -10m (heal sets a clock back)")
+    if abs(seconds) > MOST_SKEW_S:
+        raise UsageError(f"offset {text!r}: more than a year; use e.g. 60s, -10m, 2h")
+    return seconds
+
+
+OFFSET = Kind(
+    "offset",
+    parse_offset,
+    lambda v: _is_number(v, -MOST_SKEW_S, MOST_SKEW_S) and v != 0,
+    "a number of seconds, not 0, at most a year either way",
+    show=lambda v: f"{v:+g}s",
+)
 DIRECTORY = Kind(
     "directory",
     str,
@@ -239,6 +264,12 @@ class SlowOptions(FaultOptions):
     cpus: float = option(CPUS, "the CPU time it gets, in CPUs, e.g. 0.2 (a cgroup CPU quota)", required=True)
 
 
+@dataclass(frozen=True)
+class SkewOptions(FaultOptions):
+    target: str = option(NODE_TARGET, _NODE_TARGET_HELP, required=True, positional=True)
+    by: float = option(OFFSET, "how far its clock runs ahead, e.g. 60s, or behind: --by=-10m", required=True)
+
+
 CORRUPTIONS = ("bitflip", "truncate")
 _CKPT_DIR_HELP = "the checkpoint directory inside the nodes (shared by all)"
 
@@ -262,10 +293,14 @@ class FillOptions(FaultOptions):
 
 
 @dataclass(frozen=True)
-class KillInWriteOptions(FaultOptions):
+class InWriteOptions(FaultOptions):
     target: str = option(NODE_TARGET, "the node whose worker writes checkpoints", "rank0", positional=True)
     dir: str = option(DIRECTORY, _CKPT_DIR_HELP, "/ckpt")
     within: float = option(SECONDS, "how long to wait for a write", 60.0)
+
+
+@dataclass(frozen=True)
+class KillInWriteOptions(InWriteOptions):
     signal: Signals = option(SIGNAL, "KILL, TERM, ...", SIGKILL)
 
 
@@ -642,6 +677,15 @@ _CATALOG = (
         undone_by="heal",
     ),
     Fault(
+        "skew-clock",
+        SkewOptions,
+        ("skew-clock",),
+        "shift a node's wall clock (libfaketime in its processes): --by 60s ahead, --by=-10m behind",
+        lambda n, o: n.skew_clock(o.target, by=o.by),
+        undo=_heal_result,
+        undone_by="heal",
+    ),
+    Fault(
         "oom-worker",
         WorkerOptions,
         ("oom-worker",),
@@ -670,6 +714,16 @@ _CATALOG = (
         ("kill-during-checkpoint",),
         "signal the worker that writes a checkpoint, the moment it opens the file",
         lambda n, o: n.kill_during_checkpoint(o.target, directory=o.dir, within=o.within, sig=o.signal),
+    ),
+    Fault(
+        "freeze-during-checkpoint",
+        InWriteOptions,
+        ("freeze-during-checkpoint",),
+        "freeze a node while its worker writes a checkpoint (SIGSTOP at the open, then docker pause); "
+        "heal lets the write finish late, as a zombie's",
+        lambda n, o: n.freeze_during_checkpoint(o.target, directory=o.dir, within=o.within),
+        undo=_heal_result,
+        undone_by="heal",
     ),
     Fault(
         "scale",

@@ -27,6 +27,7 @@ from sim.errors import FaultError, SimError, UnsupportedFaultError, UsageError
 from sim.history import FILE_NAME, History
 from sim.nodes import node_order
 from sim.procs import PROBE_ARGV, NodeProcesses, Worker, parse_probe
+from sim.render import CLOCK_OFFSET_FILE
 
 from . import netcmd, nodescripts
 from .partition import Partition, blocked_peers
@@ -36,6 +37,12 @@ CPU_PERIOD_US = 100_000  # the CFS period a CPU quota is a share of
 OOM_HEADROOM = 64 * 2**20  # oom-worker: the node's limit, this much above its use
 OOM_WITHIN_S = 30.0  # oom-worker: how long the memory hog may take
 FILL_AT_MOST = 16 * 2**30  # fill-disk refuses a disk with more free than this: the host's own
+# skew-clock: write the offset ($1) to the node's offset file ($2), then a new process measures its clock
+# against the kernel's (elastic_sim_clock.wall_clock). Exit CLOCK_NOT_PRELOADED: no libfaketime there.
+CLOCK_NOT_PRELOADED = 3
+CLOCK_SCRIPT = f"""case "$LD_PRELOAD" in *faketime*) ;; *) exit {CLOCK_NOT_PRELOADED} ;; esac
+printf '%s\\n' "$1" > "$2"
+exec python3 -c 'import time, elastic_sim_clock; print(time.time() - elastic_sim_clock.wall_clock())'"""
 
 
 class Nemesis:
@@ -313,16 +320,52 @@ class Nemesis:
 
         def act() -> dict:
             node = self.resolve(target, allow_etcd=False)
-            watched = self.cluster.exec(
-                node, *nodescripts.argv(nodescripts.KILL_IN_WRITE, directory, within, int(sig)), timeout=within + 15
-            )
-            if watched.exit_code == nodescripts.NEVER_CAME:
-                raise FaultError(f"{node}: {_last(watched.stderr)}")
-            if not watched.ok:
-                raise FaultError(f"{node}: watching for a checkpoint write failed: {_last(watched.stderr)}")
-            return {"node": node, "signal": sig.name, **nodescripts.parse_result(node, "write watcher", watched.stdout)}
+            return {"node": node, "signal": sig.name, **self._signal_in_write(node, directory, within, sig)}
 
         return self.invoke("kill-during-checkpoint", target, act, directory=directory, within=within, signal=sig.name)
+
+    def _signal_in_write(self, node: str, directory: str, within: float, sig: signals.Signals) -> dict:
+        """Signal the first worker of `node` that opens a file under `directory` for writing, at once."""
+        watched = self.cluster.exec(
+            node, *nodescripts.argv(nodescripts.KILL_IN_WRITE, directory, within, int(sig)), timeout=within + 15
+        )
+        if watched.exit_code == nodescripts.NEVER_CAME:
+            raise FaultError(f"{node}: {_last(watched.stderr)}")
+        if not watched.ok:
+            raise FaultError(f"{node}: watching for a checkpoint write failed: {_last(watched.stderr)}")
+        return nodescripts.parse_result(node, "write watcher", watched.stdout)
+
+    def freeze_during_checkpoint(
+        self, target: str = "rank0", *, directory: str = "/ckpt", within: float = 60.0
+    ) -> dict:
+        """Freeze a node in the middle of a checkpoint write: its worker is stopped (SIGSTOP) the moment it
+        opens a file under `directory` for writing, then the whole node, agent included (`docker pause`).
+        `heal` unpauses it and continues the worker (SIGCONT), which finishes its write as a worker of a
+        round the others may have left by then: a zombie's write, late on purpose, not by luck."""
+
+        def act() -> dict:
+            node = self.resolve(target, allow_etcd=False)
+            fault_id = f"freeze-{node}"
+            if any(f["id"] == fault_id for f in self.active()):
+                raise UsageError(f"{node}: already frozen; `sim heal {fault_id}` first")
+            caught = self._signal_in_write(node, directory, within, signals.SIGSTOP)
+            try:
+                self.docker.pause(self._info(node).id)
+            except SimError:
+                self.cluster.exec(node, "kill", "-CONT", str(caught["pid"]))
+                raise
+            self._remember(
+                {
+                    "id": fault_id,
+                    "fault": "freeze",
+                    "target": node,
+                    "pid": caught["pid"],
+                    "detail": f"frozen while pid {caught['pid']} writes {caught['file']}",
+                }
+            )
+            return {"id": fault_id, "node": node, **caught}
+
+        return self.invoke("freeze-during-checkpoint", target, act, directory=directory, within=within)
 
     def _pick_worker(self, target: str, rank: int | None, local_rank: int | None) -> tuple[str, Worker]:
         node = self._node_of_rank(rank) if rank is not None else self.resolve(target, allow_etcd=False)
@@ -476,6 +519,36 @@ class Nemesis:
 
         return self.invoke("slow-node", target, act, cpus=cpus)
 
+    def skew_clock(self, target: str, *, by: float) -> dict:
+        """Clock skew: the node's wall clock runs `by` seconds ahead (or behind, < 0) of the others'. Every
+        process of a node preloads libfaketime, which reads the node's offset file (sim.render): a new process
+        at once, a running one within 2 s. The monotonic clock stays, as on a real machine. `heal` sets it
+        back to 0. The result holds the offset a fresh process in the node then saw."""
+
+        def act() -> dict:
+            node = self.resolve(target, allow_etcd=False)
+            fault_id = f"skew-{node}"
+            if any(f["id"] == fault_id for f in self.active()):
+                raise UsageError(f"{node}: its clock is skewed already; `sim heal {fault_id}` first")
+            seen = self._set_clock_offset(node, by)
+            self._remember({"id": fault_id, "fault": "skew", "target": node, "detail": f"clock {by:+g} s"})
+            return {"id": fault_id, "node": node, "by": by, "seen": seen}
+
+        return self.invoke("skew-clock", target, act, by=by)
+
+    def _set_clock_offset(self, node: str, seconds: float) -> float:
+        """Write the node's clock offset, then the offset a new process there sees (its clock minus the kernel's)."""
+        result = self.cluster.exec(node, "sh", "-c", CLOCK_SCRIPT, "sh", f"{seconds:+.3f}", CLOCK_OFFSET_FILE)
+        if result.exit_code == CLOCK_NOT_PRELOADED:
+            raise UnsupportedFaultError(
+                f"{node}: no libfaketime in its processes (a node image or cluster from before skew-clock); "
+                f"`sim down` and `sim up` again"
+            )
+        try:
+            return round(float(result.stdout.strip().splitlines()[-1]), 3)
+        except (ValueError, IndexError):
+            raise FaultError(f"{node}: setting its clock failed: {_last(result.stderr or result.stdout)}") from None
+
     # --- the checkpoint volume ------------------------------------------------------------
 
     def corrupt_checkpoint(self, target: str = "random", *, mode: str = "bitflip", directory: str = "/ckpt") -> dict:
@@ -616,13 +689,14 @@ class Nemesis:
                 raise UsageError(f"fault '{fault_id}': not in force (in force: {ids}); `sim faults` lists them")
             healed = []
             for fault in chosen:
-                if fault["fault"] == "pause":
+                if fault["fault"] in ("pause", "freeze"):
                     info = self._info(fault["target"])
                     if info.state == "paused":
                         self.docker.unpause(info.id)
                 elif fault["fault"] == "link":
                     self._clear_link(fault["target"])
-                elif fault["fault"] in ("hang", "slow", "fill", "stall"):
+                # freeze: unpaused above, then SIGCONT
+                if fault["fault"] in ("hang", "slow", "fill", "stall", "freeze", "skew"):
                     self._heal_process_fault(fault)
                 self._forget(fault["id"])
                 healed.append(fault["id"])
@@ -646,8 +720,10 @@ class Nemesis:
         info = next((c for c in self.cluster.containers() if c.node == node), None)
         if info is None or info.state != "running":
             return
-        if fault["fault"] == "hang":
+        if fault["fault"] in ("hang", "freeze"):
             self.cluster.exec(node, "kill", "-CONT", str(fault["pid"]))  # the worker may be gone since: fine
+        elif fault["fault"] == "skew":
+            self._set_clock_offset(node, 0)
         elif fault["fault"] == "slow":
             self.docker.update_resources(
                 info.id, cpu_quota=fault["cpu_quota"] or -1, cpu_period=fault["cpu_period"] or CPU_PERIOD_US

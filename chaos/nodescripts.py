@@ -111,7 +111,8 @@ print(json.dumps({'allocated': allocated, 'worker_died': not alive(), 'oom_kills
 """
 
 # argv: DIR WITHIN SIGNAL. Watches every torchrun worker of the node for a file under DIR open for
-# writing, and signals that worker at once: a kill that lands inside a checkpoint write.
+# writing, and signals that worker at once: a kill that lands inside a checkpoint write (kill-during-checkpoint),
+# or a SIGSTOP that holds the write open while the node freezes (freeze-during-checkpoint).
 KILL_IN_WRITE = r"""
 import json, os, sys, time
 root, within, sig = sys.argv[1].rstrip('/') + '/', float(sys.argv[2]), int(sys.argv[3])

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from .errors import HistoryError, UsageError
 from .history import DockerRecord, TrainerRecord, WorkerRecord
 from .recovery import LOSS_JUMP_TOLERANCE, Recovery, loss_across_resumes, recoveries
-from .runmodel import REVERSIBLE_FAULTS, Cohort, Fault, RunModel, clock
+from .runmodel import REVERSIBLE_FAULTS, Beat, Cohort, Fault, RunModel, clock
 from .verdict import CheckResult, FaultRecovery, Verdict
 
 EXPECTED = ("recovers", "fails")
@@ -404,6 +404,139 @@ def check_checkpoint_integrity(run: RunModel, spec: RunSpec) -> CheckResult:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class StaleWrite:
+    """A checkpoint written by a worker of a superseded round: it finished after a newer round of the
+    job had started without the writer (a frozen node woken up), and what became of it."""
+
+    write: Beat  # the trainer's "checkpoint" line, or the instrumentation's "save" record
+    newer: Cohort  # the round running when it finished
+    replaced: Beat | None  # the newer round's write of the same file it replaced, if any
+    loaded_by: Beat | None  # a later start that resumed from it, if any
+    rewritten_at: float | None = None  # when a newer round wrote the same file again, if it did
+
+    @property
+    def step(self) -> int | None:
+        return _written_step(self.write)
+
+    @property
+    def lost(self) -> bool:
+        """Newer state is gone: a later resume went back to the superseded round's state, or the file held a
+        newer round's checkpoint of another (or an unknown) step and no newer round wrote it again."""
+        if self.loaded_by is not None:
+            return True
+        replaced_other = self.replaced is not None and (self.step is None or _written_step(self.replaced) != self.step)
+        return replaced_other and self.rewritten_at is None
+
+    def describe(self) -> str:
+        w, newer = self.write, self.newer
+        words = (
+            f"{w.node} rank {w.rank} of a superseded round (world {w.world_size}, restart {w.restart}) wrote "
+            f"{w.path}{_at_step(self.step)} at {clock(w.t)}, after the round of world {newer.world_size} "
+            f"on {', '.join(sorted(newer.nodes))} had started at {clock(newer.t)}"
+        )
+        replaced = self.replaced
+        if replaced is not None:
+            was = _written_step(replaced)
+            words += (
+                f"; it replaced the newer round's {replaced.path}{_at_step(was)}, written at {clock(replaced.t)} by "
+                f"{replaced.node} rank {replaced.rank}"
+            )
+            if self.rewritten_at is not None and self.loaded_by is None:
+                words += f"; the newer round wrote it again at {clock(self.rewritten_at)}"
+            elif was is not None and self.step is not None and was != self.step:
+                words += f": {abs(was - self.step)} steps of newer state silently lost"
+            elif was is None or self.step is None:
+                words += ": newer state silently lost"
+        loaded = self.loaded_by
+        if loaded is not None:
+            words += (
+                f"; the resume at {clock(loaded.t)} ({loaded.node} rank {loaded.rank}) loaded it: "
+                "the job went back to the superseded round's state"
+            )
+        if not self.lost:
+            if replaced is None:
+                words += "; nothing lost (no newer checkpoint had that name, and no later resume loaded it)"
+            elif self.rewritten_at is not None:
+                words += "; nothing lost (overwritten before any resume loaded it)"
+            else:
+                words += "; nothing lost (the newer round's checkpoint of that name held the same step)"
+        return words
+
+
+def _written_step(write: Beat) -> int | None:
+    """The step a checkpoint write holds: the trainer's line says; a save, the optimizer's step then, else the
+    step in a file name the shipped trainer gives (ckpt-00000020.pt)."""
+    if write.step is not None:
+        return write.step
+    match = CHECKPOINT_FILE.match(posixpath.basename(write.path or ""))
+    return int(match.group(1)) if match else None
+
+
+def _at_step(step: int | None) -> str:
+    return "" if step is None else f" (step {step})"
+
+
+def stale_writes(run: RunModel) -> list[StaleWrite]:
+    """Every checkpoint a worker of a superseded round wrote, with the newer write it replaced (the same
+    file, written by a newer round since it started) and a later start that loaded it (a trainer start that
+    resumed from its step, or a load of its file, with no newer write of that file in between)."""
+    writes = run.checkpoint_writes
+    found = []
+    for write in (w for w in writes if run.is_zombie(w)):
+        newer = run.cohort_at(write.t)
+        same_file = [w for w in writes if w.path == write.path and not run.is_zombie(w)]
+        replaced = [w for w in same_file if newer.t <= w.t < write.t]
+        rewritten = next((w.t for w in same_file if w.t > write.t), None)
+        loaded = _loaded(run, write, math.inf if rewritten is None else rewritten)
+        found.append(StaleWrite(write, newer, replaced[-1] if replaced else None, loaded, rewritten))
+    return found
+
+
+def _loaded(run: RunModel, write: Beat, rewritten: float) -> Beat | None:
+    """A start after `write` (and before its file was written again) that loaded it."""
+    step = _written_step(write)
+    for record in run.starts + [r for r in run.records if isinstance(r, WorkerRecord) and r.event == "load"]:
+        if not write.t < record.t < rewritten or run.is_zombie(record):
+            continue
+        if isinstance(record, TrainerRecord):
+            if step is not None and record.resumed_from == step and isinstance(write, TrainerRecord):
+                return record
+        elif record.event == "load" and record.path == write.path:
+            return record
+    return None
+
+
+def check_stale_checkpoint(run: RunModel, spec: RunSpec) -> CheckResult:
+    """No checkpoint written by a superseded round replaced newer state or was resumed from."""
+    if not run.checkpoint_writes:
+        return CheckResult(
+            "stale_checkpoint",
+            True,
+            (
+                "not measurable here: no checkpoint write was seen (no shipped-trainer checkpoint line, and no "
+                "torch.save or torch.distributed.checkpoint save to a file from the instrumentation); to enable it, "
+                "keep the instrumentation on and save checkpoints with torch.save or torch.distributed.checkpoint",
+            ),
+            {"stale_writes": 0, "lost": 0},
+            measured=False,
+        )
+    found = stale_writes(run)
+    lost = [s for s in found if s.lost]
+    reasons = [s.describe() for s in lost][:MAX_EXAMPLES] + [s.describe() for s in found if not s.lost][:MAX_EXAMPLES]
+    if not found:
+        reasons.append(f"no checkpoint written by a superseded round ({len(run.checkpoint_writes)} writes seen)")
+    for fault in (f for f in run.faults if f.fault == "freeze-during-checkpoint"):
+        # The frozen writer's own write lands, if at all, before its node starts a new worker.
+        restarted = min((s.t for s in run.starts if s.node == fault.node and s.t > fault.t_ok), default=math.inf)
+        if not any(w.node == fault.node and fault.t_ok < w.t < restarted for w in run.checkpoint_writes):
+            reasons.append(
+                f"{fault.describe()} held {fault.result.get('file')} open: that write never completed "
+                "(a superseded round's write that did not land)"
+            )
+    return CheckResult("stale_checkpoint", not lost, tuple(reasons), {"stale_writes": len(found), "lost": len(lost)})
+
+
 def check_hang(run: RunModel, spec: RunSpec) -> CheckResult:
     """No stretch longer than hang_s without progress while no fault is in force."""
     if not run.beats and not spec.instrumented:
@@ -580,6 +713,7 @@ CHECKERS: dict[str, Callable[[RunModel, RunSpec], CheckResult]] = {
     "progress": check_progress,
     "loss_continuity": check_loss_continuity,
     "checkpoint_integrity": check_checkpoint_integrity,
+    "stale_checkpoint": check_stale_checkpoint,
     "hang": check_hang,
     "recovery": check_recovery,
     "fails_cleanly": check_fails_cleanly,
@@ -593,6 +727,7 @@ CHECKS_FOR = {
         "progress",
         "loss_continuity",
         "checkpoint_integrity",
+        "stale_checkpoint",
         "hang",
         "recovery",
     ),

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 
 from .agentlog import NodeLogParser, parse_docker_timestamp
-from .checkers import CHECKPOINT_DAMAGING_FAULTS
+from .checkers import CHECKPOINT_DAMAGING_FAULTS, stale_writes
 from .history import AgentRecord, DockerRecord, FaultRecord, Record, TrainerRecord, WorkerRecord
 from .nodes import node_order
 from .recovery import LOSS_JUMP_TOLERANCE, loss_across_resumes
@@ -35,6 +35,8 @@ MAX_EVIDENCE_CHARS = 300
 STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 # No sign of training for this long while a node is frozen: the others are stuck in a collective.
 FROZEN_HANG_S = 60.0
+# A worker silent this long after a peer of its group finished the script (exit 0) is stuck at its end.
+STUCK_AT_EXIT_S = 60.0
 # An agent in a rendezvous this long without completing it is waiting for nodes.
 RDZV_WAIT_S = 60.0
 # What an agent reports about its workers after starting them: anything but silence.
@@ -815,6 +817,39 @@ def _damage_words(fault: FaultRecord) -> str:
     return f"fault corrupt-checkpoint: {result.get('file')} damaged ({result.get('mode', '?')})"
 
 
+def superseded_round_checkpoint(run: RunModel) -> Diagnosis | None:
+    """(n) A worker of a superseded round (its node frozen while the others regrouped) wrote a checkpoint
+    after waking, over the newer round's, or one a later resume loaded: split brain on the checkpoint."""
+    lost = [s for s in stale_writes(run) if s.lost]
+    if not lost:
+        return None
+    evidence = []
+    for stale in lost:
+        w = stale.write
+        evidence.append(_line(w, f"rank {w.rank} (world {w.world_size}, a superseded round) wrote {w.path}"))
+        if stale.replaced is not None:
+            evidence.append(_line(stale.replaced, f"the newer round's rank {stale.replaced.rank} had written it"))
+        if stale.loaded_by is not None:
+            evidence.append(_line(stale.loaded_by, f"rank {stale.loaded_by.rank} resumed from it"))
+    frozen = _fault_records(run, "freeze-during-checkpoint", "pause")
+    evidence += [_line(r, f"fault {r.fault} froze {r.where}") for r in frozen[:2]]
+    nodes = ", ".join(sorted({s.write.node for s in lost}, key=node_order))
+    return Diagnosis(
+        "superseded-round-checkpoint",
+        f"A checkpoint from a superseded round replaced newer state ({nodes})",
+        f"{lost[0].describe()}. Its node was frozen (or cut off) while the others regrouped without it and trained "
+        "on; woken, its old worker ran on for a moment before its agent noticed, and finished its save. Nothing in "
+        "the script ties a checkpoint to the round that wrote it, so the superseded round's state took the place of "
+        "the newer one, silently.",
+        evidence,
+        "Tie each checkpoint to the round that writes it. Write step-numbered (or round-tagged) files and resume "
+        "from the newest, so a late write never replaces a newer one (trainer/train.py does this); write to a temp "
+        "file and rename it onto its final name only while still in the current round (a collective with a short "
+        "timeout, e.g. dist.monitored_barrier, just before the rename fails in a superseded one); or check before "
+        "saving that the step is newer than the newest checkpoint on disk, and skip the save when it is not.",
+    )
+
+
 def name_resolution(run: RunModel) -> Diagnosis | None:
     """(m) A name inside the cluster (etcd, the store host, a peer) stopped resolving."""
     # A container that is down has no name in Docker's DNS: that is the fault (etcd killed), not this.
@@ -854,18 +889,149 @@ def _up_at(run: RunModel, name: str, t: float) -> bool:
     return not events or next((a for a in reversed(events) if a in (*down, "start", "restart")), "start") not in down
 
 
+def stuck_at_exit(run: RunModel) -> Diagnosis | None:
+    """(o) A worker never ends after a peer of its group ran the script to its end (exit 0)."""
+    workers = [r for r in run.records if isinstance(r, WorkerRecord)]
+    exits = {(r.node, r.pid): r for r in workers if r.event == "exit"}
+    finished = sorted((r for r in exits.values() if r.code == 0), key=lambda r: r.t)
+    if not finished:
+        return None
+    done = finished[0]
+    starts = {(r.node, r.pid): r for r in workers if r.event == "start"}
+    if (done.node, done.pid) not in starts:
+        return None
+    cohort = run.cohort_index(starts[done.node, done.pid].t)
+    last_seen = {(r.node, r.pid): r for r in workers}  # sorted by time: the last record wins
+    removed = run.removed_on_purpose()
+    stuck = []
+    for key, start in starts.items():
+        node = start.node
+        if key in exits or node in removed or run.cohort_index(start.t) != cohort:
+            continue
+        last = last_seen[key]
+        agent_news = [r for r in run.agent if r.node == node and r.t > last.t]
+        if not agent_news and run.t_end - max(last.t, done.t) >= STUCK_AT_EXIT_S:
+            stuck.append(last)
+    if not stuck:
+        return None
+    waiting = [r for r in run.agent_events("group_finished") if r.t >= done.t]
+    names = ", ".join(f"rank {r.rank} on {r.node}" for r in stuck)
+    return Diagnosis(
+        "stuck-at-exit",
+        f"A worker never ended after its peers finished the script: {names}",
+        f"Rank {done.rank} on {done.node} ran the script to its end and exited 0 at {_at(done.t)}; {names} "
+        f"never exited (silent for {run.t_end - max(r.t for r in stuck):.0f} s, up to the end of the run), so "
+        "its agent waits for it and the finished agents wait in torch's exit barrier. A known cause is a "
+        "teardown deadlock in torch 2.13's gloo process group: when its last reference goes (DDP's reducer "
+        "freed as main() returns, or dist.destroy_process_group()), its destructor joins the group's worker "
+        "thread while holding the GIL, and that thread, still releasing the final collective's tensors, waits "
+        "for the GIL (pytorch/pytorch#75097).",
+        [_line(done, f"rank {done.rank} exited 0")]
+        + [_line(r, f"rank {r.rank}: last sign of life ({r.event}); no exit after it") for r in stuck]
+        + [_line(r, "worker group finished; waiting for the other agents") for r in waiting],
+        "Give the group's threads a moment after the final collective, before the group goes: time.sleep(1) "
+        "(it releases the GIL) before dist.destroy_process_group(), then delete the DDP model and optimizer "
+        "while the script still runs. A dist.barrier() alone does not help: its work holds the earlier ones. "
+        "If a worker can still hang at exit, end it with os._exit(0) once its output is flushed.",
+    )
+
+
+# torch's dynamic rendezvous keep-alive (its defaults): a heartbeat older than interval x attempts is a dead node.
+KEEP_ALIVE_DEFAULTS = {"keep_alive_interval": 5, "keep_alive_max_attempt": 3}
+
+
+def _keep_alive_window(run: RunModel) -> float:
+    conf = {str(k): v for k, v in (run.spec_fields.get("rdzv_conf") or ())}
+    try:
+        return float(conf.get("keep_alive_interval", 5)) * float(conf.get("keep_alive_max_attempt", 3))
+    except ValueError:
+        return 15.0
+
+
+def clock_skew(run: RunModel) -> Diagnosis | None:
+    """(p) A node's clock was skewed past the keep-alive window, and then the agents disagreed on who was
+    in a round: a round's size counted differently, or the skewed node in a round of its own (two groups)."""
+    window = _keep_alive_window(run)
+    skews = [f for f in _fault_records(run, "skew-clock") if abs((f.result or {}).get("by") or 0) > window]
+    if not skews:
+        return None
+    skew = skews[0]
+    rounds: dict[int, list[AgentRecord]] = {}
+    for joined in run.agent_events("rdzv_joined"):
+        if joined.t > skew.t and joined.round is not None:
+            rounds.setdefault(joined.round, []).append(joined)
+    miscounted = next((joined for joined in rounds.values() if len({r.nodes for r in joined}) > 1), None)
+    apart = [joined for joined in rounds.values() if {r.node for r in joined} == {skew.node} and joined[0].nodes == 1]
+    if miscounted is None and not (apart and len(rounds) > 1):
+        return None
+    by = (skew.result or {})["by"]
+    ahead = by > 0
+    shown = miscounted or [r for joined in rounds.values() for r in joined]
+    finished = run.agent_events("group_finished") if miscounted else []
+    waiting = [r for r in finished if r.t > shown[0].t and not _died_after(run, r)]
+    stuck = [r for r in miscounted or () if not run.agent_events("group_started", node=r.node) or
+             max(g.t for g in run.agent_events("group_started", node=r.node)) < r.t]  # fmt: skip
+    if miscounted is not None:
+        sizes = ", ".join(f"{r.node}: {r.nodes}" for r in miscounted)
+        what = f"in round {miscounted[0].round} the agents counted different worlds ({sizes})."
+        if stuck:
+            what += (
+                f" {', '.join(r.node for r in stuck)} joined that round but never started its workers: its agent "
+                "waits for a round its own view says is not complete."
+            )
+        if waiting:
+            what += (
+                " Each agent's exit barrier counts to the group size it believes, so at the end the agents that "
+                "counted more wait in torch's exit barrier until its 300 s timeout."
+            )
+    else:
+        what = (
+            f"the others regrouped without {skew.node}, and {skew.node} then made a round of its own "
+            f"(round {apart[0][0].round}, a world of 1): two groups trained at once, each with its own rank 0 "
+            "writing checkpoints to the same place (a split brain)."
+        )
+    return Diagnosis(
+        "clock-skew",
+        f"{skew.node}'s clock was {abs(by):g} s {'ahead of' if ahead else 'behind'} the others': the agents "
+        f"disagreed on who was alive",
+        f"torch's dynamic rendezvous stamps each node's heartbeat with the clock of the node that writes it, and "
+        f"every agent drops, at each sync of the rendezvous state, a node whose heartbeat looks older than "
+        f"keep_alive_interval x keep_alive_max_attempt ({window:g} s here) by its own clock. "
+        + (
+            f"{skew.node}, ahead, saw every peer's heartbeat as {by:g} s old and dropped them: "
+            if ahead
+            else f"The others saw {skew.node}'s heartbeats as {-by:g} s old and dropped it: "
+        )
+        + what,
+        [_line(skew, f"skew-clock {by:+g} s")]
+        + [_line(r, f"joined round {r.round} as rank {r.group_rank} in a world of {r.nodes}") for r in shown]
+        + [_line(r, "never started its workers after this round") for r in stuck]
+        + [_line(r, "worker group finished; waiting for the other agents (no exit after it)") for r in waiting],
+        "Keep the nodes' clocks in sync (chrony or NTP; alert on an offset near the window). A skew below "
+        "keep_alive_interval x keep_alive_max_attempt is harmless: raise them with --rdzv-conf above the worst "
+        "skew you expect, at the price of noticing a lost node that much later.",
+    )
+
+
+def _died_after(run: RunModel, record: Record) -> bool:
+    return any(r.node == record.node and r.action == "die" and r.t >= record.t for r in run.docker)
+
+
 # Most fundamental first: a cause before the budget it burned, the budget before what followed.
 DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
     name_resolution,
     etcd_without_v2,
+    clock_skew,
     shared_tcp_store,
     c10d_store_lost,
     disk_full,
     oom_kill,
     damaged_checkpoint_loaded,
+    superseded_round_checkpoint,
     process_group_timeout,
     loss_jump,
     restart_budget,
     waiting_for_nodes,
     spare_agent_exit,
+    stuck_at_exit,
 )

@@ -16,7 +16,7 @@ from .audit import audit_project, project_from_inspect
 from .docker import Docker
 from .errors import ClusterNotFoundError, SimError
 from .images import ImageBuilder
-from .render import render
+from .render import FAKETIME_LIB, render
 from .spec import ClusterSpec
 
 
@@ -138,6 +138,19 @@ def limits_checks(docker: Docker) -> list[DoctorCheck]:
     ]
 
 
+def faketime_check(docker: Docker) -> DoctorCheck:
+    """skew-clock needs libfaketime in the node image (Debian's, fetched on the host when the image builds)."""
+    name = "libfaketime in the node image (skew-clock)"
+    node = ImageBuilder(docker).tags().node
+    if not docker.image_exists(node):
+        fetch = shutil.which("apt-get") is not None and shutil.which("dpkg-deb") is not None
+        detail = "node image not built yet; " + ("its build fetches Debian's libfaketime" if fetch else "no apt-get")
+        return DoctorCheck(name, fetch, detail, "a Debian/Ubuntu host with apt-get and dpkg-deb", required=False)
+    code, out = _run([docker.docker_bin, "run", "--rm", node, "test", "-e", FAKETIME_LIB])
+    detail = FAKETIME_LIB if code == 0 else f"{FAKETIME_LIB} missing ({out or f'exit {code}'})"
+    return DoctorCheck(name, code == 0, detail, "python -m sim build (rebuilds the node image)", required=False)
+
+
 def has_gpu_runtime(docker: Docker) -> bool:
     return gpu_check(docker).ok
 
@@ -195,6 +208,7 @@ def run_checks(docker: Docker) -> list[DoctorCheck]:
         )
         checks.append(gpu_check(docker))
         checks.extend(limits_checks(docker))
+        checks.append(faketime_check(docker))
     checks.extend(kernel_checks())
     return checks
 

@@ -36,8 +36,9 @@ MAX_TIME = 1e11  # unix seconds (the year 5138): a clock further ahead is broken
 FAULT_PHASES = ("invoke", "ok", "fail", "info")
 # What the node image's instrumentation writes through the side channel (sim/sidechannel.py).
 # "imported" (torch imported), "pg_ready" (init_process_group returned) and "load" (checkpoint
-# loads so far) time a start's way to its first step; histories before them lack them.
-WORKER_EVENTS = ("start", "step", "activity", "progress", "exit", "imported", "pg_ready", "load")
+# loads so far) time a start's way to its first step; histories before them lack them. "save" is one
+# checkpoint written to a named file (torch.save, torch.distributed.checkpoint's save) by any script.
+WORKER_EVENTS = ("start", "step", "activity", "progress", "exit", "imported", "pg_ready", "load", "save")
 
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
@@ -215,7 +216,9 @@ class WorkerRecord(_WorkerFacts):
     op: str | None = None
     source: str | None = None  # progress: "api" | "log" (a log line: no rank)
     code: int | None = None  # exit
-    seconds: float | None = None  # pg_ready: the init call's duration; load: all loads' so far
+    seconds: float | None = None  # pg_ready: the init call's duration; load: all loads' so far; save: its own
+    path: str | None = None  # load: the last file loaded; save: the file (or DCP directory) written
+    began: float | None = None  # save: when it began (the record's time is when it returned)
 
 
 RECORD_TYPES: dict[str, type[Record]] = {

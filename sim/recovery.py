@@ -37,7 +37,7 @@ LOSS_JUMP_TOLERANCE = 0.5  # relative: 0.5 = the loss may rise by half
 # keep-alive failed, or it entered a new rendezvous (sim/agentlog.py).
 NOTICE_EVENTS = ("worker_failed", "group_failed", "new_nodes", "keepalive_failed", "rdzv_joining")
 # Faults whose own node's agent is not the one that notices: gone, restarted, frozen or new.
-NODE_SILENCING_FAULTS = (*NODE_REMOVING_FAULTS, "restart-node", "start-node", "pause")
+NODE_SILENCING_FAULTS = (*NODE_REMOVING_FAULTS, "restart-node", "start-node", "pause", "freeze-during-checkpoint")
 # The instrumentation's records of a worker's way to its first step (images/node/elastic_sim_instrument.py).
 WAY_EVENTS = ("imported", "pg_ready", "load")
 

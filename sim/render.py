@@ -12,6 +12,22 @@ from .paths import COMPOSE_TEMPLATE
 from .spec import USER_SCRIPT_DIR, ClusterSpec, node_name, parse_size
 from .torchrun import torchrun_argv
 
+# The skew-clock fault: Debian's libfaketime (images/node) preloaded into every process of a node, which
+# reads the node's clock offset ("+0", "+60s", "-10m") from CLOCK_OFFSET_FILE at most every 2 s. Only the
+# wall clock moves, as on a real machine whose clock is off: the monotonic clock is left alone, and so is
+# a condition variable's wait on it (without FORCE_MONOTONIC_FIX=0, 0.9.10 turns every such wait into a
+# busy loop on glibc >= 2.30), and file times are the kernel's (shared /ckpt).
+FAKETIME_LIB = "/usr/local/lib/faketime/libfaketime.so.1"
+CLOCK_OFFSET_FILE = "/var/lib/elastic-sim/clock-offset"
+CLOCK_ENV = {
+    "LD_PRELOAD": FAKETIME_LIB,
+    "FAKETIME_TIMESTAMP_FILE": CLOCK_OFFSET_FILE,
+    "FAKETIME_CACHE_DURATION": "1",
+    "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    "FAKETIME_FORCE_MONOTONIC_FIX": "0",
+    "NO_FAKE_STAT": "1",
+}
+
 
 def render(
     spec: ClusterSpec,
@@ -85,6 +101,7 @@ def render_node(
     env["SIM_CLUSTER"] = spec.name
     env["SIM_NODE"] = name
     env["SIM_INSTRUMENT"] = "1" if spec.instrument else "0"
+    env.update(CLOCK_ENV)
     if events_dir is not None:
         node["volumes"].append({"type": "bind", "source": str(events_dir), "target": env["SIM_EVENTS_DIR"]})
     else:

@@ -47,7 +47,16 @@ from .nodes import node_order
 # Operations that undo faults rather than inject them.
 HEAL_OPS = ("heal", "unpause", "resume-worker")
 # Faults in force until a heal undoes them.
-REVERSIBLE_FAULTS = ("pause", "partition", "link", "hang-worker", "hang-collectives", "slow-node", "fill-disk")
+REVERSIBLE_FAULTS = (
+    "pause",
+    "partition",
+    "link",
+    "hang-worker",
+    "hang-collectives",
+    "slow-node",
+    "fill-disk",
+    "freeze-during-checkpoint",
+)
 # Faults that slow training without stopping it: no restart follows, so no recovery is timed.
 DEGRADING_FAULTS = ("slow-node",)
 # Faults that take a whole node out on purpose.
@@ -224,6 +233,13 @@ class RunModel:
             ]
         self.cohorts = cohorts
         self.cohort_times = cohort_times
+        # Checkpoints written: the shipped trainer's "checkpoint" lines, and "save"s to a named file (any script),
+        # a save that its process then renamed (an atomic write) under its final name only.
+        saves = [r for r in worker if r.event == "save"]
+        renamed = {(r.pid, r.began) for r in saves if r.op in ("os.replace", "os.rename")}
+        saves = [r for r in saves if r.op in ("os.replace", "os.rename") or (r.pid, r.began) not in renamed]
+        writes = [r for r in trainer if r.kind == "checkpoint"] + saves
+        self.checkpoint_writes: list[Beat] = sorted((r for r in writes if r.path), key=lambda r: r.t)
         nodes = {r.node for r in trainer + worker + self.agent}
         nodes |= {r.node for r in self.docker if AGENT_CONTAINER.match(str(r.node))}
         self.agent_nodes = sorted(nodes - {None}, key=node_order)
@@ -301,6 +317,10 @@ class RunModel:
         return self.progress[
             bisect.bisect_right(self.progress_times, after) : bisect.bisect_left(self.progress_times, before)
         ]
+
+    def is_zombie(self, record: Beat) -> bool:
+        """Written by a worker of a round the job had left by then (see _is_zombie)."""
+        return _is_zombie(record, self.cohorts, self.cohort_times)
 
     def world_at(self, record: Beat) -> int | None:
         """A beat's world size: its own, else its cohort's (log-matched progress has none)."""

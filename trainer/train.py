@@ -47,9 +47,14 @@ from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E40
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
+try:  # in an elastic-sim node: the kernel's clock, also where the skew-clock fault has moved the node's,
+    from elastic_sim_clock import wall_clock  # so the times in our lines stay on the history's clock
+except ImportError:
+    wall_clock = time.time
+
 # The start line says when import torch finished, the process group was ready and the checkpoint
 # load began (it ends with the line): where a restart's time went.
-IMPORTED_AT = time.time()
+IMPORTED_AT = wall_clock()
 CKPT_MAGIC = b"ELASTIC-SIM-CKPT-1"
 CKPT_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 CKPTS_KEPT = 2
@@ -259,7 +264,7 @@ def init_process_group(backend, rank, world_size, timeout_s):
 
 def emit(kind, ctx, **fields):
     """Print one JSON line; ctx holds the identity fields of this process."""
-    line = json.dumps({"sim": kind, "t": time.time(), **ctx, **fields}) + "\n"
+    line = json.dumps({"sim": kind, "t": wall_clock(), **ctx, **fields}) + "\n"
     # One write call per line: all workers share one stdout, and print() writes
     # the newline separately, which interleaves lines under PYTHONUNBUFFERED=1.
     sys.stdout.write(line)
@@ -310,7 +315,7 @@ def parse_args(argv=None):
 @record
 def main(argv=None):
     args = parse_args(argv)
-    started = time.time()
+    started = wall_clock()
     # Read fresh on every start: a restarted worker is a new process whose
     # rank and world size may differ from the previous incarnation's.
     if not {"RANK", "LOCAL_RANK", "WORLD_SIZE"} <= os.environ.keys():
@@ -339,7 +344,7 @@ def main(argv=None):
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     init_process_group(backend, rank, world_size, args.pg_timeout)
-    pg_ready_at = time.time()
+    pg_ready_at = wall_clock()
 
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP broadcasts them anyway)
     model = torch.nn.Sequential(
@@ -351,7 +356,7 @@ def main(argv=None):
     # Rank 0 picks the checkpoint (warning about fallbacks once) and tells the
     # others its step and sha256, so no rank resumes from another file. A plain
     # tensor, not broadcast_object_list: that one needs numpy, which may be absent.
-    ckpt_began_at = time.time()
+    ckpt_began_at = wall_clock()
     choice = torch.full((33,), -1, dtype=torch.int64)  # [step, 32 digest bytes]
     if rank == 0:
         found_step, digest, _ = find_latest_checkpoint(args.ckpt_dir, lambda msg: emit("warning", ctx, message=msg))
@@ -430,7 +435,7 @@ def main(argv=None):
             epoch, seen_in_epoch = epoch + 1, 0
 
     if rank == 0:
-        emit("summary", ctx, final_step=step, elapsed=time.time() - started, steps_run_this_start=step - start_step)
+        emit("summary", ctx, final_step=step, elapsed=wall_clock() - started, steps_run_this_start=step - start_step)
     dist.destroy_process_group()
 
 

@@ -5,12 +5,17 @@ worker it only reads the environment and returns (no torch import, nothing insta
 worker (LOCAL_RANK and TORCHELASTIC_RUN_ID set, SIM_INSTRUMENT not "0", a side channel in
 SIM_EVENTS_DIR) it writes a "start" record at once and waits, through an import hook, for the
 script to import torch:
-  - torch: an "imported" record when `import torch` has finished (spawn and import, timed), and
-    torch.load is wrapped to write "load" records (checkpoint loads before the first step);
+  - torch: an "imported" record when `import torch` has finished (spawn and import, timed),
+    torch.load is wrapped to write "load" records (checkpoint loads before the first step, with the
+    last file loaded), and torch.save a "save" record per save to a named file (its path, when it
+    began and how long it took, the step then): a checkpoint written by a worker of any round; a
+    saved file that the worker then renames (os.replace, os.rename: an atomic write) gets a "save"
+    record under its final name too;
   - torch.optim.optimizer: a global optimizer step post hook writes "step" records;
   - torch.distributed: its Python collectives are wrapped to write "activity" records, and
     init_process_group a "pg_ready" record when it returns;
-  - torch.distributed.checkpoint: its load and load_state_dict write "load" records too;
+  - torch.distributed.checkpoint: its load and load_state_dict write "load" records too, and its
+    save and save_state_dict "save" records;
 and at exit it writes "exit". Records go to the side channel (elastic_sim_progress.write_record),
 never to the script's stdout or stderr. Any failure in here turns the instrumentation off
 silently: the user's script must behave exactly as without it.
@@ -37,6 +42,7 @@ HANG_CHECK_GAP_S = 0.2
 # "pg_ready", the first step and exit, so the total at each of those is exact.
 LOAD_RECORD_GAP_S = 0.5
 CHECKPOINT_LOADS = ("load", "load_state_dict")  # torch.distributed.checkpoint's
+CHECKPOINT_SAVES = ("save", "save_state_dict")  # torch.distributed.checkpoint's (async_save returns early)
 # Modules that hold init_process_group under its own name (device_mesh imported it by name).
 PG_INIT_HOLDERS = ("torch.distributed", "torch.distributed.distributed_c10d", "torch.distributed.device_mesh")
 COLLECTIVES = (
@@ -113,7 +119,16 @@ class WorkerProbe:
         self._loads_written = 0
         self._load_written_at = 0.0
         self._load_op = None
+        self._load_path = None  # the last file a checkpoint load read
+        self._in_save = threading.local()
+        self._saved = None  # (path, began, step, n) of the last file saved: an atomic write renames it
+        try:  # in a node: the kernel's clock, not a clock the skew-clock fault has moved
+            from elastic_sim_clock import wall_clock
+        except ImportError:
+            wall_clock = time.time
+        self._wall = wall_clock
         self.exit_code = None
+        self._in_state_init = False  # inside DCP's optimizer state init (not a training step)
 
     def write(self, event, **fields) -> None:
         if not self.off and not self._write(event, **fields):
@@ -133,8 +148,26 @@ class WorkerProbe:
     def install_step_hook(self, optimizer_module) -> None:
         self._step_handle = optimizer_module.register_optimizer_step_post_hook(self.on_step)
 
+    def wrap_state_init(self, state_dict_module) -> None:
+        """torch.distributed.checkpoint's get_state_dict creates a fresh optimizer's state with one
+        step of zero gradients at learning rate 0 (_init_optim_state, before a DCP resume): not a
+        training step, so not counted."""
+        init = getattr(state_dict_module, "_init_optim_state", None)
+        if init is None:
+            return
+        probe = self
+
+        def init_uncounted(*args, **kwargs):
+            probe._in_state_init = True
+            try:
+                return init(*args, **kwargs)
+            finally:
+                probe._in_state_init = False
+
+        state_dict_module._init_optim_state = init_uncounted
+
     def on_step(self, optimizer, args, kwargs) -> None:
-        if self.off:
+        if self.off or self._in_state_init:
             return
         try:
             counted = self._optimizer() if self._optimizer is not None else None
@@ -290,15 +323,16 @@ class WorkerProbe:
                 return load(*args, **kwargs)
             finally:
                 nested.inside = False
-                probe.on_load(op, clock() - began)
+                probe.on_load(op, clock() - began, checkpoint_path(op, args, kwargs))
 
         return timed
 
-    def on_load(self, op: str, seconds: float) -> None:
+    def on_load(self, op: str, seconds: float, path=None) -> None:
         try:
             self._loads += 1
             self._load_s += seconds
             self._load_op = op
+            self._load_path = path
             if self._loads == 1 or self._clock() - self._load_written_at >= LOAD_RECORD_GAP_S:
                 self.flush_loads()
         except Exception:
@@ -308,7 +342,95 @@ class WorkerProbe:
         """A "load" record with the totals so far, unless the last one already had them."""
         if self._loads > self._loads_written:
             self._load_written_at, self._loads_written = self._clock(), self._loads
-            self.write("load", n=self._loads, seconds=round(self._load_s, 6), op=self._load_op)
+            path = {"path": self._load_path} if self._load_path else {}  # the last file read, where it had a name
+            self.write("load", n=self._loads, seconds=round(self._load_s, 6), op=self._load_op, **path)
+
+    # --- checkpoint saves ------------------------------------------------------------------
+
+    def wrap_saves(self, module, names, op_prefix) -> None:
+        """Each call of module.<name> that writes a named file (or directory) writes a "save" record."""
+        import functools
+
+        for name in names:
+            original = getattr(module, name, None)
+            if not callable(original) or hasattr(original, "__elastic_sim_op__"):
+                continue
+            wrapper = functools.wraps(original)(self._recording(original, f"{op_prefix}{name}"))
+            wrapper.__elastic_sim_op__ = f"{op_prefix}{name}"
+            setattr(module, name, wrapper)
+
+    def _recording(self, save, op):
+        probe, nested, wall = self, self._in_save, self._wall
+
+        def recorded(*args, **kwargs):
+            if probe.off or getattr(nested, "inside", False):
+                return save(*args, **kwargs)  # dcp.save's own torch.save
+            nested.inside = True
+            began = wall()
+            try:
+                result = save(*args, **kwargs)
+            finally:
+                nested.inside = False
+            probe.on_save(op, checkpoint_path(op, args, kwargs), began, wall())
+            return result  # a save that raised is no checkpoint: not recorded
+
+        return recorded
+
+    def on_save(self, op: str, path, began: float, ended: float) -> None:
+        """A "save" record: the file, when the save began and its seconds (the record's time is its end),
+        and the step this worker was at (the optimizer's, where it holds one; n: steps this process took)."""
+        if path is None:
+            return  # into memory (a BytesIO): not a checkpoint file by itself
+        try:
+            optimizer = self._optimizer() if self._optimizer is not None else None
+            step = self._absolute_step(optimizer)
+            self._saved = (path, began, step, self._steps)
+            self.write(
+                "save",
+                op=op,
+                path=path,
+                began=round(began, 6),
+                seconds=round(ended - began, 6),
+                step=step,
+                n=self._steps,
+            )
+        except Exception:
+            self.disable()
+
+    def wrap_renames(self, os_module) -> None:
+        """os.replace and os.rename of the file last saved write a "save" record under the new name."""
+        import functools
+
+        for name in ("replace", "rename"):
+            original = getattr(os_module, name)
+            if hasattr(original, "__elastic_sim_op__"):
+                continue
+            wrapper = functools.wraps(original)(self._renaming(original, f"os.{name}"))
+            wrapper.__elastic_sim_op__ = f"os.{name}"
+            setattr(os_module, name, wrapper)
+
+    def _renaming(self, rename, op):
+        probe, wall = self, self._wall
+
+        def renamed(src, dst, *args, **kwargs):
+            result = rename(src, dst, *args, **kwargs)
+            if probe._saved is not None and not probe.off:
+                probe.on_rename(op, src, dst, wall())
+            return result
+
+        return renamed
+
+    def on_rename(self, op: str, src, dst, ended: float) -> None:
+        try:
+            path, began, step, n = self._saved
+            if isinstance(src, (str, os.PathLike)) and os.path.abspath(os.fsdecode(src)) == path:
+                self._saved = None
+                target = os.path.abspath(os.fsdecode(dst))
+                self.write(
+                    "save", op=op, path=target, began=round(began, 6), seconds=round(ended - began, 6), step=step, n=n
+                )
+        except Exception:
+            self.disable()
 
     # --- exit ------------------------------------------------------------------------------
 
@@ -327,6 +449,24 @@ class WorkerProbe:
             self.write("exit", code=self.exit_code)
         except Exception:
             self.disable()
+
+
+def checkpoint_path(op, args, kwargs):
+    """The file (or, for torch.distributed.checkpoint, the directory) a load or save call names, as an
+    absolute path; None for a buffer or a storage without a path."""
+    if op.startswith("torch."):  # torch.save(obj, f), torch.load(f)
+        at = 1 if op == "torch.save" else 0
+        target = kwargs["f"] if "f" in kwargs else args[at] if len(args) > at else None
+    else:  # dcp: checkpoint_id=, else its storage writer's or reader's path (save_state_dict(state, writer))
+        target = kwargs.get("checkpoint_id")
+        storage = kwargs.get("storage_writer", kwargs.get("storage_reader", args[1] if len(args) > 1 else None))
+        if target is None and storage is not None:
+            target = getattr(storage, "path", None)
+    if isinstance(target, (str, bytes, os.PathLike)):
+        path = os.fsdecode(target)
+    else:
+        path = getattr(target, "name", None)  # an open file
+    return os.path.abspath(path) if isinstance(path, str) and path else None
 
 
 class AfterImport:
@@ -402,6 +542,8 @@ def activate():
     def after_torch(torch):
         probe.write("imported")
         probe.wrap_loads(torch, ("load",), "torch.")
+        probe.wrap_saves(torch, ("save",), "torch.")
+        probe.wrap_renames(os)
 
     def after_distributed(dist):
         c10d = sys.modules.get("torch.distributed.distributed_c10d")
@@ -414,7 +556,11 @@ def activate():
             "torch": after_torch,
             "torch.optim.optimizer": probe.install_step_hook,
             "torch.distributed": after_distributed,
-            "torch.distributed.checkpoint": lambda dcp: probe.wrap_loads(dcp, CHECKPOINT_LOADS, "dcp."),
+            "torch.distributed.checkpoint.state_dict": probe.wrap_state_init,
+            "torch.distributed.checkpoint": lambda dcp: (
+                probe.wrap_loads(dcp, CHECKPOINT_LOADS, "dcp."),
+                probe.wrap_saves(dcp, CHECKPOINT_SAVES, "dcp."),
+            ),
         },
         on_error=probe.disable,
     ).install()

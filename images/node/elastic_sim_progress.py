@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Mapping
+
+try:  # in a node: the kernel's clock, also where the skew-clock fault has moved the node's
+    from elastic_sim_clock import wall_clock
+except ImportError:  # outside the simulator (the module ships on its own)
+    from time import time as wall_clock
 
 _channel_fd: int | None = None  # opened on the first record
 _identity: dict | None = None  # this worker's fields, read once from torchrun's environment
@@ -79,7 +83,7 @@ def write_record(event: str, **fields) -> bool:
             _identity = worker_identity()
             path = os.path.join(os.environ["SIM_EVENTS_DIR"], f"{_identity['node']}.jsonl")
             _channel_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        record = build_record(event, _identity, time.time(), os.getpid(), **fields)
+        record = build_record(event, _identity, wall_clock(), os.getpid(), **fields)
         os.write(_channel_fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
         return True
     except Exception:

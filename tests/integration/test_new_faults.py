@@ -12,12 +12,17 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
 from chaos.nemesis import Nemesis
+from sim.checkers import RunSpec, check_stale_checkpoint
 from sim.cluster import Cluster, up
+from sim.diagnose import diagnose
 from sim.history import FILE_NAME, History
+from sim.pytest_plugin import assert_verdict
+from sim.runmodel import RunModel
 from sim.spec import ClusterSpec
 from tests.conftest import run_sim, unique_name
 from tests.integration.test_faults import eventually, process_states
@@ -185,4 +190,44 @@ def test_kill_during_checkpoint_lands_in_the_write_and_never_resumes_from_it(clu
     killed_step = int(re.search(r"ckpt-(\d+)\.pt", result["file"]).group(1))
     starts = restarted(cluster, after=fault_time(cluster, result["op"]))
     assert {r["resumed_from"] for r in starts} == {killed_step - 10}, "resumed from the previous, whole checkpoint"
+    training(cluster)
+
+
+def test_a_zombie_rank0_overwrites_a_fixed_name_checkpoint_and_the_checker_names_it(sim_scenario):
+    """freeze-during-checkpoint on a plain script that always writes checkpoint.pt (atomically): woken after the
+    others regrouped and saved newer state, the superseded round's rank 0 renames its old state onto it, and the
+    next resume goes back to it. The job finishes; stale_checkpoint and its diagnosis name the lost state. (The
+    shipped trainer's side, step-numbered files, runs as the catalog's zombie-rank0.)"""
+    scenario = Path(__file__).resolve().parent.parent / "scripts" / "zombie-fixed-name.yaml"
+    (result,) = sim_scenario(str(scenario), backend="etcd-v2")
+    assert_verdict(result)  # the job itself recovers and finishes
+    run = RunModel(History(result.run_dir / FILE_NAME).records())
+    stale = check_stale_checkpoint(run, RunSpec.from_run(run))
+    assert not stale.valid, stale.reasons
+    assert re.search(r"wrote /ckpt/checkpoint\.pt \(step \d+\) at .* replaced the newer round's /ckpt/checkpoint\.pt "
+                     r"\(step \d+\).*steps of newer state silently lost", stale.reasons[0]), stale.reasons  # fmt: skip
+    assert "superseded-round-checkpoint" in [d.code for d in diagnose(run, {})]
+
+
+def clock_offset(cluster: Cluster, node: str) -> float:
+    """A new process's time.time() in `node` minus the host's (halfway through the exec)."""
+    before = time.time()
+    printed = cluster.exec(node, "python3", "-c", "import time; print(time.time())").stdout
+    return float(printed) - (before + time.time()) / 2
+
+
+def test_skew_clock_moves_a_nodes_wall_clock_the_history_keeps_the_hosts_and_heal_sets_it_back(cluster):
+    training(cluster)
+    assert abs(clock_offset(cluster, "node1")) < 2
+    result = sim(cluster, "skew-clock", "node1", "--by", "60s")
+    assert result["id"] == "skew-node1" and abs(result["seen"] - 60) < 1
+    assert abs(clock_offset(cluster, "node1") - 60) < 2 and abs(clock_offset(cluster, "node0")) < 2
+    skewed_at = time.time()
+    time.sleep(5)  # the running agent and workers re-read the offset within 2 s
+    # node1's workers see the skewed clock, yet their records (side channel, trainer lines) keep the host's.
+    seen = [r for r in records(cluster) if r.get("node") == "node1" and r.get("type") in ("worker", "trainer")]
+    assert [r for r in seen if r["t"] > skewed_at + 2.5], "node1 recorded nothing since the skew"
+    assert all(r["t"] < time.time() + 5 for r in seen), max(r["t"] for r in seen) - time.time()
+    sim(cluster, "heal", result["id"])
+    assert abs(clock_offset(cluster, "node1")) < 2
     training(cluster)

@@ -99,7 +99,11 @@ def main():
                     f.write(name)
                 os.replace(tmp, os.path.join(args.ckpt_dir, "latest"))
 
+    # torch 2.13's gloo group can deadlock when destroyed while its thread still releases the last
+    # collective's tensors (pytorch/pytorch#75097; sim's stuck-at-exit diagnosis): give it a moment.
+    time.sleep(1)
     dist.destroy_process_group()
+    del model, optimizer
 
 
 if __name__ == "__main__":

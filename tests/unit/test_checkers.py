@@ -125,6 +125,7 @@ def test_clean_run_passes_every_check():
         "progress",
         "loss_continuity",
         "checkpoint_integrity",
+        "stale_checkpoint",
         "hang",
         "recovery",
     ]

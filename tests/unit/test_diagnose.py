@@ -492,3 +492,29 @@ def test_no_name_resolution_diagnosis_when_the_container_was_down():
     killed = {"t": 1796072000.0, "type": "docker", "node": "etcd", "action": "die", "exit_code": 137}
     found = diagnose([run_start(rdzv_backend="etcd-v3"), killed], logs("name_resolution_etcd"))
     assert "name-resolution" not in codes(found)
+
+
+# --------------------------------------------------------------------------- (o) stuck at exit
+
+
+def test_a_worker_that_never_exits_after_its_peer_finished_is_stuck_at_exit():
+    """A CI run of dcp_ckpt.py: rank 0 exited 0 after the final DCP save; rank 1 hung in gloo's teardown."""
+    found = diagnose(*captured_run("stuck_at_exit"))
+    [stuck] = [d for d in found if d.code == "stuck-at-exit"]
+    assert stuck.title == "A worker never ended after its peers finished the script: rank 1 on node1"
+    assert stuck.evidence == (
+        "node0 22:44:44.2  rank 0 exited 0",
+        "node1 22:44:44.1  rank 1: last sign of life (activity); no exit after it",
+        "node0 22:44:45.3  worker group finished; waiting for the other agents",
+    )
+    assert "silent for 252 s" in stuck.cause and "dist.barrier()" in stuck.fix
+
+
+def test_a_worker_that_exits_or_is_taken_out_is_not_stuck():
+    history, logs_ = captured_run("stuck_at_exit")
+    node1 = [r for r in history if r.get("node") == "node1" and r.get("type") == "worker"][-1]
+    exited = history + [{**node1, "t": node1["t"] + 1, "event": "exit", "code": 0}]
+    assert "stuck-at-exit" not in codes(diagnose(exited, logs_))
+    end = next(r for r in history if r.get("type") == "run" and r.get("event") == "end")
+    early = [r for r in history if r["t"] < node1["t"] + 30] + [{**end, "t": node1["t"] + 30}]
+    assert "stuck-at-exit" not in codes(diagnose(early, {}))  # not silent long enough yet

@@ -297,3 +297,40 @@ def test_sim_instrument_switches_the_hooks(tmp_path, flag):
     result = run_as_worker(tmp_path, "print('ok')\n", SIM_EVENTS_DIR=str(events), SIM_INSTRUMENT=flag)
     assert result.stdout == "ok\n"
     assert [r["event"] for r in side_channel(events)] == (["start", "exit"] if flag == "1" else [])
+
+
+# torch.distributed.checkpoint's get_state_dict on a fresh optimizer runs one optimizer step with
+# zero grads and lr 0 to create its state before a load: not a training step.
+DCP_RESUME = textwrap.dedent("""
+    import sys
+    import torch
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    path = sys.argv[1]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    steps = 5
+    if sys.argv[2] == "resume":
+        get_state_dict(model, optimizer)  # what a DCP resume does before dcp.load
+        saved = torch.load(path)
+        set_state_dict(model, optimizer, model_state_dict=saved["model"], optim_state_dict=saved["optim"])
+        steps = 3
+    for _ in range(steps):
+        model(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model_state, optim_state = get_state_dict(model, optimizer)
+    torch.save({"model": model_state, "optim": optim_state}, path)
+""")
+
+
+def test_the_state_init_step_of_a_dcp_resume_is_not_a_training_step(tmp_path):
+    checkpoint = str(tmp_path / "state.pt")
+    first, resumed = tmp_path / "first", tmp_path / "resumed"
+    for events, mode in ((first, "fresh"), (resumed, "resume")):
+        events.mkdir()
+        result = run_as_worker(tmp_path, DCP_RESUME, checkpoint, mode, SIM_EVENTS_DIR=str(events))
+        assert result.returncode == 0, result.stderr[-3000:]
+    steps = [(r["n"], r["step"]) for r in side_channel(resumed) if r["event"] == "step"]
+    # The resumed run's steps carry on from the checkpoint's 5: no step 1 from the state init.
+    assert steps[0] == (1, 6) and steps[-1] == (3, 8), steps

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -242,10 +243,11 @@ def test_loads_are_timed_until_the_first_step_and_flushed_at_each_milestone():
     probe.wrap_loads(dcp_like, ("load",), "dcp.")
     assert torch_like.load("ckpt.pt") == "state" and torch_like.load.__elastic_sim_op__ == "torch.load"
     torch_like.load("more.pt")  # within the gap: held back
-    assert records == [{"event": "load", "n": 1, "seconds": 0.1, "op": "torch.load"}]
+    first = {"event": "load", "n": 1, "seconds": 0.1, "op": "torch.load", "path": os.path.abspath("ckpt.pt")}
+    assert records == [first]
     probe.on_pg_ready(0.05)  # what was held back goes first: the total before the group is exact
     assert records[1:] == [
-        {"event": "load", "n": 2, "seconds": 0.2, "op": "torch.load"},
+        {"event": "load", "n": 2, "seconds": 0.2, "op": "torch.load", "path": os.path.abspath("more.pt")},
         {"event": "pg_ready", "seconds": 0.05},
     ]
     probe._clock.now += instrument.LOAD_RECORD_GAP_S

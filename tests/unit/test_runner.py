@@ -155,6 +155,12 @@ WIRING = {
         ("slow_node", ("node1",), {"cpus": 0.25}),
         ("heal", ("link-node1",), {}),
     ),
+    "skew-clock": (
+        "target: node1\n    by: -10m",
+        ["skew-clock", "node1", "--by=-10m"],
+        ("skew_clock", ("node1",), {"by": -600.0}),
+        ("heal", ("link-node1",), {}),
+    ),
     "oom-worker": (
         "rank: 2",
         ["oom-worker", "--rank", "2"],
@@ -178,6 +184,12 @@ WIRING = {
         ["kill-during-checkpoint", "--within", "20s", "--signal", "TERM"],
         ("kill_during_checkpoint", ("rank0",), {"directory": "/ckpt", "within": 20.0, "sig": signal.SIGTERM}),
         None,
+    ),
+    "freeze-during-checkpoint": (
+        "target: node1\n    within: 20s",
+        ["freeze-during-checkpoint", "node1", "--within", "20s"],
+        ("freeze_during_checkpoint", ("node1",), {"directory": "/ckpt", "within": 20.0}),
+        ("heal", ("link-node1",), {}),
     ),
     "scale": (
         "nodes: 2\n    abrupt: true\n    grace: 3s",
