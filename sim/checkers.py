@@ -10,6 +10,7 @@ restart and recovery) and each resume (the loss) is computed in sim/recovery.py.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import math
@@ -30,6 +31,9 @@ CHECKPOINT_DAMAGING_FAULTS = ("corrupt-checkpoint", "kill-during-checkpoint")
 CHECKPOINT_FILE = re.compile(r"^ckpt-(\d+)\.pt(\.tmp\.\d+)?$")
 # At most this many violations listed in one result's reasons.
 MAX_EXAMPLES = 5
+# A worker of a superseded round is blocked in its next collective: one that still advances this many
+# steps after a newer round started trains in a group of its own (split brain).
+SPLIT_BRAIN_STEPS = 10
 
 
 # ---------------------------------------------------------------- the run's parameters
@@ -507,6 +511,33 @@ def _loaded(run: RunModel, write: Beat, rewritten: float) -> Beat | None:
     return None
 
 
+def check_single_group(run: RunModel, spec: RunSpec) -> CheckResult:
+    """One group trains at a time: no worker of a superseded round keeps advancing its steps after a
+    newer round started (split brain: e.g. the agents disagreed on who is alive, as under clock skew,
+    and a node regrouped alone while the others trained on)."""
+    groups: dict[tuple, list[Beat]] = {}
+    for beat in run.zombies:
+        index = bisect.bisect_right(run.cohort_times, beat.t)
+        if beat.step is not None and index > 0:
+            groups.setdefault((beat.node, beat.world_size, index - 1), []).append(beat)
+    problems = []
+    for (node, world, index), beats in groups.items():
+        steps = [b.step for b in beats]
+        if max(steps) - min(steps) < SPLIT_BRAIN_STEPS:
+            continue
+        newer = run.cohorts[index]
+        others = sorted(
+            {(b.node, run.world_at(b)) for b in run.progress if beats[0].t <= b.t <= beats[-1].t},
+            key=lambda nw: str(nw[0]),
+        )
+        alongside = ", ".join(f"{n} (world {w})" for n, w in others) or "nothing else"
+        problems.append(
+            f"{node} (world {world}) trained on from step {min(steps)} to {max(steps)} until {clock(beats[-1].t)}, "
+            f"after a newer round started at {clock(newer.t)}, while {alongside} trained too: two groups at once"
+        )
+    return CheckResult("single_group", not problems, tuple(problems[:MAX_EXAMPLES]), {"split_groups": len(problems)})
+
+
 def check_stale_checkpoint(run: RunModel, spec: RunSpec) -> CheckResult:
     """No checkpoint written by a superseded round replaced newer state or was resumed from."""
     if not run.checkpoint_writes:
@@ -714,6 +745,7 @@ CHECKERS: dict[str, Callable[[RunModel, RunSpec], CheckResult]] = {
     "loss_continuity": check_loss_continuity,
     "checkpoint_integrity": check_checkpoint_integrity,
     "stale_checkpoint": check_stale_checkpoint,
+    "single_group": check_single_group,
     "hang": check_hang,
     "recovery": check_recovery,
     "fails_cleanly": check_fails_cleanly,
@@ -728,6 +760,7 @@ CHECKS_FOR = {
         "loss_continuity",
         "checkpoint_integrity",
         "stale_checkpoint",
+        "single_group",
         "hang",
         "recovery",
     ),

@@ -19,6 +19,7 @@ from sim.checkers import (
     check_ranks,
     check_recovery,
     check_restart_budget,
+    check_single_group,
     check_world_size,
 )
 from sim.runmodel import RunModel
@@ -126,6 +127,7 @@ def test_clean_run_passes_every_check():
         "loss_continuity",
         "checkpoint_integrity",
         "stale_checkpoint",
+        "single_group",
         "hang",
         "recovery",
     ]
@@ -826,3 +828,40 @@ def test_captured_corrupt_checkpoint_fails_if_a_start_had_loaded_the_damaged_fil
     result = check_checkpoint_integrity(run, RunSpec.from_run(run))
     assert not result.valid
     assert "rank 0 on node0 resumed from step 40 at 17:44:56" in result.reasons[0]
+
+
+# ---------------------------------------------------------------- single group (split brain)
+
+SPLIT_BRAIN = Path(__file__).resolve().parents[1] / "data" / "runs" / "split_brain" / "history.jsonl"
+
+
+def test_two_groups_training_at_once_fail_single_group():
+    """A real clock-skew-60s run on etcd-v2: node1 (60 s ahead) saw its peers as dead; node0 and node2
+    regrouped as a world of 2 without it, and node1 made a round of its own: both trained to step 300."""
+    run = RunModel([json.loads(line) for line in SPLIT_BRAIN.read_text().splitlines()])
+    result = check_single_group(run, RunSpec.from_run(run))
+    assert not result.valid and result.metrics == {"split_groups": 2}
+    assert_reason(result, "node0 (world 2) trained on from step 125 to 300", "node1 (world 1)", "two groups at once")
+
+
+def _zombie_run(zombie_steps):
+    """node2 frozen at step 12; node0 and node1 regroup; woken, node2's old worker logs zombie_steps more steps."""
+    run = HistoryBuilder(nodes=3, nproc=1, steps=40)
+    run.start_workers()
+    run.train(12)
+    run.fault("pause", "node2", node="node2")
+    run.wait(5.0)
+    run.start_workers(resumed_from=10, nodes=["node0", "node1"])
+    run.train(20)
+    for step in range(13, 13 + zombie_steps):
+        run.trainer("node2", 0, 2, 3, "progress", step=step, epoch=0, loss=0.5)
+    run.train(40)
+    run.finish()
+    return run
+
+
+def test_a_zombies_last_steps_are_not_a_second_group():
+    run = _zombie_run(zombie_steps=3)
+    model = run.model()
+    assert model.zombies and check_single_group(model, run.spec()).valid
+    assert not check_single_group(_zombie_run(zombie_steps=12).model(), run.spec()).valid
