@@ -37,6 +37,7 @@ CPU_PERIOD_US = 100_000  # the CFS period a CPU quota is a share of
 OOM_HEADROOM = 64 * 2**20  # oom-worker: the node's limit, this much above its use
 OOM_WITHIN_S = 30.0  # oom-worker: how long the memory hog may take
 FILL_AT_MOST = 16 * 2**30  # fill-disk refuses a disk with more free than this: the host's own
+WRITER_POLL_S = 0.5  # in-write faults on rank0: how often to look for the restarted group's rank 0
 # skew-clock: write the offset ($1) to the node's offset file ($2), then a new process measures its clock
 # against the kernel's (elastic_sim_clock.wall_clock). Exit CLOCK_NOT_PRELOADED: no libfaketime there.
 CLOCK_NOT_PRELOADED = 3
@@ -319,10 +320,23 @@ class Nemesis:
         it does (within `within` seconds): a kill inside a checkpoint write, by design, not by luck."""
 
         def act() -> dict:
-            node = self.resolve(target, allow_etcd=False)
-            return {"node": node, "signal": sig.name, **self._signal_in_write(node, directory, within, sig)}
+            node, left = self._writer_node(target, within)
+            return {"node": node, "signal": sig.name, **self._signal_in_write(node, directory, left, sig)}
 
         return self.invoke("kill-during-checkpoint", target, act, directory=directory, within=within, signal=sig.name)
+
+    def _writer_node(self, target: str, within: float) -> tuple[str, float]:
+        """The node whose worker will write, and the seconds left of `within`: rank 0's node is waited
+        for while a restarted group has not started its workers yet (a fault right after a recovery)."""
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                node = self.resolve(target, allow_etcd=False)
+                return node, max(1.0, deadline - time.monotonic())
+            except FaultError:
+                if target != "rank0" or time.monotonic() + WRITER_POLL_S >= deadline:
+                    raise
+            time.sleep(WRITER_POLL_S)
 
     def _signal_in_write(self, node: str, directory: str, within: float, sig: signals.Signals) -> dict:
         """Signal the first worker of `node` that opens a file under `directory` for writing, at once."""
@@ -344,11 +358,11 @@ class Nemesis:
         round the others may have left by then: a zombie's write, late on purpose, not by luck."""
 
         def act() -> dict:
-            node = self.resolve(target, allow_etcd=False)
+            node, left = self._writer_node(target, within)
             fault_id = f"freeze-{node}"
             if any(f["id"] == fault_id for f in self.active()):
                 raise UsageError(f"{node}: already frozen; `sim heal {fault_id}` first")
-            caught = self._signal_in_write(node, directory, within, signals.SIGSTOP)
+            caught = self._signal_in_write(node, directory, left, signals.SIGSTOP)
             try:
                 self.docker.pause(self._info(node).id)
             except SimError:

@@ -354,6 +354,27 @@ def test_kill_during_checkpoint_reports_the_write_it_cut_or_that_none_came(nemes
         nem.kill_during_checkpoint("node0", within=5)
 
 
+
+def test_an_in_write_fault_on_rank0_waits_for_the_restarted_groups_rank0(nemesis, monkeypatch):
+    nem, fake = nemesis
+    fake.answers = {nodescripts.KILL_IN_WRITE: ExecResult(0, json.dumps({"pid": 40, "file": "/ckpt/c.pt"}), "")}
+    looked = []
+
+    def resolve(target, allow_etcd=True):
+        looked.append(target)
+        if len(looked) < 3:
+            raise FaultError("target 'rank0': no running node has a worker group of rank 0 right now")
+        return "node1"
+
+    monkeypatch.setattr(nem, "resolve", resolve)
+    monkeypatch.setattr("chaos.nemesis.time.sleep", lambda s: None)
+    assert nem.kill_during_checkpoint("rank0", within=5)["node"] == "node1" and len(looked) == 3
+    looked.clear()
+    monkeypatch.setattr("chaos.nemesis.time.monotonic", iter(range(0, 1000, 10)).__next__)  # past `within` at once
+    with pytest.raises(FaultError, match="no running node has a worker group of rank 0"):
+        nem.kill_during_checkpoint("rank0", within=5)
+
+
 # The node scripts themselves, run here on local files and processes (they are stdlib Python).
 
 
