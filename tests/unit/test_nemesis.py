@@ -354,7 +354,6 @@ def test_kill_during_checkpoint_reports_the_write_it_cut_or_that_none_came(nemes
         nem.kill_during_checkpoint("node0", within=5)
 
 
-
 def test_an_in_write_fault_on_rank0_waits_for_the_restarted_groups_rank0(nemesis, monkeypatch):
     nem, fake = nemesis
     fake.answers = {nodescripts.KILL_IN_WRITE: ExecResult(0, json.dumps({"pid": 40, "file": "/ckpt/c.pt"}), "")}
