@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import random
 import shlex
@@ -325,14 +326,14 @@ class Nemesis:
 
         return self.invoke("kill-during-checkpoint", target, act, directory=directory, within=within, signal=sig.name)
 
-    def _writer_node(self, target: str, within: float) -> tuple[str, float]:
+    def _writer_node(self, target: str, within: float) -> tuple[str, int]:
         """The node whose worker will write, and the seconds left of `within`: rank 0's node is waited
         for while a restarted group has not started its workers yet (a fault right after a recovery)."""
         deadline = time.monotonic() + within
         while True:
             try:
                 node = self.resolve(target, allow_etcd=False)
-                return node, max(1.0, deadline - time.monotonic())
+                return node, max(1, math.ceil(deadline - time.monotonic()))
             except FaultError:
                 if target != "rank0" or time.monotonic() + WRITER_POLL_S >= deadline:
                     raise
