@@ -301,13 +301,17 @@ class WorkerProbe:
 
     def wrap_loads(self, module, names, op_prefix) -> None:
         """Time each call of module.<name> (a checkpoint load) until the first step."""
+        self._wrap(module, names, op_prefix, self._timing)
+
+    def _wrap(self, module, names, op_prefix, make_wrapper) -> None:
+        """Replace module.<name> for each name with make_wrapper(original, op), once."""
         import functools
 
         for name in names:
             original = getattr(module, name, None)
             if not callable(original) or hasattr(original, "__elastic_sim_op__"):
                 continue
-            wrapper = functools.wraps(original)(self._timing(original, f"{op_prefix}{name}"))
+            wrapper = functools.wraps(original)(make_wrapper(original, f"{op_prefix}{name}"))
             wrapper.__elastic_sim_op__ = f"{op_prefix}{name}"
             setattr(module, name, wrapper)
 
@@ -349,15 +353,7 @@ class WorkerProbe:
 
     def wrap_saves(self, module, names, op_prefix) -> None:
         """Each call of module.<name> that writes a named file (or directory) writes a "save" record."""
-        import functools
-
-        for name in names:
-            original = getattr(module, name, None)
-            if not callable(original) or hasattr(original, "__elastic_sim_op__"):
-                continue
-            wrapper = functools.wraps(original)(self._recording(original, f"{op_prefix}{name}"))
-            wrapper.__elastic_sim_op__ = f"{op_prefix}{name}"
-            setattr(module, name, wrapper)
+        self._wrap(module, names, op_prefix, self._recording)
 
     def _recording(self, save, op):
         probe, nested, wall = self, self._in_save, self._wall

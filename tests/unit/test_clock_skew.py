@@ -13,32 +13,19 @@ from pathlib import Path
 import pytest
 
 from chaos.faults import FAULTS, parse_offset
-from chaos.nemesis import CLOCK_NOT_PRELOADED, CLOCK_SCRIPT, Nemesis
+from chaos.nemesis import CLOCK_NOT_PRELOADED, CLOCK_SCRIPT
 from chaos.scenario import parse_scenario
 from sim import doctor
-from sim.cluster import Cluster
 from sim.diagnose import diagnose
 from sim.docker import ExecResult
 from sim.errors import UnsupportedFaultError, UsageError
-from sim.history import History
 from sim.render import CLOCK_ENV, CLOCK_OFFSET_FILE, FAKETIME_LIB
-from tests.unit.test_nemesis import FakeProvider
+from tests.unit.test_nemesis import FakeProvider, nemesis, state_home  # noqa: F401 (fixtures)
 
 NODE_SITE = Path(__file__).resolve().parents[2] / "images" / "node"
 # A process that believes libfaketime is preloaded (the library itself is not on this machine:
 # ld.so names the missing object on stderr and runs on with the real clock).
 PRELOADED = {"LD_PRELOAD": "/nonexistent/libfaketime.so.1", "PYTHONPATH": str(NODE_SITE)}
-
-
-@pytest.fixture(autouse=True)
-def state_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("SIM_HOME", str(tmp_path / "home"))
-
-
-@pytest.fixture
-def nemesis(tmp_path):
-    fake = FakeProvider()
-    return Nemesis(Cluster("demo", fake), history=History(tmp_path / "history.jsonl"), seed=7), fake
 
 
 @pytest.mark.parametrize(
@@ -70,7 +57,7 @@ def test_skew_clock_is_a_reversible_node_fault_in_scenarios():
         FAULTS["skew-clock"].make_options({"target": "node1"})
 
 
-def test_skew_clock_writes_the_offset_records_what_the_node_saw_and_heal_sets_it_back(nemesis):
+def test_skew_clock_writes_the_offset_records_what_the_node_saw_and_heal_sets_it_back(nemesis):  # noqa: F811
     nem, fake = nemesis
     fake.answers = {CLOCK_SCRIPT: ExecResult(0, "59.99982\n", "")}
     result = nem.skew_clock("node1", by=60)
@@ -88,7 +75,7 @@ def test_skew_clock_writes_the_offset_records_what_the_node_saw_and_heal_sets_it
     assert faults[0]["args"] == {"by": 60}
 
 
-def test_a_node_without_libfaketime_is_one_clear_line(nemesis):
+def test_a_node_without_libfaketime_is_one_clear_line(nemesis):  # noqa: F811
     nem, fake = nemesis
     fake.answers = {CLOCK_SCRIPT: ExecResult(CLOCK_NOT_PRELOADED, "", "")}
     with pytest.raises(UnsupportedFaultError, match="node2: no libfaketime in its processes .*`sim up` again"):
