@@ -38,7 +38,9 @@ def recovery_rows(report: dict) -> list[dict]:
     """Per fault kind of a report: injected, recovered, recovery p50/p95 (s), steps lost (sum, max)."""
     by_kind: dict[str, list[dict]] = {}
     for recovery in report.get("recoveries", []):
-        by_kind.setdefault(recovery["fault"], []).append(recovery)
+        # etcd's restart is a restart-node of the etcd container: named as the scenario names it.
+        kind = "etcd-restart" if recovery["target"] == "etcd" else recovery["fault"]
+        by_kind.setdefault(kind, []).append(recovery)
     rows = []
     for kind, recoveries in sorted(by_kind.items()):
         times = sorted(r["recovery_s"] for r in recoveries if r.get("recovery_s") is not None)

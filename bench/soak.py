@@ -3,8 +3,9 @@
     .venv/bin/python bench/soak.py                       # 50 faults, 4 nodes, etcd-v2 and c10d
     .venv/bin/python bench/soak.py --faults 10 --backends c10d --seed 3
 
-The faults: worker, agent and node kills (a killed node is started again 10 s later), short freezes,
-partitions of one node from its peers, packet loss, and on etcd-v2 etcd restarts. On c10d nothing
+The faults: worker, agent and node kills (a node whose agent or container was killed is started again
+once the others have regrouped without it), short freezes, partitions of one node from its peers,
+packet loss, and on etcd-v2 etcd restarts. On c10d nothing
 touches node0, which hosts the rendezvous store (its loss ends the job: store-host-loss.yaml). Each
 fault fires at a training step, so the job has recovered from the one before it first. Prints a table
 per fault kind (injected, recovered, recovery p50/p95, steps lost) and the checkpoints the job resumed
@@ -33,15 +34,20 @@ from bench.scenario_runs import (  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results.json"
 STEPS_APART = 40  # each fault this many training steps after the one before (checkpoints every 10)
 FIRST_STEP = 20
+# Slots a started node's join takes before the next fault (a slot trains 4 s at 0.1 s a step).
+JOIN_SLOTS = 3
 
 
 def fault_steps(kind: str, target: str, step: int) -> list[dict]:
     """The scenario steps of one soak fault at training step `step`."""
     at = {"at": {"step": step}}
-    if kind == "kill-node":
+    if kind in ("kill-node", "kill-agent"):  # the agent is its container's main process: the node goes too
+        # Started again once the others regrouped without it (STEPS_APART steps on): then it joins
+        # a running job, a recovery of its own, rather than one tangled with the kill's. Its join
+        # (container, agent, import, the others' restart) takes longer than a slot: see JOIN_SLOTS.
         return [
-            {"fault": "kill-node", "target": target, **at},
-            {"fault": "start-node", "target": target, "at": {"after": "10s"}},
+            {"fault": kind, "target": target, **at},
+            {"fault": "start-node", "target": target, "at": {"step": step + STEPS_APART}},
         ]
     if kind == "pause":
         return [{"fault": "pause", "target": target, "duration": "3s", **at}]
@@ -60,9 +66,11 @@ def soak_scenario(backend: str, faults: int, nodes: int, rng: random.Random) -> 
     kinds = ["kill-worker", "kill-agent", "kill-node", "pause", "partition", "netem"]
     if backend == "etcd-v2":
         kinds.append("etcd-restart")
-    steps = []
-    for i in range(faults):
-        steps += fault_steps(rng.choice(kinds), rng.choice(targets), FIRST_STEP + i * STEPS_APART)
+    steps, at = [], FIRST_STEP
+    for _ in range(faults):
+        fault = fault_steps(rng.choice(kinds), rng.choice(targets), at)
+        steps += fault
+        at += STEPS_APART * (1 + JOIN_SLOTS * (len(fault) - 1))
     return {
         "name": f"soak-{backend}",
         "description": f"{faults} seeded random faults on {nodes} nodes (bench/soak.py)",
@@ -74,7 +82,7 @@ def soak_scenario(backend: str, faults: int, nodes: int, rng: random.Random) -> 
             "max_restarts": 4 * faults,  # torch counts per agent
             "rdzv_backend": backend,
         },
-        "trainer": {"steps": FIRST_STEP + faults * STEPS_APART + 40, "step_time": 0.1, "pg_timeout": 10},
+        "trainer": {"steps": at + 40, "step_time": 0.1, "pg_timeout": 10},
         "steps": steps,
         "expect": {"outcome": "recovers"},
         "timeout": f"{10 + faults}m",

@@ -50,6 +50,8 @@ QUICK_SUITE = frozenset(
         ("split-groups", "c10d"),
         ("clock-skew-5s", "c10d"),
         ("zombie-rank0-c10d", "c10d"),
+        ("hang-default-timeout", "c10d"),
+        ("hang-default-timeout", "etcd-v2"),
         ("tour-v3", "etcd-v3"),
         ("etcd-restart-v3", "etcd-v3"),
         ("node-crash", "etcd-v3"),

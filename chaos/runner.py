@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sim.checkers import RunSpec
 from sim.cluster import Cluster, JobFinished, up
 from sim.docker import Docker
 from sim.errors import SimError, UsageError
@@ -31,6 +32,8 @@ from .scenario import Scenario, Step, scenario_spec_options
 
 Progress = Callable[[str], None]
 POLL_S = 0.5
+# A hang is watched this much past its bound, so the checker sees the whole bound of silence.
+QUIET_MARGIN_S = 5.0
 
 
 class StepNotFired(SimError):
@@ -67,6 +70,7 @@ class HistoryState:
         self.world_size: int | None = None  # as of the newest progress line
         self.last_progress_t = 0.0
         self.max_round = -1
+        self.last_beat_t: float | None = None  # the newest training step seen, at any world size
 
     def update(self) -> None:
         for r in self.tail.poll():
@@ -75,6 +79,7 @@ class HistoryState:
                 if self.first_step_t is None:
                     self.first_step_t = r.t
                 self.max_step = max(self.max_step, step)
+                self.last_beat_t = max(self.last_beat_t or r.t, r.t)
                 if r.t >= self.last_progress_t and isinstance(r.world_size, int):
                     self.world_size, self.last_progress_t = r.world_size, r.t
             elif isinstance(r, AgentRecord) and r.event == "rdzv_joined":
@@ -137,8 +142,12 @@ class ScenarioRunner:
                 unfired = str(why)
                 history.append({"type": "run", "event": "step_not_fired", "why": unfired})
                 self.progress(f"[chaos] {unfired}")
-            self.progress(f"[chaos] waiting for the job to end ({expected} expected)")
-            self._wait_end(cluster, deadline)
+            if expected == "hangs":
+                self.progress(f"[chaos] waiting for {self._quiet_s:g} s without progress (a hang expected)")
+                self._wait_quiet(cluster, state, deadline)
+            else:
+                self.progress(f"[chaos] waiting for the job to end ({expected} expected)")
+                self._wait_end(cluster, deadline)
         finally:
             for timer in self._undo_timers:
                 timer.cancel()
@@ -245,6 +254,27 @@ class ScenarioRunner:
                 return
             if time.monotonic() > deadline:
                 self.progress("[chaos] scenario timeout: the job did not end (the checkers will say hang)")
+                return
+            time.sleep(1.0)
+
+    @property
+    def _quiet_s(self) -> float:
+        """How long without progress makes a hang: the scenario's hang_s, else the checkers' default."""
+        return self.scenario.expect.hang_s or RunSpec.hang_s
+
+    def _wait_quiet(self, cluster: Cluster, state: HistoryState, deadline: float) -> None:
+        """For a run expected to hang: wait until no progress for the hang bound since the last
+        fault fired (the checkers then judge the stall), or the job ends, or the timeout."""
+        fired = time.time()
+        while True:
+            state.update()
+            quiet_from = max(state.last_beat_t or fired, fired)
+            if time.time() - quiet_from > self._quiet_s + QUIET_MARGIN_S:
+                return
+            if self._job_ended(cluster):
+                return
+            if time.monotonic() > deadline:
+                self.progress("[chaos] scenario timeout: progress went on (the checkers will say so)")
                 return
             time.sleep(1.0)
 

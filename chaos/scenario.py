@@ -39,7 +39,7 @@ from .faults import FAULTS, FLAG, NODE_TARGET, NODES, NODES_PAIR, TARGET, FaultO
 from .parse import parse_duration
 from .targets import ETCD, ROLE_TARGETS
 
-OUTCOMES = ("recovers", "fails")  # as sim.checkers.RunSpec.expected
+OUTCOMES = ("recovers", "fails", "hangs")  # as sim.checkers.RunSpec.expected
 TRIGGER_KINDS = ("time", "step", "after", "world_size", "round")
 DEFAULT_PROFILE = "fast"
 DEFAULT_TIMEOUT_S = 600.0

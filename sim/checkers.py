@@ -24,7 +24,7 @@ from .recovery import LOSS_JUMP_TOLERANCE, Recovery, loss_across_resumes, recove
 from .runmodel import REVERSIBLE_FAULTS, Beat, Cohort, Fault, RunModel, clock
 from .verdict import CheckResult, FaultRecovery, Verdict
 
-EXPECTED = ("recovers", "fails")
+EXPECTED = ("recovers", "fails", "hangs")
 # Faults that leave the newest checkpoint unusable on purpose: the resume falls back one further.
 CHECKPOINT_DAMAGING_FAULTS = ("corrupt-checkpoint", "kill-during-checkpoint")
 # The shipped trainer's checkpoint files (trainer/train.py's checkpoint_path) and their temp files.
@@ -656,7 +656,8 @@ def check_recovery(run: RunModel, spec: RunSpec) -> CheckResult:
         public = recovery.public()
         what = recovery.fault.describe()
         if public.degraded:
-            facts.append(f"{what}: training slowed, no restart" + _throughput_words(public))
+            went = "training slowed" if public.fault == "slow-node" else "training went on"
+            facts.append(f"{what}: {went}, no restart" + _throughput_words(public))
         elif public.recovery_s is None:
             problems.append(
                 f"{what}: never recovered (no progress after it"
@@ -729,6 +730,60 @@ def check_fails_cleanly(run: RunModel, spec: RunSpec) -> CheckResult:
     )
 
 
+def check_stalled(run: RunModel, spec: RunSpec) -> CheckResult:
+    """For a run meant to hang (a collective blocked with the 30-minute default process-group timeout):
+    after the last fault no progress for at least hang_s up to the run's end, the job not completed,
+    every agent still running and no new worker group started."""
+    if not run.beats and not spec.instrumented:
+        return CheckResult(
+            "stalled",
+            False,
+            (
+                "cannot tell a hang from a quiet job: training cannot be seen (instrumentation off, no "
+                "progress lines); drop --no-instrument or pass --progress-regex",
+            ),
+            {"stalled_s": None},
+            measured=False,
+        )
+    if not run.faults:
+        reason = "no fault took effect: nothing was there to hang on"
+        return CheckResult("stalled", False, (reason,), {"stalled_s": None})
+    reasons = []
+    fault = run.faults[-1]
+    finished = run.finished(spec.target_steps)
+    if finished is not None:
+        reasons.append(f"the job completed at {clock(finished.t)} but was expected to hang")
+    last_beat = max(run.beat_times, default=run.t_begin)
+    quiet_from = max(last_beat, fault.t_invoke)
+    stalled = run.t_end - quiet_from
+    if stalled < spec.hang_s:
+        reasons.append(
+            f"only {stalled:.1f} s without progress before the run ended (from {clock(quiet_from)}), "
+            f"fewer than the {spec.hang_s:g} s that make a hang"
+        )
+    for node in run.agent_nodes:
+        last = run.lifecycle(node)
+        if last is not None and last.action == "die" and last.t > fault.t_invoke:
+            reasons.append(f"{node}'s agent exited at {clock(last.t)}: the job ended instead of hanging")
+    restarted = [t for t in run.cohort_times if t > fault.t_invoke]
+    if restarted:
+        reasons.append(f"a new worker group started at {clock(restarted[0])}: the job regrouped instead of hanging")
+    facts = (
+        ()
+        if reasons
+        else (
+            f"no progress for {stalled:.0f} s after {fault.describe()}, every agent still running, no restart: "
+            "the workers wait in a collective until the process group's timeout",
+        )
+    )
+    return CheckResult(
+        "stalled",
+        not reasons,
+        tuple(reasons[:MAX_EXAMPLES]) + facts,
+        {"stalled_s": round(stalled, 3), "after_op": fault.op},
+    )
+
+
 def _last_fault_before(run: RunModel, t: float) -> Fault | None:
     before = [f for f in run.faults if f.t_invoke <= t]
     return before[-1] if before else None
@@ -749,6 +804,7 @@ CHECKERS: dict[str, Callable[[RunModel, RunSpec], CheckResult]] = {
     "hang": check_hang,
     "recovery": check_recovery,
     "fails_cleanly": check_fails_cleanly,
+    "stalled": check_stalled,
 }
 CHECKS_FOR = {
     "recovers": (
@@ -766,6 +822,8 @@ CHECKS_FOR = {
     ),
     # A failing run stops where it stops: progress, loss and recovery say nothing about it.
     "fails": ("fails_cleanly", "restart_budget", "world_size", "ranks"),
+    # A hanging run is stopped by the harness after hang_s of silence: only how it stands then is judged.
+    "hangs": ("stalled", "restart_budget", "world_size", "ranks"),
 }
 
 

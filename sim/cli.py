@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run", nargs="?", help="a run folder, run name, or cluster name (default: the newest run)")
     report.add_argument(
         "--expect",
-        choices=["recovers", "fails"],
+        choices=["recovers", "fails", "hangs"],
         help="the outcome the run should have (default: its scenario's, else recovers)",
     )
 

@@ -16,6 +16,7 @@ from the history.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import textwrap
 import time
@@ -553,7 +554,7 @@ def process_group_timeout(run: RunModel) -> Diagnosis | None:
     evidence = [
         _line(
             pause,
-            f"{_frozen_node(pause)} frozen ({_describe(pause)}); no training "
+            f"{_frozen_node(pause)} stopped answering ({_describe(pause)}); no training "
             f"progress on any node for {quiet:.0f} s after it",
         )
         for pause, quiet in frozen
@@ -580,12 +581,15 @@ def process_group_timeout(run: RunModel) -> Diagnosis | None:
 
 
 def _frozen_stalls(run: RunModel) -> list[tuple[FaultRecord | DockerRecord, float]]:
-    """Pauses after which no worker anywhere showed progress for longer than FROZEN_HANG_S."""
+    """Pauses (of a node, of a worker, of a worker's collectives) after which no worker anywhere
+    showed progress for longer than FROZEN_HANG_S."""
     beats = run.beat_times
     if not beats:
         return []  # nothing measures progress for this script: no claim
     stalls = []
-    pauses = _fault_records(run, "pause") or [r for r in run.docker if r.action == "pause"]
+    pauses = _fault_records(run, "pause", "hang-worker", "hang-collectives") or [
+        r for r in run.docker if r.action == "pause"
+    ]
     for pause in pauses:
         target = _frozen_node(pause)
         resumed = [
@@ -593,16 +597,16 @@ def _frozen_stalls(run: RunModel) -> list[tuple[FaultRecord | DockerRecord, floa
             for r in run.records
             if r.t > pause.t
             and (
-                (isinstance(r, FaultRecord) and r.fault == "unpause" and r.target == target)
+                (isinstance(r, FaultRecord) and r.fault in ("unpause", "resume-worker") and r.target == target)
                 or (isinstance(r, DockerRecord) and r.action == "unpause" and r.node == target)
             )
         ]
         until = min(resumed, default=run.t_end)
-        quiet_from = max((t for t in beats if t <= pause.t), default=pause.t)
-        next_beat = min((t for t in beats if t > pause.t), default=None)
-        quiet_to = min(next_beat, until) if next_beat is not None else until
-        if quiet_to - max(quiet_from, pause.t) > FROZEN_HANG_S:
-            stalls.append((pause, quiet_to - pause.t))
+        # The longest silence while it was in force: peers may finish a step or two before they block.
+        times = [pause.t, *(t for t in beats if pause.t < t < until), until]
+        quiet = max(b - a for a, b in itertools.pairwise(times))
+        if quiet > FROZEN_HANG_S:
+            stalls.append((pause, quiet))
     return stalls
 
 

@@ -38,6 +38,9 @@ LOSS_JUMP_TOLERANCE = 0.5  # relative: 0.5 = the loss may rise by half
 NOTICE_EVENTS = ("worker_failed", "group_failed", "new_nodes", "keepalive_failed", "rdzv_joining")
 # Faults whose own node's agent is not the one that notices: gone, restarted, frozen or new.
 NODE_SILENCING_FAULTS = (*NODE_REMOVING_FAULTS, "restart-node", "start-node", "pause", "freeze-during-checkpoint")
+# Faults that end a worker, so torch must restart the group: the first restart after one is its own, even
+# when a later fault came first (steps already in flight at the kill do not mean training went on).
+WORKER_ENDING_FAULTS = (*NODE_REMOVING_FAULTS, "kill-worker", "oom-worker", "restart-node", "kill-during-checkpoint")
 # The instrumentation's records of a worker's way to its first step (images/node/elastic_sim_instrument.py).
 WAY_EVENTS = ("imported", "pg_ready", "load")
 
@@ -160,6 +163,7 @@ def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> Recovery
         restart
         and next_fault
         and restart.t > next_fault.t_invoke
+        and fault.fault not in WORKER_ENDING_FAULTS
         and run.beats_between(fault.t_ok, next_fault.t_invoke)
     ):
         restart = None  # training went on after this fault; the restart belongs to a later one

@@ -57,8 +57,9 @@ REVERSIBLE_FAULTS = (
     "fill-disk",
     "freeze-during-checkpoint",
 )
-# Faults that slow training without stopping it: no restart follows, so no recovery is timed.
-DEGRADING_FAULTS = ("slow-node",)
+# Faults that do not stop training by themselves (a straggler slows it; a skewed clock matters only at
+# the next rendezvous): no restart follows, so no recovery is timed.
+DEGRADING_FAULTS = ("slow-node", "skew-clock")
 # Faults that take a whole node out on purpose.
 # The agent is its container's main process: killing it takes the whole node out too.
 NODE_REMOVING_FAULTS = ("kill-node", "stop-node", "kill-agent")

@@ -80,4 +80,4 @@ def saved_logs(run_dir: Path) -> dict[str, str]:
 
 
 # Checkers that judge how a run ended: a live run has not ended.
-ENDING_CHECKS = ("completed", "fails_cleanly")
+ENDING_CHECKS = ("completed", "fails_cleanly", "stalled")

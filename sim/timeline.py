@@ -171,12 +171,12 @@ def _agent_records(run: RunModel) -> list[AgentRecord]:
 
 
 def job_end_after_faults(verdict: Verdict, run: RunModel) -> list[dict]:
-    """For a run meant to fail: each fault, and how long after its invoke the agents it ended
+    """For a run meant to fail (or hang): each fault, and how long after its invoke the agents it ended
     exited (None: none followed it). Recovery figures say nothing there; this says how it ended."""
-    fails_cleanly = verdict.result("fails_cleanly")
-    if fails_cleanly is None:
+    ending = verdict.result("fails_cleanly") or verdict.result("stalled")
+    if ending is None:
         return []
-    ended = fails_cleanly.metrics.get("ended", {})
+    ended = ending.metrics.get("ended", {})  # a hang: no agent ended
     origin = run_origin(run)
     rows = []
     for fault in run.applied_faults:
@@ -227,7 +227,7 @@ def _recovery_words(recovery: FaultRecovery | None) -> str:
     if recovery is None:
         return ""
     if recovery.degraded:
-        return "slowed, no restart"
+        return "slowed, no restart" if recovery.fault == "slow-node" else "no restart"
     if recovery.recovery_s is None:
         return "never recovered"
     lost = "" if recovery.steps_lost is None else f", {recovery.steps_lost} steps lost"

@@ -72,7 +72,7 @@ class FaultRecovery:
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     valid: bool
-    expected: str  # "recovers" | "fails"
+    expected: str  # "recovers" | "fails" | "hangs"
     results: tuple[CheckResult, ...]
     recoveries: tuple[FaultRecovery, ...]
     restarts_per_node: dict  # node -> restarts used (torch counts per agent)
@@ -83,4 +83,4 @@ class Verdict:
 
 
 # How the report words each expected outcome.
-EXPECTED_WORDS = {"recovers": "the job recovers", "fails": "the job fails"}
+EXPECTED_WORDS = {"recovers": "the job recovers", "fails": "the job fails", "hangs": "the job hangs"}

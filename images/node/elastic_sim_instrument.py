@@ -32,7 +32,8 @@ OWNER_ENV = "SIM_INSTRUMENTED_PID"
 STEP_RECORD_GAP_S = 0.5
 ACTIVITY_RECORD_GAP_S = 1.0
 # elastic-sim's hang-collectives fault: while this file exists, the worker waits before its next
-# collective call and its process runs on (a hang inside the script, which a SIGSTOP is not).
+# collective call, or at the end of its optimizer step, and its process runs on (a hang inside the
+# script, which a SIGSTOP is not).
 # Looked for at most every HANG_CHECK_GAP_S, so a fast loop pays for one stat a fifth of a second.
 HANG_FILE = "/tmp/elastic-sim-hang-{pid}"
 HANG_CHECK_GAP_S = 0.2
@@ -183,6 +184,10 @@ class WorkerProbe:
                 self._write_step(optimizer, now)
         except Exception:
             self.disable()
+            return
+        # DDP's gradient all-reduce runs in C++, past the Python wrappers: a hung worker of a DDP
+        # script is held at its step's end instead, before the next backward's collectives.
+        self.hold_while_hung()
 
     # torch.compile must not trace the hook into a compiled optimizer step (the tracer does not
     # know its clock and would warn on the script's stderr): the mark torch._dynamo.disable puts

@@ -193,6 +193,7 @@ def test_kill_during_checkpoint_lands_in_the_write_and_never_resumes_from_it(clu
     training(cluster)
 
 
+@pytest.mark.full  # 3.5 min; `make test` checks a captured run of it (tests/data/runs/zombie_fixed_name)
 def test_a_zombie_rank0_overwrites_a_fixed_name_checkpoint_and_the_checker_names_it(sim_scenario):
     """freeze-during-checkpoint on a plain script that always writes checkpoint.pt (atomically): woken after the
     others regrouped and saved newer state, the superseded round's rank 0 renames its old state onto it, and the

@@ -20,6 +20,7 @@ from sim.checkers import (
     check_recovery,
     check_restart_budget,
     check_single_group,
+    check_stalled,
     check_world_size,
 )
 from sim.runmodel import RunModel
@@ -865,3 +866,70 @@ def test_a_zombies_last_steps_are_not_a_second_group():
     model = run.model()
     assert model.zombies and check_single_group(model, run.spec()).valid
     assert not check_single_group(_zombie_run(zombie_steps=12).model(), run.spec()).valid
+
+
+# ---------------------------------------------------------------- stalled (a run expected to hang)
+
+
+def hanging_run(quiet_s=70.0, then=None):
+    """node1's worker stops calling collectives after step 25; nothing moves for quiet_s."""
+    run = HistoryBuilder(steps=200, nproc=1)
+    run.start_workers()
+    run.train(25)
+    run.fault("hang-collectives", "node1", node="node1", rank=1, pid=77)
+    run.wait(quiet_s)
+    if then:
+        then(run)
+    run.end()
+    return run
+
+
+def test_a_run_that_hangs_with_every_agent_up_is_stalled():
+    run = hanging_run()
+    result = check_stalled(RunModel(run.records), run.spec(expected="hangs"))
+    assert result.valid, result.reasons
+    assert_reason(result, "s after hang-collectives node1", "every agent still running")
+    verdict = check_all(RunModel(run.records), run.spec(expected="hangs"))
+    assert verdict.valid and [r.name for r in verdict.results][0] == "stalled"
+
+
+def test_a_short_silence_an_exit_a_regroup_or_completion_is_not_a_hang():
+    short = hanging_run(quiet_s=20.0)
+    assert_reason(
+        check_stalled(RunModel(short.records), short.spec(expected="hangs")),
+        "only 21.5 s without progress",
+        "fewer than the 60 s that make a hang",
+    )
+    exited = hanging_run(then=lambda run: run.die("node0", 1))
+    assert_reason(
+        check_stalled(RunModel(exited.records), exited.spec(expected="hangs")),
+        "node0's agent exited at",
+        "the job ended instead of hanging",
+    )
+
+    def regroup(run):
+        run.start_workers(resumed_from=20)
+        run.train(30)
+        run.wait(70.0)
+
+    regrouped = hanging_run(quiet_s=12.0, then=regroup)
+    assert_reason(
+        check_stalled(RunModel(regrouped.records), regrouped.spec(expected="hangs")),
+        "a new worker group started at",
+    )
+    done = HistoryBuilder(steps=30)
+    done.start_workers()
+    done.train(10)
+    done.fault("hang-collectives", "node1", node="node1")
+    done.train(30)
+    done.finish()
+    assert_reason(check_stalled(RunModel(done.records), done.spec(expected="hangs")), "but was expected to hang")
+
+
+def test_stalled_needs_a_fault_and_a_visible_job():
+    run = HistoryBuilder(steps=200)
+    run.start_workers()
+    run.train(10)
+    run.wait(90.0)
+    run.end()
+    assert_reason(check_stalled(RunModel(run.records), run.spec(expected="hangs")), "no fault took effect")

@@ -334,3 +334,16 @@ def test_the_state_init_step_of_a_dcp_resume_is_not_a_training_step(tmp_path):
     steps = [(r["n"], r["step"]) for r in side_channel(resumed) if r["event"] == "step"]
     # The resumed run's steps carry on from the checkpoint's 5: no step 1 from the state init.
     assert steps[0] == (1, 6) and steps[-1] == (3, 8), steps
+
+
+def test_a_hung_worker_is_held_at_its_optimizer_step_too(tmp_path):
+    """DDP's all-reduce runs in C++, past the Python wrappers: the step's end is where a DDP script is held."""
+    records: list = []
+    probe = probe_writing_to(records)
+    probe._hang_file = str(tmp_path / f"hang-{probe.pid}")
+    Path(probe._hang_file).touch()
+    slept = []
+    probe._sleep = lambda s: slept.append(s) if len(slept) < 2 else Path(probe._hang_file).unlink()
+    probe.on_step(FakeOptimizer(step=1), (), {})
+    assert len(slept) == 2 and not Path(probe._hang_file).exists()
+    assert records[0]["event"] == "step"  # the step is recorded before the hold

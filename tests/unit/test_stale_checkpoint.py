@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 
 import pytest
 
 from chaos import nodescripts
 from chaos.faults import FAULTS
-from sim.checkers import check_stale_checkpoint, stale_writes
+from sim.checkers import RunSpec, check_all, check_stale_checkpoint, stale_writes
 from sim.diagnose import diagnose
 from sim.docker import ExecResult
 from sim.errors import UsageError
 from sim.history import as_records
+from sim.runmodel import RunModel
 from tests.unit.histories import HistoryBuilder, ScriptRun
 from tests.unit.test_instrument import run_as_worker, side_channel
 from tests.unit.test_nemesis import nemesis, state_home  # noqa: F401 (fixtures)
@@ -290,3 +292,18 @@ def test_a_stale_overwrite_the_newer_round_wrote_again_before_any_resume_loses_n
     assert "it replaced the newer round's /ckpt/checkpoint.pt (step 30)" in reason
     assert "; the newer round wrote it again at " in reason
     assert reason.endswith("nothing lost (overwritten before any resume loaded it)")
+
+
+def test_a_real_zombie_rank0_of_a_fixed_name_script_fails_stale_checkpoint():
+    """A real zombie-fixed-name.yaml run on etcd-v2 (tests/scripts/fixed_name_ckpt.py; history without the
+    instrumentation's step records): woken rank 0 of the superseded round renamed step 400 onto checkpoint.pt
+    over the newer round's step 600, and the next resume loaded it. The job itself finished."""
+    path = Path(__file__).resolve().parents[1] / "data" / "runs" / "zombie_fixed_name" / "history.jsonl"
+    run = RunModel(json.loads(line) for line in path.read_text().splitlines())
+    stale = check_stale_checkpoint(run, RunSpec.from_run(run))
+    assert not stale.valid
+    assert "wrote /ckpt/checkpoint.pt (step 400)" in stale.reasons[0]
+    assert "replaced the newer round's /ckpt/checkpoint.pt (step 600)" in stale.reasons[0]
+    assert "200 steps of newer state silently lost" in stale.reasons[0]
+    assert "superseded-round-checkpoint" in [d.code for d in diagnose(run, {})]
+    assert check_all(run, RunSpec.from_run(run), only=run.scenario.checkers).valid  # the job recovered
