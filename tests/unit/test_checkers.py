@@ -23,6 +23,7 @@ from sim.checkers import (
     check_stalled,
     check_world_size,
 )
+from sim.diagnose import diagnose
 from sim.runmodel import RunModel
 from sim.verdict import FaultRecovery
 from tests.unit.histories import T0, HistoryBuilder, smooth_loss
@@ -933,3 +934,19 @@ def test_stalled_needs_a_fault_and_a_visible_job():
     run.wait(90.0)
     run.end()
     assert_reason(check_stalled(RunModel(run.records), run.spec(expected="hangs")), "no fault took effect")
+
+
+HANG_DEFAULT_DDP = Path(__file__).resolve().parents[1] / "data" / "runs" / "hang_default_ddp" / "history.jsonl"
+
+
+def test_a_real_hang_under_the_default_timeout_is_stalled_and_diagnosed():
+    """A real hang-default-ddp.yaml run (tests/scripts/ddp_sgd.py, no timeout given to init_process_group):
+    node1's worker stopped calling collectives at step 29; node0's blocked; both agents up, no restart."""
+    run = RunModel([json.loads(line) for line in HANG_DEFAULT_DDP.read_text().splitlines()])
+    verdict = check_all(run, RunSpec.from_run(run, expected="hangs"))
+    assert verdict.valid, [r.reasons for r in verdict.results]
+    assert_reason(verdict.result("stalled"), "after hang-collectives node1", "every agent still running, no restart")
+    (found,) = [d for d in diagnose(run, {}) if d.code == "process-group-timeout"]
+    assert "node1 stopped answering (fault hang-collectives on node1 (ok))" in found.evidence[0]
+    # The same history judged as a run meant to recover fails: it never did.
+    assert not check_all(run, RunSpec.from_run(run)).valid
