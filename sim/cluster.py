@@ -406,6 +406,10 @@ def up(
                     progress(f"[up] container logs saved in {saved}")
             except SimError as cleanup_error:
                 progress(f"[up] cleanup failed too: {cleanup_error}")
+                if isinstance(error, SimError):  # the last line says what is left, and how to remove it
+                    raise type(error)(
+                        f"{error}; what `up` made is left: `python -m sim down {spec.name}` removes it once fixed"
+                    ) from None
         elif not created:
             shutil.rmtree(cluster.state_dir, ignore_errors=True)
         raise

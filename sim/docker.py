@@ -187,7 +187,7 @@ class DockerProvider(Protocol):
 
     def remove_images(self, tags: Sequence[str]) -> None: ...
 
-    def prune_images(self, label_filter: str) -> None: ...
+    def prune_images(self, label_filter: str) -> int: ...  # how many are left (a container still uses them)
 
     def build_image(
         self, tag: str, context: Path, *, label: str, build_args: Mapping[str, str], on_line: Callable[[str], None]
@@ -462,15 +462,18 @@ class Docker:
             except sdk_errors.APIError:
                 pass
 
-    def prune_images(self, label_filter: str) -> None:
-        """Drop dangling images carrying the label (what a multi-stage legacy build leaves)."""
-        self._call("image prune", self.api.prune_images, filters={**_selector(label_filter), "dangling": True})
+    def prune_images(self, label_filter: str) -> int:
+        """Drop dangling images carrying the label (what a multi-stage legacy build, or a stopped one, leaves);
+        how many are left: those a container still uses (a stopped build's step, until the engine removes it)."""
+        filters = {**_selector(label_filter), "dangling": True}
+        self._call("image prune", self.api.prune_images, filters=filters)
+        return len(self._call("images", self.api.images, quiet=True, filters=filters))
 
     def build_image(
         self, tag: str, context: Path, *, label: str, build_args: Mapping[str, str], on_line: Callable[[str], None]
     ) -> int:
         """`docker build` of a context folder; each output line to on_line; the exit code."""
-        argv = [self.docker_bin, "build", "-t", tag, "--label", label]
+        argv = [self.docker_bin, "build", "--force-rm", "-t", tag, "--label", label]  # a failed step's container too
         for key, value in build_args.items():
             argv += ["--build-arg", f"{key}={value}"]
         # No buildx here: the legacy builder, said explicitly so the client does not try BuildKit.
@@ -515,6 +518,7 @@ class Docker:
     ) -> Completed:
         result = self._run(self._compose_command(project, compose_file, args), timeout)
         if check and not result.ok:
+            self.ping()  # an engine gone is said so, not in Compose's words for what it could not do
             detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
             last = detail[-1] if detail else f"exit code {result.returncode}"
             raise DockerError(f"`{' '.join(result.argv[:4])} ...` failed: {last}")

