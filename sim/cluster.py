@@ -7,6 +7,7 @@ removes what it made unless asked to keep it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -39,6 +40,8 @@ COLLECTOR_MODULE = "sim.collector"
 COLLECTOR_PID_FILE = "collector.pid"
 # The process that made the cluster and will remove it (`chaos run`, a test); gone once a person owns it.
 OWNER_PID_FILE = "owner.pid"
+# Written when `up` failed and could not remove what it made (the engine gone): `ls` says why it is left.
+UP_FAILED_FILE = "up-failed"
 COLLECTOR_DRAIN_S = 10.0
 
 
@@ -223,6 +226,9 @@ class Cluster:
 
     def leftover_reason(self, infos: Sequence[ContainerInfo]) -> str | None:
         """Why this cluster looks left behind by a harness that died (None: it looks looked after)."""
+        if (self.state_dir / UP_FAILED_FILE).exists():
+            why = (self.state_dir / UP_FAILED_FILE).read_text(errors="replace").strip()
+            return f"`up` failed and could not remove it ({why})" if why else "`up` failed and could not remove it"
         if any(c.state == "created" for c in infos):
             return "half-made: containers created, never started"
         if not self.state_dir.exists():
@@ -406,6 +412,8 @@ def up(
                     progress(f"[up] container logs saved in {saved}")
             except SimError as cleanup_error:
                 progress(f"[up] cleanup failed too: {cleanup_error}")
+                with contextlib.suppress(OSError):  # for `ls`: why this cluster was left
+                    (cluster.state_dir / UP_FAILED_FILE).write_text(str(error).splitlines()[0] if str(error) else "")
                 if isinstance(error, SimError):  # the last line says what is left, and how to remove it
                     raise type(error)(
                         f"{error}; what `up` made is left: `python -m sim down {spec.name}` removes it once fixed"

@@ -154,7 +154,7 @@ def test_docker_dying_in_the_middle_of_up_is_one_line_and_down_removes_the_rest(
         last = last_line(output)
         assert last.startswith("sim up: error:") and "Docker engine not reachable" in last, output[-3000:]
         assert f"python -m sim down {name}" in last, last  # what to do once the engine is back
-        assert "leftover?" in ls_line(name)  # the real engine still holds what `up` made
+        assert "leftover? `up` failed and could not remove it" in ls_line(name)  # the engine still holds it
         assert '"event": "start"' in (run_dir / FILE_NAME).read_text()
     finally:
         down = run_sim("down", name)
