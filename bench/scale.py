@@ -1,0 +1,177 @@
+"""Scale on one machine: N nodes x 1 worker start, train, and survive the loss of a node.
+
+    .venv/bin/python bench/scale.py                             # 8, 16, 32 nodes on etcd-v2 and c10d
+    .venv/bin/python bench/scale.py --nodes 4 --backends c10d     # a smoke run
+
+For each backend and node count, one generated scenario (the fast profile, the shipped trainer, one worker
+a node): the last node is killed at step 30 (never node0, the c10d store host), and the job must finish at
+N-1 nodes. Prints per run: seconds from the containers' start to the first step, the node loss's recovery
+(fault to the first step at the smaller world), memory per node while training (Docker's one-shot stats,
+the median over samples of the mean over nodes), the cores the cluster kept busy on average, the highest
+1-minute load average, and the verdict. Writes the rows into bench/results.json under "scale". Asserts
+nothing: where a size fails, its verdict's words say why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import print_columns, save_results  # noqa: E402
+from bench.scenario_runs import run_generated  # noqa: E402
+from sim import labels  # noqa: E402
+from sim.docker import Docker  # noqa: E402
+from sim.errors import SimError  # noqa: E402
+from sim.history import FILE_NAME, History  # noqa: E402
+from sim.runmodel import RunModel  # noqa: E402
+from sim.spec import max_nodes_in_memory  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results.json"
+KILL_AT_STEP = 30
+SAMPLE_EVERY_S = 5.0
+
+
+def scale_scenario(backend: str, nodes: int) -> dict:
+    return {
+        "name": f"scale-{backend}-{nodes}",
+        "description": f"{nodes} nodes x 1 worker; node{nodes - 1} killed at step {KILL_AT_STEP} (bench/scale.py)",
+        "cluster": {
+            "nodes": nodes,
+            "min_nodes": nodes - 1,
+            "max_nodes": nodes,
+            "nproc_per_node": 1,
+            "max_restarts": 3,
+            "rdzv_backend": backend,
+        },
+        "trainer": {"steps": KILL_AT_STEP + 60, "step_time": 0.1},
+        "steps": [{"fault": "kill-node", "target": f"node{nodes - 1}", "at": {"step": KILL_AT_STEP}}],
+        "expect": {"outcome": "recovers"},
+        "timeout": f"{10 + nodes // 2}m",
+    }
+
+
+class Sampler:
+    """Samples, every SAMPLE_EVERY_S while a run lasts, the memory of each node container of one cluster
+    (Docker's one-shot stats), the containers' CPU time, and the host's load average."""
+
+    def __init__(self, docker: Docker, cluster: str):
+        self.docker, self.cluster = docker, cluster
+        self.memory_per_node: list[float] = []  # MiB, the mean over node containers, per sample
+        self.cpu_ns: dict[str, tuple[float, int]] = {}  # container -> (first seen, cpu ns then)
+        self.cpu_last: dict[str, tuple[float, int]] = {}
+        self.load: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_EVERY_S):
+            try:
+                self._sample()
+            except SimError:
+                pass  # the cluster is coming up or going away: the next sample
+
+    def _sample(self) -> None:
+        self.load.append(os.getloadavg()[0])
+        nodes = [c for c in self.docker.containers(labels.cluster_filter(self.cluster)) if c.state == "running"]
+        used = []
+        for container in nodes:
+            try:
+                stats = self.docker.api.stats(container.id, stream=False, one_shot=True)
+            except Exception:  # noqa: BLE001 - gone between the list and the stats
+                continue
+            now, cpu = time.monotonic(), int(stats.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage", 0))
+            self.cpu_ns.setdefault(container.id, (now, cpu))
+            self.cpu_last[container.id] = (now, cpu)
+            if container.labels.get(labels.ROLE) == "node":
+                used.append(stats.get("memory_stats", {}).get("usage", 0) / 2**20)
+        if used:
+            self.memory_per_node.append(statistics.fmean(used))
+
+    @property
+    def cores(self) -> float | None:
+        """CPU seconds the cluster's containers used per second, from each one's first sample to its last."""
+        spans = [
+            (self.cpu_last[c][1] - first_ns) / 1e9
+            for c, (first_t, first_ns) in self.cpu_ns.items()
+            if self.cpu_last[c][0] > first_t
+        ]
+        seconds = [self.cpu_last[c][0] - first_t for c, (first_t, _) in self.cpu_ns.items()]
+        wall = max(seconds, default=0.0)
+        return sum(spans) / wall if spans and wall else None
+
+
+def first_step_s(run: RunModel) -> float | None:
+    """From the run's start record (the containers about to start) to the first training step."""
+    if run.start is None or not run.step_beat_times:
+        return None
+    return run.step_beat_times[0] - run.start.t
+
+
+def measure(backend: str, nodes: int, seed: int) -> dict:
+    docker = Docker()
+    document = scale_scenario(backend, nodes)
+    with Sampler(docker, f"chaos-{document['name']}") as sampler:
+        result, report = run_generated(document, backend, seed)
+    run = RunModel(History(result.run_dir / FILE_NAME).records())
+    recoveries = [r for r in report.get("recoveries", []) if r["fault"] == "kill-node"]
+    recovery = recoveries[0]["recovery_s"] if recoveries else None
+    return {
+        "backend": backend,
+        "nodes": nodes,
+        "first_step_s": _round(first_step_s(run)),
+        "node_loss_recovery_s": recovery,
+        "memory_per_node_mib": _round(statistics.median(sampler.memory_per_node) if sampler.memory_per_node else None),
+        "cores_busy": _round(sampler.cores),
+        "load_max": _round(max(sampler.load, default=None)),
+        "verdict": report["verdict"],
+        "run": str(result.run_dir),
+        "why": None if result.passed else result.summary.splitlines()[0:12],
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="8,16,32", help="node counts, comma-separated")
+    parser.add_argument("--backends", default="etcd-v2,c10d")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    counts = [int(n) for n in args.nodes.split(",")]
+    limit = max_nodes_in_memory(1)
+    print(f"this machine holds at most {limit} nodes x 1 worker by sim's memory estimate")
+    rows = []
+    for backend in args.backends.split(","):
+        for nodes in counts:
+            row = measure(backend, nodes, args.seed)
+            rows.append(row)
+            print(f"{backend} {nodes} nodes: {row['verdict']}")
+            for line in row["why"] or []:
+                print(f"  {line}")
+    keys = ("backend", "nodes", "first_step_s", "node_loss_recovery_s", "memory_per_node_mib", "cores_busy")
+    keys += ("load_max", "verdict")
+    print()
+    print_columns([keys, *[tuple("-" if row[k] is None else str(row[k]) for k in keys) for row in rows]])
+    save_results(RESULTS, "scale", rows)
+    return 0 if all(row["verdict"] == "PASS" for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
