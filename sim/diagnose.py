@@ -38,6 +38,8 @@ STORE_OPT_OUT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 FROZEN_HANG_S = 60.0
 # A worker silent this long after a peer of its group finished the script (exit 0) is stuck at its end.
 STUCK_AT_EXIT_S = 60.0
+# An agent whose etcd call failed and that exited within this long ended on it (etcd-lost).
+ETCD_LOSS_EXIT_S = 15.0
 # An agent in a rendezvous this long without completing it is waiting for nodes.
 RDZV_WAIT_S = 60.0
 # What an agent reports about its workers after starting them: anything but silence.
@@ -651,6 +653,57 @@ def c10d_store_lost(run: RunModel) -> Diagnosis | None:
     )
 
 
+def etcd_lost(run: RunModel) -> Diagnosis | None:
+    """(f2) etcd went away (restarted, killed, paused, cut off) while torch's etcd-v2 agents called it:
+    they end on the first failed call, and the job with them."""
+    if run.spec_fields.get("rdzv_backend") not in ("etcd", "etcd-v2"):
+        return None  # etcd-v3's agents connect again for reconnect_timeout: their end is a later story
+    finished = [r.t for r in run.agent_events("group_finished")]
+    failed = [
+        r
+        for r in run.agent_events("rdzv_error")
+        if "connection to etcd" in (r.message or "")
+        and not any(t < r.t for t in finished)  # not the job's own end
+        and any(d.node == r.node and d.action == "die" and 0 <= d.t - r.t <= ETCD_LOSS_EXIT_S for d in run.docker)
+    ]
+    if not failed:
+        return None
+    outages = [
+        r
+        for r in run.records
+        if r.t <= failed[-1].t
+        and (
+            (isinstance(r, FaultRecord) and r.phase == "ok" and "etcd" in f"{r.fault} {r.target}")
+            or (isinstance(r, DockerRecord) and r.node == "etcd" and r.action in ("die", "kill", "pause", "stop"))
+        )
+    ]
+    # Each agent's end under the outage just before it: several outages may each have ended some.
+    ended: dict[float | None, list[AgentRecord]] = {}
+    for record in _first_per_node(failed):
+        before = [o.t for o in outages if o.t <= record.t + 1.0]
+        ended.setdefault(before[-1] if before else None, []).append(record)
+    words = "; ".join(
+        f"{'at ' + _at(t) if t is not None else 'once'} {', '.join(sorted((r.node for r in group), key=node_order))} "
+        f"ended"
+        for t, group in ended.items()
+    )
+    evidence = []
+    for t, group in ended.items():
+        evidence += [_line(o) for o in outages if o.t == t][:1] + [_line(r) for r in group]
+    return Diagnosis(
+        "etcd-lost",
+        "etcd unreachable: the etcd-v2 agents ended",
+        "torch's etcd-v2 rendezvous makes every agent end on its first failed etcd call (a keep-alive, a "
+        f"rendezvous step); etcd was away while agents called it: {words}. Whether a short outage ends an "
+        "agent depends on whether one of its calls lands inside it; the job ends with the last agent.",
+        evidence,
+        "Give the agents an etcd endpoint that outlives a member's restart (a replicated etcd behind one stable "
+        "address: torch's etcd-v2 backend takes a single --rdzv-endpoint), or use --rdzv-backend etcd-v3 (pip "
+        "install torch-rendezvous-etcd-v3: its calls connect again for reconnect_timeout) or c10d (no etcd; the "
+        "store lives on one training host).",
+    )
+
+
 def etcd_without_v2(run: RunModel) -> Diagnosis | None:
     """(g) etcd answers 404 on the v2 API that torch's etcd backends (python-etcd) speak."""
     if run.spec_fields.get("rdzv_backend") not in (None, "etcd", "etcd-v2"):
@@ -1028,6 +1081,7 @@ DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
     clock_skew,
     shared_tcp_store,
     c10d_store_lost,
+    etcd_lost,
     disk_full,
     oom_kill,
     damaged_checkpoint_loaded,

@@ -303,6 +303,36 @@ def test_c10d_store_host_named_from_the_history():
     assert lost.evidence[0].startswith("node0 ") and "fault kill-node on node0" in lost.evidence[0]
 
 
+# --------------------------------------------------------------------------- (f2) etcd lost
+
+
+def etcd_lost_history(backend: str = "etcd-v2") -> list[dict]:
+    """The soak run's end (tests/data/logs/etcd_lost): etcd restarted, each node's container died 3 s later."""
+    t = 1796105956.1882405
+    dies = {"node1": 3.08, "node0": 3.30, "node2": 3.77}
+    return [
+        run_start(t - 900, rdzv_backend=backend, nodes=4),
+        {"t": t, "type": "fault", "op": "r1", "fault": "restart-node", "target": "etcd", "phase": "ok"},
+        *({"t": t + d, "type": "docker", "node": n, "action": "die", "exit_code": 1} for n, d in dies.items()),
+    ]
+
+
+def test_etcd_lost_ends_the_etcd_v2_agents():
+    found = diagnose(etcd_lost_history(), logs("etcd_lost"))
+    assert "etcd-lost" in codes(found)
+    lost = next(d for d in found if d.code == "etcd-lost")
+    assert "at 06:19:16.1 node0, node1, node2 ended" in lost.cause
+    assert lost.evidence[0].startswith("etcd 06:19:16.1") and "fault restart-node on etcd" in lost.evidence[0]
+    assert "RendezvousConnectionError: The connection to etcd has failed" in evidence(lost)
+    assert "etcd-v3" in lost.fix and "c10d" in lost.fix
+
+
+def test_etcd_lost_needs_an_etcd_v2_agent_that_ended_on_it():
+    assert "etcd-lost" not in codes(diagnose(etcd_lost_history("etcd-v3"), logs("etcd_lost")))
+    survived = [r for r in etcd_lost_history() if r.get("action") != "die"]  # the agents lived on
+    assert "etcd-lost" not in codes(diagnose(survived, logs("etcd_lost")))
+
+
 # --------------------------------------------------------------------------- (g) etcd without v2
 
 
