@@ -29,6 +29,7 @@ from sim.history import FILE_NAME, History
 from sim.nodes import node_order
 from sim.procs import PROBE_ARGV, NodeProcesses, Worker, parse_probe
 from sim.render import CLOCK_OFFSET_FILE
+from sim.swarm import refusal
 
 from . import netcmd, nodescripts
 from .partition import Partition, blocked_peers
@@ -58,6 +59,9 @@ class Nemesis:
     # --- the one audited call ----------------------------------------------------
 
     def invoke(self, fault: str, target: str | None, action: Callable[[], dict], **args) -> dict:
+        refused = refusal(self.cluster, fault, target)  # a fault that cannot work here (multi-host Swarm)
+        if refused:
+            raise UnsupportedFaultError(refused)
         op = uuid.uuid4().hex[:8]
         base = {"type": "fault", "op": op, "fault": fault, "target": target}
         self.history.append({**base, "phase": "invoke", "args": args})

@@ -136,6 +136,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("name", nargs="?", help="also audit this running cluster's containers")
     sub.add_parser("build", help="build the node and etcd images (cached by content)")
+    swarm = sub.add_parser("swarm", help="the engines of a multi-host swarm's hosts (add-host, remove-host, hosts)")
+    swarm_sub = swarm.add_subparsers(dest="swarm_command", metavar="SUBCOMMAND", parser_class=_Parser)
+    swarm_sub.required = True
+    add_host = swarm_sub.add_parser("add-host", help="register a swarm host's engine (as `docker node ls` names it)")
+    add_host.add_argument("host")
+    add_host.add_argument("--docker-host", metavar="ADDRESS", help="ssh://USER@HOST, tcp://HOST:2376 or unix:///PATH")
+    add_host.add_argument("--context", help="a Docker context instead of an address (`docker context ls`)")
+    add_host.add_argument("--tls-ca", metavar="FILE", help="tcp://: the CA that signed the engine's certificate")
+    add_host.add_argument("--tls-cert", metavar="FILE", help="tcp://: this client's certificate")
+    add_host.add_argument("--tls-key", metavar="FILE", help="tcp://: this client's key")
+    add_host.add_argument("--no-check", action="store_true", help="register without asking the engine its version")
+    swarm_sub.add_parser("remove-host", help="forget a swarm host's engine").add_argument("host")
+    swarm_sub.add_parser("hosts", help="each swarm host and the engine sim reaches it by")
     from chaos.cli import register as register_faults
 
     COMMANDS.update(register_faults(sub))
@@ -393,7 +406,27 @@ def cmd_build(args: argparse.Namespace, _: list[str] | None) -> int:
     return 0
 
 
+def cmd_swarm(args: argparse.Namespace, _: list[str] | None) -> int:
+    from . import swarm, swarm_hosts
+
+    if args.swarm_command == "add-host":
+        tls = (args.tls_ca, args.tls_cert, args.tls_key)
+        engine = swarm_hosts.HostEngine(args.host, args.docker_host, args.context, *tls)
+        version = "" if args.no_check else f" (engine {swarm_hosts.HostDocker(engine).ping()})"
+        done = "replaced" if swarm_hosts.register(engine) else "registered"
+        print(f"{done} swarm host '{engine.host}': {engine.address}{version}")
+    elif args.swarm_command == "remove-host":
+        engine = swarm_hosts.unregister(args.host)
+        print(f"removed swarm host '{engine.host}' ({engine.address})")
+    else:
+        docker = _docker()
+        docker.ping()
+        print("\n".join(swarm.hosts_table(docker)))
+    return 0
+
+
 COMMANDS = {
+    "swarm": cmd_swarm,
     "up": cmd_up,
     "down": cmd_down,
     "ls": cmd_ls,

@@ -23,6 +23,7 @@ from .docker import Docker, EventStream
 from .errors import SimError
 from .history import FILE_NAME, History
 from .sidechannel import EVENTS_DIR, EventsTail, ProgressMatcher
+from .swarm import provider_for
 from .wait import Check, wait_for
 
 STARTUP_GRACE_S = 600
@@ -170,7 +171,8 @@ def _progress_matcher(cluster: Cluster) -> ProgressMatcher | None:
 
 
 def main(argv: list[str]) -> int:
-    cluster = Cluster(argv[0], Docker())
+    # A Swarm cluster's provider follows every host's engine: events and logs of the tasks on each (sim/swarm.py).
+    cluster = Cluster(argv[0], provider_for(argv[0], Docker()))
     collector = Collector(cluster, History(cluster.run_dir / FILE_NAME))
     signal.signal(signal.SIGTERM, lambda *_: collector.stop.set())
     # Started with these blocked (sim.cluster.Cluster._start_collector holds Ctrl-C until it has our pid).

@@ -9,6 +9,13 @@ start a new task instead (a container started by hand runs outside Swarm and its
 else (containers by label, kill, pause, exec, logs, events) is the engine's own: a task's container
 is a plain container on its host.
 
+Several hosts: a task's container lives on the host Swarm placed it on, so every verb that names a
+container (kill, pause, exec, inspect, `docker update`, logs) goes to that host's engine: this one's
+for the tasks here, a registered one (sim/swarm_hosts.py, `sim swarm add-host`) for the others;
+listings (containers, volumes) and events gather every host's, one event thread per host. With one
+host nothing changes: the local engine does everything, as before. A fault that cannot work across
+hosts is refused before it acts (`refusal`, docs/SWARM.md has the table).
+
 The swarm itself: `ensure_swarm` initialises one on this engine when there is none, and records
 that it did; `leave_if_ours` leaves it (and removes the docker_gwbridge network it made) once no
 cluster of ours runs on it. A swarm the user had is kept.
@@ -17,23 +24,28 @@ cluster of ours runs on it. A swarm the user had is kept.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import queue
 import shlex
 import subprocess
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+import requests
 import yaml
 
 from . import labels
 from .cluster import Cluster
 from .cluster import up as compose_up
-from .docker import API_TIMEOUT_S, Completed, Docker, DockerError
+from .docker import API_TIMEOUT_S, Completed, Container, Docker, DockerError, DockerProvider, EventStream, Labelled
 from .errors import SimError, UsageError
 from .paths import state_home
 from .progress import Progress, to_stderr
 from .render import render
 from .spec import ClusterSpec
+from .swarm_hosts import HostDocker, registered
 from .swarm_render import SwarmLayout, to_stack
 from .wait import Check, Condition, wait_for
 
@@ -48,14 +60,148 @@ TASK_LABEL = "com.docker.swarm.task.id"
 LISTEN_ADDR = "127.0.0.1:2377"  # a swarm made here serves this machine only; multi-host: docs/SWARM.md
 ETCD_HEALTHY_S = 120.0
 GONE_S = 60.0
+# Faults that cannot work when /ckpt is an NFS export (as on every swarm of several hosts), and why.
+REFUSED_ON_NFS = {
+    "fill-disk": "/ckpt is the NFS export {nfs} that every host shares: filling it fills the NFS server's disk "
+    "(and every other user of that export), not a size-limited disk of this cluster; use a one-host swarm "
+    "or Compose with --ckpt-size",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SwarmHosts:
+    """The swarm's hosts as this tool reaches them: an engine for each (this host's: the local engine;
+    another's: the one registered for it), the hosts with none, and each swarm node id's host."""
+
+    local: str
+    engines: Mapping[str, DockerProvider]
+    without_engine: tuple[str, ...] = ()
+    node_hosts: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def engine(self, host: str, what: str) -> DockerProvider:
+        if host not in self.engines:
+            raise SimError(no_engine(host, what))
+        return self.engines[host]
+
+
+def no_engine(host: str, what: str) -> str:
+    return (
+        f"swarm host '{host}' runs {what}, and sim has no engine for it; register one: `sim swarm add-host {host} "
+        f"--docker-host ssh://USER@{host}` (or tcp://{host}:2376 with --tls-ca/--tls-cert/--tls-key, or --context NAME)"
+    )
+
+
+def discover_hosts(docker: Docker) -> SwarmHosts:
+    """`docker node ls` on this engine (a manager): each swarm host's engine, by its hostname."""
+    local = Docker(docker.docker_bin)
+    state, self_id = swarm_state(docker)
+    if state != "active":
+        return SwarmHosts("", {"": local})
+    hosts = registered()
+    engines: dict[str, DockerProvider] = {}
+    node_hosts, without, here = {}, [], ""
+    for node in docker._call("node ls", docker.api.nodes):
+        name = node["Description"]["Hostname"]
+        node_hosts[node["ID"]] = name
+        if node["ID"] == self_id:
+            here, engines[name] = name, local
+        elif name in hosts:
+            engines[name] = HostDocker(hosts[name], docker.docker_bin)
+        else:
+            without.append(name)
+    return SwarmHosts(here, engines, tuple(sorted(without)), node_hosts)
+
+
+def _routed(verb: str) -> Callable:
+    def call(self: SwarmDocker, container: str, *args, **kwargs):
+        return getattr(self._engine(container), verb)(container, *args, **kwargs)
+
+    call.__name__ = verb
+    call.__doc__ = f"`{verb}` on the engine of the host that runs the container."
+    return call
 
 
 class SwarmDocker(Docker):
-    """The Docker provider for a cluster that runs as a Swarm stack."""
+    """The Docker provider for a cluster that runs as a Swarm stack, on one host or several."""
 
-    def __init__(self, layout: SwarmLayout, docker_bin: str = "docker"):
+    def __init__(self, layout: SwarmLayout, docker_bin: str = "docker", hosts: SwarmHosts | None = None):
         super().__init__(docker_bin)
         self.layout = layout
+        if hosts is not None:
+            self.__dict__["hosts"] = hosts  # given (tests): not discovered
+        self._where: dict[str, DockerProvider] = {}  # container id -> the engine of its host
+
+    @functools.cached_property
+    def hosts(self) -> SwarmHosts:
+        return discover_hosts(self)
+
+    # --- every host's containers, volumes and events; each container's verbs on its host's engine ---------
+
+    def containers(self, label_filter: str) -> list[Container]:
+        if self.hosts.without_engine:
+            self._refuse_unreachable_tasks(label_filter)
+        found = []
+        for engine in self.hosts.engines.values():
+            for container in engine.containers(label_filter):
+                self._where[container.id] = engine
+                found.append(container)
+        return found
+
+    def labelled(self, kind: str, label_filter: str) -> list[Labelled]:
+        """Volumes are each host's own (one per host, by name); the overlay network is the swarm's."""
+        if kind != "volume":
+            return super().labelled(kind, label_filter)
+        by_name: dict[str, Labelled] = {}
+        for engine in self.hosts.engines.values():
+            for volume in engine.labelled(kind, label_filter):
+                by_name.setdefault(volume.id, volume)
+        return list(by_name.values())
+
+    def events(self, label_filter: str) -> EventStream:
+        engines = self.hosts.engines
+        if len(engines) == 1:
+            return next(iter(engines.values())).events(label_filter)
+
+        def seen(host: str, container: str) -> None:
+            self._where[container] = engines[host]
+
+        return MergedEvents({host: engine.events(label_filter) for host, engine in engines.items()}, seen)
+
+    kill = _routed("kill")
+    inspect = _routed("inspect")
+    pause = _routed("pause")
+    unpause = _routed("unpause")
+    stop = _routed("stop")
+    exec = _routed("exec")
+    resources = _routed("resources")
+    update_resources = _routed("update_resources")
+    logs = _routed("logs")
+    follow_logs = _routed("follow_logs")
+
+    def _engine(self, container: str) -> DockerProvider:
+        """The engine of the host whose task runs `container` (this host's when Swarm knows no such task)."""
+        engines = self.hosts.engines
+        if len(engines) == 1:
+            return next(iter(engines.values()))
+        if container not in self._where:
+            for task in self._call("service ps", self.api.tasks):
+                if ((task.get("Status") or {}).get("ContainerStatus") or {}).get("ContainerID") == container:
+                    host = self.hosts.node_hosts.get(task.get("NodeID", ""), "?")
+                    self._where[container] = self.hosts.engine(host, f"container {container[:12]}")
+        return self._where.get(container) or engines[self.hosts.local]
+
+    def _refuse_unreachable_tasks(self, label_filter: str) -> None:
+        """A task of these services on a host with no engine: its container cannot be listed or acted on."""
+        value = label_filter.partition("=")[2]
+        services = self._call("service ls", self.api.services, filters={"label": value})
+        if not services:
+            return
+        for task in self._call("service ps", self.api.tasks, filters={"service": [s["ID"] for s in services]}):
+            host = self.hosts.node_hosts.get(task.get("NodeID", ""), "")
+            if host in self.hosts.without_engine:
+                tags = ((task.get("Spec") or {}).get("ContainerSpec") or {}).get("Labels") or {}
+                what = f"{tags.get(labels.NODE, 'a task')} of cluster '{tags.get(labels.CLUSTER, value)}'"
+                raise SimError(no_engine(host, what))
 
     @property
     def compose_argv(self) -> list[str]:
@@ -94,7 +240,7 @@ class SwarmDocker(Docker):
         state = self.inspect(container)
         service = state["Config"]["Labels"].get(SERVICE_LABEL)
         if service is None or state["State"]["Running"]:
-            super().start(container)
+            self._engine(container).start(container)
             return
         argv = [self.docker_bin, "service", "update", "--force", "--detach", "--no-resolve-image", service]
         result = self._run(argv, timeout=API_TIMEOUT_S)
@@ -105,7 +251,7 @@ class SwarmDocker(Docker):
             lambda: any(c.id != container and c.running for c in self.containers(f"label={SERVICE_LABEL}={service}")),
         )
         wait_for(replaced, timeout=ETCD_HEALTHY_S)
-        Docker.remove(self, "container", [container])  # the dead task's container, not the service
+        self._engine(container).remove("container", [container])  # the dead task's container, not the service
 
     def restart(self, container: str, grace: float) -> None:
         self.stop(container, grace)
@@ -158,9 +304,10 @@ class SwarmDocker(Docker):
         )
 
     def remove(self, kind: str, ids: Sequence[str]) -> None:
-        """A task's container goes with its service (else the service lingers, or heals it); the
-        overlay network goes once Swarm has let go of the tasks' endpoints on it."""
-        if kind == "container" and ids:
+        """A task's container goes with its service (else the service lingers, or heals it), on its host;
+        a volume on every host that has one of that name; the overlay network once Swarm has let go of
+        the tasks' endpoints on it."""
+        if kind == "container":
             services = set()
             for cid in ids:
                 try:
@@ -168,8 +315,12 @@ class SwarmDocker(Docker):
                 except DockerError:
                     continue  # already gone
             self._remove_services(services - {None})
-        if kind != "network":
-            super().remove(kind, ids)
+            for cid in ids:
+                self._engine(cid).remove(kind, [cid])
+            return
+        if kind == "volume":
+            for engine in self.hosts.engines.values():
+                engine.remove(kind, ids)  # one missing there is no error
             return
         for nid in ids:
             wait_for(_Removed(lambda nid=nid: super(SwarmDocker, self).remove("network", [nid]), nid), timeout=GONE_S)
@@ -222,6 +373,53 @@ class _Removed:
             self.last = str(error)
             return Check(False, detail=self.last)
         return Check(True)
+
+
+class MergedEvents:
+    """Several hosts' event streams as one: a thread per host puts its events on one queue, in the order
+    they come; `seen(host, container)` learns where each container lives. Ends when every stream has."""
+
+    _END = object()
+
+    def __init__(self, streams: Mapping[str, EventStream], seen: Callable[[str, str], None]):
+        self.streams, self.seen = dict(streams), seen
+        self._queue: queue.Queue = queue.Queue()
+        for host, stream in self.streams.items():
+            threading.Thread(target=self._pump, args=(host, stream), daemon=True).start()
+
+    def _pump(self, host: str, stream: EventStream) -> None:
+        try:
+            for event in stream:
+                self._queue.put((host, event))
+        except (OSError, requests.exceptions.RequestException):
+            pass  # its engine went away: that host's share ends (a closed stream just stops)
+        finally:
+            self._queue.put((host, self._END))
+
+    def __iter__(self) -> Iterator[dict]:
+        ended = 0
+        while ended < len(self.streams):
+            host, event = self._queue.get()
+            if event is self._END:
+                ended += 1
+                continue
+            actor = event.get("id") or (event.get("Actor") or {}).get("ID")
+            if event.get("Type") == "container" and actor:
+                self.seen(host, actor)
+            yield event
+
+    def close(self) -> None:
+        for stream in self.streams.values():
+            stream.close()
+
+
+def refusal(cluster: Cluster, fault: str, target: str | None) -> str | None:
+    """Why `fault` cannot work on this cluster (None: it can, on whichever host runs the task)."""
+    docker = cluster.docker
+    if not isinstance(docker, SwarmDocker) or docker.layout.ckpt_nfs is None or fault not in REFUSED_ON_NFS:
+        return None
+    reason = REFUSED_ON_NFS[fault].format(nfs=docker.layout.ckpt_nfs)
+    return f"{fault} on {target or 'the cluster'}: refused on Swarm cluster '{cluster.name}': {reason}"
 
 
 def stack_for(compose_file: Path, layout: SwarmLayout) -> dict:
@@ -293,8 +491,15 @@ def swarm_hosts(docker: Docker) -> tuple[str, ...]:
 
 
 def is_swarm_cluster(docker: Docker, name: str) -> bool:
+    """On a swarm: its services exist, or its spec says so (the collector starts before the services)."""
     state, _ = swarm_state(docker)
-    return state == "active" and bool(
+    if state != "active":
+        return False
+    try:
+        spec = Cluster(name, docker).spec
+    except (SimError, ValueError, TypeError, OSError):
+        spec = None  # a spec that cannot be read says nothing; the services still do
+    return (spec is not None and spec.engine == "swarm") or bool(
         docker._call("service ls", docker.api.services, filters={"label": f"{labels.CLUSTER}={name}"})
     )
 
@@ -349,12 +554,45 @@ def up(
     ensure_swarm(docker, progress)
     try:
         layout = SwarmLayout(hosts=swarm_hosts(docker), placement=placement, ckpt_nfs=ckpt_nfs)
-        return start(spec, SwarmDocker(layout, docker.docker_bin), keep=keep, timeout=timeout, progress=progress)
+        provider = SwarmDocker(layout, docker.docker_bin)
+        require_engines(provider, spec)
+        return start(spec, provider, keep=keep, timeout=timeout, progress=progress)
     except BaseException:
         if not keep and not existed:
             remove_services(docker, spec.name)
             leave_if_ours(docker, progress)
         raise
+
+
+def require_engines(docker: SwarmDocker, spec: ClusterSpec) -> None:
+    """Every host that the layout gives a node (or etcd) has an engine sim reaches: refused before deploying."""
+    max_nodes = spec.max_nodes or spec.nodes
+    needed = {docker.layout.hosts[0]: "etcd"} if docker.layout.hosts and spec.uses_etcd else {}
+    for index in reversed(range(max_nodes)):
+        needed[docker.layout.host_of(index, max_nodes)] = f"node{index}"
+    for host, what in needed.items():
+        if host in docker.hosts.without_engine:
+            raise SimError(no_engine(host, f"{what} of cluster '{spec.name}'"))
+
+
+def hosts_table(docker: Docker) -> list[str]:
+    """`sim swarm hosts`: each swarm host and the engine sim reaches it by, then registered hosts not in the swarm."""
+    known = registered()
+    rows = [f"{'HOST':<24} ENGINE"]
+    state, _ = swarm_state(docker)
+    hosts = discover_hosts(docker) if state == "active" else SwarmHosts("", {})
+    for host in sorted(hosts.node_hosts.values(), key=lambda h: (h != hosts.local, h)):
+        if host == hosts.local:
+            rows.append(f"{host:<24} this machine's engine (a manager)")
+        elif host in known:
+            rows.append(f"{host:<24} {known[host].address}")
+        else:
+            rows.append(f"{host:<24} none: `sim swarm add-host {host} --docker-host ssh://USER@{host}`")
+    for host in sorted(set(known) - set(hosts.node_hosts.values())):
+        rows.append(f"{host:<24} {known[host].address} (not in this engine's swarm)")
+    if state != "active":
+        rows.append(f"(this engine is in no swarm: {state}; `docker swarm init` or `sim up --engine swarm` makes one)")
+    return rows
 
 
 def down(cluster: Cluster, progress: Progress = to_stderr) -> dict[str, int]:

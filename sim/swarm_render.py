@@ -27,7 +27,7 @@ GPU_RESOURCE_KIND = "NVIDIA-GPU"
 # ignores with a warning (container_name, restart, shm_size): to_stack replaces each with its Swarm form.
 COMPOSE_ONLY_KEYS = ("container_name", "restart", "depends_on", "mem_limit", "memswap_limit", "shm_size")
 _NFS_RE = re.compile(r"^(?P<server>[A-Za-z0-9][A-Za-z0-9.-]*):(?P<export>/[^\s,]*)$")
-_HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +49,7 @@ class SwarmLayout:
         if self.placement not in PLACEMENTS:
             raise UsageError(f"--placement {self.placement!r}: unknown; use one of {', '.join(PLACEMENTS)}")
         for host in self.hosts:
-            if not _HOST_RE.fullmatch(host):
+            if not HOST_RE.fullmatch(host):
                 raise UsageError(f"swarm host {host!r}: not a hostname; `docker node ls` lists the swarm's hosts")
         if len(set(self.hosts)) != len(self.hosts):
             raise UsageError(f"swarm hosts {', '.join(self.hosts)}: a host is named twice")
