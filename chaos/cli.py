@@ -60,6 +60,9 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable]:
     run.add_argument("--backend", help="run on this backend only (default: every backend the scenario names)")
     run.add_argument("--keep", action="store_true", help="keep the cluster afterwards")
     run.add_argument("--cluster", help="use this running cluster instead of starting one")
+    run.add_argument(
+        "--engine", choices=["compose", "swarm"], help="start the cluster on this engine (default: the scenario's)"
+    )
     chaos_sub.add_parser("list", help="the shipped scenarios, one line each")
     commands["chaos"] = cmd_chaos
     return commands
@@ -228,7 +231,13 @@ def cmd_chaos(args, _):
     docker = Docker()
     docker.ping()
     results = run_scenario(
-        scenario, args.backend, docker=docker, seed=args.seed, keep=args.keep, cluster_name=args.cluster
+        scenario,
+        args.backend,
+        docker=docker,
+        seed=args.seed,
+        keep=args.keep,
+        cluster_name=args.cluster,
+        engine=args.engine,
     )
     for result in results:
         print(result.summary)

@@ -16,14 +16,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sim import swarm
 from sim.checkers import RunSpec
-from sim.cluster import Cluster, JobFinished, up
+from sim.cluster import DEFAULT_START_TIMEOUT, Cluster, JobFinished, up
 from sim.docker import Docker
 from sim.errors import SimError, UsageError
 from sim.history import FILE_NAME, AgentRecord, History, HistoryTail
 from sim.runmodel import trigger_step
 from sim.runreport import report_run
 from sim.spec import spec_from_options
+from sim.swarm import SwarmDocker
 from sim.verdict import Verdict
 
 from .faults import FAULTS
@@ -96,6 +98,7 @@ class ScenarioRunner:
         seed: int | None = None,
         keep: bool = False,
         cluster_name: str | None = None,
+        engine: str | None = None,
         progress: Progress = print,
     ):
         if backend not in scenario.backends:
@@ -110,6 +113,7 @@ class ScenarioRunner:
         )
         self.keep = keep
         self.cluster_name = cluster_name
+        self.engine = engine  # compose or swarm; None: the scenario's (compose unless it says)
         self.progress = progress
         self._undo_timers: list[threading.Timer] = []
 
@@ -152,7 +156,7 @@ class ScenarioRunner:
             for timer in self._undo_timers:
                 timer.cancel()
             if not self.keep and self.cluster_name is None:
-                cluster.down()
+                swarm.down(cluster, self.progress) if isinstance(cluster.docker, SwarmDocker) else cluster.down()
         bounds = {
             k: v
             for k, v in dataclasses.asdict(scenario.expect).items()
@@ -167,14 +171,19 @@ class ScenarioRunner:
 
     def _cluster(self) -> Cluster:
         if self.cluster_name:
-            cluster = Cluster(self.cluster_name, self.docker)
+            cluster = Cluster(self.cluster_name, swarm.provider_for(self.cluster_name, self.docker))
             cluster.require_running()
             return cluster
         options = scenario_spec_options(self.scenario, self.backend)
         options.setdefault("name", f"chaos-{self.scenario.name}"[:40].rstrip("-"))
+        if self.engine:
+            options["engine"] = self.engine
         spec = spec_from_options(options, options.pop("script_args", None))
         self.progress(f"[chaos] {self.scenario.name} on {self.backend}: {spec.nodes} nodes, seed {self.seed}")
-        cluster = up(spec, self.docker, progress=self.progress)
+        if spec.engine == "swarm":
+            cluster = swarm.up(spec, self.docker, timeout=DEFAULT_START_TIMEOUT, progress=self.progress)
+        else:
+            cluster = up(spec, self.docker, progress=self.progress)
         if self.keep:
             cluster.release()  # kept for the user: this run ending is not a leak
         return cluster

@@ -327,10 +327,11 @@ def cmd_ls(args: argparse.Namespace, _: list[str] | None) -> int:
 
 def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
     from .status import StatusWatch, cluster_status, format_status
+    from .swarm import provider_for
 
     docker = _docker()
     docker.ping()
-    cluster = cluster_mod.Cluster(args.name, docker)
+    cluster = cluster_mod.Cluster(args.name, provider_for(args.name, docker))  # a swarm's tasks on every host
     if not cluster.containers():
         raise UsageError(f"cluster '{args.name}': not found; `python -m sim ls` lists clusters")
     if not args.watch:

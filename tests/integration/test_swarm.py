@@ -116,3 +116,33 @@ def test_swarm_cluster_survives_worker_and_node_crash_and_restart_and_down_leave
 def _groups_started(cluster: Cluster, node: str) -> int:
     records = parse_node_log(node, cluster.logs(node))
     return sum(r["type"] == "agent" and r.get("event") == "group_started" for r in records)
+
+
+def test_four_nodes_train_on_a_swarm_and_down_leaves_nothing(docker, images):
+    before = swarm_state(docker)[0]
+    name = unique_name("sw-4")
+    result = run_sim("up", "--engine", "swarm", "--name", name, "--nodes", "4", "--nproc-per-node", "1", "--detach")
+    try:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert len(services(name)) == 5  # etcd and four nodes, one task each
+        status = run_sim("status", name)
+        assert status.returncode == 0, status.stderr
+        assert all(f"node{i}" in status.stdout for i in range(4)), status.stdout
+        cluster = Cluster(name, provider_for(name, docker))
+        wait_for(JobFinished(cluster), timeout=400, interval=3)
+        assert [node.exit_code for node in cluster.nodes()] == [0, 0, 0, 0]
+    finally:
+        down = run_sim("down", name)
+    assert down.returncode == 0, down.stderr
+    assert not services(name) and swarm_state(docker)[0] == before
+    assert docker.ids("container", labels.cluster_filter(name)) == []
+
+
+@pytest.mark.parametrize("scenario", ["worker-crash", "node-crash", "partition-one", "scale-up"])
+def test_catalog_scenarios_pass_on_a_swarm(docker, images, scenario):
+    """The same scenario file, its cluster deployed as a stack: faults reach each task's container."""
+    before = swarm_state(docker)[0]
+    run = run_sim("chaos", "run", scenario, "--backend", "etcd-v2", "--engine", "swarm", timeout=900)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert f"PASS {scenario} [etcd-v2]" in run.stdout
+    assert swarm_state(docker)[0] == before  # the run's own swarm is left again
