@@ -25,14 +25,19 @@ from bench.scenario_runs import damaged_resumes, run_generated, unusable_checkpo
 RESULTS = Path(__file__).resolve().parent / "results.json"
 
 
+CKPT_INTERVAL = 10
+
+
 def kills_scenario(backend: str, kills: int) -> dict:
-    # Each kill lands in the first write after the resume from the one before, so the job trains the
-    # same 10 steps again and again until the kills are done, then finishes.
+    # Each kill takes the first write after it: landed, the job resumes from the checkpoint before and trains
+    # the same steps again; missed (the watcher armed late under load), the job moves one interval on. So the
+    # job's length holds one interval per kill and more: it cannot end while kills remain. (When it could, the
+    # last write's kill left rank 0 restarting alone after rank 1 had finished: a rendezvous timeout.)
     return {
         "name": f"ckpt-kills-{backend}",
         "description": f"{kills} kills of rank 0's worker inside its checkpoint write (bench/ckpt_kills.py)",
         "cluster": {"nodes": 2, "nproc_per_node": 1, "max_restarts": kills + 5, "rdzv_backend": backend},
-        "trainer": {"steps": 60, "step_time": 0.05, "ckpt_interval": 10},
+        "trainer": {"steps": CKPT_INTERVAL * (kills + 3), "step_time": 0.05, "ckpt_interval": CKPT_INTERVAL},
         "steps": [
             {"fault": "kill-during-checkpoint", "target": "rank0", "at": {"step": 15} if i == 0 else {"after": "1s"}}
             for i in range(kills)

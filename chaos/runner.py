@@ -207,8 +207,15 @@ class ScenarioRunner:
         self, nemesis: Nemesis, step: Step, state: HistoryState, previous_done: float, deadline: float
     ) -> None:
         kind, value = step.trigger.kind, step.trigger.value
-        next_liveness_check = time.monotonic() + 2.0
+        next_liveness_check = time.monotonic()
         while True:
+            if time.monotonic() >= next_liveness_check:  # first: a short `after` must not fire into an ended job
+                next_liveness_check = time.monotonic() + 2.0
+                if self._job_ended(nemesis.cluster):
+                    raise StepNotFired(
+                        f"the job ended before the trigger {kind}={value} of step "
+                        f"'{step.fault}' (line {step.line}) was reached"
+                    )
             state.update()
             now = time.time()
             if kind == "step" and state.max_step >= value:
@@ -227,13 +234,6 @@ class ScenarioRunner:
                     f"trigger {kind}={value} of step '{step.fault}' (line {step.line}) "
                     f"not reached before the scenario timeout"
                 )
-            if time.monotonic() >= next_liveness_check:
-                next_liveness_check = time.monotonic() + 2.0
-                if self._job_ended(nemesis.cluster):
-                    raise StepNotFired(
-                        f"the job ended before the trigger {kind}={value} of step "
-                        f"'{step.fault}' (line {step.line}) was reached"
-                    )
             time.sleep(POLL_S)
 
     def _fire(self, nemesis: Nemesis, step: Step) -> None:
