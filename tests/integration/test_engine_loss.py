@@ -162,10 +162,6 @@ def test_docker_dying_in_the_middle_of_up_is_one_line_and_down_removes_the_rest(
     assert_nothing_left(docker, name)
 
 
-# In `make test-full` until understood: it failed once in a clean-clone CI run (2026-12-01 08:04: the build's
-# temporary context folder was left, so `up` was likely SIGKILLed by the 60 s bound after its Ctrl-C) while
-# it passed 4 of 4 runs in the working tree.
-@pytest.mark.full
 def test_ctrl_c_while_up_builds_an_image_leaves_nothing(docker, images):
     """A real build through `up`'s own path: the cached base image under a new name (SIM_BASE_IMAGE)
     gives every image above it a new tag, so `up` builds the runtime image; Ctrl-C once the build

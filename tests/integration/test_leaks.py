@@ -4,6 +4,7 @@ the history holds what happened up to the event. Real processes, really killed."
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import signal
@@ -37,6 +38,9 @@ class SimProcess:
             text=True,
             env={**os.environ, **(env or {})},
             start_new_session=True,  # a signal to it alone, as `kill PID` sends one
+            # Ctrl-C as at a terminal, even when the suite itself was started with SIGINT ignored (a background
+            # job of a non-interactive shell): Python installs its KeyboardInterrupt handler only over SIG_DFL.
+            preexec_fn=functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL),
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
