@@ -25,7 +25,6 @@ from sim.history import FILE_NAME, AgentRecord, History, HistoryTail
 from sim.runmodel import trigger_step
 from sim.runreport import report_run
 from sim.spec import spec_from_options
-from sim.swarm import SwarmDocker
 from sim.verdict import Verdict
 
 from .faults import FAULTS
@@ -156,7 +155,7 @@ class ScenarioRunner:
             for timer in self._undo_timers:
                 timer.cancel()
             if not self.keep and self.cluster_name is None:
-                swarm.down(cluster, self.progress) if isinstance(cluster.docker, SwarmDocker) else cluster.down()
+                swarm.down(cluster, self.progress)
         bounds = {
             k: v
             for k, v in dataclasses.asdict(scenario.expect).items()

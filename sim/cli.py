@@ -286,7 +286,7 @@ def cmd_down(args: argparse.Namespace, _: list[str] | None) -> int:
                 continue
             raise UsageError(f"cluster '{name}': not found; `python -m sim ls` lists clusters")
         logs_at = cluster.run_dir / "logs"
-        removed = swarm.down(cluster) if provider is not docker else cluster.down()
+        removed = swarm.down(cluster)
         print(
             f"removed cluster '{name}': {removed['containers']} containers, {removed['networks']} networks, "
             f"{removed['volumes']} volumes; logs kept in {logs_at}"

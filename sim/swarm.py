@@ -596,10 +596,12 @@ def hosts_table(docker: Docker) -> list[str]:
 
 
 def down(cluster: Cluster, progress: Progress = to_stderr) -> dict[str, int]:
-    """Remove a Swarm cluster (its `docker` a SwarmDocker): as for Compose, every labelled thing,
-    each container with its service; then any service that never had a task; then the swarm, if
-    this tool made it and nothing of ours runs on it."""
+    """Remove a cluster, either engine's. A Swarm one (its `docker` a SwarmDocker): as for Compose, every
+    labelled thing, each container with its service; then any service that never had a task; then the
+    swarm, if this tool made it and nothing of ours runs on it."""
     removed = cluster.down()
+    if not isinstance(cluster.docker, SwarmDocker):
+        return removed
     removed["services"] = remove_services(cluster.docker, cluster.name)
     leave_if_ours(cluster.docker, progress)
     return removed
