@@ -21,6 +21,9 @@ from .history import AgentRecord, Record, TrainerRecord, parse_record
 # node image's rendezvous log hook (images/node/elastic_sim_rdzv_log.py).
 JOINED_ROUND = re.compile(r"has joined round (\d+) of the rendezvous '([^']*)' as rank (\d+) in a world of size (\d+)")
 KEEPALIVE_FAILED = re.compile(r"failed to send a keep-alive heartbeat")
+# The agent's closing call (shutdown closes the rendezvous) failed: its message names the error type
+# (often RendezvousTimeoutError: etcd was away for close_timeout), which is no join timeout.
+CLOSE_FAILED = re.compile(r"failed to shutdown the rendezvous")
 # torch/distributed/elastic/agent/server/api.py
 RDZV_COMPLETE = "Rendezvous complete for workers. Result:"
 GROUP_FAILED = re.compile(r"Worker group FAILED\. (\d+)/(\d+) attempts left")
@@ -168,6 +171,8 @@ class NodeLogParser:
             yield self._agent_record(t, "rdzv_graceful_exit", message=m.group(1).strip()[-300:])
         elif KEEPALIVE_FAILED.search(text):
             yield self._agent_record(t, "keepalive_failed", message=text.strip()[-300:])
+        elif CLOSE_FAILED.search(text):
+            yield self._agent_record(t, "rdzv_close_failed", message=text.strip()[-300:])
         elif m := AGENT_SIGNAL.search(text):
             yield self._agent_record(t, "agent_signal", signal=int(m.group(1)))
         elif LOAD_FRAME.search(text):

@@ -29,6 +29,7 @@ RDZV_ERROR_WORDS = {
     "rdzv_closed": "rendezvous closed",
     "rdzv_timeout": "rendezvous timed out",
     "rdzv_error": "rendezvous error",
+    "rdzv_close_failed": "closing the rendezvous failed",
 }
 DOCKER_WORDS = {
     "start": "container started",

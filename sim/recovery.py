@@ -22,7 +22,7 @@ import itertools
 import math
 
 from .history import AgentRecord, TrainerRecord, WorkerRecord
-from .runmodel import DEGRADING_FAULTS, NODE_REMOVING_FAULTS, Beat, Cohort, Fault, Resume, RunModel
+from .runmodel import AGENT_CONTAINER, DEGRADING_FAULTS, NODE_REMOVING_FAULTS, Beat, Cohort, Fault, Resume, RunModel
 from .verdict import FaultRecovery
 
 # Throughput before and after a fault is measured over this much training.
@@ -163,7 +163,7 @@ def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> Recovery
         restart
         and next_fault
         and restart.t > next_fault.t_invoke
-        and fault.fault not in WORKER_ENDING_FAULTS
+        and not _ends_workers(fault)
         and run.beats_between(fault.t_ok, next_fault.t_invoke)
     ):
         restart = None  # training went on after this fault; the restart belongs to a later one
@@ -197,6 +197,11 @@ def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> Recovery
         rate_after,
         phases=recovery_phases(run, fault, recovering, first, phases_end),
     )
+
+
+def _ends_workers(fault: Fault) -> bool:
+    """A worker-ending fault on a training node (kill-node of etcd ends none: training rides it out)."""
+    return fault.fault in WORKER_ENDING_FAULTS and (fault.node is None or bool(AGENT_CONTAINER.match(fault.node)))
 
 
 def recovery_phases(

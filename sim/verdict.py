@@ -18,6 +18,7 @@ each), all with "t" (unix seconds, one clock) and a type; as written:
      "group_started"                                     (the agent is spawning this round's workers)
      "group_finished"                                    (this agent's workers all exited 0)
      "keepalive_failed" | "rdzv_closed" | "rdzv_timeout" | "rdzv_error" (message)
+     "rdzv_close_failed" message                         (the agent's shutdown could not close the rendezvous)
      "error_file"    message                            (the @record error-file contents torchrun printed)
      "rdzv_joining"                                      (the agent starts a rendezvous: "Rendezvous'ing worker group")
      "rdzv_graceful_exit" message                        (the rendezvous closed after the job finished)

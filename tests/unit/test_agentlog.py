@@ -171,3 +171,16 @@ def test_checkpoint_load_and_disk_full_errors_become_worker_errors():
     ]
     assert records[0].message == "[rank0]: OSError: [Errno 22] Invalid argument"
     assert records[2].message == "[rank0]: OSError: [Errno 28] No space left on device"
+
+
+def test_a_failed_close_is_no_join_timeout():
+    """torch's shutdown warning names the close's error type; a RendezvousTimeoutError there means etcd
+    was away for close_timeout as the agent ended (seen in tour-v3), not that nodes failed to join."""
+    log = (
+        "2026-12-01T08:55:28.300000000Z W2026-12-01 08:55:28,300 7 torch.distributed.elastic.rendezvous."
+        "dynamic_rendezvous] The node 'node2_7_0' has failed to shutdown the rendezvous 'r' due to an error of "
+        "type RendezvousTimeoutError.\n"
+        "2026-12-01T08:55:28.400000000Z torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError\n"
+    )
+    events = [r.event for r in parse_node_log("node2", log)]
+    assert events == ["rdzv_close_failed", "rdzv_timeout"]

@@ -57,6 +57,7 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
                 success=[put_op(self._key, b64encode(state))],
                 failure=[range_op(self._key)],
                 leased=True,
+                resend_safe=True,  # a copy's failed compare answers with the state that holds this write
             )
         except EtcdError as exc:
             raise _connection_error(exc) from exc

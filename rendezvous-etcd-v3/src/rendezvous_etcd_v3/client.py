@@ -5,11 +5,16 @@ by every etcd 3.4+ on its client port, needs no native wheel (grpcio) and no pro
 rendezvous needs only range, txn, put, delete, lease grant and one-shot watches.
 
 Rules this client keeps:
-- A request that may have reached the server is never sent again (a compare-and-set or an ``add``
-  must not apply twice). Only requests that provably did not reach etcd are retried: the connect
-  step failed (then the next endpoint is tried, and all of them again until reconnect_timeout: etcd
-  restarting is a pause, not an end), or etcd answered "invalid auth token" (then we
-  authenticate again).
+- A request that may have reached the server is sent again only when a second copy cannot change
+  the outcome: reads, and the rendezvous state's compare-and-set (applied once, the copy's compare
+  fails and answers with the state that holds our write; torch's state machine reads it as such).
+  Those are sent again when the connection broke under them (etcd killed while the request was in
+  flight), at most RESENDS times; a read timeout is never resent. Anything else (an ``add``, which
+  must not apply twice) fails on a broken connection. Requests that provably did not reach etcd are
+  retried: the connect step failed (then the next endpoint is tried, and all of them again until
+  reconnect_timeout: etcd restarting is a pause, not an end), or etcd answered "invalid auth token"
+  (then we authenticate again). Without the resend, a read in flight when etcd is killed fails the
+  torchrun agent whose monitor loop made it (num_nodes_waiting lets every error through).
 - reconnect_timeout bounds the outage, not each call: it runs from the first connect that failed,
   for every call of every thread, until a connect succeeds. Once etcd has been unreachable that
   long, each call tries the endpoints once and fails, so an etcd gone for good ends the agent
@@ -40,6 +45,7 @@ _GRPC_NOT_FOUND = 5
 _GRPC_UNAUTHENTICATED = 16
 # Between rounds of connect attempts while etcd is down.
 RECONNECT_PAUSE_S = 0.5
+RESENDS = 2  # times a resend-safe request goes out again after its connection broke
 
 
 class EtcdError(Exception):
@@ -227,29 +233,35 @@ class EtcdClient:
             headers["Authorization"] = self._token
         return headers
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        conn = self._pooled_connection()
-        try:
-            conn.request("POST", path, json.dumps(body), self._headers())
-            response = conn.getresponse()
-            payload = response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            self._drop_pooled_connection()
-            raise EtcdConnectionError(f"etcd request {path} failed: {exc!r}") from exc
-        return _decode_answer(response.status, payload)
+    def _post(self, path: str, body: dict[str, Any], resend_safe: bool = False) -> dict[str, Any]:
+        sends = 1 + (RESENDS if resend_safe else 0)
+        for send in range(sends):
+            conn = self._pooled_connection()  # after a broken one: waits for etcd, up to reconnect_timeout
+            try:
+                conn.request("POST", path, json.dumps(body), self._headers())
+                response = conn.getresponse()
+                payload = response.read()
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop_pooled_connection()
+                if send + 1 < sends and not isinstance(exc, TimeoutError):
+                    continue
+                raise EtcdConnectionError(f"etcd request {path} failed: {exc!r}") from exc
+            return _decode_answer(response.status, payload)
+        raise AssertionError("unreachable: the last send returns or raises")
 
-    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST one gateway request; authenticates first (and once more if the token expired)."""
+    def call(self, path: str, body: dict[str, Any], resend_safe: bool = False) -> dict[str, Any]:
+        """POST one gateway request; authenticates first (and once more if the token expired).
+        ``resend_safe``: a second copy cannot change the outcome (see the module's rules)."""
         if self.config.user is not None and self._token is None:
             self._authenticate()
         try:
-            return self._post(path, body)
+            return self._post(path, body, resend_safe)
         except EtcdServerError as exc:
             if exc.code != _GRPC_UNAUTHENTICATED or self.config.user is None:
                 raise
         # Refused for the token, so not applied: safe to send again with a fresh one.
         self._authenticate()
-        return self._post(path, body)
+        return self._post(path, body, resend_safe)
 
     def _authenticate(self) -> None:
         with self._auth_lock:
@@ -269,7 +281,7 @@ class EtcdClient:
             body["range_end"] = b64(range_end)
         if count_only:
             body["count_only"] = True
-        answer = self.call("/v3/kv/range", body)
+        answer = self.call("/v3/kv/range", body, resend_safe=True)
         if count_only:
             return [KeyValue(b"", b"", 0, 0)] * int(answer.get("count", 0))
         return [_kv(raw) for raw in answer.get("kvs", [])]
@@ -290,8 +302,10 @@ class EtcdClient:
         success: list[dict[str, Any]],
         failure: list[dict[str, Any]],
         leased: bool = False,
+        resend_safe: bool = False,
     ) -> TxnResult:
-        """One atomic transaction. ``leased``: every put in it carries this client's current lease."""
+        """One atomic transaction. ``leased``: every put in it carries this client's current lease.
+        ``resend_safe``: the caller reads a second copy's answer right (see the module's rules)."""
         for _attempt in range(2):
             lease_id = self._leases.get(self) if leased else 0
             body = {
@@ -300,7 +314,7 @@ class EtcdClient:
                 "failure": [_with_lease(op, lease_id) for op in failure],
             }
             try:
-                answer = self.call("/v3/kv/txn", body)
+                answer = self.call("/v3/kv/txn", body, resend_safe=resend_safe)
             except LeaseNotFoundError:
                 # Expired or revoked (e.g. etcd lost its data); etcd rejected the txn whole: grant anew and resend.
                 self._leases.forget(lease_id)
