@@ -28,7 +28,7 @@ from .checkers import CHECKPOINT_DAMAGING_FAULTS, stale_writes
 from .history import AgentRecord, DockerRecord, FaultRecord, Record, TrainerRecord, WorkerRecord
 from .nodes import node_order
 from .recovery import LOSS_JUMP_TOLERANCE, loss_across_resumes
-from .runmodel import RunModel
+from .runmodel import AGENT_CONTAINER, RunModel
 
 MAX_EVIDENCE = 8
 MAX_EVIDENCE_CHARS = 300
@@ -456,6 +456,8 @@ def _live_nodes(run: RunModel, until: float) -> tuple[list[str] | None, list[Doc
         if r.t > until:
             break
         node = r.node
+        if not AGENT_CONTAINER.match(str(node)):
+            continue  # etcd, or the throwaway container of wipe-etcd: no training node
         if r.action in ("die", "kill", "stop", "destroy"):
             if up.get(node):
                 lost.append(r)
