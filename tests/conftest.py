@@ -24,6 +24,11 @@ from sim.docker import RESOURCE_KINDS, Docker  # noqa: E402
 from sim.errors import SimError  # noqa: E402
 
 SESSION = os.environ.setdefault(labels.SESSION_ENV, f"pytest-{secrets.token_hex(4)}")
+# Under pytest-xdist (make test: -n 2) each worker process labels and sweeps its own resources:
+# a worker that finishes first must not sweep clusters the other one is still using.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER and not SESSION.endswith(f"-{WORKER}"):
+    SESSION = os.environ[labels.SESSION_ENV] = f"{SESSION}-{WORKER}"
 # Run directories (histories, logs, reports) go to a home of the session's own unless the
 # caller chose one; it is removed after a green session and kept as evidence after a red one.
 OWN_HOME = "SIM_HOME" not in os.environ
