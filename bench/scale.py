@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import print_columns, save_results  # noqa: E402
 from bench.scenario_runs import run_generated  # noqa: E402
+from chaos.runner import default_cluster_name  # noqa: E402
 from sim import labels  # noqa: E402
 from sim.docker import Docker  # noqa: E402
 from sim.errors import SimError  # noqa: E402
@@ -125,7 +126,7 @@ def first_step_s(run: RunModel) -> float | None:
 def measure(backend: str, nodes: int, seed: int) -> dict:
     docker = Docker()
     document = scale_scenario(backend, nodes)
-    with Sampler(docker, f"chaos-{document['name']}") as sampler:
+    with Sampler(docker, default_cluster_name(document["name"], backend)) as sampler:
         result, report = run_generated(document, backend, seed)
     run = RunModel(History(result.run_dir / FILE_NAME).records())
     recoveries = [r for r in report.get("recoveries", []) if r["fault"] == "kill-node"]

@@ -37,6 +37,13 @@ POLL_S = 0.5
 QUIET_MARGIN_S = 5.0
 
 
+def default_cluster_name(scenario: str, backend: str) -> str:
+    """`chaos-<scenario>-<backend>`, within the 40 characters a cluster name may have: runs of one
+    scenario on two backends at once (two terminals, the test suite's two workers) never share a
+    name, since the `up` of a name sweeps whatever carries it."""
+    return f"{f'chaos-{scenario}'[: 39 - len(backend)].rstrip('-')}-{backend}"
+
+
 class StepNotFired(SimError):
     """A step's trigger was never reached (the job ended first, or the timeout came)."""
 
@@ -174,7 +181,7 @@ class ScenarioRunner:
             cluster.require_running()
             return cluster
         options = scenario_spec_options(self.scenario, self.backend)
-        options.setdefault("name", f"chaos-{self.scenario.name}"[:40].rstrip("-"))
+        options.setdefault("name", default_cluster_name(self.scenario.name, self.backend))
         if self.engine:
             options["engine"] = self.engine
         spec = spec_from_options(options, options.pop("script_args", None))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from chaos.runner import default_cluster_name
 from sim import labels
 from sim.cluster import COLLECTOR_PID_FILE, Cluster
 from sim.history import FILE_NAME
@@ -182,7 +183,7 @@ def test_sigkill_of_chaos_run_is_shown_and_down_removes_it(docker, images, tmp_p
         "steps:\n  - fault: kill-worker\n    target: node0\n    at: {step: 99999}\n"
         "expect: {outcome: recovers}\ntimeout: 10m\n"
     )
-    cluster_name = f"chaos-{name}"
+    cluster_name = default_cluster_name(name, "c10d")
     runner = SimProcess("chaos", "run", str(scenario))
     runner.wait_for_line("[up] training started")
     runner.signal(signal.SIGKILL)

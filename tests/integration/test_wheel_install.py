@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from chaos.runner import default_cluster_name
 from sim import labels
 from tests.conftest import unique_name
 from tests.wheel_build import ROOT, build_wheel
@@ -168,5 +169,5 @@ def test_a_user_repo_runs_its_own_test_with_elastic_sim_from_a_wheel(docker, ima
 
     result = run([venv / "bin" / "python", "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider"], repo, env)
     assert "2 passed" in result.stdout, result.stdout[-4000:]
-    for made in (name, "chaos-my-worker-crash"):
+    for made in (name, default_cluster_name("my-worker-crash", "etcd-v2")):
         assert not docker.ids("container", labels.cluster_filter(made)), f"the user's run left containers of {made}"

@@ -12,11 +12,12 @@ import pytest
 import chaos.cli
 from chaos.faults import FAULTS, PartitionOptions
 from chaos.partition import cut_from, isolate, one_way, split
-from chaos.runner import HistoryState, ScenarioRunner
+from chaos.runner import HistoryState, ScenarioRunner, default_cluster_name
 from chaos.scenario import Step, parse_scenario
 from sim.cli import main as sim_main
 from sim.errors import UsageError
 from sim.history import History
+from sim.spec import spec_from_options
 
 
 def test_history_state_follows_a_growing_file(tmp_path):
@@ -340,3 +341,13 @@ def test_history_state_counts_any_scripts_optimizer_steps(tmp_path):
     history.append({"t": 12.0, "type": "worker", "node": "node1", "event": "step", "n": 1, "step": 41})
     state.update()
     assert state.max_step == 41
+
+
+def test_a_scenario_on_two_backends_gets_two_cluster_names():
+    """The `up` of a name sweeps whatever carries it: runs of one scenario on two backends at once
+    (the suite's two workers ran clock-skew-5s so) must not share one."""
+    assert default_cluster_name("clock-skew-5s", "etcd-v2") == "chaos-clock-skew-5s-etcd-v2"
+    assert default_cluster_name("clock-skew-5s", "c10d") == "chaos-clock-skew-5s-c10d"
+    long = default_cluster_name("x" * 60, "etcd-v3")
+    assert len(long) == 40 and long.endswith("x-etcd-v3")
+    spec_from_options({"name": long}, None)  # a valid cluster name
