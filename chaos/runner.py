@@ -185,7 +185,9 @@ class ScenarioRunner:
         if self.engine:
             options["engine"] = self.engine
         spec = spec_from_options(options, options.pop("script_args", None))
-        self.progress(f"[chaos] {self.scenario.name} on {self.backend}: {spec.nodes} nodes, seed {self.seed}")
+        self.progress(
+            f"[chaos] {self.scenario.name} on {self.backend}: cluster {spec.name}, {spec.nodes} nodes, seed {self.seed}"
+        )
         if spec.engine == "swarm":
             cluster = swarm.up(spec, self.docker, timeout=DEFAULT_START_TIMEOUT, progress=self.progress)
         else:
