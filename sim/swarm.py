@@ -127,13 +127,15 @@ class SwarmDocker(Docker):
     def __init__(self, layout: SwarmLayout, docker_bin: str = "docker", hosts: SwarmHosts | None = None):
         super().__init__(docker_bin)
         self.layout = layout
-        if hosts is not None:
-            self.__dict__["hosts"] = hosts  # given (tests): not discovered
+        # How the hosts are found: `docker node ls` and the registry, or as given (tests).
+        self.discover: Callable[[], SwarmHosts] = (
+            (lambda: hosts) if hosts is not None else (lambda: discover_hosts(self))
+        )
         self._where: dict[str, DockerProvider] = {}  # container id -> the engine of its host
 
     @functools.cached_property
     def hosts(self) -> SwarmHosts:
-        return discover_hosts(self)
+        return self.discover()
 
     # --- every host's containers, volumes and events; each container's verbs on its host's engine ---------
 
@@ -158,14 +160,20 @@ class SwarmDocker(Docker):
         return list(by_name.values())
 
     def events(self, label_filter: str) -> EventStream:
-        engines = self.hosts.engines
-        if len(engines) == 1:
-            return next(iter(engines.values())).events(label_filter)
+        """Every host's events as one stream, including hosts that join the swarm (or get an engine
+        registered) while it runs: a scale-up may place new nodes there."""
 
         def seen(host: str, container: str) -> None:
-            self._where[container] = engines[host]
+            engine = self.hosts.engines.get(host)
+            if engine is not None:
+                self._where[container] = engine
 
-        return MergedEvents({host: engine.events(label_filter) for host, engine in engines.items()}, seen)
+        def joined(followed: set[str]) -> dict[str, EventStream]:
+            self.__dict__["hosts"] = self.discover()
+            return {h: e.events(label_filter) for h, e in self.hosts.engines.items() if h not in followed}
+
+        streams = {host: engine.events(label_filter) for host, engine in self.hosts.engines.items()}
+        return MergedEvents(streams, seen, joined)
 
     kill = _routed("kill")
     inspect = _routed("inspect")
@@ -377,15 +385,47 @@ class _Removed:
 
 class MergedEvents:
     """Several hosts' event streams as one: a thread per host puts its events on one queue, in the order
-    they come; `seen(host, container)` learns where each container lives. Ends when every stream has."""
+    they come; `seen(host, container)` learns where each container lives. Every JOIN_CHECK_S,
+    `joined(followed)` gives the streams of hosts that came since (none: no check). Ends when every
+    stream has."""
 
     _END = object()
+    JOIN_CHECK_S = 10.0
 
-    def __init__(self, streams: Mapping[str, EventStream], seen: Callable[[str, str], None]):
-        self.streams, self.seen = dict(streams), seen
+    def __init__(
+        self,
+        streams: Mapping[str, EventStream],
+        seen: Callable[[str, str], None],
+        joined: Callable[[set[str]], Mapping[str, EventStream]] | None = None,
+    ):
+        self.streams: dict[str, EventStream] = {}
+        self.seen = seen
         self._queue: queue.Queue = queue.Queue()
-        for host, stream in self.streams.items():
-            threading.Thread(target=self._pump, args=(host, stream), daemon=True).start()
+        self._lock = threading.Lock()
+        self._open = 0  # streams not yet ended
+        self._closed = threading.Event()
+        for host, stream in streams.items():
+            self._follow(host, stream)
+        if joined is not None:
+            threading.Thread(target=self._watch_joins, args=(joined,), daemon=True).start()
+
+    def _follow(self, host: str, stream: EventStream) -> None:
+        with self._lock:
+            self.streams[host] = stream
+            self._open += 1
+        threading.Thread(target=self._pump, args=(host, stream), daemon=True).start()
+
+    def _watch_joins(self, joined: Callable[[set[str]], Mapping[str, EventStream]]) -> None:
+        while not self._closed.wait(self.JOIN_CHECK_S):
+            try:
+                new = joined(set(self.streams))
+            except (SimError, OSError, requests.exceptions.RequestException):
+                continue  # the manager did not answer this time: ask again at the next check
+            for host, stream in new.items():
+                if self._closed.is_set():
+                    stream.close()
+                    return
+                self._follow(host, stream)
 
     def _pump(self, host: str, stream: EventStream) -> None:
         try:
@@ -397,11 +437,14 @@ class MergedEvents:
             self._queue.put((host, self._END))
 
     def __iter__(self) -> Iterator[dict]:
-        ended = 0
-        while ended < len(self.streams):
+        while True:
+            with self._lock:
+                if self._open == 0:
+                    return
             host, event = self._queue.get()
             if event is self._END:
-                ended += 1
+                with self._lock:
+                    self._open -= 1
                 continue
             actor = event.get("id") or (event.get("Actor") or {}).get("ID")
             if event.get("Type") == "container" and actor:
@@ -409,7 +452,10 @@ class MergedEvents:
             yield event
 
     def close(self) -> None:
-        for stream in self.streams.values():
+        self._closed.set()
+        with self._lock:
+            streams = list(self.streams.values())
+        for stream in streams:
             stream.close()
 
 

@@ -285,15 +285,53 @@ def test_fill_disk_still_works_on_a_one_host_swarm_without_nfs():
 
 
 def test_one_host_is_exactly_the_local_engine():
-    """No task lookups, no merged stream: every call goes straight to this host's engine, as before."""
+    """No task lookups: every call goes straight to this host's engine (its events through the merged
+    stream, which follows hosts that join later)."""
     here = FakeHost("hosta", {"node0": "10.0.0.3"})
     docker = SwarmDocker(SwarmLayout(), hosts=SwarmHosts("hosta", {"hosta": here}))
     docker.__dict__["api"] = None  # any manager call would fail
     here.events_ = [{"Type": "container", "Action": "start", "id": "id-node0"}]
     assert [c.id for c in docker.containers(labels.cluster_filter("demo"))] == ["id-node0"]
     docker.kill("id-node0")
-    assert isinstance(docker.events(labels.cluster_filter("demo")), FakeStream)
+    assert list(docker.events(labels.cluster_filter("demo"))) == here.events_
     assert here.calls == [("kill", "id-node0")]
+
+
+def test_a_host_that_joins_while_the_collector_runs_is_followed(monkeypatch):
+    """A scale-up may place nodes on a host added to the swarm (or registered) after the run began: its
+    events join the merged stream and its containers' verbs go to its engine."""
+    monkeypatch.setattr(MergedEvents, "JOIN_CHECK_S", 0.05)
+    docker, here, there = two_hosts()
+    docker.discover = lambda: SwarmHosts("hosta", {"hosta": here})  # hostb not yet in the swarm
+    docker.__dict__.pop("hosts", None)
+    held = HeldStream([{"Type": "container", "Action": "start", "id": "id-node0"}])
+    here.events = lambda label_filter: held
+    there.events_ = [{"Type": "container", "Action": "start", "id": "id-node1"}]
+    events = docker.events(labels.cluster_filter("demo"))
+    iterator = iter(events)
+    assert next(iterator)["id"] == "id-node0"
+    docker.discover = lambda: SwarmHosts("hosta", {"hosta": here, "hostb": there})  # hostb joins
+    assert next(iterator)["id"] == "id-node1"
+    docker.kill("id-node1")
+    assert ("kill", "id-node1") in there.calls
+    events.close()
+    assert list(iterator) == [] and held.closed
+
+
+class HeldStream(FakeStream):
+    """A running engine's event stream: open after its events until closed."""
+
+    def __init__(self, events: list[dict]):
+        super().__init__(events)
+        self._closing = threading.Event()
+
+    def __iter__(self):
+        yield from self.events
+        self._closing.wait(10)
+
+    def close(self) -> None:
+        super().close()
+        self._closing.set()
 
 
 def test_a_container_never_listed_is_found_through_its_task():
