@@ -16,11 +16,11 @@ lint: setup
 	.venv/bin/lint-imports
 
 # The quick suite: every fault kind and outcome on every backend (chaos.catalog.QUICK_SUITE).
-# Two pytest-xdist workers (CI time: about half): tests go to whichever worker is free, except that
-# a module sharing one cluster among its tests (marked xdist_group) runs whole on one worker. At most
+# Two pytest-xdist workers (CI time: about half), a test file at a time each (--dist loadfile: a
+# module's shared cluster stays on one worker; the catalog's tours have a file of their own). At most
 # two clusters run at once; each worker labels and sweeps its own (tests/conftest.py).
 test: lint
-	$(PY) -m pytest -v -rA --durations=25 -m "not full" -n 2 --dist loadgroup
+	$(PY) -m pytest -v -rA --durations=25 -m "not full" -n 2 --dist loadfile
 	cd rendezvous-etcd-v3 && ../$(PY) -m pytest -q -rA
 
 # Every shipped scenario on every backend it names, and every script on both backends. One at a

@@ -14,9 +14,6 @@ import pytest
 from sim import labels
 from tests.conftest import ROOT, SESSION, run_sim
 
-# One worker runs the whole module under pytest-xdist (make test): the table runs once, in one fixture.
-pytestmark = pytest.mark.xdist_group("bad-input")
-
 
 def session_resources(docker) -> dict[str, list[str]]:
     flt = f"label={labels.SESSION}={SESSION}"

@@ -2,7 +2,7 @@
 profile. `make test` runs the quick suite (chaos.catalog.QUICK_SUITE: every fault kind and
 outcome on every backend); the rest are marked `full` and run in `make test-full`. A scenario
 passes when its verdict matches its expectation (`recovers`, or `fails` the way torch is known
-to: fast and cleanly)."""
+to: fast and cleanly). The tours, the longest runs, are in test_catalog_tours.py."""
 
 from __future__ import annotations
 
@@ -13,19 +13,31 @@ from sim.pytest_plugin import assert_verdict
 
 pytestmark = pytest.mark.docker
 
-CASES = [
-    pytest.param(
-        s.name,
-        backend,
-        id=f"{s.name}[{backend}]",
-        marks=() if (s.name, backend) in QUICK_SUITE else pytest.mark.full,
-    )
-    for s in shipped_scenarios()
-    for backend in s.backends
-]
+# Every fault kind in one job, about 4 minutes each: a module of their own, so that make test's two
+# pytest-xdist workers (--dist loadfile: a file's tests on one worker) run them beside the rest.
+TOURS = ("tour", "tour-v3")
 
 
-@pytest.mark.parametrize("scenario, backend", CASES)
-def test_scenario(sim_scenario, docker, images, scenario, backend):
+def cases(tours: bool) -> list:
+    """The catalog's runs, the tours or the others; those outside the quick suite marked `full`."""
+    return [
+        pytest.param(
+            s.name,
+            backend,
+            id=f"{s.name}[{backend}]",
+            marks=() if (s.name, backend) in QUICK_SUITE else pytest.mark.full,
+        )
+        for s in shipped_scenarios()
+        if (s.name in TOURS) == tours
+        for backend in s.backends
+    ]
+
+
+def check_scenario(sim_scenario, scenario: str, backend: str) -> None:
     (result,) = sim_scenario(scenario, backend=backend)
     assert_verdict(result)
+
+
+@pytest.mark.parametrize("scenario, backend", cases(tours=False))
+def test_scenario(sim_scenario, docker, images, scenario, backend):
+    check_scenario(sim_scenario, scenario, backend)

@@ -19,8 +19,7 @@ from sim.wait import Condition, wait_for
 from tests.conftest import run_sim, unique_name
 from tests.integration.netprobe import start_tcp_server, tcp_connects, udp_delivery
 
-# One worker runs the whole module under pytest-xdist (make test): its tests share a module-scoped cluster.
-pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("faults")]
+pytestmark = pytest.mark.docker
 FAST = "last_call_timeout=1,join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3"
 
 

@@ -22,8 +22,7 @@ from sim.cluster import COLLECTOR_PID_FILE, Cluster
 from sim.history import FILE_NAME
 from tests.conftest import ROOT, run_sim, unique_name
 
-# One worker runs the whole module under pytest-xdist (make test): its tests share a module-scoped cluster.
-pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("leaks")]
+pytestmark = pytest.mark.docker
 
 LONG_JOB = ["--", "--steps", "100000", "--step-time", "0.1"]
 

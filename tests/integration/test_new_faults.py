@@ -27,8 +27,7 @@ from sim.spec import ClusterSpec
 from tests.conftest import run_sim, unique_name
 from tests.integration.test_faults import eventually, process_states
 
-# One worker runs the whole module under pytest-xdist (make test): its tests share a module-scoped cluster.
-pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("new-faults")]
+pytestmark = pytest.mark.docker
 NODES = ("node0", "node1")
 
 
