@@ -17,10 +17,11 @@ lint: setup
 
 # The quick suite: every fault kind and outcome on every backend (chaos.catalog.QUICK_SUITE).
 # Two pytest-xdist workers (CI time: about half), a test file at a time each (--dist loadfile: a
-# module's shared cluster stays on one worker; the catalog's tours have a file of their own). At most
-# two clusters run at once; each worker labels and sweeps its own (tests/conftest.py).
+# module's shared cluster stays on one worker), in file order (--no-loadscope-reorder: xdist would
+# start with the files of most tests, and the catalog's three tours, the longest file, would come last).
+# At most two clusters run at once; each worker labels and sweeps its own (tests/conftest.py).
 test: lint
-	$(PY) -m pytest -v -rA --durations=25 -m "not full" -n 2 --dist loadfile
+	$(PY) -m pytest -v -rA --durations=25 -m "not full" -n 2 --dist loadfile --no-loadscope-reorder
 	cd rendezvous-etcd-v3 && ../$(PY) -m pytest -q -rA
 
 # Every shipped scenario on every backend it names, and every script on both backends. One at a
