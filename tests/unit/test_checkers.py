@@ -723,13 +723,13 @@ def test_a_straggler_is_no_recovery_but_a_slowdown():
 RUNS = Path(__file__).resolve().parent.parent / "data" / "runs"
 
 
-def damaged_checkpoint_run(fault, file, resumed_from, rewrite_first=False):
+def damaged_checkpoint_run(fault, file, resumed_from, rewrite_first=False, **result):
     """Checkpoints at 10 and 20; `fault` damages `file` at step 22, rank 0 dies, the job resumes
     from `resumed_from` (after rewriting step 20 first, if asked, in a round that dies again)."""
     run = HistoryBuilder(steps=30, ckpt=10)
     run.start_workers()
     run.train(22)
-    run.fault(fault, "rank0", node="node0", file=file, pid=7)
+    run.fault(fault, "rank0", node="node0", file=file, pid=7, **result)
     run.add(type="agent", node="node0", event="worker_failed", local_rank=0, exitcode=-9, pid=7)
     run.group_failure()
     run.wait(4.0)
@@ -769,6 +769,19 @@ def test_checkpoint_integrity_fails_on_a_resume_from_the_corrupted_checkpoint():
 def test_checkpoint_integrity_reads_the_step_of_a_killed_temp_file():
     run = damaged_checkpoint_run("kill-during-checkpoint", "/ckpt/ckpt-00000020.pt.tmp.7", 20)
     assert not judge_integrity(run).valid
+
+
+def test_a_kill_just_after_the_temp_file_was_renamed_damaged_nothing():
+    """Seen under load: the trigger saw the temp file open, the worker renamed it into place before the
+    signal came, and the kill script found it gone (size_at_kill null): step 20 is whole."""
+    run = damaged_checkpoint_run("kill-during-checkpoint", "/ckpt/ckpt-00000020.pt.tmp.7", 20, size_at_kill=None)
+    result = judge_integrity(run)
+    assert result.valid and result.metrics == {"damaged_steps": []}
+    assert_reason(result, "landed just after the write of step 20 completed (/ckpt/ckpt-00000020.pt.tmp.7 renamed)")
+    still_there = damaged_checkpoint_run(
+        "kill-during-checkpoint", "/ckpt/ckpt-00000020.pt.tmp.7", 20, size_at_kill=4096
+    )
+    assert not judge_integrity(still_there).valid
 
 
 def test_checkpoint_integrity_allows_a_resume_from_a_step_written_again():
