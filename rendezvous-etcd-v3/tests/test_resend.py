@@ -53,22 +53,16 @@ def test_a_read_whose_connection_broke_is_sent_again(monkeypatch, make_client, a
     assert broken.broken == 1
 
 
-def test_a_state_write_lost_before_etcd_is_sent_again_and_applies(monkeypatch, make_client):
-    backend = EtcdV3RendezvousBackend(make_client(), "cas-before")
-    broken = BreakOnce(monkeypatch, "/v3/kv/txn", applied=False)
+@pytest.mark.parametrize("applied", [False, True])
+def test_a_state_write_whose_connection_broke_is_sent_again(monkeypatch, make_client, applied):
+    """Lost before etcd: the copy applies (set by this call). Applied, its answer lost: the copy's compare
+    fails and the answer is the state holding this write, not set by this call, which is how torch's
+    state holder takes a write someone else made."""
+    backend = EtcdV3RendezvousBackend(make_client(), f"cas-{applied}")
+    broken = BreakOnce(monkeypatch, "/v3/kv/txn", applied)
     state, token, has_set = backend.set_state(b"mine")
-    assert (state, has_set, broken.broken) == (b"mine", True, 1)
-    assert EtcdV3RendezvousBackend(make_client(), "cas-before").get_state() == (b"mine", token)
-
-
-def test_a_state_write_whose_answer_was_lost_reads_back_as_the_current_state(monkeypatch, make_client):
-    """The copy's compare fails (the first send applied): the answer is the state holding this write,
-    not set by this call, which is how torch's state holder takes a write someone else made."""
-    backend = EtcdV3RendezvousBackend(make_client(), "cas-after")
-    broken = BreakOnce(monkeypatch, "/v3/kv/txn", applied=True)
-    state, token, has_set = backend.set_state(b"mine")
-    assert (state, has_set, broken.broken) == (b"mine", False, 1)
-    assert EtcdV3RendezvousBackend(make_client(), "cas-after").get_state() == (b"mine", token)
+    assert (state, has_set, broken.broken) == (b"mine", not applied, 1)
+    assert EtcdV3RendezvousBackend(make_client(), f"cas-{applied}").get_state() == (b"mine", token)
 
 
 def test_an_add_whose_answer_was_lost_fails_and_applies_once(monkeypatch, make_client):
