@@ -302,7 +302,8 @@ def shared_tcp_store(run: RunModel) -> Diagnosis | None:
 
 def _hung_after_restart(run: RunModel, first_failure: float) -> list[tuple[AgentRecord, float]]:
     """Worker groups started after the first failure that then showed nothing at all (no step, no
-    error, no exit) for longer than FROZEN_HANG_S, in a run whose training is measured."""
+    error, no exit) for longer than FROZEN_HANG_S, in a run whose training is measured. The silence
+    lasts until the run's end or the node's loss (its workers' own start-up records are not news)."""
     beats = run.beat_times
     if not any(t < first_failure for t in beats):
         return []  # nothing measures this script's progress: silence proves nothing
@@ -312,8 +313,8 @@ def _hung_after_restart(run: RunModel, first_failure: float) -> list[tuple[Agent
         if not mine or mine[-1].event != "group_started":
             continue
         started = mine[-1]
-        later = [r.t for r in run.records if r.t > started.t and getattr(r, "node", None) == node]
-        quiet = (later[-1] if later else run.t_end) - started.t
+        lost = [r.t for r in run.docker if r.t > started.t and r.node == node and r.action in NODE_LOSS_DOCKER]
+        quiet = min(lost, default=run.t_end) - started.t
         if not any(t > started.t for t in beats) and quiet > FROZEN_HANG_S:
             hung.append((started, quiet))
     return hung

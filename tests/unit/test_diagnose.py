@@ -90,6 +90,19 @@ def test_shared_store_one_node_c10d_refused_then_hung():
     assert "worker group started again; no training and no error for" in evidence(store)
 
 
+def test_shared_store_hang_only_on_both_nodes():
+    """A CI run (etcd-v2, two nodes of two workers, torch defaults): node1's worker SIGKILLed; the next
+    round's four workers imported torch and then hung in init_process_group, with no refusal, until the
+    scenario's 2 min timeout. The silence runs to the end of the run, not to the workers' last import."""
+    found = diagnose(*captured_run("shared_store_hang_after_restart"))
+    assert codes(found)[0] == "shared-tcp-store"
+    store = found[0]
+    assert "never trained" in store.cause and "connectFullMesh" not in store.cause
+    hung = [line for line in store.evidence if "worker group started again" in line]
+    assert [line.split()[0] for line in hung] == ["node0", "node1"]
+    assert all("no training and no error for 105 s after it" in line for line in hung)
+
+
 def test_a_first_round_connect_failure_is_not_the_shared_store():
     """Refused connections with no earlier failure are a different problem (a peer that never came up)."""
     text = "\n".join(
