@@ -260,6 +260,13 @@ def test_process_group_timeout_after_a_frozen_peer():
     assert "timeout=timedelta" in hang.fix
 
 
+def test_a_short_process_group_timeout_is_said_in_seconds():
+    """The same capture with the timeout a scenario sets (pg_timeout 10): "after waiting 10 s", not "0 min"."""
+    text = (LOGS / "pg_timeout" / "node0.log").read_text().replace("waiting 1800000ms", "waiting 10000ms")
+    hang = next(d for d in diagnose([], {"node0": text}) if d.code == "process-group-timeout")
+    assert "after waiting 10 s on node0" in hang.cause, hang.cause
+
+
 def test_hang_while_a_node_is_frozen_before_any_timeout():
     """The live view: node1 paused, no step anywhere since (hand-written: 30 minutes of nothing)."""
     t0 = 1_800_000_000.0
