@@ -566,14 +566,10 @@ def process_group_timeout(run: RunModel) -> Diagnosis | None:
     ]
     evidence += [_line(r) for r in _first_per_node(timeouts)]
     waited = [int(m.group(1)) for r in timeouts if (m := re.search(r"waiting (\d+)ms", r.message or ""))]
-    longest_s = max(waited, default=0) / 1000
-    limit = (
-        ""
-        if not waited
-        else f" after waiting {longest_s / 60:.0f} min"
-        if longest_s >= 60
-        else f" after waiting {longest_s:.0f} s"
-    )
+    limit = ""
+    if waited:
+        longest_s = max(waited) / 1000
+        limit = f" after waiting {f'{longest_s / 60:.0f} min' if longest_s >= 60 else f'{longest_s:.0f} s'}"
     cause = (
         "A peer stopped answering (frozen, stopped or cut off) while the others were inside a collective. "
         "They wait for it until the process group's timeout (30 minutes by default for gloo): its agent "
