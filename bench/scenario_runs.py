@@ -49,7 +49,8 @@ def recovery_rows(report: dict) -> list[dict]:
             {
                 "fault": kind,
                 "injected": len(recoveries),
-                "recovered": len(times),
+                # A fault training went on through (degraded: no restart, steps after it) took nothing to recover.
+                "recovered": len(times) + sum(1 for r in recoveries if r.get("degraded")),
                 "recovery_p50_s": percentile(times, 50),
                 "recovery_p95_s": percentile(times, 95),
                 "steps_lost": sum(lost),

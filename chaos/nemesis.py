@@ -693,7 +693,8 @@ class Nemesis:
                 self._forget(fault_id)
                 self._apply_partitions()
                 raise
-            return {"id": fault_id, "partition": partition.describe(), "rules": rules}
+            cuts = sorted(map(list, partition.cuts))
+            return {"id": fault_id, "partition": partition.describe(), "cuts": cuts, "rules": rules}
 
         return self.invoke("partition", partition.describe(), act)
 

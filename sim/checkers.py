@@ -694,8 +694,10 @@ def _throughput_words(recovery: FaultRecovery) -> str:
         return "?" if value is None else f"{value:.2f}"
 
     if recovery.degraded:
-        during = rate(recovery.throughput_during)
-        return f"; {rate(recovery.throughput_before)} -> {during} (during) -> {rate(recovery.throughput_after)} steps/s"
+        during = f"{rate(recovery.throughput_before)} -> {rate(recovery.throughput_during)} (during)"
+        # A fault never healed (etcd killed, a clock left skewed) has no "after".
+        after = "" if recovery.throughput_after is None else f" -> {rate(recovery.throughput_after)}"
+        return f"; {during}{after} steps/s"
     return f"; {rate(recovery.throughput_before)} -> {rate(recovery.throughput_after)} steps/s"
 
 

@@ -22,7 +22,7 @@ import itertools
 import math
 
 from .history import AgentRecord, TrainerRecord, WorkerRecord
-from .runmodel import AGENT_CONTAINER, DEGRADING_FAULTS, NODE_REMOVING_FAULTS, Beat, Cohort, Fault, Resume, RunModel
+from .runmodel import DEGRADING_FAULTS, NODE_REMOVING_FAULTS, Beat, Cohort, Fault, Resume, RunModel
 from .verdict import FaultRecovery
 
 # Throughput before and after a fault is measured over this much training.
@@ -98,8 +98,9 @@ class Recovery:
 
     @property
     def degraded(self) -> bool:
-        """Training slowed, never stopped: a degrading fault that no restart followed."""
-        return self.fault.fault in DEGRADING_FAULTS and self.restart is None
+        """Training went on, perhaps slower: a fault that may leave it running (_rides_on), no restart
+        after it, and a step after it."""
+        return _rides_on(self.fault) and self.restart is None and self.first_progress is not None
 
     @property
     def steps_lost(self) -> int | None:
@@ -174,7 +175,7 @@ def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> Recovery
     rate_after = throughput(run, first.t, first.t + THROUGHPUT_WINDOW_S) if first else None
     if restart is None:
         during = None
-        if fault.fault in DEGRADING_FAULTS:
+        if _rides_on(fault):
             healed = run.healed_at(fault)
             until = healed if healed is not None else min(run.t_training_ended, run.t_end)
             during = throughput(run, fault.t_ok, until)
@@ -199,9 +200,15 @@ def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> Recovery
     )
 
 
+def _rides_on(fault: Fault) -> bool:
+    """A fault training may go on through: a straggler, a slow link, a skewed clock, or one that spares
+    every training node (etcd lost while no rendezvous runs, etcd cut off from a node)."""
+    return fault.fault in DEGRADING_FAULTS or fault.spares_training
+
+
 def _ends_workers(fault: Fault) -> bool:
     """A worker-ending fault on a training node (kill-node of etcd ends none: training rides it out)."""
-    return fault.fault in WORKER_ENDING_FAULTS and (fault.node is None or bool(AGENT_CONTAINER.match(fault.node)))
+    return fault.fault in WORKER_ENDING_FAULTS and not fault.spares_training
 
 
 def recovery_phases(

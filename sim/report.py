@@ -158,6 +158,9 @@ def _result_word(result: CheckResult) -> str:
 def _fault_row(recovery: dict, never: str = "never") -> list[str]:
     """One row of the faults table, from a recovery as report_data gives it."""
     steps_lost = recovery["steps_lost"]
+    after = recovery["throughput_after"]
+    if recovery.get("degraded") and after is None:
+        after = recovery.get("throughput_during")  # never healed: the rate it left training at
     return [
         f"+{recovery['since_start_s']:.1f} s",
         recovery["fault"],
@@ -165,7 +168,7 @@ def _fault_row(recovery: dict, never: str = "never") -> list[str]:
         "no restart" if recovery.get("degraded") else _seconds(recovery["recovery_s"], never),
         "-" if steps_lost is None else str(steps_lost),
         _world_change(recovery["world_before"], recovery["world_after"]),
-        _rate_change(recovery["throughput_before"], recovery["throughput_after"]),
+        _rate_change(recovery["throughput_before"], after),
         *_phase_cells(recovery),
     ]
 

@@ -57,9 +57,9 @@ REVERSIBLE_FAULTS = (
     "fill-disk",
     "freeze-during-checkpoint",
 )
-# Faults that do not stop training by themselves (a straggler slows it; a skewed clock matters only at
-# the next rendezvous): no restart follows, so no recovery is timed.
-DEGRADING_FAULTS = ("slow-node", "skew-clock")
+# Faults that do not stop training by themselves (a straggler or a slow, lossy link slows it; a skewed
+# clock matters only at the next rendezvous): unless a restart follows, no recovery is timed.
+DEGRADING_FAULTS = ("slow-node", "skew-clock", "link")
 # Faults that take a whole node out on purpose.
 # The agent is its container's main process: killing it takes the whole node out too.
 NODE_REMOVING_FAULTS = ("kill-node", "stop-node", "kill-agent")
@@ -120,6 +120,16 @@ class Fault:
         if self.node and self.node != where:  # a role ("random", "rank:3") and the node it hit
             where = f"{where} ({self.node})"
         return f"{self.fault} {where} at {clock(self.t_ok)}" if where else f"{self.fault} at {clock(self.t_ok)}"
+
+    @property
+    def spares_training(self) -> bool:
+        """It touched no training node's workers or their links to each other: a fault of etcd's
+        container, or a partition that cuts no training node from another (history since cuts
+        were recorded)."""
+        if self.fault == "partition":
+            cuts = self.result.get("cuts")
+            return cuts is not None and not any(all(AGENT_CONTAINER.match(str(n)) for n in cut) for cut in cuts)
+        return self.node is not None and not AGENT_CONTAINER.match(self.node)
 
     @property
     def heal_id(self) -> str | None:

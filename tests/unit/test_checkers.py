@@ -700,6 +700,55 @@ def test_a_checkpoint_damaged_on_purpose_allows_one_more_interval_lost():
     assert not result.valid and "> checkpoint interval 20" in result.reasons[0]
 
 
+@pytest.mark.parametrize(
+    ("fault", "target", "result"),
+    [
+        ("kill-node", "etcd", {"node": "etcd"}),  # etcd-v2 training needs etcd only at a rendezvous
+        ("partition", "node1 | etcd", {"id": "p1", "cuts": [["etcd", "node1"], ["node1", "etcd"]]}),
+        ("link", "node1", {"node": "node1"}),  # a slow, lossy link: slower steps
+    ],
+)
+def test_training_that_goes_on_through_a_fault_is_no_recovery(fault, target, result):
+    """No "recovered in 0.1 s" (the step that was in flight) for a fault training rode out."""
+    run = HistoryBuilder(steps=60)
+    run.start_workers()
+    run.train(20, step_s=0.1)
+    run.fault(fault, target, **result)
+    run.train(60, step_s=0.1)
+    run.finish()
+    result = check_recovery(run.model(), run.spec())
+    assert result.valid
+    assert_reason(result, "training went on, no restart", "(during)")
+    (recovery,) = run.verdict().recoveries
+    assert recovery.degraded and recovery.recovery_s is None
+
+
+def test_a_partition_between_training_nodes_is_timed_like_any_stop():
+    """A cut between two training nodes stops their collectives: the stall until the next step is its recovery."""
+    run = HistoryBuilder(steps=60)
+    run.start_workers()
+    run.train(20, step_s=0.1)
+    run.fault("partition", "node0 | node1", id="p1", cuts=[["node0", "node1"], ["node1", "node0"]])
+    run.wait(5.0)
+    run.fault("heal", "p1", healed=["p1"])
+    run.train(60, step_s=0.1)
+    run.finish()
+    (recovery,) = [r for r in run.verdict().recoveries if r.fault == "partition"]
+    assert not recovery.degraded and recovery.recovery_s > 5
+
+
+def test_a_straggler_that_stops_training_is_never_recovered():
+    """A degrading fault after which no step came is no slowdown: it never recovered."""
+    run = HistoryBuilder(steps=60)
+    run.start_workers()
+    run.train(20, step_s=0.1)
+    run.fault("slow-node", "node1", node="node1", id="slow-node1")
+    run.wait(30.0)
+    result = check_recovery(run.model(), run.spec())
+    assert not result.valid
+    assert_reason(result, "slow-node node1", "never recovered")
+
+
 def test_a_straggler_is_no_recovery_but_a_slowdown():
     run = HistoryBuilder(steps=60)
     run.start_workers()
