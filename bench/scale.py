@@ -7,7 +7,7 @@ For each backend and node count, one generated scenario (the fast profile, the s
 a node): the last node is killed at step 30 (never node0, the c10d store host), and the job must finish at
 N-1 nodes. Prints per run: seconds from the containers' start to the first step, the node loss's recovery
 (fault to the first step at the smaller world), memory per node while training (Docker's one-shot stats,
-the median over samples of the mean over nodes), the cores the cluster kept busy on average, the highest
+the median over samples of the mean over nodes), the host's busy cores on average over the run, the highest
 1-minute load average, and the verdict. Writes the rows into bench/results.json under "scale". Asserts
 nothing: where a size fails, its verdict's words say why.
 """
@@ -19,7 +19,6 @@ import os
 import statistics
 import sys
 import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -41,7 +40,7 @@ SAMPLE_EVERY_S = 5.0
 
 def scale_scenario(backend: str, nodes: int) -> dict:
     return {
-        "name": f"scale-{backend}-{nodes}",
+        "name": f"scale-{nodes}",
         "description": f"{nodes} nodes x 1 worker; node{nodes - 1} killed at step {KILL_AT_STEP} (bench/scale.py)",
         "cluster": {
             "nodes": nodes,
@@ -60,24 +59,29 @@ def scale_scenario(backend: str, nodes: int) -> dict:
 
 class Sampler:
     """Samples, every SAMPLE_EVERY_S while a run lasts, the memory of each node container of one cluster
-    (Docker's one-shot stats), the containers' CPU time, and the host's load average."""
+    (Docker's one-shot stats) and the host's load average; and the host's busy cores over the whole run
+    (/proc/stat: the machine's CPU, Docker's engine and the harness included, is what limits scale)."""
 
     def __init__(self, docker: Docker, cluster: str):
         self.docker, self.cluster = docker, cluster
         self.memory_per_node: list[float] = []  # MiB, the mean over node containers, per sample
-        self.cpu_ns: dict[str, tuple[float, int]] = {}  # container -> (first seen, cpu ns then)
-        self.cpu_last: dict[str, tuple[float, int]] = {}
         self.load: list[float] = []
+        self.cores: float | None = None  # busy cores on average over the run
+        self._cpu_begin = (0, 0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> Sampler:
+        self._cpu_begin = host_cpu_ticks()
         self._thread.start()
         return self
 
     def __exit__(self, *_) -> None:
         self._stop.set()
         self._thread.join()
+        (busy0, all0), (busy1, all1) = self._cpu_begin, host_cpu_ticks()
+        if all1 > all0:
+            self.cores = (busy1 - busy0) / (all1 - all0) * (os.cpu_count() or 1)
 
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_EVERY_S):
@@ -91,29 +95,23 @@ class Sampler:
         nodes = [c for c in self.docker.containers(labels.cluster_filter(self.cluster)) if c.state == "running"]
         used = []
         for container in nodes:
+            if container.labels.get(labels.ROLE) != "node":
+                continue
             try:
                 stats = self.docker.api.stats(container.id, stream=False, one_shot=True)
             except Exception:  # noqa: BLE001 - gone between the list and the stats
                 continue
-            now, cpu = time.monotonic(), int(stats.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage", 0))
-            self.cpu_ns.setdefault(container.id, (now, cpu))
-            self.cpu_last[container.id] = (now, cpu)
-            if container.labels.get(labels.ROLE) == "node":
-                used.append(stats.get("memory_stats", {}).get("usage", 0) / 2**20)
+            used.append(stats.get("memory_stats", {}).get("usage", 0) / 2**20)
         if used:
             self.memory_per_node.append(statistics.fmean(used))
 
-    @property
-    def cores(self) -> float | None:
-        """CPU seconds the cluster's containers used per second, from each one's first sample to its last."""
-        spans = [
-            (self.cpu_last[c][1] - first_ns) / 1e9
-            for c, (first_t, first_ns) in self.cpu_ns.items()
-            if self.cpu_last[c][0] > first_t
-        ]
-        seconds = [self.cpu_last[c][0] - first_t for c, (first_t, _) in self.cpu_ns.items()]
-        wall = max(seconds, default=0.0)
-        return sum(spans) / wall if spans and wall else None
+
+def host_cpu_ticks() -> tuple[int, int]:
+    """(busy, all) clock ticks of every CPU since boot, from /proc/stat's first line."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is already in user
+    return total - idle, total
 
 
 def first_step_s(run: RunModel) -> float | None:
@@ -137,7 +135,7 @@ def measure(backend: str, nodes: int, seed: int) -> dict:
         "first_step_s": _round(first_step_s(run)),
         "node_loss_recovery_s": recovery,
         "memory_per_node_mib": _round(statistics.median(sampler.memory_per_node) if sampler.memory_per_node else None),
-        "cores_busy": _round(sampler.cores),
+        "host_cores_busy": _round(sampler.cores),
         "load_max": _round(max(sampler.load, default=None)),
         "verdict": report["verdict"],
         "run": str(result.run_dir),
@@ -166,7 +164,7 @@ def main() -> int:
             print(f"{backend} {nodes} nodes: {row['verdict']}")
             for line in row["why"] or []:
                 print(f"  {line}")
-    keys = ("backend", "nodes", "first_step_s", "node_loss_recovery_s", "memory_per_node_mib", "cores_busy")
+    keys = ("backend", "nodes", "first_step_s", "node_loss_recovery_s", "memory_per_node_mib", "host_cores_busy")
     keys += ("load_max", "verdict")
     print()
     print_columns([keys, *[tuple("-" if row[k] is None else str(row[k]) for k in keys) for row in rows]])
