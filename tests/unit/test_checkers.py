@@ -700,6 +700,14 @@ def test_a_checkpoint_damaged_on_purpose_allows_one_more_interval_lost():
     assert not result.valid and "> checkpoint interval 20" in result.reasons[0]
 
 
+def trained_to_step_20() -> HistoryBuilder:
+    """A job of 60 steps at 0.1 s a step, at step 20: where the fault tests below inject."""
+    run = HistoryBuilder(steps=60)
+    run.start_workers()
+    run.train(20, step_s=0.1)
+    return run
+
+
 @pytest.mark.parametrize(
     ("fault", "target", "result"),
     [
@@ -710,9 +718,7 @@ def test_a_checkpoint_damaged_on_purpose_allows_one_more_interval_lost():
 )
 def test_training_that_goes_on_through_a_fault_is_no_recovery(fault, target, result):
     """No "recovered in 0.1 s" (the step that was in flight) for a fault training rode out."""
-    run = HistoryBuilder(steps=60)
-    run.start_workers()
-    run.train(20, step_s=0.1)
+    run = trained_to_step_20()
     run.fault(fault, target, **result)
     run.train(60, step_s=0.1)
     run.finish()
@@ -725,9 +731,7 @@ def test_training_that_goes_on_through_a_fault_is_no_recovery(fault, target, res
 
 def test_a_partition_between_training_nodes_is_timed_like_any_stop():
     """A cut between two training nodes stops their collectives: the stall until the next step is its recovery."""
-    run = HistoryBuilder(steps=60)
-    run.start_workers()
-    run.train(20, step_s=0.1)
+    run = trained_to_step_20()
     run.fault("partition", "node0 | node1", id="p1", cuts=[["node0", "node1"], ["node1", "node0"]])
     run.wait(5.0)
     run.fault("heal", "p1", healed=["p1"])
@@ -739,9 +743,7 @@ def test_a_partition_between_training_nodes_is_timed_like_any_stop():
 
 def test_a_straggler_that_stops_training_is_never_recovered():
     """A degrading fault after which no step came is no slowdown: it never recovered."""
-    run = HistoryBuilder(steps=60)
-    run.start_workers()
-    run.train(20, step_s=0.1)
+    run = trained_to_step_20()
     run.fault("slow-node", "node1", node="node1", id="slow-node1")
     run.wait(30.0)
     result = check_recovery(run.model(), run.spec())
@@ -750,9 +752,7 @@ def test_a_straggler_that_stops_training_is_never_recovered():
 
 
 def test_a_straggler_is_no_recovery_but_a_slowdown():
-    run = HistoryBuilder(steps=60)
-    run.start_workers()
-    run.train(20, step_s=0.1)
+    run = trained_to_step_20()
     run.fault("slow-node", "node1", node="node1", id="slow-node1")
     run.train(40, step_s=0.4)  # every synchronous step waits for the slow node
     run.fault("heal", "slow-node1", healed=["slow-node1"])
