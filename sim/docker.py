@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -31,6 +32,11 @@ from .errors import DockerUnavailableError, ImageBuildError, SimError
 
 FIX_ENGINE = "start it with `make setup` (installs and starts dockerd) or `sudo dockerd &`"
 API_TIMEOUT_S = 120  # one engine request; streams (logs -f, events) have none
+# runc's cgroup-v1 freezer gives up with "unable to freeze" when the container's tasks do not all
+# stop within its short polling loop (busy threads on a loaded host); it thaws them again, so the
+# container is left running and asking again is safe. Seen in CI: one refusal 1 s after a peer's loss.
+UNABLE_TO_FREEZE = "unable to freeze"
+FREEZE_ATTEMPTS = 10
 STREAM_TIMEOUT_S = 45 * 60  # a long command (an image build: a cold one takes minutes, torch's download included)
 RESOURCE_KINDS = ("container", "network", "volume")
 # A memory limit above any host's memory: how `update_resources` lifts a limit (cgroup v1 refuses -1).
@@ -330,7 +336,14 @@ class Docker:
         return self._call("inspect", self.api.inspect_container, container)
 
     def pause(self, container: str) -> None:
-        self._call("pause", self.api.pause, container)
+        for attempt in range(1, FREEZE_ATTEMPTS + 1):
+            try:
+                self._call("pause", self.api.pause, container)
+                return
+            except DockerError as error:
+                if UNABLE_TO_FREEZE not in str(error) or attempt == FREEZE_ATTEMPTS:
+                    raise
+                time.sleep(0.1 * attempt)
 
     def unpause(self, container: str) -> None:
         self._call("unpause", self.api.unpause, container)
