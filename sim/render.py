@@ -10,13 +10,15 @@ import yaml
 from . import labels
 from .paths import COMPOSE_TEMPLATE
 from .spec import USER_SCRIPT_DIR, ClusterSpec, node_name, parse_size
-from .torchrun import torchrun_argv
+from .torchrun import rdzv_endpoint, torchrun_argv
 
 # The skew-clock fault: Debian's libfaketime (images/node) preloaded into every process of a node, which
 # reads the node's clock offset ("+0", "+60s", "-10m") from CLOCK_OFFSET_FILE at most every 2 s. Only the
 # wall clock moves, as on a real machine whose clock is off: the monotonic clock is left alone, and so is
 # a condition variable's wait on it (without FORCE_MONOTONIC_FIX=0, 0.9.10 turns every such wait into a
 # busy loop on glibc >= 2.30), and file times are the kernel's (shared /ckpt).
+AWAIT_ETCD = "elastic-sim-await-etcd"  # images/node: runs the agent once etcd is healthy
+ETCD_READY_TIMEOUT_S = 120  # Compose's old health wait: 60 probes a second apart, under load longer
 FAKETIME_LIB = "/usr/local/lib/faketime/libfaketime.so.1"
 CLOCK_OFFSET_FILE = "/var/lib/elastic-sim/clock-offset"
 CLOCK_ENV = {
@@ -119,7 +121,10 @@ def render_node(
         # No swap: a node over its limit meets the OOM killer, as on a training host without swap.
         node["mem_limit"] = node["memswap_limit"] = parse_size("--memory", spec.memory)
     if spec.uses_etcd:
-        node["depends_on"] = {"etcd": {"condition": "service_healthy"}}
+        # Compose starts etcd first; the node's agent waits for etcd's health itself (the image's
+        # AWAIT_ETCD): sooner than Compose's `service_healthy`, and with no probe for the run's length.
+        node["depends_on"] = {"etcd": {"condition": "service_started"}}
+        node["command"] = [AWAIT_ETCD, rdzv_endpoint(spec), str(ETCD_READY_TIMEOUT_S), "--", *node["command"]]
     if spec.gpus.enabled:
         device = {"driver": "nvidia", "capabilities": ["gpu"]}
         ids = spec.gpus.device_ids(index)

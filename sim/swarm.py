@@ -2,11 +2,12 @@
 
 An engine is a provider choice, not a fork of the code (DESIGN.md): `SwarmDocker` is the Docker
 provider with three verbs changed. Compose's `up` becomes `docker stack deploy` of the stack file
-that sim/swarm_render.py makes from the rendered project (etcd first, until it is healthy: Swarm
-has no `depends_on`); removing a task's container removes its service (with restart policy
-`none`, a service with no task would only linger); starting a stopped task's container makes Swarm
-start a new task instead (a container started by hand runs outside Swarm and its DNS). Everything
-else (containers by label, kill, pause, exec, logs, events) is the engine's own: a task's container
+that sim/swarm_render.py makes from the rendered project (etcd first, until it runs: Swarm has no
+`depends_on`; each node's agent then waits for etcd's health itself, as under Compose); removing a
+task's container removes its service (with restart policy `none`, a service with no task would only
+linger); starting a stopped task's container makes Swarm start a new task instead (a container
+started by hand runs outside Swarm and its DNS). Everything else (containers by label, kill, pause,
+exec, logs, events) is the engine's own: a task's container
 is a plain container on its host.
 
 Several hosts: a task's container lives on the host Swarm placed it on, so every verb that names a
@@ -233,7 +234,7 @@ class SwarmDocker(Docker):
         if first and len(first) < len(services) and not self._running(project, first):
             self._deploy(project, stack_file, {**stack, "services": first}, check, timeout)
             wait_for(
-                Condition("waiting for etcd to be healthy", lambda: self._healthy(project, first)),
+                Condition("waiting for etcd to run", lambda: self._healthy(project, first)),
                 timeout=ETCD_HEALTHY_S,
             )
         result = self._deploy(project, stack_file, stack, check, timeout)

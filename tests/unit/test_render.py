@@ -15,12 +15,14 @@ def test_etcd_v2_project_shape():
     etcd = project["services"]["etcd"]
     assert "--enable-v2=true" in etcd["command"]
     assert "--advertise-client-urls=http://etcd:2379" in etcd["command"]
-    assert etcd["healthcheck"]["test"][0] == "CMD"
+    assert "healthcheck" not in etcd  # a probe every second for the whole run; the nodes wait instead
     for i in range(3):
         node = project["services"][f"node{i}"]
         assert node["hostname"] == f"node{i}"
         assert node["container_name"] == f"demo-node{i}"
-        assert node["depends_on"] == {"etcd": {"condition": "service_healthy"}}
+        assert node["depends_on"] == {"etcd": {"condition": "service_started"}}
+        assert node["command"][:4] == ["elastic-sim-await-etcd", "etcd:2379", "120", "--"]
+        assert node["command"][4] == "torchrun"
         assert node["environment"]["LOGLEVEL"] == "INFO"
         assert "ckpt:/ckpt" in node["volumes"]
 
@@ -49,7 +51,7 @@ def test_c10d_has_no_etcd_and_node0_is_the_endpoint():
     project = render(ClusterSpec(name="demo", nodes=2, rdzv_backend="c10d"), **IMAGES)
     assert "etcd" not in project["services"] and "etcd-data" not in project["volumes"]
     command = project["services"]["node1"]["command"]
-    assert command[command.index("--rdzv-endpoint") + 1] == "node0:29400"
+    assert command[0] == "torchrun" and command[command.index("--rdzv-endpoint") + 1] == "node0:29400"
     assert "depends_on" not in project["services"]["node1"]
 
 

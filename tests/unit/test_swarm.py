@@ -73,8 +73,8 @@ def test_the_node_keeps_what_faults_and_torchrun_need():
         for key in ("image", "command", "environment", "hostname", "cap_add", "init", "volumes", "networks"):
             assert node.get(key) == rendered.get(key), key
     assert stack["services"]["node0"]["stop_grace_period"] == "10s"
-    # Swarm has no depends_on: sim/swarm.py deploys etcd first and waits for this check.
-    assert stack["services"]["etcd"]["healthcheck"] == project["services"]["etcd"]["healthcheck"]
+    # Swarm has no depends_on: sim/swarm.py deploys etcd first, and each node's agent waits for its health.
+    assert stack["services"]["node1"]["command"][:2] == ["elastic-sim-await-etcd", "etcd:2379"]
 
 
 def test_one_host_needs_no_constraint_and_a_listed_host_pins_everything():
