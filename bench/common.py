@@ -40,11 +40,6 @@ def trainer_records(lines: Iterable[str]) -> list[dict]:
     return found
 
 
-def first_step_time(lines: Iterable[str], t0: float) -> float | None:
-    """Seconds from t0 to the first progress record (the trainer stamps each with the wall clock)."""
-    return next((r["t"] - t0 for r in trainer_records(lines) if r["sim"] == "progress"), None)
-
-
 def save_results(path: Path, key: str, rows: list[dict]) -> None:
     """Write `rows` as `key` of a results file (bench/results.json: one list of rows per benchmark),
     keeping the other benchmarks' rows."""

@@ -61,7 +61,7 @@ from chaos.scenario import PROFILES, Scenario, scenario_spec_options  # noqa: E4
 from sim.cluster import up  # noqa: E402
 from sim.docker import Docker  # noqa: E402
 from sim.errors import SimError  # noqa: E402
-from sim.history import FILE_NAME, History  # noqa: E402
+from sim.history import FILE_NAME, History, WorkerRecord  # noqa: E402
 from sim.images import ImageBuilder  # noqa: E402
 from sim.recovery import Recovery, recoveries  # noqa: E402
 from sim.runmodel import RunModel  # noqa: E402
@@ -92,17 +92,26 @@ class Case:
     figure: str
     backend: str
     profile: str
+    nodes: int = MAX_NODES  # the job's most nodes
+    nproc: int = 1  # workers a node
 
     @property
     def world_before(self) -> int:
-        return MAX_NODES - 1 if self.figure == "scale-up" else MAX_NODES
+        """Workers training before the fault (start-up: when it is done)."""
+        return (self.nodes - 1 if self.figure == "scale-up" else self.nodes) * self.nproc
 
     @property
     def world_after(self) -> int:
-        return MAX_NODES if self.figure in ("worker-kill", "scale-up") else MAX_NODES - 1
+        lost = self.figure in ("node-loss", "preemption")
+        return (self.nodes - 1 if lost else self.nodes) * self.nproc
 
     def spec(self, name: str) -> ClusterSpec:
-        cluster = {"name": name, "nodes": self.world_before, "max_nodes": MAX_NODES, "nproc_per_node": 1}
+        cluster = {
+            "name": name,
+            "nodes": self.world_before // self.nproc,
+            "max_nodes": self.nodes,
+            "nproc_per_node": self.nproc,
+        }
         scenario = Scenario(
             name="bench-recovery",
             description="recovery benchmark",
@@ -118,17 +127,17 @@ class Case:
 @dataclasses.dataclass(frozen=True)
 class Sample:
     seconds: float
-    phases: object | None = None  # sim.recovery.RecoveryPhases where that exists
+    phases: object | None = None  # sim.recovery.RecoveryPhases where that exists; start-up: a dict
     startup_rdzv_s: float | None = None  # sim: the start-up rendezvous (startup_rendezvous)
 
 
-def wait_until(what: str, check: Callable[[], T | None], timeout: float) -> T:
+def wait_until(what: str, check: Callable[[], T | None], timeout: float, poll: float = POLL_S) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = check()
         if found is not None:
             return found
-        time.sleep(POLL_S)
+        time.sleep(poll)
     raise Unrecovered(f"no {what} within {timeout:.0f} s")
 
 
@@ -185,7 +194,8 @@ class EtcdServer:
             start_new_session=True,
         )
         log.close()
-        wait_until("healthy bare etcd", lambda: 0.0 if self._healthy() else None, 30)
+        # Polled often: start-up is timed from before this server starts, on both sides.
+        wait_until("healthy bare etcd", lambda: 0.0 if self._healthy() else None, 30, poll=0.1)
 
     def _healthy(self) -> bool:
         try:
@@ -212,10 +222,13 @@ class BareJob:
         if spec.uses_etcd:
             self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(etcd.client), os.environ.get("PYTHONPATH")]))
 
-    def start(self) -> None:
+    def start(self, *, at_once: bool = False) -> None:
+        """Every node's agent; node0 first unless `at_once` (start-up is timed: the sim's containers
+        start together too, and on one host the agents that lose the race for the port use the store
+        as clients; the fault figures want node0 the host, as in the sim)."""
         for index in range(self.spec.nodes):
             self.start_node(index)
-            if index == 0 and not self.etcd:
+            if index == 0 and not self.etcd and not at_once:
                 # node0 binds the store port first, as node0 hosts it in the sim.
                 wait_until("c10d store on node0", lambda: 0.0 if self._listening() else None, START_TIMEOUT_S)
 
@@ -305,9 +318,18 @@ class BareJob:
 
 
 def run_bare(case: Case, etcd: EtcdParts | None) -> Sample:
+    t_start = time.time()
     job = BareJob(case.spec("bare"), etcd)
     try:
-        job.start()
+        job.start(at_once=case.figure == "start-up")
+        if case.figure == "start-up":
+            first = wait_until(
+                f"step at world {case.world_before}",
+                lambda: first_progress(job.records(alive=tuple(job.agents)), case.world_before, 0.0),
+                START_TIMEOUT_S,
+                poll=0.2,
+            )
+            return Sample(first - t_start)
         warm(lambda: job.records(alive=tuple(job.agents)), case.world_before)
         t_fault = job.fault(case.figure)
 
@@ -354,8 +376,44 @@ def startup_rendezvous(run: RunModel) -> float | None:
     return round(max(completed.values()) - joined[last], 3)
 
 
+def startup_phases(run: RunModel, t_start: float, t_first_step: float) -> dict[str, float | None]:
+    """Where a start-up goes, each phase ending when the last node (or worker) got there: the
+    host's part of `up` (image check, render, until the history starts), Compose making and starting
+    the containers, the agents' start (torchrun's own import, to entering the rendezvous), the
+    rendezvous, the workers' start (spawn and `import torch`), process-group init, the first step.
+    A phase with no record (no instrumentation) is None and the next one takes its time."""
+    workers = [r for r in run.records if isinstance(r, WorkerRecord)]
+    ends = {
+        "host_s": run.start.t if run.start else None,
+        "containers_s": _last(r.t for r in run.docker if r.action == "start" and r.node != "etcd"),
+        "agents_s": _last(_firsts((r.node, r.t) for r in run.agent if r.event == "rdzv_joining")),
+        "rendezvous_s": _last(_firsts((r.node, r.t) for r in run.agent if r.event == "rdzv_complete")),
+        "worker_start_s": _last(r.t for r in workers if r.event == "imported"),
+        "pg_init_s": _last(r.t for r in workers if r.event == "pg_ready"),
+        "first_step_s": t_first_step,
+    }
+    phases, previous = {}, t_start
+    for name, end in ends.items():
+        phases[name] = None if end is None else round(end - previous, 3)
+        previous = previous if end is None else end
+    return phases
+
+
+def _firsts(pairs) -> list[float]:
+    """The first time of each key."""
+    found: dict = {}
+    for key, t in pairs:
+        found.setdefault(key, t)
+    return list(found.values())
+
+
+def _last(times) -> float | None:
+    return max(times, default=None)
+
+
 def run_sim(case: Case, docker: Docker, prefix: str = "bench-recovery") -> Sample:
     spec = case.spec(f"{prefix}-{case.backend}")
+    t_start = time.time()
     cluster = up(spec, docker, progress=quiet)
     try:
         history = History(cluster.run_dir / FILE_NAME)
@@ -366,6 +424,14 @@ def run_sim(case: Case, docker: Docker, prefix: str = "bench-recovery") -> Sampl
         def records() -> list[dict]:
             return [{"sim": "progress", "t": b.t, "world_size": b.world_size} for b in model().progress]
 
+        if case.figure == "start-up":
+            first = wait_until(
+                f"step at world {case.world_before}",
+                lambda: first_progress(records(), case.world_before, 0.0),
+                START_TIMEOUT_S,
+                poll=0.2,
+            )
+            return Sample(first - t_start, startup_phases(model(), t_start, first))
         warm(records, case.world_before)
         startup = startup_rendezvous(model())
         op = sim_fault(Nemesis(cluster), case.figure)
@@ -422,6 +488,7 @@ def measure(case: Case, reps: int, docker: Docker, etcd: EtcdParts | None) -> di
         "sim_s": sim,
         "ratio": round(sim / bare, 2) if bare and sim else None,
         "reps": {side: len(samples) for side, samples in sides.items()},
+        "samples": {side: [round(s.seconds, 2) for s in samples] for side, samples in sides.items()},
         "sim_phases": median_phases([s.phases for s in sides["sim"]]),
         "notes": notes,
     }
@@ -435,9 +502,10 @@ def median_phases(phases: list[object | None]) -> dict | None:
     known = [p for p in phases if p is not None]
     if not known:
         return None
+    names = list(known[0]) if isinstance(known[0], dict) else PHASES
     found = {}
-    for name in PHASES:
-        values = [getattr(p, name, None) for p in known]
+    for name in names:
+        values = [p.get(name) if isinstance(p, dict) else getattr(p, name, None) for p in known]
         found[name] = median([v for v in values if v is not None])
     return found
 
@@ -459,9 +527,9 @@ def print_table(rows: list[dict]) -> None:
     print_columns(lines)
     phased = [r for r in rows if r["sim_phases"]]
     if phased:
-        print("\nsim side, median phases (s): " + ", ".join(name.removesuffix("_s") for name in PHASES))
+        print("\nsim side, median phases (s)")
         for r in phased:
-            values = "  ".join(_num(r["sim_phases"][name]) for name in PHASES)
+            values = ", ".join(f"{name.removesuffix('_s')} {_num(v)}" for name, v in r["sim_phases"].items())
             print(f"  {r['figure']} {r['backend']} {r['profile']}: {values}")
 
 
