@@ -7,8 +7,7 @@ that sim/swarm_render.py makes from the rendered project (etcd first, until it r
 task's container removes its service (with restart policy `none`, a service with no task would only
 linger); starting a stopped task's container makes Swarm start a new task instead (a container
 started by hand runs outside Swarm and its DNS). Everything else (containers by label, kill, pause,
-exec, logs, events) is the engine's own: a task's container
-is a plain container on its host.
+exec, logs, events) is the engine's own: a task's container is a plain container on its host.
 
 Several hosts: a task's container lives on the host Swarm placed it on, so every verb that names a
 container (kill, pause, exec, inspect, `docker update`, logs) goes to that host's engine: this one's
