@@ -9,8 +9,9 @@ import pytest
 from sim import labels
 from sim.agentlog import parse_node_log
 from sim.cluster import Cluster, JobFinished
+from sim.render import AWAIT_ETCD
 from sim.wait import wait_for
-from tests.conftest import run_sim, unique_name
+from tests.conftest import SESSION, run_sim, unique_name
 
 pytestmark = pytest.mark.docker
 # Short runs: enough steps to cross two checkpoints, paced so they take seconds.
@@ -180,3 +181,17 @@ def test_failed_up_with_keep_keeps_it(docker, images):
     finally:
         run_sim("down", name)
     assert leftovers(docker, name) == {"container": [], "network": [], "volume": []}
+
+
+def test_a_node_without_etcd_gives_up_after_its_limit_and_names_the_endpoint(images):
+    """A node of an etcd backend starts its agent only once etcd answers (sim/render.py AWAIT_ETCD);
+    with no etcd there it runs nothing and ends with one line naming the endpoint."""
+    result = subprocess.run(
+        ["docker", "run", "--rm", "--label", f"{labels.SESSION}={SESSION}", images.node]
+        + [AWAIT_ETCD, "etcd:2379", "1", "--", "echo", "the agent ran"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1 and "the agent ran" not in result.stdout, result
+    assert "etcd at etcd:2379 not healthy after 1 s" in result.stderr, result.stderr
