@@ -2,19 +2,23 @@
 
     .venv/bin/python bench/scale.py                             # 8, 16, 32 nodes on etcd-v2 and c10d
     .venv/bin/python bench/scale.py --nodes 4 --backends c10d     # a smoke run
+    .venv/bin/python bench/scale.py --nodes 4 --nproc-per-node 8  # the seed's 4 x 8 (32 trainers)
 
-For each backend and node count, one generated scenario (the fast profile, the shipped trainer, one worker
-a node): the last node is killed at step 30 (never node0, the c10d store host), and the job must finish at
-N-1 nodes. Prints per run: seconds from the containers' start to the first step, the node loss's recovery
+For each backend and node count, one generated scenario (the fast profile, the shipped trainer, one
+worker a node unless --nproc-per-node): the last node is killed at step 30 (never node0, the c10d store
+host), and the job must finish at N-1 nodes. Prints per run: seconds from the containers' start to the
+first step, the node loss's recovery
 (fault to the first step at the smaller world), memory per node while training (Docker's one-shot stats,
 the median over samples of the mean over nodes), the host's busy cores on average over the run, the highest
 1-minute load average, and the verdict. Writes the rows into bench/results.json under "scale". Asserts
-nothing: where a size fails, its verdict's words say why.
+nothing: where a size fails, its verdict's words say why. A rerun replaces the rows of the sizes it
+measures and keeps the others.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -38,15 +42,15 @@ KILL_AT_STEP = 30
 SAMPLE_EVERY_S = 5.0
 
 
-def scale_scenario(backend: str, nodes: int) -> dict:
+def scale_scenario(backend: str, nodes: int, nproc: int = 1) -> dict:
     return {
-        "name": f"scale-{nodes}",
-        "description": f"{nodes} nodes x 1 worker; node{nodes - 1} killed at step {KILL_AT_STEP} (bench/scale.py)",
+        "name": f"scale-{nodes}" if nproc == 1 else f"scale-{nodes}x{nproc}",
+        "description": f"{nodes} nodes x {nproc} worker(s); node{nodes - 1} killed at step {KILL_AT_STEP}",
         "cluster": {
             "nodes": nodes,
             "min_nodes": nodes - 1,
             "max_nodes": nodes,
-            "nproc_per_node": 1,
+            "nproc_per_node": nproc,
             "max_restarts": 3,
             "rdzv_backend": backend,
         },
@@ -121,9 +125,9 @@ def first_step_s(run: RunModel) -> float | None:
     return run.step_beat_times[0] - run.start.t
 
 
-def measure(backend: str, nodes: int, seed: int) -> dict:
+def measure(backend: str, nodes: int, nproc: int, seed: int) -> dict:
     docker = Docker()
-    document = scale_scenario(backend, nodes)
+    document = scale_scenario(backend, nodes, nproc)
     with Sampler(docker, default_cluster_name(document["name"], backend)) as sampler:
         result, report = run_generated(document, backend, seed)
     run = RunModel(History(result.run_dir / FILE_NAME).records())
@@ -132,6 +136,7 @@ def measure(backend: str, nodes: int, seed: int) -> dict:
     return {
         "backend": backend,
         "nodes": nodes,
+        "workers_per_node": nproc,
         "first_step_s": _round(first_step_s(run)),
         "node_loss_recovery_s": recovery,
         "memory_per_node_mib": _round(statistics.median(sampler.memory_per_node) if sampler.memory_per_node else None),
@@ -143,6 +148,18 @@ def measure(backend: str, nodes: int, seed: int) -> dict:
     }
 
 
+def merged(rows: list[dict]) -> list[dict]:
+    """The results file's scale rows with these in place of the same sizes' (older rows lack the
+    workers a node: they had one)."""
+
+    def size(row: dict) -> tuple:
+        return row["backend"], row["nodes"], row.get("workers_per_node", 1)
+
+    new = {size(row) for row in rows}
+    kept = json.loads(RESULTS.read_text()).get("scale", []) if RESULTS.exists() else []
+    return [row for row in kept if size(row) not in new] + rows
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
@@ -151,24 +168,34 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="8,16,32", help="node counts, comma-separated")
     parser.add_argument("--backends", default="etcd-v2,c10d")
+    parser.add_argument("--nproc-per-node", type=int, default=1, help="workers a node (default 1)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     counts = [int(n) for n in args.nodes.split(",")]
-    limit = max_nodes_in_memory(1)
-    print(f"this machine holds at most {limit} nodes x 1 worker by sim's memory estimate")
+    nproc = args.nproc_per_node
+    limit = max_nodes_in_memory(nproc)
+    print(f"this machine holds at most {limit} nodes x {nproc} worker(s) by sim's memory estimate")
     rows = []
     for backend in args.backends.split(","):
         for nodes in counts:
-            row = measure(backend, nodes, args.seed)
+            row = measure(backend, nodes, nproc, args.seed)
             rows.append(row)
             print(f"{backend} {nodes} nodes: {row['verdict']}")
             for line in row["why"] or []:
                 print(f"  {line}")
-    keys = ("backend", "nodes", "first_step_s", "node_loss_recovery_s", "memory_per_node_mib", "host_cores_busy")
+    keys = (
+        "backend",
+        "nodes",
+        "workers_per_node",
+        "first_step_s",
+        "node_loss_recovery_s",
+        "memory_per_node_mib",
+        "host_cores_busy",
+    )
     keys += ("load_max", "verdict")
     print()
     print_columns([keys, *[tuple("-" if row[k] is None else str(row[k]) for k in keys) for row in rows]])
-    save_results(RESULTS, "scale", rows)
+    save_results(RESULTS, "scale", merged(rows))
     return 0 if all(row["verdict"] == "PASS" for row in rows) else 1
 
 
