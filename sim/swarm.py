@@ -58,7 +58,7 @@ SERVICE_LABEL = "com.docker.swarm.service.name"
 SERVICE_ID_LABEL = "com.docker.swarm.service.id"
 TASK_LABEL = "com.docker.swarm.task.id"
 LISTEN_ADDR = "127.0.0.1:2377"  # a swarm made here serves this machine only; multi-host: docs/SWARM.md
-ETCD_HEALTHY_S = 120.0
+ETCD_START_S = 120.0
 GONE_S = 60.0
 # Faults that cannot work when /ckpt is an NFS export (as on every swarm of several hosts), and why.
 REFUSED_ON_NFS = {
@@ -233,12 +233,12 @@ class SwarmDocker(Docker):
         if first and len(first) < len(services) and not self._running(project, first):
             self._deploy(project, stack_file, {**stack, "services": first}, check, timeout)
             wait_for(
-                Condition("waiting for etcd to run", lambda: self._healthy(project, first)),
-                timeout=ETCD_HEALTHY_S,
+                Condition("waiting for etcd to run", lambda: self._running(project, first)),
+                timeout=ETCD_START_S,
             )
         result = self._deploy(project, stack_file, stack, check, timeout)
         # As `compose up --detach`: back once every service has its container (Swarm makes them later).
-        wait_for(_TasksMade(self, project, services), timeout=ETCD_HEALTHY_S)
+        wait_for(_TasksMade(self, project, services), timeout=ETCD_START_S)
         return result
 
     def start(self, container: str) -> None:
@@ -258,7 +258,7 @@ class SwarmDocker(Docker):
             f"waiting for Swarm to start a new task of {service}",
             lambda: any(c.id != container and c.running for c in self.containers(f"label={SERVICE_LABEL}={service}")),
         )
-        wait_for(replaced, timeout=ETCD_HEALTHY_S)
+        wait_for(replaced, timeout=ETCD_START_S)
         self._engine(container).remove("container", [container])  # the dead task's container, not the service
 
     def restart(self, container: str, grace: float) -> None:
@@ -304,12 +304,6 @@ class SwarmDocker(Docker):
 
     def _running(self, project: str, services: dict) -> bool:
         return len(self._tasks(project, services)) == len(services)
-
-    def _healthy(self, project: str, services: dict) -> bool:
-        tasks = self._tasks(project, services)
-        return len(tasks) == len(services) and all(
-            (t["State"].get("Health") or {}).get("Status", "healthy") == "healthy" for t in tasks
-        )
 
     def remove(self, kind: str, ids: Sequence[str]) -> None:
         """A task's container goes with its service (else the service lingers, or heals it), on its host;
