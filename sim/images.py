@@ -3,7 +3,7 @@
 Four images, each tagged with a hash of exactly what goes into it, so a tag
 that exists is a build that can be skipped:
 
-  base     Debian rootfs from debootstrap + `docker import` (no registry needed),
+  base     Debian rootfs from mmdebstrap + `docker import` (no registry needed),
            or SIM_BASE_IMAGE (e.g. python:3.11-slim-based) where a registry exists
   runtime  base + /opt/venv with torch and python-etcd, from a host wheelhouse
   etcd     base + an etcd server: 3.4 (Debian's, with the v2 API torch's etcd backends need) or
@@ -13,6 +13,7 @@ that exists is a build that can be skipped:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -22,7 +23,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from . import labels
@@ -99,6 +102,7 @@ class ImageBuilder:
         self.rendezvous_dir = rendezvous_dir
         self.cache_dir = cache_dir or cache_home()
         self.built: list[str] = []
+        self._stop = threading.Event()  # set: the fetches running beside the base build stop
 
     # --- tags (cheap: computed from inputs, never from Docker) ---------------
 
@@ -148,7 +152,8 @@ class ImageBuilder:
                 raise ImageBuildError(
                     f"SIM_BASE_IMAGE '{tags.base}': image not found; `docker pull` it first or unset SIM_BASE_IMAGE"
                 )
-            self._build_base(tags.base)
+            with self._fetching_meanwhile(self._fetches(tags, need_etcd, etcd_version)):
+                self._build_base(tags.base)
         if not self.docker.image_exists(tags.runtime):
             self._build_runtime(tags)
         if need_etcd and not self.docker.image_exists(tags.etcd):
@@ -160,6 +165,44 @@ class ImageBuilder:
         else:
             self._remove_stale(tags)
         return BuildResult(tags, tuple(self.built))
+
+    def _fetches(self, tags: ImageSet, need_etcd: bool, etcd_version: str) -> list[Callable[[], Path]]:
+        """The host-side inputs of the images still to build above base, slowest first."""
+        fetches: list[Callable[[], Path]] = []
+        if not self.docker.image_exists(tags.runtime):
+            fetches.append(self.wheelhouse)
+        if need_etcd and not self.docker.image_exists(tags.etcd):
+            fetches.append(lambda: self.etcd_binary(etcd_version))
+        if not self.docker.image_exists(tags.node):
+            fetches.append(lambda: self.debian_package(FAKETIME_PACKAGE, "node"))
+        return fetches
+
+    @contextlib.contextmanager
+    def _fetching_meanwhile(self, fetches: list[Callable[[], Path]]) -> Iterator[None]:
+        """Run the fetches (torch's wheels from PyPI: the slowest) in a thread while the base image builds:
+        both wait mostly on the network, and a cold build is about 15 s shorter. Each fetch keeps what it
+        got on disk, so its own build step finds it there; a fetch that fails here is left to that step,
+        which fetches again and says why. Ctrl-C or a failed base build stops the thread's pip first."""
+        self._stop.clear()
+
+        def fetch_all() -> None:
+            for fetch in fetches:
+                if self._stop.is_set():
+                    return
+                try:
+                    fetch()
+                except Exception:  # (repeated, and reported, by the step that needs it)
+                    return
+
+        thread = threading.Thread(target=fetch_all, name="elastic-sim-image-inputs", daemon=True)
+        thread.start()
+        try:
+            yield
+        except BaseException:
+            self._stop.set()
+            raise
+        finally:
+            thread.join()
 
     def _remove_stale(self, current: ImageSet) -> None:
         """Older builds of the same images are unreachable by content: drop them
@@ -303,6 +346,7 @@ class ImageBuilder:
                 if line.startswith(("Saved", "Collecting", "ERROR", "Successfully"))
                 else None
             ),
+            stop=self._stop,
         )
         if code != 0:
             raise ImageBuildError(

@@ -163,14 +163,20 @@ def test_docker_dying_in_the_middle_of_up_is_one_line_and_down_removes_the_rest(
 
 
 def test_ctrl_c_while_up_builds_an_image_leaves_nothing(docker, images):
-    """A real build through `up`'s own path: the cached base image under a new name (SIM_BASE_IMAGE)
-    gives every image above it a new tag, so `up` builds the runtime image; Ctrl-C once the build
-    runs its first RUN step (its container at work, the layers before it committed). Cheap: the
-    build stops seconds in, and the images the suite uses are not touched."""
+    """A real build through `up`'s own path: a copy of the cached base image under a new name
+    (SIM_BASE_IMAGE) gives every image above it a new tag, so `up` builds the runtime image; Ctrl-C
+    once the build runs its first RUN step (its container at work, the layers before it committed).
+    Cheap: the build stops seconds in, and the images the suite uses are not touched. A copy of a new
+    id, not a second tag: the build cache is keyed by the parent image's id, and the suite's own
+    runtime build would answer every step from the cache before the Ctrl-C lands."""
     name = unique_name("t-buildint")
     repo, tag = "elastic-sim-test/base", secrets.token_hex(4)
     base = f"{repo}:{tag}"
-    docker.api.tag(images.base, repo, tag)
+    copy = docker.api.create_container(images.base, command=["true"], labels={labels.IMAGE: "test-base-copy"})
+    try:
+        docker.api.commit(copy["Id"], repository=repo, tag=tag, changes=[f"LABEL elastic-sim-test.copy={tag}"])
+    finally:
+        docker.api.remove_container(copy["Id"])
     runtime = ImageBuilder(docker).runtime_tag(base)
     ours_dangling = {"dangling": True, "label": labels.IMAGE}  # every build step of ours inherits the label
     dangling_before = set(docker.api.images(quiet=True, filters=ours_dangling))

@@ -3,6 +3,7 @@ never ends is stopped."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -67,3 +68,77 @@ def test_an_interrupted_long_command_is_stopped_with_its_children(tmp_path):
         stream(["sh", "-c", f"(sleep 2; touch {marker}) & echo started; wait"], interrupt, timeout_s=30)
     time.sleep(3)
     assert not marker.exists()  # the child was stopped with its parent
+
+
+def test_a_stopped_long_command_gets_to_tidy_up_first(tmp_path):
+    """SIGTERM before SIGKILL: bootstrap.sh's trap removes its rootfs tarball, mmdebstrap its temporary root."""
+    tidied = tmp_path / "tidied"
+
+    def interrupt(line: str) -> None:
+        raise KeyboardInterrupt
+
+    script = f"trap 'touch {tidied}; exit 1' TERM; echo started; sleep 30 & wait"
+    with pytest.raises(KeyboardInterrupt):
+        stream(["bash", "-c", script], interrupt, timeout_s=30)
+    assert tidied.exists()
+
+
+class _NoImages:
+    """A Docker with no image yet: every build is due."""
+
+    def image_exists(self, tag: str) -> bool:
+        return False
+
+
+def test_a_cold_build_fetches_the_host_inputs_while_the_base_image_builds(tmp_path, monkeypatch):
+    events: list[str] = []
+    base_started = threading.Event()
+
+    def build_base(self, tag):
+        base_started.set()
+        time.sleep(0.3)  # the fetches run meanwhile
+        events.append("base built")
+
+    def wheelhouse(self):
+        assert base_started.wait(5)
+        events.append("wheelhouse")
+        return tmp_path
+
+    monkeypatch.setattr(ImageBuilder, "_build_base", build_base)
+    monkeypatch.setattr(ImageBuilder, "wheelhouse", wheelhouse)
+    monkeypatch.setattr(ImageBuilder, "etcd_binary", lambda self, version: events.append(f"etcd {version}"))
+    monkeypatch.setattr(ImageBuilder, "debian_package", lambda self, package, image: events.append(package))
+    builder = ImageBuilder(docker=_NoImages(), progress=lambda line: None, cache_dir=tmp_path)
+    tags = builder.tags()
+    with builder._fetching_meanwhile(builder._fetches(tags, need_etcd=True, etcd_version="3.4")):
+        builder._build_base(tags.base)
+    assert events == ["wheelhouse", "etcd 3.4", "libfaketime", "base built"]
+
+
+def test_a_failed_fetch_beside_the_base_build_is_left_to_its_own_step(tmp_path, monkeypatch):
+    def wheelhouse(self):
+        raise ImageBuildError("pip download failed")
+
+    monkeypatch.setattr(ImageBuilder, "wheelhouse", wheelhouse)
+    builder = ImageBuilder(docker=_NoImages(), progress=lambda line: None, cache_dir=tmp_path)
+    with builder._fetching_meanwhile([builder.wheelhouse]):
+        pass  # the base build: no error from the fetch here
+    with pytest.raises(ImageBuildError, match="pip download failed"):
+        builder.wheelhouse()
+
+
+def test_ctrl_c_during_the_base_build_stops_the_fetch_beside_it(tmp_path):
+    builder = ImageBuilder(docker=_NoImages(), progress=lambda line: None, cache_dir=tmp_path)
+    started = threading.Event()
+    pip_ended = []
+
+    def slow_pip():
+        started.set()
+        pip_ended.append(stream(["sleep", "30"], lambda line: None, stop=builder._stop))
+        return tmp_path
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), builder._fetching_meanwhile([slow_pip]):
+        assert started.wait(5)
+        raise KeyboardInterrupt
+    assert time.monotonic() - t0 < 10 and pip_ended and pip_ended[0] != 0
