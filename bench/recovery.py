@@ -478,6 +478,12 @@ def measure(case: Case, reps: int, docker: Docker, etcd: EtcdParts | None) -> di
                 continue
             sides[side].append(sample)
             print(f"  {label} {side} rep {rep + 1}: {sample.seconds:.2f} s", flush=True)
+        if rep + 1 < reps and not sides["bare"] and not sides["sim"]:
+            # Both sides fail (scale-up at torch defaults: torch's shared store): no ratio to measure, and
+            # each further failure costs the full wait.
+            notes.append(f"both sides failed in repetition {rep + 1}: not repeated")
+            print(f"  {label}: both sides failed, not repeated", flush=True)
+            break
     bare = median([s.seconds for s in sides["bare"]])
     sim = median([s.seconds for s in sides["sim"]])
     return {
