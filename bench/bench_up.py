@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import quiet, save_results  # noqa: E402
-from bench.recovery import BACKENDS, RESULTS, Case, EtcdParts, measure, print_table  # noqa: E402
+from bench.recovery import BACKENDS, RESULTS, Case, EtcdParts, measure, measures, print_table  # noqa: E402
 from sim import labels  # noqa: E402
 from sim.docker import Docker  # noqa: E402
 from sim.images import ImageBuilder  # noqa: E402
@@ -107,7 +107,7 @@ def main() -> int:
         flush=True,
     )
     startup = bench_startup(docker, args.nodes, args.nproc_per_node, max(1, args.reps))
-    save_results(args.out, "startup", startup)
+    save_results(args.out, "startup", startup, same=measures)
     print()
     print_table(startup)
     print(f"\nwritten: {args.out} (target: sim/bare <= 1.05)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,10 +40,16 @@ def trainer_records(lines: Iterable[str]) -> list[dict]:
     return found
 
 
-def save_results(path: Path, key: str, rows: list[dict]) -> None:
+def save_results(path: Path, key: str, rows: list[dict], same: Callable[[dict], tuple] | None = None) -> None:
     """Write `rows` as `key` of a results file (bench/results.json: one list of rows per benchmark),
-    keeping the other benchmarks' rows."""
+    keeping the other benchmarks' rows. With `same` (what a row measures: figure, backend, profile),
+    the rows replace only the file's rows of the same measures, in place, and the rest are kept: a run
+    of some figures leaves the others' latest figures there."""
     found = json.loads(path.read_text()) if path.exists() else {}
+    if same is not None:
+        mine = {same(row): row for row in rows}
+        kept = [mine.pop(same(row)) if same(row) in mine else row for row in found.get(key, [])]
+        rows = kept + list(mine.values())
     path.write_text(json.dumps({**found, key: rows}, indent=2) + "\n")
 
 

@@ -18,7 +18,6 @@ measures and keeps the others.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -148,16 +147,9 @@ def measure(backend: str, nodes: int, nproc: int, seed: int) -> dict:
     }
 
 
-def merged(rows: list[dict]) -> list[dict]:
-    """The results file's scale rows with these in place of the same sizes' (older rows lack the
-    workers a node: they had one)."""
-
-    def size(row: dict) -> tuple:
-        return row["backend"], row["nodes"], row.get("workers_per_node", 1)
-
-    new = {size(row) for row in rows}
-    kept = json.loads(RESULTS.read_text()).get("scale", []) if RESULTS.exists() else []
-    return [row for row in kept if size(row) not in new] + rows
+def size(row: dict) -> tuple:
+    """What a scale row measures (older rows lack the workers a node: they had one)."""
+    return row["backend"], row["nodes"], row.get("workers_per_node", 1)
 
 
 def _round(value: float | None) -> float | None:
@@ -195,7 +187,7 @@ def main() -> int:
     keys += ("load_max", "verdict")
     print()
     print_columns([keys, *[tuple("-" if row[k] is None else str(row[k]) for k in keys) for row in rows]])
-    save_results(RESULTS, "scale", merged(rows))
+    save_results(RESULTS, "scale", rows, same=size)
     return 0 if all(row["verdict"] == "PASS" for row in rows) else 1
 
 

@@ -1,5 +1,7 @@
 """bench/recovery.py's repetitions: interleaved sides, medians, and a figure both sides fail not repeated."""
 
+import json
+
 import bench.recovery as recovery
 from bench.recovery import Case, Sample, Unrecovered, measure
 
@@ -42,3 +44,21 @@ def test_one_side_failing_once_does_not_stop_the_repetitions(monkeypatch):
     calls = _sides(monkeypatch, bare=[Unrecovered("slow"), 10.0, 10.0], sim=[11.0, 11.0, 11.0])
     row = measure(Case("node-loss", "etcd-v2", "fast"), 3, docker=None, etcd=None)
     assert len(calls) == 6 and row["reps"] == {"bare": 2, "sim": 3} and row["ratio"] == 1.1
+
+
+def test_a_rerun_of_some_figures_replaces_only_their_rows(tmp_path):
+    from bench.common import save_results
+    from bench.recovery import measures
+
+    out = tmp_path / "results.json"
+    row = {"figure": "worker-kill", "backend": "c10d", "profile": "fast", "ratio": 1.0}
+    save_results(out, "startup", [{"figure": "start-up"}])
+    save_results(out, "recovery", [row, {**row, "backend": "etcd-v2"}], same=measures)
+    save_results(out, "recovery", [{**row, "ratio": 0.9}, {**row, "figure": "node-loss"}], same=measures)
+    found = json.loads(out.read_text())
+    assert found["startup"] == [{"figure": "start-up"}]
+    assert [(r["figure"], r["backend"], r["ratio"]) for r in found["recovery"]] == [
+        ("worker-kill", "c10d", 0.9),
+        ("worker-kill", "etcd-v2", 1.0),
+        ("node-loss", "c10d", 1.0),
+    ]
