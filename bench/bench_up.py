@@ -8,6 +8,7 @@
                           profile), c10d and etcd-v2, medians of interleaved repetitions, with the
                           sim's phases from its history; rows under "startup" in bench/results.json
                           (target ratio <= 1.05, issue 12)
+The image figures go under "images" in bench/results.json (--skip-cold keeps the last cold build's).
 
 Usage: .venv/bin/python bench/bench_up.py [--nodes 4] [--nproc-per-node 2] [--reps 3] [--skip-cold]
 """
@@ -15,6 +16,7 @@ Usage: .venv/bin/python bench/bench_up.py [--nodes 4] [--nproc-per-node 2] [--re
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -31,6 +33,9 @@ from sim.docker import Docker  # noqa: E402
 from sim.images import ImageBuilder  # noqa: E402
 from sim.paths import TRAINER_DIR  # noqa: E402
 
+COLD_BUILD_TARGET_S = 120  # issue 12's targets
+NOOP_CHECK_TARGET_S = 2
+
 
 def timed(fn):
     start = time.perf_counter()
@@ -38,8 +43,10 @@ def timed(fn):
     return time.perf_counter() - start, value
 
 
-def bench_images(docker: Docker, skip_cold: bool) -> list[tuple[str, str]]:
-    rows = []
+def bench_images(docker: Docker, skip_cold: bool) -> dict:
+    """The image figures: a cold build of every image (its own repository and cache: the wheelhouse is
+    fetched again), the warm no-op check, and the rebuild after a trainer edit; seconds each."""
+    figures: dict = {"cold_build_s": None, "built_cold": None}
     repo = "elastic-sim-bench"
     cache = Path(tempfile.mkdtemp(prefix="elastic-sim-bench-cache-"))
     trainer = Path(tempfile.mkdtemp(prefix="elastic-sim-bench-trainer-"))
@@ -51,26 +58,48 @@ def bench_images(docker: Docker, skip_cold: bool) -> list[tuple[str, str]]:
         else:
             builder = ImageBuilder(docker, progress=quiet, trainer_dir=trainer, cache_dir=cache, repo=repo)
             seconds, result = timed(builder.ensure)
-            rows.append(
-                (
-                    "cold image build (all images, wheelhouse included)",
-                    f"{seconds:7.1f} s  built {', '.join(result.built)}",
-                )
-            )
+            figures.update(cold_build_s=round(seconds, 1), built_cold=list(result.built))
         seconds, result = timed(builder.ensure)
-        rows.append(
-            ("no-op rebuild", f"{seconds:7.2f} s  built {', '.join(result.built) or 'nothing'}  (target <= 2 s)")
-        )
+        figures.update(noop_check_s=round(seconds, 2), built_noop=list(result.built))
         with open(trainer / "train.py", "a") as f:
             f.write(f"\n# benchmark edit {time.time()}\n")
         seconds, result = timed(builder.ensure)
-        rows.append(("rebuild after a trainer edit", f"{seconds:7.2f} s  built {', '.join(result.built)}"))
+        figures.update(trainer_edit_rebuild_s=round(seconds, 2), built_after_edit=list(result.built))
     finally:
         if not skip_cold:
             docker.remove_images([t for t in docker.image_tags(labels.IMAGE) if t.startswith(f"{repo}/")])
         shutil.rmtree(cache, ignore_errors=True)
         shutil.rmtree(trainer, ignore_errors=True)
-    return rows
+    return figures
+
+
+def print_images(figures: dict) -> None:
+    def built(key: str) -> str:
+        return ", ".join(figures[key]) or "nothing"
+
+    lines = []
+    if figures["cold_build_s"] is not None:
+        lines.append(
+            (
+                "cold image build (all images, wheelhouse included)",
+                f"{figures['cold_build_s']:7.1f} s  built {built('built_cold')}  (target <= {COLD_BUILD_TARGET_S} s)",
+            )
+        )
+    lines.append(
+        (
+            "no-op rebuild",
+            f"{figures['noop_check_s']:7.2f} s  built {built('built_noop')}  (target <= {NOOP_CHECK_TARGET_S} s)",
+        )
+    )
+    lines.append(
+        (
+            "rebuild after a trainer edit",
+            f"{figures['trainer_edit_rebuild_s']:7.2f} s  built {built('built_after_edit')}",
+        )
+    )
+    width = max(len(name) for name, _ in lines)
+    for name, value in lines:
+        print(f"{name:<{width}}  {value}")
 
 
 def bench_startup(docker: Docker, nodes: int, nproc: int, reps: int) -> list[dict]:
@@ -97,10 +126,16 @@ def main() -> int:
     args = parser.parse_args()
     docker = Docker()
     docker.ping()
-    rows = bench_images(docker, args.skip_cold)
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    images = bench_images(docker, args.skip_cold)
+    print_images(images)
+    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if args.skip_cold:  # the file keeps the last cold build's figures
+        found = json.loads(args.out.read_text()).get("images", []) if args.out.exists() else []
+        last = found[0] if found else {}
+        images.update({key: last.get(key) for key in ("cold_build_s", "built_cold", "cold_when")})
+    else:
+        images["cold_when"] = now
+    save_results(args.out, "images", [{**images, "when": now}])
     print(
         f"\nstart-up: {args.nodes} nodes x {args.nproc_per_node} workers a side, {args.reps} rep(s) a side, "
         "interleaved; from `up` (bare: the first process) to the first step",

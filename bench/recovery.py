@@ -323,13 +323,7 @@ def run_bare(case: Case, etcd: EtcdParts | None) -> Sample:
     try:
         job.start(at_once=case.figure == "start-up")
         if case.figure == "start-up":
-            first = wait_until(
-                f"step at world {case.world_before}",
-                lambda: first_progress(job.records(alive=tuple(job.agents)), case.world_before, 0.0),
-                START_TIMEOUT_S,
-                poll=0.2,
-            )
-            return Sample(first - t_start)
+            return Sample(first_step(lambda: job.records(alive=tuple(job.agents)), case.world_before) - t_start)
         warm(lambda: job.records(alive=tuple(job.agents)), case.world_before)
         t_fault = job.fault(case.figure)
 
@@ -350,9 +344,14 @@ def run_bare(case: Case, etcd: EtcdParts | None) -> Sample:
         job.stop()
 
 
+def first_step(records: Callable[[], list[dict]], world: int, poll: float = 0.2) -> float:
+    """The time of the job's first step at `world` (polled every 0.2 s where start-up is timed to it)."""
+    return wait_until(f"step at world {world}", lambda: first_progress(records(), world, 0.0), START_TIMEOUT_S, poll)
+
+
 def warm(records: Callable[[], list[dict]], world: int) -> None:
     """Wait until the job has trained WARM_S seconds at `world`."""
-    first = wait_until(f"step at world {world}", lambda: first_progress(records(), world, 0.0), START_TIMEOUT_S)
+    first = first_step(records, world, POLL_S)
     wait_until("warm training", lambda: first_progress(records(), world, first + WARM_S), START_TIMEOUT_S)
 
 
@@ -425,12 +424,7 @@ def run_sim(case: Case, docker: Docker, prefix: str = "bench-recovery") -> Sampl
             return [{"sim": "progress", "t": b.t, "world_size": b.world_size} for b in model().progress]
 
         if case.figure == "start-up":
-            first = wait_until(
-                f"step at world {case.world_before}",
-                lambda: first_progress(records(), case.world_before, 0.0),
-                START_TIMEOUT_S,
-                poll=0.2,
-            )
+            first = first_step(records, case.world_before)
             return Sample(first - t_start, startup_phases(model(), t_start, first))
         warm(records, case.world_before)
         startup = startup_rendezvous(model())
