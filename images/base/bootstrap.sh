@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the base image without a container registry: a Debian rootfs made by
-# mmdebstrap from Debian's package mirror, streamed as a tarball into `docker import`.
+# mmdebstrap from Debian's package mirror as a tarball, then `docker import`ed.
 # Usage: bootstrap.sh IMAGE_TAG [LABEL=VALUE ...]
 set -euo pipefail
 tag=${1:?usage: bootstrap.sh IMAGE_TAG [LABEL=VALUE ...]}
