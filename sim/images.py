@@ -180,7 +180,7 @@ class ImageBuilder:
     @contextlib.contextmanager
     def _fetching_meanwhile(self, fetches: list[Callable[[], Path]]) -> Iterator[None]:
         """Run the fetches (torch's wheels from PyPI: the slowest) in a thread while the base image builds:
-        both wait mostly on the network, and a cold build is about 15 s shorter. Each fetch keeps what it
+        both wait mostly on the network, and a cold build is about 11 s shorter. Each fetch keeps what it
         got on disk, so its own build step finds it there; a fetch that fails here is left to that step,
         which fetches again and says why. Ctrl-C or a failed base build stops the thread's pip first."""
         self._stop.clear()
