@@ -20,7 +20,7 @@ from . import labels
 from .agentlog import NodeLogParser, parse_docker_timestamp
 from .cluster import Cluster
 from .docker import Docker, EventStream
-from .errors import SimError
+from .errors import DockerUnavailableError, SimError
 from .history import FILE_NAME, History
 from .sidechannel import EVENTS_DIR, EventsTail, ProgressMatcher
 from .swarm import provider_for
@@ -28,6 +28,8 @@ from .wait import Check, wait_for
 
 STARTUP_GRACE_S = 600
 GONE_FOR_S = 4  # every container gone this long: the cluster is down
+# The engine unanswering this long: stopped (its containers with it), not a slow answer under load.
+ENGINE_LOST_S = 10
 LIVENESS_POLL_S = 2.0
 # Actions worth a history line; exec_* events (our own probes) are noise.
 CONTAINER_ACTIONS = {"create", "start", "die", "kill", "stop", "pause", "unpause", "oom", "destroy", "restart"}
@@ -57,7 +59,12 @@ class Collector:
             self._nodes[info.id] = info.node
             if info.state in ("running", "paused"):
                 self._follow(info.id)
-        wait_for(_ClusterGone(self.cluster, self.stop), timeout=None, interval=LIVENESS_POLL_S, sleep=self.stop.wait)
+        gone = _ClusterGone(self.cluster, self.stop)
+        wait_for(gone, timeout=None, interval=LIVENESS_POLL_S, sleep=self.stop.wait)
+        if gone.engine_lost is not None:
+            lost = {"t": gone.engine_lost_at, "type": "run", "event": "engine_lost", "cluster": self.cluster.name}
+            self.history.append({**lost, "why": gone.engine_lost})
+            print(f"collector: {gone.engine_lost}; stopped following cluster '{self.cluster.name}'", file=sys.stderr)
         events.close()
         for thread in list(self._followers.values()):
             thread.join(timeout=5)
@@ -65,13 +72,16 @@ class Collector:
         tail.join(timeout=5)
 
     def _read_events(self, events: EventStream) -> None:
-        for event in events:
-            record = self._docker_record(event)
-            if record is None:
-                continue
-            self.history.append(record)
-            if event.get("Type") == "container" and record["action"] == "start":
-                self._follow(event.get("id") or event["Actor"]["ID"])
+        try:
+            for event in events:
+                record = self._docker_record(event)
+                if record is None:
+                    continue
+                self.history.append(record)
+                if event.get("Type") == "container" and record["action"] == "start":
+                    self._follow(event.get("id") or event["Actor"]["ID"])
+        except (OSError, SimError):
+            pass  # the engine went (requests' errors are OSErrors): the liveness check records it
 
     def _docker_record(self, event: dict) -> dict | None:
         kind, action = event.get("Type"), event.get("Action", "")
@@ -117,8 +127,8 @@ class Collector:
         try:
             for line in self.cluster.docker.follow_logs(cid, since=since):
                 self._record_line(cid, node, since, parser, line)
-        except SimError:
-            pass  # the container is gone: its log ended with it
+        except (OSError, SimError):
+            pass  # the container is gone, or the engine (requests' errors are OSErrors): its log ended with it
         for record in parser.close():
             self.history.append(record)
 
@@ -138,7 +148,8 @@ class Collector:
 
 class _ClusterGone:
     """Ready once the cluster's containers are gone (`down`) for a few seconds, or never came
-    (the collector starts before `compose up`), or the collector was told to stop."""
+    (the collector starts before `compose up`), or the engine stopped answering (its streams, which
+    the collector follows, ended with it; `engine_lost` says why), or the collector was told to stop."""
 
     description = "following the cluster until it is removed"
 
@@ -147,12 +158,25 @@ class _ClusterGone:
         self.started = time.monotonic()
         self.seen = False
         self.gone_since: float | None = None
+        self.unreachable_since: float | None = None
+        self.engine_lost: str | None = None
+        self.engine_lost_at = 0.0  # Unix time of the first unanswered check
 
     def check(self) -> Check:
         if self.stop.is_set():
             return Check(True, detail="told to stop")
         now = time.monotonic()
-        if self.cluster.containers():
+        try:
+            containers = self.cluster.containers()
+        except DockerUnavailableError as error:
+            if self.unreachable_since is None:
+                self.unreachable_since, self.engine_lost_at = now, time.time()
+            if now - self.unreachable_since < ENGINE_LOST_S:
+                return Check(False, detail=str(error))
+            self.engine_lost = str(error)
+            return Check(True, detail="the Docker engine stopped answering")
+        self.unreachable_since = None
+        if containers:
             self.seen, self.gone_since = True, None
             return Check(False)
         if not self.seen:

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 
 from .agentlog import NodeLogParser, parse_docker_timestamp
 from .checkers import CHECKPOINT_DAMAGING_FAULTS, stale_writes
-from .history import AgentRecord, DockerRecord, FaultRecord, Record, TrainerRecord, WorkerRecord
+from .history import AgentRecord, DockerRecord, FaultRecord, Record, RunRecord, TrainerRecord, WorkerRecord
 from .nodes import node_order
 from .recovery import LOSS_JUMP_TOLERANCE, loss_across_resumes
 from .runmodel import AGENT_CONTAINER, RunModel
@@ -710,6 +710,30 @@ def etcd_lost(run: RunModel) -> Diagnosis | None:
     )
 
 
+def engine_lost(run: RunModel) -> Diagnosis | None:
+    """(a0) The Docker engine stopped answering during the run (the collector's "engine_lost" record): every
+    container went with it, so what follows in the history is not the job's doing."""
+    # From every record: the engine's own shutdown kills the containers as `down` does, so the run's cut at
+    # the teardown (RunModel.records) comes before this record.
+    lost = [r for r in run.all_records if isinstance(r, RunRecord) and r.event == "engine_lost"]
+    if not lost:
+        return None
+    record = lost[0]
+    steps = [r for r in run.progress if r.t <= record.t]
+    last = f"; the last progress before it at {_at(steps[-1].t)}" if steps else ""
+    return Diagnosis(
+        "engine-lost",
+        "The Docker engine stopped during the run",
+        f"The Docker engine stopped answering at {_at(record.t)}{last}. The cluster's containers are the "
+        "engine's children: the nodes, etcd and the job ended with it, and the collector stopped recording, so "
+        "this run says nothing about the job's own fault tolerance.",
+        [f"host {_at(record.t)}  {record.why}"],
+        "Find why the engine stopped (`journalctl -u docker`, or dockerd's own log; out of memory or disk on the "
+        "host, a package upgrade, `systemctl stop docker`), start it (`bash scripts/setup.sh` starts it where "
+        "systemd does not), remove the leftovers (`python -m sim down NAME`) and run again.",
+    )
+
+
 def etcd_without_v2(run: RunModel) -> Diagnosis | None:
     """(g) etcd answers 404 on the v2 API that torch's etcd backends (python-etcd) speak."""
     if run.spec_fields.get("rdzv_backend") not in (None, "etcd", "etcd-v2"):
@@ -1082,6 +1106,7 @@ def _died_after(run: RunModel, record: Record) -> bool:
 
 # Most fundamental first: a cause before the budget it burned, the budget before what followed.
 DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
+    engine_lost,
     name_resolution,
     etcd_without_v2,
     clock_skew,

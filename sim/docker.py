@@ -212,6 +212,11 @@ class DockerProvider(Protocol):
     ) -> subprocess.Popen: ...
 
 
+def _unreachable(what: str | None, error: Exception) -> DockerUnavailableError:
+    prefix = f"docker {what}: " if what else ""
+    return DockerUnavailableError(f"{prefix}Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}")
+
+
 def _selector(label_filter: str) -> dict[str, str]:
     """`label=KEY[=VALUE]` -> the engine's filter."""
     key, sep, value = label_filter.partition("=")
@@ -233,9 +238,7 @@ class Docker:
         try:
             return docker_sdk.APIClient(timeout=API_TIMEOUT_S, **docker_sdk.utils.kwargs_from_env())
         except sdk_errors.DockerException as error:
-            raise DockerUnavailableError(
-                f"Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}"
-            ) from None
+            raise _unreachable(None, error) from None
 
     @functools.cached_property
     def _stream_api(self) -> docker_sdk.APIClient:
@@ -247,20 +250,19 @@ class Docker:
         try:
             return str(self.api.version().get("Version", "?"))
         except (requests.exceptions.RequestException, sdk_errors.DockerException) as error:
-            raise DockerUnavailableError(
-                f"Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}"
-            ) from None
+            raise _unreachable(None, error) from None
 
-    def _call(self, what: str, fn: Callable, *args, **kwargs):
-        """One engine request; its failure is one SimError line."""
+    def _call(self, what: str, fn: Callable, *args, missing_ok: bool = False, **kwargs):
+        """One engine request; its failure is one SimError line. `missing_ok`: None where the engine
+        answers that the thing does not exist (removed since it was listed)."""
         try:
             return fn(*args, **kwargs)
         except sdk_errors.APIError as error:
+            if missing_ok and isinstance(error, sdk_errors.NotFound):
+                return None
             raise DockerError(f"docker {what} failed: {error.explanation or error}") from None
         except requests.exceptions.RequestException as error:
-            raise DockerUnavailableError(
-                f"docker {what}: Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}"
-            ) from None
+            raise _unreachable(what, error) from None
 
     # --- containers, networks, volumes by label ------------------------------------
 
@@ -270,10 +272,10 @@ class Docker:
         for row in rows:
             exit_code = None
             if row.get("State") in ("exited", "dead"):
-                try:
-                    exit_code = self.api.inspect_container(row["Id"])["State"]["ExitCode"]
-                except sdk_errors.NotFound:
+                inspected = self._call("inspect", self.api.inspect_container, row["Id"], missing_ok=True)
+                if inspected is None:
                     continue  # removed since the listing
+                exit_code = inspected["State"]["ExitCode"]
             networks = (row.get("NetworkSettings") or {}).get("Networks") or {}
             found.append(
                 Container(
@@ -322,11 +324,7 @@ class Docker:
             "network": self.api.inspect_network,
             "volume": self.api.inspect_volume,
         }[kind]
-        try:
-            inspect(resource)
-        except sdk_errors.NotFound:
-            return False
-        return True
+        return self._call(f"{kind} inspect", inspect, resource, missing_ok=True) is not None
 
     # --- container faults ------------------------------------------------------------
 
@@ -371,6 +369,8 @@ class Docker:
                 return ExecResult(None, "", "")
         except sdk_errors.APIError as error:
             return ExecResult(EXEC_FAILED, "", str(error.explanation or error))
+        except requests.exceptions.RequestException as error:
+            raise _unreachable("exec", error) from None
         got: dict = {}
 
         def run() -> None:
@@ -453,15 +453,7 @@ class Docker:
     # --- images -----------------------------------------------------------------------------
 
     def image_exists(self, tag: str) -> bool:
-        try:
-            self.api.inspect_image(tag)
-        except sdk_errors.NotFound:
-            return False
-        except requests.exceptions.RequestException as error:
-            raise DockerUnavailableError(
-                f"Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}"
-            ) from None
-        return True
+        return self._call("image inspect", self.api.inspect_image, tag, missing_ok=True) is not None
 
     def image_tags(self, label: str) -> list[str]:
         """Every tag of the images carrying `label` (a key)."""
@@ -472,12 +464,12 @@ class Docker:
         """Best effort: an image a container still uses stays (the engine refuses)."""
         for tag in tags:
             try:
-                self.api.remove_image(tag)
-            except sdk_errors.APIError:
+                self._call("rmi", self.api.remove_image, tag)
+            except DockerError:
                 pass
 
     def prune_images(self, label_filter: str) -> int:
-        """Drop dangling images carrying the label (what a multi-stage legacy build, or a stopped one, leaves);
+        """Drop dangling images carrying the label (what a stopped or failed build leaves);
         how many are left: those a container still uses (a stopped build's step, until the engine removes it)."""
         filters = {**_selector(label_filter), "dangling": True}
         self._call("image prune", self.api.prune_images, filters=filters)

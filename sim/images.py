@@ -279,12 +279,11 @@ class ImageBuilder:
         self.built.append(name)
 
     def _drop_dangling(self, wait: float) -> None:
-        """Drop the dangling images a build leaves: the legacy builder's first stage of a multi-stage build,
-        and a failed or stopped build's last committed step, once the engine has removed that step's
-        container (within `wait` seconds). Every step of ours carries one of these labels."""
-        filters = (f"label={labels.IMAGE}", f"label={labels.IMAGE_BUILD_STAGE}")
+        """Drop the dangling images a build leaves (a failed or stopped build's last committed step), once
+        the engine has removed that step's container (within `wait` seconds). Every step of ours carries
+        the image label."""
         wait_for(
-            Condition("removing what the build left", lambda: sum(self.docker.prune_images(f) for f in filters) == 0),
+            Condition("removing what the build left", lambda: self.docker.prune_images(f"label={labels.IMAGE}") == 0),
             timeout=wait,
             interval=0.5,
             raise_errors=False,

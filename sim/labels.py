@@ -14,7 +14,6 @@ RUN = "elastic-sim.run"
 SESSION = "elastic-sim.session"
 SESSION_ENV = "SIM_SESSION"
 IMAGE = "elastic-sim.image"  # on images: base | runtime | node | etcd
-IMAGE_BUILD_STAGE = "elastic-sim.build-stage"
 
 
 def cluster_labels(cluster: str, run_id: str | None = None) -> dict[str, str]:

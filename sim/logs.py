@@ -164,6 +164,8 @@ class FollowView:
         return None
 
     def _run(self, r: dict) -> str | None:
+        if r.get("event") == "engine_lost":
+            return f"the Docker engine stopped answering; nothing more was recorded ({r.get('why')})"
         return "run ended: the cluster was removed" if r.get("event") == "end" else None
 
 

@@ -197,6 +197,10 @@ def _stacked_labels(ax, labels: Sequence[tuple[float, str]], renderer, style: di
     rows: list[tuple[float, float]] = []  # (top in axes fraction, display x where its last label ends)
     for x, label in sorted(labels):
         text = ax.text(x, 0.97, label, transform=transform, va="top", ha="left", zorder=5, **style)
+        # Placed on the finished layout: the savefig's layout pass must not make room for them (many labels
+        # crowded at one x, as in a history with one node's clock an hour off, stack below the panel and
+        # would squeeze the axes to nothing).
+        text.set_in_layout(False)
         box = text.get_window_extent(renderer)
         if box.x1 > panel.x1:  # too close to the right edge: hang it to the left of its line
             text.set_horizontalalignment("right")

@@ -22,7 +22,6 @@ from urllib.parse import urlparse
 
 import docker as docker_sdk
 import docker.errors as sdk_errors
-import requests
 from docker.context import ContextAPI
 
 from .docker import API_TIMEOUT_S, Docker, DockerError, ExecResult
@@ -123,7 +122,7 @@ class HostDocker(Docker):
         """As the local engine's; a connection lost on the way (SSH, TCP) is one line naming the host."""
         try:
             return super().exec(container, argv, **options)
-        except requests.exceptions.RequestException as error:
+        except DockerUnavailableError as error:
             raise self._unreachable(str(error)) from None
 
     def ping(self) -> str:

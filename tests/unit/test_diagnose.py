@@ -428,6 +428,17 @@ def captured_run(case: str) -> tuple[list[dict], dict[str, str]]:
     return history, {path.stem: path.read_text() for path in sorted(folder.glob("node*.log"))}
 
 
+def test_engine_lost_when_dockerd_stops_under_a_run():
+    """`sim up --nodes 2`, then `pkill dockerd`: the engine's shutdown looks like a teardown (SIGTERM, kill),
+    so the run is cut there; the collector's engine_lost record after it still names the cause."""
+    found = diagnose(*captured_run("engine_lost"))
+    assert codes(found) == ["engine-lost"]
+    assert found[0].cause.startswith(
+        "The Docker engine stopped answering at 23:12:17.2; the last progress before it at 23:12:17.0."
+    )
+    assert found[0].evidence[0].startswith("host 23:12:17.2  docker ps: Docker engine not reachable")
+
+
 def test_disk_full_when_the_checkpoint_write_hits_enospc():
     """full-disk scenario: /ckpt filled at step 25, rank 0's next checkpoint write fails, filler removed 5 s later."""
     found = diagnose(*captured_run("full_disk"))

@@ -77,6 +77,7 @@ def _no_engine(monkeypatch, tmp_path):
     monkeypatch.setenv("SIM_HOME", str(tmp_path / "home"))
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # matplotlib's complaints about the picture's layout too
 @pytest.mark.parametrize("case", [pytest.param(case, marks=KNOWN.get(case, ())) for case in CASES])
 def test_sim_report_never_gives_a_traceback(case, tmp_path, capsys):
     run_dir = tmp_path / "runs" / "sim-20261130-000000-abcd"
