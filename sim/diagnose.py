@@ -40,6 +40,8 @@ FROZEN_HANG_S = 60.0
 STUCK_AT_EXIT_S = 60.0
 # An agent whose etcd call failed and that exited within this long ended on it (etcd-lost).
 ETCD_LOSS_EXIT_S = 15.0
+# rendezvous-etcd-v3's words when it gives up on etcd: "(unreachable for 30 s, reconnect_timeout=30)".
+RECONNECT_TIMEOUT = re.compile(r"reconnect_timeout=(\d+(?:\.\d+)?)")
 # An agent in a rendezvous this long without completing it is waiting for nodes.
 RDZV_WAIT_S = 60.0
 # What an agent reports about its workers after starting them: anything but silence.
@@ -660,15 +662,18 @@ def c10d_store_lost(run: RunModel) -> Diagnosis | None:
 
 
 def etcd_lost(run: RunModel) -> Diagnosis | None:
-    """(f2) etcd went away (restarted, killed, paused, cut off) while torch's etcd-v2 agents called it:
-    they end on the first failed call, and the job with them."""
-    if run.spec_fields.get("rdzv_backend") not in ("etcd", "etcd-v2"):
-        return None  # etcd-v3's agents connect again for reconnect_timeout: their end is a later story
+    """(f2) etcd went away (restarted, killed, paused, cut off) while the agents called it: torch's etcd-v2
+    agents end on their first failed call; rendezvous-etcd-v3's wait for etcd up to reconnect_timeout,
+    then end on their next call. The job ends with the last agent."""
+    backend = run.spec_fields.get("rdzv_backend")
+    if backend not in ("etcd", "etcd-v2", "etcd-v3"):
+        return None
+    v3 = backend == "etcd-v3"
     finished = [r.t for r in run.agent_events("group_finished")]
     failed = [
         r
-        for r in run.agent_events("rdzv_error")
-        if "connection to etcd" in (r.message or "")
+        for r in run.agent_events("rdzv_error", "worker_error")
+        if _etcd_call_failed(r, v3)
         and not any(t < r.t for t in finished)  # not the job's own end
         and any(d.node == r.node and d.action == "die" and 0 <= d.t - r.t <= ETCD_LOSS_EXIT_S for d in run.docker)
     ]
@@ -690,12 +695,27 @@ def etcd_lost(run: RunModel) -> Diagnosis | None:
         ended.setdefault(before[-1] if before else None, []).append(record)
     words = "; ".join(
         f"{'at ' + _at(t) if t is not None else 'once'} {', '.join(sorted((r.node for r in group), key=node_order))} "
-        f"ended"
+        f"ended" + (f" {group[0].t - t:.0f} s later" if v3 and t is not None else "")
         for t, group in ended.items()
     )
     evidence = []
     for t, group in ended.items():
         evidence += [_line(o) for o in outages if o.t == t][:1] + [_line(r) for r in group]
+    if v3:
+        waited = next((m[1] for r in failed if (m := RECONNECT_TIMEOUT.search(r.message or ""))), "30")
+        return Diagnosis(
+            "etcd-lost",
+            "etcd unreachable past reconnect_timeout: the etcd-v3 agents ended",
+            f"rendezvous-etcd-v3's agents connect again while etcd is away, for reconnect_timeout ({waited} s, "
+            "counted from the first failed connect and shared by every call), then end on their next call; etcd "
+            f"stayed away longer: {words}. Training itself needs no etcd, so a job that finishes within that time "
+            "never notices.",
+            evidence,
+            "Bring etcd back within reconnect_timeout (a restart that keeps its data is ridden out), or allow the "
+            "outage you expect (`--rdzv-conf reconnect_timeout=120`); give the agents an etcd that outlives a "
+            "member's loss (a replicated etcd behind one stable address), or use --rdzv-backend c10d (no etcd; the "
+            "store lives on one training host).",
+        )
     return Diagnosis(
         "etcd-lost",
         "etcd unreachable: the etcd-v2 agents ended",
@@ -708,6 +728,16 @@ def etcd_lost(run: RunModel) -> Diagnosis | None:
         "install torch-rendezvous-etcd-v3: its calls connect again for reconnect_timeout) or c10d (no etcd; the "
         "store lives on one training host).",
     )
+
+
+def _etcd_call_failed(record: AgentRecord, v3: bool) -> bool:
+    """An agent's etcd call failed: torch's RendezvousConnectionError ("The connection to etcd has failed"); for
+    etcd-v3 also its client's own words, which the agent's log may show first (a traceback's last line the log
+    parser read as a worker error: "cannot connect to etcd at etcd:2379: [Errno -2] Name or service not known")."""
+    message = record.message or ""
+    if record.event == "rdzv_error":
+        return "connection to etcd" in message
+    return v3 and "cannot connect to etcd" in message
 
 
 def engine_lost(run: RunModel) -> Diagnosis | None:

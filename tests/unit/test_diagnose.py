@@ -351,10 +351,23 @@ def test_etcd_lost_ends_the_etcd_v2_agents():
     assert "etcd-v3" in lost.fix and "c10d" in lost.fix
 
 
-def test_etcd_lost_needs_an_etcd_v2_agent_that_ended_on_it():
-    assert "etcd-lost" not in codes(diagnose(etcd_lost_history("etcd-v3"), logs("etcd_lost")))
+def test_etcd_lost_needs_an_etcd_agent_that_ended_on_it():
+    assert "etcd-lost" not in codes(diagnose(etcd_lost_history("c10d"), logs("etcd_lost")))
     survived = [r for r in etcd_lost_history() if r.get("action") != "die"]  # the agents lived on
     assert "etcd-lost" not in codes(diagnose(survived, logs("etcd_lost")))
+
+
+def test_etcd_lost_ends_the_etcd_v3_agents_after_reconnect_timeout():
+    """etcd-loss-v3 scenario: etcd killed at step 20 and left down; both agents ended 30 s later."""
+    found = diagnose(*captured_run("etcd_lost_v3"))
+    assert codes(found) == ["etcd-lost"]  # not name-resolution: etcd's name went with its container
+    lost = found[0]
+    assert lost.title == "etcd unreachable past reconnect_timeout: the etcd-v3 agents ended"
+    assert "for reconnect_timeout (30 s, counted from the first failed connect" in lost.cause
+    assert "at 23:16:27.7 node0, node1 ended 30 s later" in lost.cause
+    assert lost.evidence[0] == "etcd 23:16:27.7  fault kill-node on etcd (ok)"
+    assert all("reconnect_timeout=30" in line for line in lost.evidence[1:]) and len(lost.evidence) == 3
+    assert "reconnect_timeout=120" in lost.fix and "c10d" in lost.fix
 
 
 # --------------------------------------------------------------------------- (g) etcd without v2
