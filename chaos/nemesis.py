@@ -667,7 +667,7 @@ class Nemesis:
             joining = [n for n in wanted if n not in existing or existing[n].state not in ("running", "paused")]
             if joining:
                 self.cluster.start_nodes(joining, nodes=nodes)
-                self._apply_partitions()
+                self._reapply_network(*joining)
             return {"joined": joining, "left": leaving, "abrupt": abrupt}
 
         return self.invoke("scale", f"nodes={nodes}", act, nodes=nodes, abrupt=abrupt, grace=grace)
@@ -876,11 +876,14 @@ class Nemesis:
     def _has_chain(self, node: str) -> bool:
         return self.cluster.exec(node, "iptables", "-w", "-S", netcmd.PARTITION_CHAIN, user="root").ok
 
-    def _reapply_network(self, node: str) -> None:
-        # A restarted container has a fresh network namespace: our rules are gone from it.
+    def _reapply_network(self, *nodes: str) -> None:
+        # A restarted or new container has a fresh network namespace: our rules are gone from it. With no
+        # partition in force there is nothing to put back (heal flushed the chains): no exec at all, which
+        # on a scale-up would compete with the new node's start for the CPU.
         if any(f["fault"] == "partition" for f in self.active()):
             self._apply_partitions()
-        self._forget(f"link-{node}")
+        for node in nodes:
+            self._forget(f"link-{node}")
 
     def _run_script(self, node: str, argvs: Sequence[list[str] | str]) -> ExecResult:
         script = "set -e\n" + "\n".join(a if isinstance(a, str) else shlex.join(a) for a in argvs)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import cluster as cluster_mod
 from .docker import Docker
-from .errors import SimError, UsageError
+from .errors import DockerUnavailableError, SimError, UsageError
 from .paths import cache_home, state_home
 from .spec import DEFAULT_NAME, ENGINES, RDZV_BACKENDS, spec_from_options
 from .wait import wait_for
@@ -264,6 +264,12 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
     except KeyboardInterrupt:
         print(f"\nstopped following; cluster '{name}' is still running (`python -m sim down{flag}` removes it)")
         return 0
+    except DockerUnavailableError as error:
+        raise DockerUnavailableError(
+            f"{error}. The engine stopped under the run, and cluster '{name}' with it; once the engine is back, "
+            f"`python -m sim report {cluster.run_dir}` shows what was recorded and `python -m sim down{flag}` "
+            "removes what is left"
+        ) from None
     verdict, summary = report_run(cluster.run_dir)
     print(summary)
     print(f"the stopped cluster stays for `sim report` and `sim logs`; `python -m sim down{flag}` removes it")
