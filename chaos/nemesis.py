@@ -36,6 +36,7 @@ from .partition import Partition, blocked_peers
 from .targets import ETCD
 
 CPU_PERIOD_US = 100_000  # the CFS period a CPU quota is a share of
+SHARED_CKPT_DIR = "/ckpt"  # where every node mounts the cluster's one checkpoint volume (compose/cluster.yaml)
 OOM_HEADROOM = 64 * 2**20  # oom-worker: the node's limit, this much above its use
 OOM_WITHIN_S = 30.0  # oom-worker: how long the memory hog may take
 FILL_AT_MOST = 16 * 2**30  # fill-disk refuses a disk with more free than this: the host's own
@@ -317,7 +318,7 @@ class Nemesis:
         self,
         target: str = "rank0",
         *,
-        directory: str = "/ckpt",
+        directory: str = SHARED_CKPT_DIR,
         within: float = 60.0,
         sig: signals.Signals = signals.SIGKILL,
     ) -> dict:
@@ -355,7 +356,7 @@ class Nemesis:
         return nodescripts.parse_result(node, "write watcher", watched.stdout)
 
     def freeze_during_checkpoint(
-        self, target: str = "rank0", *, directory: str = "/ckpt", within: float = 60.0
+        self, target: str = "rank0", *, directory: str = SHARED_CKPT_DIR, within: float = 60.0
     ) -> dict:
         """Freeze a node in the middle of a checkpoint write: its worker is stopped (SIGSTOP) the moment it
         opens a file under `directory` for writing, then the whole node, agent included (`docker pause`).
@@ -570,7 +571,9 @@ class Nemesis:
 
     # --- the checkpoint volume ------------------------------------------------------------
 
-    def corrupt_checkpoint(self, target: str = "random", *, mode: str = "bitflip", directory: str = "/ckpt") -> dict:
+    def corrupt_checkpoint(
+        self, target: str = "random", *, mode: str = "bitflip", directory: str = SHARED_CKPT_DIR
+    ) -> dict:
         """Damage the newest file under `directory` (shared by every node): flip bits, or truncate it."""
 
         def act() -> dict:
@@ -582,7 +585,7 @@ class Nemesis:
 
         return self.invoke("corrupt-checkpoint", target, act, mode=mode, directory=directory, seed=self.seed)
 
-    def fill_disk(self, target: str = "random", *, directory: str = "/ckpt", leave: int = 0) -> dict:
+    def fill_disk(self, target: str = "random", *, directory: str = SHARED_CKPT_DIR, leave: int = 0) -> dict:
         """Fill the filesystem under `directory` with a filler file until `leave` bytes are free, so the
         next write fails with ENOSPC; `heal` removes the filler. Only a size-limited disk (the spec's
         `ckpt_size`): a larger one is refused, as filling it would fill the host's."""
@@ -707,17 +710,15 @@ class Nemesis:
             if fault_id is not None and not chosen:
                 ids = ", ".join(f["id"] for f in active) or "none"
                 raise UsageError(f"fault '{fault_id}': not in force (in force: {ids}); `sim faults` lists them")
-            healed = []
-            for fault in chosen:
-                if fault["fault"] in ("pause", "freeze"):
-                    info = self._info(fault["target"])
-                    if info.state == "paused":
-                        self.docker.unpause(info.id)
-                elif fault["fault"] == "link":
-                    self._clear_link(fault["target"])
-                # freeze: unpaused above, then SIGCONT
-                if fault["fault"] in ("hang", "slow", "fill", "stall", "freeze", "skew"):
-                    self._heal_process_fault(fault)
+            healed, kept = [], []
+            states = {c.node: c.state for c in self.cluster.containers()}
+            # Pauses first: a paused node runs nothing, so its other faults are undone once it runs again.
+            for fault in sorted(chosen, key=lambda f: f["fault"] not in ("pause", "freeze")):
+                try:
+                    self._heal_one(fault, states)
+                except FaultError as error:
+                    kept.append(f"{fault['id']} ({error})")
+                    continue
                 self._forget(fault["id"])
                 healed.append(fault["id"])
             if fault_id is None:
@@ -729,29 +730,63 @@ class Nemesis:
                     if info.state == "running":
                         self._clear_link(info.node, quiet=True)
             self._apply_partitions()
+            if kept:
+                raise FaultError(f"healed {', '.join(healed) or 'nothing'}; still in force: {'; '.join(kept)}")
             return {"healed": healed}
 
         return self.invoke("heal", fault_id or "all", act)
 
-    def _heal_process_fault(self, fault: dict) -> None:
-        """Undo a hung or stalled worker, a slowed node or a filled disk; one whose node is gone has nothing
-        to undo."""
-        node = fault["target"]
-        info = next((c for c in self.cluster.containers() if c.node == node), None)
-        if info is None or info.state != "running":
-            return
-        if fault["fault"] in ("hang", "freeze"):
+    def _heal_one(self, fault: dict, states: dict[str, str]) -> None:
+        """Undo one fault. Its node may have been killed, stopped or scaled away since: what lived in its
+        processes or its network namespace went with them (a pause, a link fault, a held or frozen worker);
+        what lives in the container's settings or files stays with a stopped container (a CPU quota, a clock
+        offset, a filler file), and a filler on the shared checkpoint volume outlives the container.
+        FaultError: this one cannot be undone now (it stays in force)."""
+        kind, node = fault["fault"], fault["target"]
+        state = states.get(node)  # None: no such container (scaled away), or not a node (a partition)
+        if kind in ("pause", "freeze") and state == "paused":
+            self.docker.unpause(self._info(node).id)
+            state = states[node] = "running"
+        if kind == "link" and state == "running":
+            self._clear_link(node)
+        elif kind == "freeze" and state == "running":
             self.cluster.exec(node, "kill", "-CONT", str(fault["pid"]))  # the worker may be gone since: fine
-        elif fault["fault"] == "skew":
-            self._set_clock_offset(node, 0)
-        elif fault["fault"] == "slow":
+        elif kind == "slow" and state is not None:  # a stopped container's quota applies again at its start
             self.docker.update_resources(
-                info.id, cpu_quota=fault["cpu_quota"] or -1, cpu_period=fault["cpu_period"] or CPU_PERIOD_US
+                self._info(node).id,
+                cpu_quota=fault["cpu_quota"] or -1,
+                cpu_period=fault["cpu_period"] or CPU_PERIOD_US,
             )
-        elif fault["fault"] in ("fill", "stall"):  # a filler file, or the file that holds a worker
-            removed = self.cluster.exec(node, "rm", "-f", fault["file"])
-            if not removed.ok:
-                raise FaultError(f"{node}: removing {fault['file']} failed: {_last(removed.stderr)}")
+        elif kind == "skew" and state is not None:
+            self._require_running(fault, node, state)
+            self._set_clock_offset(node, 0)
+        elif kind == "fill":
+            shared = fault["file"].startswith(SHARED_CKPT_DIR + "/")
+            if shared and state != "running":  # any running node reaches the shared volume
+                node, state = next(
+                    ((n, st) for n, st in states.items() if st == "running" and n != ETCD), (node, state)
+                )
+            if shared or state is not None:  # else: in the filesystem of a container removed since
+                self._require_running(fault, node, state)
+                self._remove_file(node, fault["file"])
+        elif kind in ("hang", "stall") and state == "running":
+            # The file that holds a worker (stall), or a SIGSTOPped worker (hang); gone with a stopped node.
+            if kind == "hang":
+                self.cluster.exec(node, "kill", "-CONT", str(fault["pid"]))
+            else:
+                self._remove_file(node, fault["file"])
+
+    def _require_running(self, fault: dict, node: str, state: str | None) -> None:
+        if state is None:
+            raise FaultError(f"no running node reaches {fault['file']}; start one, then `sim heal {fault['id']}`")
+        if state != "running":
+            wake = "unpause" if state == "paused" else "start"
+            raise FaultError(f"{node} is {state}; `sim {wake} {node}`, then `sim heal {fault['id']}`")
+
+    def _remove_file(self, node: str, file: str) -> None:
+        removed = self.cluster.exec(node, "rm", "-f", file)
+        if not removed.ok:
+            raise FaultError(f"{node}: removing {file} failed: {_last(removed.stderr)}")
 
     def link(
         self, target: str, *, loss_pct: float | None = None, rate_bps: int | None = None, netem: dict | None = None

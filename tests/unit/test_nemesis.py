@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from chaos import nodescripts
-from chaos.nemesis import Nemesis
+from chaos.nemesis import CLOCK_SCRIPT, Nemesis
 from chaos.partition import isolate, parse_partition_spec
 from sim import labels
 from sim.cluster import Cluster
@@ -53,6 +53,7 @@ class FakeProvider:
     def __init__(self, paused=(), answers=None):
         self.calls: list[tuple] = []
         self.paused = set(paused)
+        self.states: dict[str, str | None] = {}  # node -> a state other than running/paused; None: removed
         self.answers = answers or {}  # the first word after `python3 -c SCRIPT` or `sh -c` -> its ExecResult
         self.limits = Resources(0, 0, 0)
 
@@ -62,13 +63,14 @@ class FakeProvider:
             Container(
                 id=f"id-{node}",
                 name=f"c-{node}",
-                state="paused" if node in self.paused else "running",
+                state=self.states.get(node) or ("paused" if node in self.paused else "running"),
                 labels={labels.NODE: node, labels.ROLE: "etcd" if node == "etcd" else "node", labels.RUN: "r1"},
                 status="Up",
                 exit_code=None,
                 ips={"demo_cluster": ip},
             )
             for node, ip in NODES.items()
+            if self.states.get(node, "") is not None
         ]
 
     def exec(self, container, argv, *, user=None, timeout=30, detach=False) -> ExecResult:
@@ -471,3 +473,42 @@ def test_the_instrumentation_holds_a_worker_while_the_hang_file_exists(tmp_path,
     probe.hold_while_hung()
     assert len(slept) == 3 and not hang_file.exists()
     probe.hold_while_hung()  # checked again only after HANG_CHECK_GAP_S
+
+
+def test_heal_forgets_what_a_stopped_or_removed_node_took_along_and_undoes_what_it_kept(nemesis):
+    """A link fault and a held worker die with the container's namespace and processes; a CPU quota stays
+    with a stopped container, and a filler on the shared /ckpt volume outlives any container."""
+    nem, fake = nemesis
+    fake.limits = Resources(cpu_quota=0, cpu_period=0, memory=0)
+    fake.answers = {
+        nodescripts.FILL: ExecResult(0, json.dumps({"file": "/ckpt/.sim-filler", "written": 2**26, "free": 0}), "")
+    }
+    nem.link("node2", loss_pct=10)
+    nem.slow_node("node1", cpus=0.5)
+    nem.fill_disk("node1")
+    nem.hang_collectives("node1", local_rank=0)
+    fake.states = {"node2": None, "node1": "exited"}  # scaled away; killed
+    fake.calls.clear()
+    assert sorted(nem.heal()["healed"]) == ["fill-node1", "link-node2", "slow-node1", "stall-node1-40"]
+    assert nem.active() == []
+    assert ("update", "id-node1", {"cpu_quota": -1, "cpu_period": 100000}) in fake.calls
+    assert [c for c in fake.calls if c[0] == "exec" and c[2][:2] == ["rm", "-f"]] == [
+        ("exec", "id-node0", ["rm", "-f", "/ckpt/.sim-filler"], None)  # the filler, from a node that runs
+    ]
+    assert not any(c[0] == "exec" and c[1] in ("id-node1", "id-node2") for c in fake.calls)
+
+
+def test_heal_keeps_in_force_what_a_stopped_node_still_holds_and_heals_the_rest(nemesis):
+    nem, fake = nemesis
+    fake.answers = {CLOCK_SCRIPT: ExecResult(0, "59.99982\n", "")}
+    nem.skew_clock("node2", by=60)
+    nem.link("node1", loss_pct=10)
+    fake.states = {"node2": "exited"}
+    with pytest.raises(FaultError) as error:
+        nem.heal()
+    assert str(error.value) == (
+        "healed link-node1; still in force: skew-node2 (node2 is exited; `sim start node2`, then `sim heal skew-node2`)"
+    )
+    assert [f["id"] for f in nem.active()] == ["skew-node2"]
+    fake.states = {}
+    assert nem.heal("skew-node2")["healed"] == ["skew-node2"] and nem.active() == []
