@@ -214,7 +214,23 @@ class DockerProvider(Protocol):
 
 def _unreachable(what: str | None, error: Exception) -> DockerUnavailableError:
     prefix = f"docker {what}: " if what else ""
-    return DockerUnavailableError(f"{prefix}Docker engine not reachable ({_last_line(str(error))}); {FIX_ENGINE}")
+    return DockerUnavailableError(f"{prefix}Docker engine not reachable ({_reason(error)}); {FIX_ENGINE}")
+
+
+def _reason(error: BaseException) -> str:
+    """The innermost OS error's words: requests nests them (ConnectionError(ProtocolError('Connection
+    aborted.', FileNotFoundError(2, 'No such file or directory'))) -> "No such file or directory")."""
+    pending: list[object] = [error]
+    seen: set[int] = set()
+    while pending:
+        found = pending.pop(0)
+        if not isinstance(found, BaseException) or id(found) in seen:
+            continue
+        seen.add(id(found))
+        if isinstance(found, OSError) and found.strerror:
+            return found.strerror
+        pending += [*found.args, found.__cause__, found.__context__]
+    return _last_line(str(error))
 
 
 def _selector(label_filter: str) -> dict[str, str]:

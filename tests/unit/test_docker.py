@@ -5,6 +5,7 @@ from __future__ import annotations
 import docker.errors as sdk_errors
 import pytest
 import requests
+import urllib3
 
 from sim import docker as provider
 from sim.docker import DockerError
@@ -54,3 +55,14 @@ def test_pause_does_not_repeat_any_other_refusal(monkeypatch):
     with pytest.raises(DockerError, match="is not running"):
         engine(api).pause("c1")
     assert api.pauses == 1
+
+
+def test_an_unreachable_engine_is_named_by_the_innermost_os_error():
+    nested = requests.exceptions.ConnectionError(
+        urllib3.exceptions.ProtocolError("Connection aborted.", FileNotFoundError(2, "No such file or directory"))
+    )
+    assert str(provider._unreachable("ps", nested)).startswith(
+        "docker ps: Docker engine not reachable (No such file or directory); "
+    )
+    plain = requests.exceptions.ConnectionError("ssh: connect to host hostb port 22: Connection timed out")
+    assert "(ssh: connect to host hostb port 22: Connection timed out)" in str(provider._unreachable(None, plain))
