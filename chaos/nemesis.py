@@ -681,6 +681,14 @@ class Nemesis:
         """Add a partition to those in force and re-apply them all."""
 
         def act() -> dict:
+            known = {c.node for c in self.cluster.containers()}
+            unknown = sorted({node for cut in partition.cuts for node in cut} - known)
+            if unknown:
+                there = ", ".join(sorted(known, key=node_order)) or "nothing"
+                raise UsageError(
+                    f"partition: no {', '.join(unknown)} in cluster '{self.cluster.name}' (there: {there}); "
+                    "name the cluster's nodes or etcd"
+                )
             fault_id = f"partition-{uuid.uuid4().hex[:6]}"
             self._remember(
                 {
@@ -895,10 +903,11 @@ class Nemesis:
             if info.state != "running":
                 continue
             drop_in, drop_out = blocked_peers(union, info.node)
-            unknown = (drop_in | drop_out) - ips.keys()
-            if unknown:
-                raise FaultError(f"partition: no address for {', '.join(sorted(unknown))} (not running?)")
-            rules = netcmd.partition_rules([ips[n] for n in drop_in], [ips[n] for n in drop_out])
+            # A cut-off peer that is not running (killed, stopped, scaled away) has no address and sends nothing:
+            # no rule for it now; its start re-applies the partitions with its new address (_reapply_network).
+            rules = netcmd.partition_rules(
+                [ips[n] for n in sorted(drop_in) if n in ips], [ips[n] for n in sorted(drop_out) if n in ips]
+            )
             if not rules and not self._has_chain(info.node):
                 continue
             argvs = self._chain_setup(netcmd.PARTITION_CHAIN) + [netcmd.flush_chain(netcmd.PARTITION_CHAIN)] + rules

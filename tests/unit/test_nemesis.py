@@ -16,7 +16,7 @@ import pytest
 
 from chaos import nodescripts
 from chaos.nemesis import CLOCK_SCRIPT, Nemesis
-from chaos.partition import isolate, parse_partition_spec
+from chaos.partition import Partition, isolate, parse_partition_spec
 from sim import labels
 from sim.cluster import Cluster
 from sim.docker import NO_MEMORY_LIMIT, Container, ExecResult, Resources
@@ -512,3 +512,24 @@ def test_heal_keeps_in_force_what_a_stopped_node_still_holds_and_heals_the_rest(
     assert [f["id"] for f in nem.active()] == ["skew-node2"]
     fake.states = {}
     assert nem.heal("skew-node2")["healed"] == ["skew-node2"] and nem.active() == []
+
+
+def test_a_partition_outlives_its_cut_off_node_being_killed_and_names_must_exist(nemesis):
+    """A partition isolating node2, then node2 killed: other faults and partitions still apply (node2 has no
+    address, nothing to drop for it), and its start re-applies the rules with its address."""
+    nem, fake = nemesis
+    everyone = ["node0", "node1", "node2", "etcd"]
+    nem.partition(isolate(["node2"], everyone))
+    fake.states = {"node2": "exited"}
+    fake.calls.clear()
+    nem.partition(isolate(["node1"], ["node0", "node1", "etcd"]))  # once: "no address for node2"
+    node0 = fake.scripts("id-node0")[-1]
+    assert "-s 10.0.0.4 -j DROP" in node0 and "10.0.0.5" not in node0
+    assert not any(c[1] == "id-node2" for c in fake.calls if c[0] == "exec")
+    fake.states = {}
+    nem.start_node("node2")
+    assert "-s 10.0.0.5 -j DROP" in fake.scripts("id-node0")[-1]
+    with pytest.raises(
+        UsageError, match=r"^partition: no node7 in cluster 'demo' \(there: node0, node1, node2, etcd\)"
+    ):
+        nem.partition(Partition(frozenset({("node7", "node0")})))
