@@ -36,6 +36,8 @@ from .partition import Partition, blocked_peers
 from .targets import ETCD
 
 CPU_PERIOD_US = 100_000  # the CFS period a CPU quota is a share of
+# Faults that live in a node's processes or network namespace: they end when its container stops or restarts.
+PROCESS_BOUND_FAULTS = ("link", "pause", "freeze", "hang", "stall")
 SHARED_CKPT_DIR = "/ckpt"  # where every node mounts the cluster's one checkpoint volume (compose/cluster.yaml)
 OOM_HEADROOM = 64 * 2**20  # oom-worker: the node's limit, this much above its use
 OOM_WITHIN_S = 30.0  # oom-worker: how long the memory hog may take
@@ -440,6 +442,7 @@ class Nemesis:
         def act() -> dict:
             name = self.resolve(target)
             self.docker.kill(self._info(name).id, "SIGKILL")
+            self._forget_faults_of([name], PROCESS_BOUND_FAULTS)
             return {"node": name}
 
         return self.invoke("kill-node", target, act, seed=self.seed)
@@ -451,6 +454,7 @@ class Nemesis:
             name = self.resolve(target)
             started = time.monotonic()
             self.docker.stop(self._info(name).id, grace)
+            self._forget_faults_of([name], PROCESS_BOUND_FAULTS)
             return {"node": name, "grace": grace, "took": round(time.monotonic() - started, 2)}
 
         return self.invoke("stop-node", target, act, grace=grace, seed=self.seed)
@@ -667,6 +671,10 @@ class Nemesis:
                 else:
                     self.docker.stop(info.id, grace)
                 self.docker.remove("container", [info.id])
+                # Everything of the node went with its container, but a filler on the shared volume.
+                self._forget_faults_of(
+                    [name], kinds=None, keep=lambda f: str(f.get("file", "")).startswith(SHARED_CKPT_DIR + "/")
+                )
             joining = [n for n in wanted if n not in existing or existing[n].state not in ("running", "paused")]
             if joining:
                 self.cluster.start_nodes(joining, nodes=nodes)
@@ -926,8 +934,7 @@ class Nemesis:
         # on a scale-up would compete with the new node's start for the CPU.
         if any(f["fault"] == "partition" for f in self.active()):
             self._apply_partitions()
-        for node in nodes:
-            self._forget(f"link-{node}")
+        self._forget_faults_of(nodes, PROCESS_BOUND_FAULTS)
 
     def _run_script(self, node: str, argvs: Sequence[list[str] | str]) -> ExecResult:
         script = "set -e\n" + "\n".join(a if isinstance(a, str) else shlex.join(a) for a in argvs)
@@ -951,6 +958,17 @@ class Nemesis:
     def _forget(self, fault_id: str) -> None:
         with self._faults_locked() as faults:
             faults[:] = [f for f in faults if f["id"] != fault_id]
+
+    def _forget_faults_of(
+        self, nodes: Sequence[str], kinds: Sequence[str] | None, keep: Callable[[dict], bool] = lambda f: False
+    ) -> None:
+        """Forget the faults on these nodes (of these kinds; None: any) that ended with them, but those `keep` keeps."""
+        with self._faults_locked() as faults:
+            faults[:] = [
+                f
+                for f in faults
+                if not (f["target"] in nodes and (kinds is None or f["fault"] in kinds) and not keep(f))
+            ]
 
     @contextlib.contextmanager
     def _faults_locked(self) -> Iterator[list[dict]]:

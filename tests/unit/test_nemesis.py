@@ -533,3 +533,22 @@ def test_a_partition_outlives_its_cut_off_node_being_killed_and_names_must_exist
         UsageError, match=r"^partition: no node7 in cluster 'demo' \(there: node0, node1, node2, etcd\)"
     ):
         nem.partition(Partition(frozenset({("node7", "node0")})))
+
+
+def test_faults_that_end_with_a_nodes_processes_are_forgotten_when_it_stops_restarts_or_leaves(nemesis):
+    nem, fake = nemesis
+    fake.limits = Resources(cpu_quota=0, cpu_period=0, memory=0)
+    fake.answers = {
+        nodescripts.FILL: ExecResult(0, json.dumps({"file": "/ckpt/.sim-filler", "written": 2**26, "free": 0}), "")
+    }
+    nem.link("node1", loss_pct=10)
+    nem.slow_node("node1", cpus=0.5)
+    nem.kill_node("node1")
+    assert [f["id"] for f in nem.active()] == ["slow-node1"]  # a stopped container keeps its quota
+    nem.pause("node0")
+    nem.restart_node("node0")
+    assert [f["id"] for f in nem.active()] == ["slow-node1"]
+    nem.link("node2", loss_pct=10)
+    nem.fill_disk("node2")
+    nem.scale(2)  # node2 removed: its link went with it, the filler on the shared /ckpt did not
+    assert [f["id"] for f in nem.active()] == ["slow-node1", "fill-node2"]
