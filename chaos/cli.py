@@ -183,7 +183,7 @@ def _inject(fault: Fault, args: argparse.Namespace) -> int:
         try:
             time.sleep(hold_s)
         finally:
-            _report(fault.undo(nemesis, result))
+            _report(fault.end_hold(nemesis, result))
     return 0
 
 

@@ -441,6 +441,14 @@ class Fault:
     def reversible(self) -> bool:
         return self.undo is not None
 
+    def end_hold(self, nemesis: Nemesis, result: dict) -> dict:
+        """Undo the fault `result` came from when its hold (`--for`, a step's `for`) ends; nothing to undo when
+        it is no longer in force: healed by hand, or ended with its node (killed, restarted, scaled away)."""
+        fault_id = result.get("id")
+        if fault_id is not None and all(f["id"] != fault_id for f in nemesis.active()):
+            return {"id": fault_id, "ended": "no longer in force"}
+        return self.undo(nemesis, result)
+
     @property
     def fields(self) -> tuple[dataclasses.Field, ...]:
         return dataclasses.fields(self.options)

@@ -253,7 +253,7 @@ class ScenarioRunner:
             self.progress(f"[chaos] {step.fault} failed: {error}")
             return
         if step.duration_s and fault.undo is not None:
-            timer = threading.Timer(step.duration_s, _quietly(lambda: fault.undo(nemesis, result)))
+            timer = threading.Timer(step.duration_s, _quietly(lambda: fault.end_hold(nemesis, result)))
             timer.daemon = True
             timer.start()
             self._undo_timers.append(timer)

@@ -552,3 +552,16 @@ def test_faults_that_end_with_a_nodes_processes_are_forgotten_when_it_stops_rest
     nem.fill_disk("node2")
     nem.scale(2)  # node2 removed: its link went with it, the filler on the shared /ckpt did not
     assert [f["id"] for f in nem.active()] == ["slow-node1", "fill-node2"]
+
+
+def test_a_held_fault_that_ended_with_its_node_needs_no_undo_when_its_hold_ends(nemesis):
+    from chaos.faults import FAULTS
+
+    nem, fake = nemesis
+    held = nem.link("node1", loss_pct=10)
+    nem.kill_node("node1")  # the link fault went with node1's network namespace
+    fake.calls.clear()
+    assert FAULTS["netem"].end_hold(nem, held) == {"id": "link-node1", "ended": "no longer in force"}
+    assert fake.calls == [] and not any(r["op"] and r.get("fault") == "heal" for r in nem.history.records())
+    held = nem.link("node2", loss_pct=10)
+    assert FAULTS["netem"].end_hold(nem, held)["healed"] == ["link-node2"]  # still in force: healed

@@ -65,6 +65,9 @@ class RecordingNemesis:
     def resolve(self, target, **_):
         return target
 
+    def active(self):
+        return [{"id": "partition-x"}, {"id": "link-node1"}]  # what it returns as ids: still in force
+
     def __getattr__(self, name):
         def call(*args, **kwargs):
             self.calls.append((name, args, kwargs))
