@@ -475,14 +475,19 @@ def test_the_instrumentation_holds_a_worker_while_the_hang_file_exists(tmp_path,
     probe.hold_while_hung()  # checked again only after HANG_CHECK_GAP_S
 
 
-def test_heal_forgets_what_a_stopped_or_removed_node_took_along_and_undoes_what_it_kept(nemesis):
-    """A link fault and a held worker die with the container's namespace and processes; a CPU quota stays
-    with a stopped container, and a filler on the shared /ckpt volume outlives any container."""
-    nem, fake = nemesis
+def answer_slow_and_fill(fake: FakeProvider) -> None:
+    """Node limits to slow from, and a fill-disk script that filled /ckpt (the shared volume)."""
     fake.limits = Resources(cpu_quota=0, cpu_period=0, memory=0)
     fake.answers = {
         nodescripts.FILL: ExecResult(0, json.dumps({"file": "/ckpt/.sim-filler", "written": 2**26, "free": 0}), "")
     }
+
+
+def test_heal_forgets_what_a_stopped_or_removed_node_took_along_and_undoes_what_it_kept(nemesis):
+    """A link fault and a held worker die with the container's namespace and processes; a CPU quota stays
+    with a stopped container, and a filler on the shared /ckpt volume outlives any container."""
+    nem, fake = nemesis
+    answer_slow_and_fill(fake)
     nem.link("node2", loss_pct=10)
     nem.slow_node("node1", cpus=0.5)
     nem.fill_disk("node1")
@@ -537,10 +542,7 @@ def test_a_partition_outlives_its_cut_off_node_being_killed_and_names_must_exist
 
 def test_faults_that_end_with_a_nodes_processes_are_forgotten_when_it_stops_restarts_or_leaves(nemesis):
     nem, fake = nemesis
-    fake.limits = Resources(cpu_quota=0, cpu_period=0, memory=0)
-    fake.answers = {
-        nodescripts.FILL: ExecResult(0, json.dumps({"file": "/ckpt/.sim-filler", "written": 2**26, "free": 0}), "")
-    }
+    answer_slow_and_fill(fake)
     nem.link("node1", loss_pct=10)
     nem.slow_node("node1", cpus=0.5)
     nem.kill_node("node1")
