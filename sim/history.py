@@ -77,7 +77,8 @@ class Record(Mapping):
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
 class RunRecord(Record):
-    """The run itself: "start" (what ran), "scenario" (a chaos run's plan), "step_not_fired", "end"."""
+    """The run itself: "start" (what ran), "scenario" (a chaos run's plan), "step_not_fired", "engine_lost"
+    (the collector found the Docker engine gone: `why`), "end"."""
 
     TYPE: ClassVar[str] = "run"
     event: str
