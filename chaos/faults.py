@@ -17,6 +17,7 @@ from signal import SIGKILL, Signals
 from typing import TYPE_CHECKING, Any
 
 from sim.errors import UsageError
+from sim.faultkinds import KINDS, FaultKind
 from sim.spec import parse_size
 
 from . import partition as partitions
@@ -428,6 +429,9 @@ class Fault:
     needs_running: bool = True  # False: it brings a stopped container back
     # Builds what it would act on among a cluster's nodes without acting, so a bad shape fails early.
     check_nodes: Callable[[Any, Sequence[str], bool], object] | None = None
+    # The kind of fault it is, as the history records it (sim.faultkinds), when not its own name:
+    # etcd-kill is kill-node aimed at etcd, netem the kind link.
+    records: str = ""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z]+(-[a-z]+)*", self.name):
@@ -440,6 +444,11 @@ class Fault:
     @property
     def reversible(self) -> bool:
         return self.undo is not None
+
+    @property
+    def kind(self) -> FaultKind:
+        """What it is, read by the verdict layer from the history: its traits and its undo."""
+        return KINDS[self.records or self.name]
 
     def end_hold(self, nemesis: Nemesis, result: dict) -> dict:
         """Undo the fault `result` came from when its hold (`--for`, a step's `for`) ends; nothing to undo when
@@ -588,6 +597,7 @@ _CATALOG = (
         ),
         undo=lambda n, result: n.heal(f"link-{result['node']}"),
         undone_by="heal",
+        records="link",
     ),
     Fault(
         "etcd-kill",
@@ -596,6 +606,7 @@ _CATALOG = (
         "crash etcd at once (docker kill)",
         lambda n, o: n.kill_node(ETCD),
         needs_etcd=True,
+        records="kill-node",
     ),
     Fault(
         "etcd-start",
@@ -605,6 +616,7 @@ _CATALOG = (
         lambda n, o: n.start_node(ETCD),
         needs_etcd=True,
         needs_running=False,
+        records="start-node",
     ),
     Fault(
         "etcd-restart",
@@ -613,6 +625,7 @@ _CATALOG = (
         "restart etcd, keeping its data",
         lambda n, o: n.restart_node(ETCD, downtime=o.downtime),
         needs_etcd=True,
+        records="restart-node",
     ),
     Fault(
         "etcd-wipe",
@@ -621,6 +634,7 @@ _CATALOG = (
         "restart etcd empty: every rendezvous key is gone",
         lambda n, o: n.wipe_etcd(downtime=o.downtime),
         needs_etcd=True,
+        records="wipe-etcd",
     ),
     Fault(
         "etcd-pause",
@@ -631,6 +645,7 @@ _CATALOG = (
         undo=lambda n, result: n.unpause(ETCD),
         undone_by="etcd unpause",
         needs_etcd=True,
+        records="pause",
     ),
     Fault(
         "etcd-unpause",
@@ -639,6 +654,7 @@ _CATALOG = (
         "resume a frozen etcd",
         lambda n, o: n.unpause(ETCD),
         needs_etcd=True,
+        records="unpause",
     ),
     Fault(
         "etcd-isolate",
@@ -649,6 +665,7 @@ _CATALOG = (
         undo=_heal_result,
         undone_by="heal",
         needs_etcd=True,
+        records="partition",
     ),
     Fault(
         "hang-worker",
@@ -656,8 +673,8 @@ _CATALOG = (
         ("hang-worker",),
         "stop one worker process (SIGSTOP; its agent still sees it alive, its peers wait in a collective)",
         lambda n, o: n.hang_worker(o.target, rank=o.rank, local_rank=o.local_rank),
-        undo=lambda n, result: n.resume_worker(result["node"]),
-        undone_by="resume-worker",
+        undo=_heal_result,  # its id names the one worker it stopped (`sim resume-worker` continues them all)
+        undone_by="heal",
     ),
     Fault(
         "hang-collectives",

@@ -25,6 +25,7 @@ from pathlib import Path
 from sim.cluster import Cluster, ContainerInfo
 from sim.docker import NO_MEMORY_LIMIT, ExecResult
 from sim.errors import FaultError, SimError, UnsupportedFaultError, UsageError
+from sim.faultkinds import in_force_kinds
 from sim.history import FILE_NAME, History
 from sim.nodes import node_order
 from sim.procs import PROBE_ARGV, NodeProcesses, Worker, parse_probe
@@ -36,8 +37,9 @@ from .partition import Partition, blocked_peers
 from .targets import ETCD
 
 CPU_PERIOD_US = 100_000  # the CFS period a CPU quota is a share of
-# Faults that live in a node's processes or network namespace: they end when its container stops or restarts.
-PROCESS_BOUND_FAULTS = ("link", "pause", "freeze", "hang", "stall")
+# Faults in force that live in a node's processes or network namespace: they end when its container stops
+# or restarts.
+PROCESS_BOUND_FAULTS = in_force_kinds(lambda kind: kind.lives_in_node)
 SHARED_CKPT_DIR = "/ckpt"  # where every node mounts the cluster's one checkpoint volume (compose/cluster.yaml)
 OOM_HEADROOM = 64 * 2**20  # oom-worker: the node's limit, this much above its use
 OOM_WITHIN_S = 30.0  # oom-worker: how long the memory hog may take

@@ -21,12 +21,10 @@ from collections.abc import Callable, Sequence
 from .errors import HistoryError, UsageError
 from .history import DockerRecord, TrainerRecord, WorkerRecord
 from .recovery import LOSS_JUMP_TOLERANCE, Recovery, loss_across_resumes, recoveries
-from .runmodel import REVERSIBLE_FAULTS, Beat, Cohort, Fault, RunModel, clock
+from .runmodel import Beat, Cohort, Fault, RunModel, clock
 from .verdict import CheckResult, FaultRecovery, Verdict
 
 EXPECTED = ("recovers", "fails", "hangs")
-# Faults that leave the newest checkpoint unusable on purpose: the resume falls back one further.
-CHECKPOINT_DAMAGING_FAULTS = ("corrupt-checkpoint", "kill-during-checkpoint")
 # The shipped trainer's checkpoint files (trainer/train.py's checkpoint_path) and their temp files.
 CHECKPOINT_FILE = re.compile(r"^ckpt-(\d+)\.pt(\.tmp\.\d+)?$")
 # At most this many violations listed in one result's reasons.
@@ -310,7 +308,7 @@ def _steps_lost_problems(recovery: Recovery, spec: RunSpec, run: RunModel) -> li
     damaged = sum(
         1
         for f in run.faults
-        if f.fault in CHECKPOINT_DAMAGING_FAULTS
+        if f.kind.damages_checkpoint
         and (round_began is None or f.t_ok >= round_began.t)
         and f.t_ok <= recovery.restart.t
     )
@@ -378,7 +376,7 @@ def check_checkpoint_integrity(run: RunModel, spec: RunSpec) -> CheckResult:
     written = [r for r in run.records if isinstance(r, TrainerRecord) and r.kind == "checkpoint"]
     violations, notes, damaged = [], [], []
     for fault in run.faults:
-        if fault.fault not in CHECKPOINT_DAMAGING_FAULTS:
+        if not fault.kind.damages_checkpoint:
             continue
         file = str(fault.result.get("file") or "")
         match = CHECKPOINT_FILE.match(posixpath.basename(file))
@@ -614,7 +612,7 @@ def _active_intervals(run: RunModel, spec: RunSpec) -> list[tuple[float, float]]
     recovered = {r.fault.op: r.t_recovered for r in recoveries(run) if r.first_progress}
     intervals = []
     for fault in run.faults:
-        if fault.fault in REVERSIBLE_FAULTS:
+        if fault.kind.reversible:
             healed = run.healed_at(fault)
             intervals.append((fault.t_invoke, run.t_end if healed is None else healed))
         else:

@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 
 from .agentlog import NodeLogParser, parse_docker_timestamp
-from .checkers import CHECKPOINT_DAMAGING_FAULTS, stale_writes
+from .checkers import stale_writes
+from .faultkinds import kind_of, names_where
 from .history import AgentRecord, DockerRecord, FaultRecord, Record, RunRecord, TrainerRecord, WorkerRecord
 from .nodes import node_order
 from .recovery import LOSS_JUMP_TOLERANCE, loss_across_resumes
@@ -60,7 +61,6 @@ AGENT_NEWS = (
 # victim (the agent notices within its monitor interval); the slack covers the two clocks' order.
 OOM_EXIT_S = 30.0
 OOM_CLOCK_SLACK_S = 1.0
-NODE_LOSS_FAULTS = ("kill-node", "stop-node", "kill-agent", "restart-node", "pause", "partition")
 NODE_LOSS_DOCKER = ("die", "kill", "stop", "pause", "network_disconnect")
 
 
@@ -639,7 +639,7 @@ def c10d_store_lost(run: RunModel) -> Diagnosis | None:
             (
                 isinstance(r, FaultRecord)
                 and r.phase == "ok"
-                and r.fault in NODE_LOSS_FAULTS
+                and kind_of(r.fault).loses_node
                 and (host is None or host in str(r.target))
             )
             or (isinstance(r, DockerRecord) and r.action in NODE_LOSS_DOCKER and (host is None or r.node == host))
@@ -898,7 +898,7 @@ def oom_kill(run: RunModel) -> Diagnosis | None:
 def damaged_checkpoint_loaded(run: RunModel) -> Diagnosis | None:
     """(k) After a checkpoint was damaged on purpose, the script's torch.load fails on it: it loads
     the newest checkpoint blindly, with no checksum and no fallback."""
-    damage = _fault_records(run, *CHECKPOINT_DAMAGING_FAULTS)
+    damage = _fault_records(run, *names_where(lambda kind: kind.damages_checkpoint))
     if not damage:
         return None
     unreadable = [
@@ -1053,16 +1053,19 @@ def stuck_at_exit(run: RunModel) -> Diagnosis | None:
     )
 
 
-# torch's dynamic rendezvous keep-alive (its defaults): a heartbeat older than interval x attempts is a dead node.
-KEEP_ALIVE_DEFAULTS = {"keep_alive_interval": 5, "keep_alive_max_attempt": 3}
+# torch's dynamic rendezvous keep-alive defaults: a heartbeat older than interval x attempts is a dead node.
+KEEP_ALIVE_INTERVAL_S = 5
+KEEP_ALIVE_MAX_ATTEMPT = 3
 
 
 def _keep_alive_window(run: RunModel) -> float:
     conf = {str(k): v for k, v in (run.spec_fields.get("rdzv_conf") or ())}
     try:
-        return float(conf.get("keep_alive_interval", 5)) * float(conf.get("keep_alive_max_attempt", 3))
+        return float(conf.get("keep_alive_interval", KEEP_ALIVE_INTERVAL_S)) * float(
+            conf.get("keep_alive_max_attempt", KEEP_ALIVE_MAX_ATTEMPT)
+        )
     except ValueError:
-        return 15.0
+        return float(KEEP_ALIVE_INTERVAL_S * KEEP_ALIVE_MAX_ATTEMPT)
 
 
 def clock_skew(run: RunModel) -> Diagnosis | None:

@@ -22,7 +22,7 @@ import itertools
 import math
 
 from .history import AgentRecord, TrainerRecord, WorkerRecord
-from .runmodel import DEGRADING_FAULTS, NODE_REMOVING_FAULTS, Beat, Cohort, Fault, Resume, RunModel
+from .runmodel import Beat, Cohort, Fault, Resume, RunModel
 from .verdict import FaultRecovery
 
 # Throughput before and after a fault is measured over this much training.
@@ -36,11 +36,6 @@ LOSS_JUMP_TOLERANCE = 0.5  # relative: 0.5 = the loss may rise by half
 # Agent events that show an agent noticed a fault: its workers failed, nodes wait to join, its
 # keep-alive failed, or it entered a new rendezvous (sim/agentlog.py).
 NOTICE_EVENTS = ("worker_failed", "group_failed", "new_nodes", "keepalive_failed", "rdzv_joining")
-# Faults whose own node's agent is not the one that notices: gone, restarted, frozen or new.
-NODE_SILENCING_FAULTS = (*NODE_REMOVING_FAULTS, "restart-node", "start-node", "pause", "freeze-during-checkpoint")
-# Faults that end a worker, so torch must restart the group: the first restart after one is its own, even
-# when a later fault came first (steps already in flight at the kill do not mean training went on).
-WORKER_ENDING_FAULTS = (*NODE_REMOVING_FAULTS, "kill-worker", "oom-worker", "restart-node", "kill-during-checkpoint")
 # The instrumentation's records of a worker's way to its first step (images/node/elastic_sim_instrument.py).
 WAY_EVENTS = ("imported", "pg_ready", "load")
 
@@ -203,12 +198,14 @@ def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> Recovery
 def _rides_on(fault: Fault) -> bool:
     """A fault training may go on through: a straggler, a slow link, a skewed clock, or one that spares
     every training node (etcd lost while no rendezvous runs, etcd cut off from a node)."""
-    return fault.fault in DEGRADING_FAULTS or fault.spares_training
+    return fault.kind.degrading or fault.spares_training
 
 
 def _ends_workers(fault: Fault) -> bool:
-    """A worker-ending fault on a training node (kill-node of etcd ends none: training rides it out)."""
-    return fault.fault in WORKER_ENDING_FAULTS and not fault.spares_training
+    """A worker-ending fault on a training node (kill-node of etcd ends none: training rides it out). torch
+    must restart the group: the first restart after one is its own, even when a later fault came first
+    (steps already in flight at the kill do not mean training went on)."""
+    return fault.kind.ends_workers and not fault.spares_training
 
 
 def recovery_phases(
@@ -266,8 +263,9 @@ def _noticed(agents: list[AgentRecord], regrouped: set[str]) -> float | None:
 
 
 def _silenced_nodes(fault: Fault) -> set[str]:
-    """Nodes whose agents do not count as noticing this fault: taken out, restarted, frozen or added by it."""
-    nodes = {fault.where} if fault.fault in NODE_SILENCING_FAULTS else set()
+    """Nodes whose agents do not count as noticing this fault: taken out, restarted, frozen or added by it
+    (their own node's agent is not the one that notices)."""
+    nodes = {fault.where} if fault.kind.silences_node else set()
     if fault.fault == "scale":
         nodes |= set(fault.result.get("joined") or ()) | set(fault.result.get("left") or ())
     return nodes

@@ -32,6 +32,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 
+from .faultkinds import FaultKind, kind_of
 from .history import (
     AgentRecord,
     DockerRecord,
@@ -44,25 +45,6 @@ from .history import (
 )
 from .nodes import node_order
 
-# Operations that undo faults rather than inject them.
-HEAL_OPS = ("heal", "unpause", "resume-worker")
-# Faults in force until a heal undoes them.
-REVERSIBLE_FAULTS = (
-    "pause",
-    "partition",
-    "link",
-    "hang-worker",
-    "hang-collectives",
-    "slow-node",
-    "fill-disk",
-    "freeze-during-checkpoint",
-)
-# Faults that do not stop training by themselves (a straggler or a slow, lossy link slows it; a skewed
-# clock matters only at the next rendezvous): unless a restart follows, no recovery is timed.
-DEGRADING_FAULTS = ("slow-node", "skew-clock", "link")
-# Faults that take a whole node out on purpose.
-# The agent is its container's main process: killing it takes the whole node out too.
-NODE_REMOVING_FAULTS = ("kill-node", "stop-node", "kill-agent")
 # Node containers (sim.spec.node_name); others (etcd, the throwaway container
 # wipe-etcd runs) have no torchrun agent.
 AGENT_CONTAINER = re.compile(r"^node\d+$")
@@ -107,6 +89,11 @@ class Fault:
     outcome: str = "ok"  # "ok" | "info"
 
     @property
+    def kind(self) -> FaultKind:
+        """What this kind of fault is (sim.faultkinds): its traits, its undo."""
+        return kind_of(self.fault)
+
+    @property
     def node(self) -> str | None:
         return self.result.get("node")
 
@@ -134,11 +121,10 @@ class Fault:
     @property
     def heal_id(self) -> str | None:
         """The id a heal names this fault by (chaos/nemesis.py's fault ids)."""
-        if self.fault in ("pause", "link"):
-            return f"{self.fault}-{self.where}"
-        if self.fault in REVERSIBLE_FAULTS:  # partition and the process faults: the id the nemesis gave
-            return self.result.get("id")
-        return None
+        if not self.kind.reversible:
+            return None
+        # The id the nemesis gave; a pause or link fault of an older history has none: its node's.
+        return self.result.get("id") or (self.where and self.kind.in_force_id(self.where))
 
     def heals(self, fault: Fault) -> bool:
         """Whether this heal operation undid `fault`."""
@@ -392,7 +378,7 @@ class RunModel:
         """Nodes a fault took out (kill/stop, scale-down) and that never started again."""
         removed = {}
         for fault in self.faults:
-            if fault.fault in NODE_REMOVING_FAULTS:
+            if fault.kind.removes_node:
                 nodes = [fault.where]
             elif fault.fault == "scale":
                 nodes = fault.result.get("left") or []
@@ -523,7 +509,7 @@ def _faults(records: list[Record]) -> tuple[list[Fault], list[Fault]]:
                 result=record.result or {},
                 outcome=record.phase,
             )
-            if fault.fault not in HEAL_OPS:
+            if not fault.kind.undoes:
                 faults.append(fault)
             elif fault.outcome == "ok":
                 heals.append(fault)

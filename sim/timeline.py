@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 from .history import AgentRecord, DockerRecord, FaultRecord, Record, RunRecord, TrainerRecord, WorkerRecord
 from .nodes import node_order
-from .runmodel import REVERSIBLE_FAULTS, Beat, Fault, RunModel
+from .runmodel import Beat, Fault, RunModel
 from .verdict import FaultRecovery, Verdict
 
 DOCKER_DOWN = ("die", "kill", "stop", "destroy")
@@ -196,7 +196,7 @@ def job_end_after_faults(verdict: Verdict, run: RunModel) -> list[dict]:
 
 def _fault_span(run: RunModel, fault: Fault, recovery: FaultRecovery | None, origin: float, end: float) -> FaultSpan:
     """From the fault's invoke to its heal (reversible faults) or to the end of its recovery."""
-    if fault.fault in REVERSIBLE_FAULTS:
+    if fault.kind.reversible:
         span_end = run.healed_at(fault)
     elif recovery is not None:
         span_end = recovery.t_recovered

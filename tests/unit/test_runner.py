@@ -144,7 +144,7 @@ WIRING = {
         "target: node1\n    local_rank: 1",
         ["hang-worker", "node1", "--local-rank", "1"],
         ("hang_worker", ("node1",), {"rank": None, "local_rank": 1}),
-        ("resume_worker", ("node1",), {}),
+        ("heal", ("link-node1",), {}),  # its own id: the one worker it stopped
     ),
     "hang-collectives": (
         "rank: 1",

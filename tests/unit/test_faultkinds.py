@@ -1,0 +1,102 @@
+"""The fault kinds (sim/faultkinds.py) against the catalog and the nemesis: every fault is one datum, complete.
+
+A new catalog entry, a new verb that records a new name, or a new in-force kind in the nemesis's fault
+store without its FaultKind fails here, as does a reversibility or undo that disagrees between them.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from chaos.faults import FAULTS
+from sim.faultkinds import FAULT_KINDS, KINDS, UNDO_OPS, FaultKind, kind_of
+from sim.runmodel import Fault
+
+NEMESIS = Path(__file__).resolve().parents[2] / "chaos" / "nemesis.py"
+
+
+def _nemesis_calls() -> tuple[set[str], set[str]]:
+    """The names the nemesis records (`self.invoke("NAME", ...)`) and the kinds its fault store lists
+    (`{"fault": "KIND", ...}` records it remembers)."""
+    recorded, in_force = set(), set()
+    for node in ast.walk(ast.parse(NEMESIS.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "invoke":
+            first = node.args[0] if node.args else None
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                recorded.add(first.value)
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and key.value == "fault" and isinstance(value, ast.Constant):
+                    in_force.add(value.value)
+    return recorded, in_force
+
+
+def test_every_name_the_nemesis_records_is_a_fault_kind_and_every_kind_is_recorded():
+    recorded, _ = _nemesis_calls()
+    assert recorded, "no invoke calls found: the test reads chaos/nemesis.py"
+    assert recorded == set(KINDS)
+
+
+def test_every_in_force_kind_of_the_fault_store_belongs_to_one_fault_kind():
+    _, in_force = _nemesis_calls()
+    declared = [kind.in_force for kind in FAULT_KINDS if kind.in_force is not None]
+    assert sorted(declared) == sorted(set(declared)), "two kinds share an in-force kind"
+    assert in_force == set(declared)
+
+
+@pytest.mark.parametrize("entry", FAULTS.values(), ids=lambda entry: entry.name)
+def test_every_catalog_entry_records_a_known_kind_with_the_same_reversibility(entry):
+    kind = entry.kind  # KeyError: the entry records a name with no FaultKind
+    assert kind.reversible == entry.reversible, f"{entry.name} (kind {kind.name})"
+    if entry.records:
+        assert entry.records != entry.name, f"{entry.name}: records= only where the history's name differs"
+
+
+def test_every_kind_is_reachable_from_the_catalog():
+    assert {entry.kind.name for entry in FAULTS.values()} == set(KINDS)
+
+
+def test_undo_operations_are_kinds_that_undo_and_every_reversible_kind_names_one():
+    assert {kind.name for kind in FAULT_KINDS if kind.undoes} == set(UNDO_OPS)
+    for kind in FAULT_KINDS:  # in force until undone: listed by `sim faults` exactly while it can be healed
+        assert kind.reversible == (kind.in_force is not None), kind.name
+
+
+def test_a_kind_refuses_traits_that_contradict_each_other():
+    with pytest.raises(ValueError, match="needs its in-force kind"):
+        FaultKind("x", undone_by="heal")
+    with pytest.raises(ValueError, match="not one of"):
+        FaultKind("x", undone_by="restart", in_force="x")
+    with pytest.raises(ValueError, match="a node removed is a node silenced"):
+        FaultKind("x", removes_node=True)
+    with pytest.raises(ValueError, match="lives_in_node"):
+        FaultKind("x", lives_in_node=True)
+
+
+def test_an_unknown_name_has_no_traits():
+    kind = kind_of("from-a-newer-version")
+    assert not any(value for f in dataclasses.fields(kind) if (value := getattr(kind, f.name)) is True)
+
+
+def _fault(name: str, result: dict, target: str = "node1") -> Fault:
+    return Fault(op=f"op-{name}", fault=name, target=target, t_invoke=10.0, t_ok=10.5, result=result)
+
+
+def test_a_skewed_clock_is_healed_by_its_id_in_the_run_model():
+    """skew-clock is reversible: `sim heal skew-node1` ends it (it was missing from the run model's own list
+    of reversible faults, so its span ran to the end of the run)."""
+    skew = _fault("skew-clock", {"id": "skew-node1", "node": "node1", "by": 60, "seen": 60.0})
+    heal = _fault("heal", {"healed": ["skew-node1"]}, target="skew-node1")
+    assert skew.heal_id == "skew-node1"
+    assert heal.heals(skew)
+    assert not _fault("heal", {"healed": ["link-node2"]}, target="link-node2").heals(skew)
+
+
+def test_an_older_pause_record_without_an_id_is_named_by_its_node():
+    pause = _fault("pause", {"node": "node2"}, target="node2")
+    assert pause.heal_id == "pause-node2"
+    assert _fault("kill-node", {"node": "node2"}).heal_id is None
