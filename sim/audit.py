@@ -128,7 +128,3 @@ def project_from_inspect(containers: Sequence[Mapping[str, Any]]) -> dict:
             "userns_mode": host.get("UsernsMode", ""),
         }
     return {"services": services}
-
-
-def format_findings(findings: Sequence[Finding]) -> str:
-    return "\n".join(map(str, findings)) if findings else "no findings"

@@ -107,17 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     down = sub.add_parser("down", help="remove a cluster (containers, network, volumes), keeping its logs")
-    down.add_argument("name", nargs="?", default=None, help=f"cluster name (default {DEFAULT_NAME})")
+    _cluster_name(down, default=None)
     down.add_argument("--all", action="store_true", help="remove every elastic-sim cluster")
 
     sub.add_parser("ls", help="list clusters")
 
     status = sub.add_parser("status", help="per node: container, agent, workers, round, world size, restarts, step")
-    status.add_argument("name", nargs="?", default=DEFAULT_NAME)
+    _cluster_name(status, default=DEFAULT_NAME)
     status.add_argument("--watch", action="store_true", help="refresh every 2 s until Ctrl-C")
 
     report = sub.add_parser("report", help="check a run's history: verdict, recovery times, timeline picture")
     report.add_argument("run", nargs="?", help="a run folder, run name, or cluster name (default: the newest run)")
+    report.add_argument("--name", dest="name_flag", metavar="NAME", help="the newest run of this cluster")
     report.add_argument(
         "--expect",
         choices=["recovers", "fails", "hangs"],
@@ -134,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="check Docker, Compose v2, images, kernel features for faults, GPU runtime, "
         "and the privilege audit of a rendered (or a running) cluster",
     )
-    doctor.add_argument("name", nargs="?", help="also audit this running cluster's containers")
+    _cluster_name(doctor, default=None, help="also audit this running cluster's containers")
     sub.add_parser("build", help="build the node and etcd images (cached by content)")
     swarm = sub.add_parser("swarm", help="the engines of a multi-host swarm's hosts (add-host, remove-host, hosts)")
     swarm_sub = swarm.add_subparsers(dest="swarm_command", metavar="SUBCOMMAND", parser_class=_Parser)
@@ -155,6 +156,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _cluster_name(parser: argparse.ArgumentParser, *, default: str | None, help: str | None = None) -> None:
+    """A command that names one cluster takes it as every command does, `--name NAME`, or as its one word."""
+    text = help or f"cluster name (default {DEFAULT_NAME})"
+    parser.add_argument("name", nargs="?", default=None, help=text)
+    parser.add_argument("--name", dest="name_flag", metavar="NAME", help=text)
+    parser.set_defaults(name_default=default)
+
+
+def _resolve_cluster_name(args: argparse.Namespace) -> None:
+    """`sim status h2` and `sim status --name h2` are one command; two different names are refused."""
+    flag = getattr(args, "name_flag", None)
+    field = "run" if args.command == "report" else "name"
+    given = getattr(args, field, None)
+    if flag is not None and given is not None and flag != given:
+        raise UsageError(f"cluster name given twice ({given!r} and --name {flag!r}); give it once")
+    value = flag if flag is not None else given
+    if value is None and field == "name":
+        value = getattr(args, "name_default", None)
+    setattr(args, field, value)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after `--` belongs to the training script, untouched.
@@ -167,6 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sim {args.command}: error: arguments after `--` are only for `sim up`", file=sys.stderr)
         return 2
     try:
+        if hasattr(args, "name_flag"):
+            _resolve_cluster_name(args)
         check_environment(os.environ)
         return COMMANDS[args.command](args, script_args)
     except SimError as error:

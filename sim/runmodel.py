@@ -280,9 +280,6 @@ class RunModel:
 
     # --- time queries ---
 
-    def first_progress_after(self, t: float) -> Beat | None:
-        return _first_after(self.progress, self.progress_times, t)
-
     def first_step_after(self, t: float) -> Beat | None:
         """The first step (or, for a script that never steps, the first beat) after t."""
         return _first_after(self.step_beats, self.step_beat_times, t)

@@ -1,7 +1,8 @@
 """Readiness as pluggable wait strategies with a timeout (as in testcontainers).
 
 A strategy looks once per poll and answers: ready, not yet, or failed (with why).
-`wait_for` polls until ready, a failure, or the timeout: the one poll loop of the harness.
+`wait_for` polls until ready, a failure, or the timeout: the harness's wait for one condition with
+a deadline (the runner's triggers and the collector follow a history instead).
 """
 
 from __future__ import annotations

@@ -179,3 +179,26 @@ def test_dollar_in_env_and_script_args_reaches_the_node_unchanged():
     )
     node = project["services"]["node0"]
     assert node["environment"]["A"] == "$$HOME" and "$$USER" in node["command"]
+
+
+@pytest.mark.parametrize("command", ["status", "down", "doctor"])
+def test_a_cluster_is_named_the_same_way_on_every_command(command):
+    """`sim status h2` and `sim status --name h2` are one command, as `sim kill-worker --name h2` is."""
+    from sim.cli import _resolve_cluster_name, build_parser
+
+    parser = build_parser()
+    for argv in ([command, "h2"], [command, "--name", "h2"], [command, "h2", "--name", "h2"]):
+        args = parser.parse_args(argv)
+        _resolve_cluster_name(args)
+        assert args.name == "h2", argv
+    args = parser.parse_args([command, "h2", "--name", "h3"])
+    with pytest.raises(UsageError, match="cluster name given twice .* give it once"):
+        _resolve_cluster_name(args)
+
+
+def test_report_takes_a_cluster_by_name_too():
+    from sim.cli import _resolve_cluster_name, build_parser
+
+    args = build_parser().parse_args(["report", "--name", "h2"])
+    _resolve_cluster_name(args)
+    assert args.run == "h2"
