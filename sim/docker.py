@@ -140,11 +140,9 @@ class EventStream(Protocol):
     def close(self) -> None: ...
 
 
-class DockerProvider(Protocol):
-    """What the harness needs of Docker. Containers are named by id; `label_filter` is
+class Containers(Protocol):
+    """Containers, networks and volumes by label. Containers are named by id; `label_filter` is
     `label=KEY` or `label=KEY=VALUE` (sim.labels.cluster_filter writes it)."""
-
-    def ping(self) -> str: ...  # the engine's version, or DockerUnavailableError
 
     def containers(self, label_filter: str) -> list[Container]: ...
 
@@ -154,9 +152,13 @@ class DockerProvider(Protocol):
 
     def remove(self, kind: str, ids: Sequence[str]) -> None: ...
 
-    def kill(self, container: str, signal: str = "SIGKILL") -> None: ...
-
     def inspect(self, container: str) -> dict: ...  # the engine's full description (docker inspect)
+
+
+class ContainerControl(Protocol):
+    """A container's life and limits: what the node faults do to a container from outside."""
+
+    def kill(self, container: str, signal: str = "SIGKILL") -> None: ...
 
     def pause(self, container: str) -> None: ...
 
@@ -168,26 +170,32 @@ class DockerProvider(Protocol):
 
     def restart(self, container: str, grace: float) -> None: ...
 
-    def exec(
-        self, container: str, argv: Sequence[str], *, user: str | None = None, timeout: float = 30, detach: bool = False
-    ) -> ExecResult: ...
-
     def resources(self, container: str) -> Resources: ...
 
     def update_resources(
         self, container: str, *, cpu_quota: int | None = None, cpu_period: int | None = None, memory: int | None = None
     ) -> None: ...
 
+
+class ContainerExec(Protocol):
+    """A command inside a running container (the process, network and disk faults, the probes)."""
+
+    def exec(
+        self, container: str, argv: Sequence[str], *, user: str | None = None, timeout: float = 30, detach: bool = False
+    ) -> ExecResult: ...
+
+
+class ContainerLogs(Protocol):
     def logs(self, container: str, *, tail: int | None = None, timestamps: bool = False) -> str: ...
 
     def follow_logs(self, container: str, *, since: float | None = None) -> Iterator[str]: ...
 
+
+class EngineEvents(Protocol):
     def events(self, label_filter: str) -> EventStream: ...
 
-    def runtimes(self) -> set[str]: ...
 
-    def limits_support(self) -> LimitsSupport: ...
-
+class ImageStore(Protocol):
     def image_exists(self, tag: str) -> bool: ...
 
     def image_tags(self, label: str) -> list[str]: ...
@@ -200,6 +208,10 @@ class DockerProvider(Protocol):
         self, tag: str, context: Path, *, label: str, build_args: Mapping[str, str], on_line: Callable[[str], None]
     ) -> int: ...
 
+
+class ComposeCli(Protocol):
+    """The Compose CLI, only for `compose up/down/logs` of a rendered file."""
+
     @property
     def compose_argv(self) -> list[str]: ...
 
@@ -210,6 +222,42 @@ class DockerProvider(Protocol):
     def compose_process(
         self, project: str, compose_file: Path | None, *args: str, capture: bool = False
     ) -> subprocess.Popen: ...
+
+
+class EngineInfo(Protocol):
+    def ping(self) -> str: ...  # the engine's version, or DockerUnavailableError
+
+    def runtimes(self) -> set[str]: ...
+
+    def limits_support(self) -> LimitsSupport: ...
+
+
+# The small interfaces a caller takes, each a test can fake whole: the nemesis needs the first three,
+# the collector events and logs, the image builder the image store.
+PROVIDER_INTERFACES = (
+    Containers,
+    ContainerControl,
+    ContainerExec,
+    ContainerLogs,
+    EngineEvents,
+    ImageStore,
+    ComposeCli,
+    EngineInfo,
+)
+
+
+class DockerProvider(
+    Containers,
+    ContainerControl,
+    ContainerExec,
+    ContainerLogs,
+    EngineEvents,
+    ImageStore,
+    ComposeCli,
+    EngineInfo,
+    Protocol,
+):
+    """What the harness needs of Docker, all of it (sim.docker.Docker; sim.swarm.SwarmDocker)."""
 
 
 def _unreachable(what: str | None, error: Exception) -> DockerUnavailableError:

@@ -19,7 +19,18 @@ from chaos.nemesis import CLOCK_SCRIPT, Nemesis
 from chaos.partition import Partition, isolate, parse_partition_spec
 from sim import labels
 from sim.cluster import Cluster
-from sim.docker import NO_MEMORY_LIMIT, Container, ExecResult, Resources
+from sim.docker import (
+    NO_MEMORY_LIMIT,
+    PROVIDER_INTERFACES,
+    Container,
+    ContainerControl,
+    ContainerExec,
+    Containers,
+    Docker,
+    DockerProvider,
+    ExecResult,
+    Resources,
+)
 from sim.errors import FaultError, UsageError
 from sim.history import History
 from sim.procs import PROBE_ARGV, parse_probe
@@ -91,10 +102,37 @@ class FakeProvider:
     def update_resources(self, container, **limits):
         self.calls.append(("update", container, limits))
 
-    def __getattr__(self, verb):
-        if verb not in ("kill", "pause", "unpause", "stop", "start", "restart", "remove"):
-            raise AttributeError(verb)
-        return lambda *args, **kwargs: self.calls.append((verb, *args, *kwargs.values()))
+    # ContainerControl, whole: each verb is recorded with its arguments.
+    def kill(self, container, signal="SIGKILL"):
+        self.calls.append(("kill", container, signal))
+
+    def pause(self, container):
+        self.calls.append(("pause", container))
+
+    def unpause(self, container):
+        self.calls.append(("unpause", container))
+
+    def stop(self, container, grace):
+        self.calls.append(("stop", container, grace))
+
+    def start(self, container):
+        self.calls.append(("start", container))
+
+    def restart(self, container, grace):
+        self.calls.append(("restart", container, grace))
+
+    # The rest of Containers: the nemesis lists containers only; the rest is recorded.
+    def ids(self, kind, label_filter):
+        return [c.id for c in self.containers(label_filter)] if kind == "container" else []
+
+    def labelled(self, kind, label_filter):
+        return []
+
+    def remove(self, kind, ids):
+        self.calls.append(("remove", kind, ids))
+
+    def inspect(self, container):
+        return {"Id": container, "State": {"Status": "running"}}
 
     def scripts(self, container: str) -> list[str]:
         """The shell scripts run as root in one container, in order."""
@@ -567,3 +605,21 @@ def test_a_held_fault_that_ended_with_its_node_needs_no_undo_when_its_hold_ends(
     assert fake.calls == [] and not any(r["op"] and r.get("fault") == "heal" for r in nem.history.records())
     held = nem.link("node2", loss_pct=10)
     assert FAULTS["netem"].end_hold(nem, held)["healed"] == ["link-node2"]  # still in force: healed
+
+
+def _members(protocol) -> set[str]:
+    return {name for name in vars(protocol) if not name.startswith("_")}
+
+
+def test_the_fake_provider_implements_the_interfaces_the_nemesis_takes_whole():
+    """The nemesis takes containers, their control and exec (sim.docker's small interfaces): the fake is
+    each of them whole, not the part one test happened to call."""
+    for protocol in (Containers, ContainerControl, ContainerExec):
+        missing = {name for name in _members(protocol) if name not in vars(FakeProvider)}
+        assert not missing, f"FakeProvider lacks {protocol.__name__}.{sorted(missing)}"
+
+
+def test_the_full_provider_is_the_small_interfaces_and_nothing_else():
+    whole = set().union(*(_members(p) for p in PROVIDER_INTERFACES))
+    assert _members(DockerProvider) == set()  # nothing of its own
+    assert all(callable(getattr(Docker, name, None)) or name == "compose_argv" for name in whole)
