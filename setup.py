@@ -1,6 +1,6 @@
 """Build step: an installed elastic-sim carries the folders the tool reads at run time.
 
-images/, compose/ and trainer/ stay at the top of the checkout, where sim/paths.py
+images/, compose/ and trainer/ stay at the top of the checkout, where sim/core/paths.py
 finds them. A wheel (built from the checkout, an sdist or a git URL) gets a copy
 of them in sim/_data/, taken at build time: whatever those folders hold then,
 without a list of files to keep in step. Editable installs read the checkout.
@@ -13,13 +13,13 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
-# sim/paths.py reads the same names, beside sim/ or in sim/_data/.
+# sim/core/paths.py reads the same names, beside sim/ or in sim/_data/.
 PROJECT_FOLDERS = ("images", "compose", "trainer", "rendezvous-etcd-v3")
 DATA_PACKAGE_DIR = Path("sim", "_data")
 
 
 def project_files(folder: Path) -> list[Path]:
-    # The files sim/images.py hashes into image tags (all but bytecode), so a
+    # The files sim/engines/images.py hashes into image tags (all but bytecode), so a
     # wheel's copy yields the same tags and reuses images built from a checkout.
     return sorted(
         p

@@ -11,7 +11,7 @@ rotating order, so a machine that gets busier loads them alike):
 and for each, the medians of: the start-up rendezvous (the last agent to arrive, from entering the
 rendezvous to its completion: bench.recovery.startup_rendezvous), and for each figure (worker-kill,
 node-loss: bench/recovery.py) the recovery time from the fault to the first step after it and its
-rendezvous phase (sim.recovery.RecoveryPhases.rendezvous_s: from the last agent noticing to the last
+rendezvous phase (sim.verdict.recovery.RecoveryPhases.rendezvous_s: from the last agent noticing to the last
 rendezvous complete), each also as a ratio to c10d's median in the same run.
 
 Usage: .venv/bin/python bench/backends.py [--reps 3] [--figures worker-kill,node-loss]
@@ -45,8 +45,8 @@ from bench.recovery import (  # noqa: E402
     median_phases,
     run_sim,
 )
-from sim.docker import Docker  # noqa: E402
-from sim.errors import SimError  # noqa: E402
+from sim.core.errors import SimError  # noqa: E402
+from sim.engines.docker import Docker  # noqa: E402
 
 FIGURES = ("worker-kill", "node-loss")
 BACKENDS = ("c10d", "etcd-v2", "etcd-v3")

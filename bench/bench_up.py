@@ -28,10 +28,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import quiet, save_results  # noqa: E402
 from bench.recovery import BACKENDS, RESULTS, Case, EtcdParts, measure, measures, print_table  # noqa: E402
-from sim import labels  # noqa: E402
-from sim.docker import Docker  # noqa: E402
-from sim.images import ImageBuilder  # noqa: E402
-from sim.paths import TRAINER_DIR  # noqa: E402
+from sim.core import labels  # noqa: E402
+from sim.core.paths import TRAINER_DIR  # noqa: E402
+from sim.engines.docker import Docker  # noqa: E402
+from sim.engines.images import ImageBuilder  # noqa: E402
 
 COLD_BUILD_TARGET_S = 120  # issue 12's targets
 NOOP_CHECK_TARGET_S = 2

@@ -1,5 +1,5 @@
 """What the benchmarks share: the trainer's JSON lines, and bare `torchrun` processes on the host
-run with exactly the settings a sim node gets (its command line from sim.torchrun, its environment
+run with exactly the settings a sim node gets (its command line from sim.core.torchrun, its environment
 from compose/cluster.yaml's x-node and the spec)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sim.paths import TRAINER_DIR  # noqa: E402
-from sim.spec import ClusterSpec  # noqa: E402
-from sim.torchrun import torchrun_argv  # noqa: E402
+from sim.core.paths import TRAINER_DIR  # noqa: E402
+from sim.core.spec import ClusterSpec  # noqa: E402
+from sim.core.torchrun import torchrun_argv  # noqa: E402
 
 # compose/cluster.yaml's x-node environment, less what only the node image reads (SIM_*).
 NODE_ENV = {"LOGLEVEL": "INFO", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -67,7 +67,7 @@ def free_port() -> int:
 
 
 def bare_torchrun_argv(spec: ClusterSpec, node_index: int, endpoint: str, rdzv_id: str) -> list[str]:
-    """A sim node's torchrun command (sim.torchrun) for a process on this host: this Python's torchrun,
+    """A sim node's torchrun command (sim.core.torchrun) for a process on this host: this Python's torchrun,
     the repository's trainer, and `endpoint` (host:port) for the store or etcd. Nothing else changes."""
     argv = torchrun_argv(spec, node_index, rdzv_id)
     if "--rdzv-endpoint" in argv:

@@ -12,14 +12,14 @@ each figure is the median seconds from the fault to the first training step afte
   scale-up      a third node starts beside a job of two (max 3), to the first step at world 3
 
 Each on c10d and etcd-v2, with the fast profile (chaos.scenario.PROFILES) and torch's defaults.
-Both sides get one spec: the bare command is the sim node's own (sim.torchrun) with the host's
+Both sides get one spec: the bare command is the sim node's own (sim.core.torchrun) with the host's
 endpoint. The fault always hits node2, never node0: node0 hosts the c10d store in the sim (its
 hostname is the endpoint); on the bare side node0 starts first and binds the store port before the
 others start (on one host every c10d agent would bind it). Bare etcd-v2 runs the sim etcd image's
 own server binary (Debian's etcd 3.4, `--enable-v2=true`), fresh for each run as in the sim.
 
 Times: bare, from just after the signal (or, for preemption and scale-up, just before the SIGTERM
-or the new process); sim, from the history's fault record (sim.recovery.Recovery): its `ok` for
+or the new process); sim, from the history's fault record (sim.verdict.recovery.Recovery): its `ok` for
 a kill (written once the signal is delivered), its `invoke` for a stop or a scale (those take time
 themselves), to the Recovery's first_progress. The bare side reads the trainer's JSON lines.
 
@@ -58,14 +58,14 @@ from bench.common import (  # noqa: E402
 )
 from chaos.nemesis import Nemesis  # noqa: E402
 from chaos.scenario import PROFILES, Scenario, scenario_spec_options  # noqa: E402
-from sim.cluster import up  # noqa: E402
-from sim.docker import Docker  # noqa: E402
-from sim.errors import SimError  # noqa: E402
-from sim.history import FILE_NAME, History, WorkerRecord  # noqa: E402
-from sim.images import ImageBuilder  # noqa: E402
-from sim.recovery import Recovery, recoveries  # noqa: E402
-from sim.runmodel import RunModel  # noqa: E402
-from sim.spec import ClusterSpec, spec_from_options  # noqa: E402
+from sim.core.errors import SimError  # noqa: E402
+from sim.core.history import FILE_NAME, History, WorkerRecord  # noqa: E402
+from sim.core.spec import ClusterSpec, spec_from_options  # noqa: E402
+from sim.engines.cluster import up  # noqa: E402
+from sim.engines.docker import Docker  # noqa: E402
+from sim.engines.images import ImageBuilder  # noqa: E402
+from sim.verdict.recovery import Recovery, recoveries  # noqa: E402
+from sim.verdict.runmodel import RunModel  # noqa: E402
 
 FIGURES = ("worker-kill", "node-loss", "preemption", "scale-up")
 BACKENDS = ("c10d", "etcd-v2")
@@ -127,7 +127,7 @@ class Case:
 @dataclasses.dataclass(frozen=True)
 class Sample:
     seconds: float
-    phases: object | None = None  # sim.recovery.RecoveryPhases where that exists; start-up: a dict
+    phases: object | None = None  # sim.verdict.recovery.RecoveryPhases where that exists; start-up: a dict
     startup_rdzv_s: float | None = None  # sim: the start-up rendezvous (startup_rendezvous)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.errors import UsageError
+from sim.core.errors import UsageError
 
 from .scenario import Scenario, load_scenario
 

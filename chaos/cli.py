@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sim.cluster import Cluster
-from sim.docker import Docker
-from sim.errors import ClusterNotFoundError, UsageError
-from sim.spec import DEFAULT_NAME
-from sim.swarm import provider_for
+from sim.core.errors import ClusterNotFoundError, UsageError
+from sim.core.spec import DEFAULT_NAME
+from sim.engines.cluster import Cluster
+from sim.engines.docker import Docker
+from sim.engines.swarm import provider_for
 
 from .faults import FAULTS, FLAG, Fault, FaultOptions, option_of
 from .nemesis import Nemesis
@@ -191,7 +191,7 @@ def _nemesis(args: argparse.Namespace, *, running: bool = True) -> Nemesis:
     """The cluster's nemesis; `running=False` for verbs that bring stopped containers back."""
     docker = Docker()
     docker.ping()
-    # A Swarm stack's nodes start and stop through their services (sim/swarm.py).
+    # A Swarm stack's nodes start and stop through their services (sim/engines/swarm.py).
     cluster = Cluster(args.name, provider_for(args.name, docker))
     if running:
         cluster.require_running()

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from signal import SIGKILL, Signals
 from typing import TYPE_CHECKING, Any
 
-from sim.errors import UsageError
-from sim.faultkinds import KINDS, FaultKind
-from sim.spec import parse_size
+from sim.core.errors import UsageError
+from sim.core.faultkinds import KINDS, FaultKind
+from sim.core.spec import parse_size
 
 from . import partition as partitions
 from .parse import check_node_names, parse_duration, parse_percent, parse_rate, parse_signal
@@ -429,7 +429,7 @@ class Fault:
     needs_running: bool = True  # False: it brings a stopped container back
     # Builds what it would act on among a cluster's nodes without acting, so a bad shape fails early.
     check_nodes: Callable[[Any, Sequence[str], bool], object] | None = None
-    # The kind of fault it is, as the history records it (sim.faultkinds), when not its own name:
+    # The kind of fault it is, as the history records it (sim.core.faultkinds), when not its own name:
     # etcd-kill is kill-node aimed at etcd, netem the kind link.
     records: str = ""
 

@@ -22,15 +22,15 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from sim.cluster import Cluster, ContainerInfo
-from sim.docker import NO_MEMORY_LIMIT, ExecResult
-from sim.errors import FaultError, SimError, UnsupportedFaultError, UsageError
-from sim.faultkinds import in_force_kinds
-from sim.history import FILE_NAME, History
-from sim.nodes import node_order
-from sim.procs import PROBE_ARGV, NodeProcesses, Worker, parse_probe
-from sim.render import CLOCK_OFFSET_FILE
-from sim.swarm import refusal
+from sim.core.errors import FaultError, SimError, UnsupportedFaultError, UsageError
+from sim.core.faultkinds import in_force_kinds
+from sim.core.history import FILE_NAME, History
+from sim.core.nodes import node_order
+from sim.engines.cluster import Cluster, ContainerInfo
+from sim.engines.docker import NO_MEMORY_LIMIT, ExecResult
+from sim.engines.procs import PROBE_ARGV, NodeProcesses, Worker, parse_probe
+from sim.engines.render import CLOCK_OFFSET_FILE
+from sim.engines.swarm import refusal
 
 from . import netcmd, nodescripts
 from .partition import Partition, blocked_peers
@@ -547,7 +547,7 @@ class Nemesis:
 
     def skew_clock(self, target: str, *, by: float) -> dict:
         """Clock skew: the node's wall clock runs `by` seconds ahead (or behind, < 0) of the others'. Every
-        process of a node preloads libfaketime, which reads the node's offset file (sim.render): a new process
+        process of a node preloads libfaketime, which reads the node's offset file (sim.engines.render): a new process
         at once, a running one within 2 s. The monotonic clock stays, as on a real machine. `heal` sets it
         back to 0. The result holds the offset a fresh process in the node then saw."""
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from decimal import Decimal
 from typing import NamedTuple
 
-from sim.errors import FaultError, UsageError
+from sim.core.errors import FaultError, UsageError
 
 PARTITION_CHAIN = "SIM-PARTITION"
 LOSS_IN_CHAIN = "SIM-LOSS-IN"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from sim.errors import FaultError
+from sim.core.errors import FaultError
 
 # While this file exists, the worker with that pid waits before its next collective: read by the node
 # image's instrumentation (images/node/elastic_sim_instrument.py HANG_FILE; a unit test keeps them equal).

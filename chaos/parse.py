@@ -11,7 +11,7 @@ import signal
 from collections.abc import Iterable, Sequence
 from decimal import Decimal
 
-from sim.errors import UsageError
+from sim.core.errors import UsageError
 
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
 # Units in falling order, each at most once: 1h2m3s, 1m30s, 500ms. "m" must not eat the "m" of "ms".

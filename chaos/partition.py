@@ -12,8 +12,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sim.errors import UsageError
-from sim.nodes import node_order
+from sim.core.errors import UsageError
+from sim.core.nodes import node_order
 
 from .parse import check_node_names
 

@@ -16,16 +16,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sim import swarm
-from sim.checkers import RunSpec
-from sim.cluster import DEFAULT_START_TIMEOUT, Cluster, JobFinished, up
-from sim.docker import Docker
-from sim.errors import SimError, UsageError
-from sim.history import FILE_NAME, AgentRecord, History, HistoryTail
-from sim.runmodel import trigger_step
-from sim.runreport import report_run
-from sim.spec import spec_from_options
+from sim.core.errors import SimError, UsageError
+from sim.core.history import FILE_NAME, AgentRecord, History, HistoryTail
+from sim.core.spec import spec_from_options
+from sim.engines import swarm
+from sim.engines.cluster import DEFAULT_START_TIMEOUT, Cluster, JobFinished, up
+from sim.engines.docker import Docker
 from sim.verdict import Verdict
+from sim.verdict.checkers import RunSpec
+from sim.verdict.runmodel import trigger_step
+from sim.verdict.runreport import report_run
 
 from .faults import FAULTS
 from .nemesis import Nemesis

@@ -19,10 +19,9 @@ from typing import Any
 
 import yaml
 
-from sim.checkers import CHECKERS
-from sim.errors import UsageError
-from sim.sidechannel import compile_progress_regex
-from sim.spec import (
+from sim.core.errors import UsageError
+from sim.core.sidechannel import compile_progress_regex
+from sim.core.spec import (
     DEFAULT_TRAINER_ARGS,
     ETCD_BACKENDS,
     RDZV_BACKENDS,
@@ -34,12 +33,13 @@ from sim.spec import (
     parse_size,
     spec_from_options,
 )
+from sim.verdict.checkers import CHECKERS
 
 from .faults import FAULTS, FLAG, NODE_TARGET, NODES, NODES_PAIR, TARGET, FaultOptions, Option, option_of
 from .parse import parse_duration
 from .targets import ETCD, ROLE_TARGETS
 
-OUTCOMES = ("recovers", "fails", "hangs")  # as sim.checkers.RunSpec.expected
+OUTCOMES = ("recovers", "fails", "hangs")  # as sim.verdict.checkers.RunSpec.expected
 TRIGGER_KINDS = ("time", "step", "after", "world_size", "round")
 DEFAULT_PROFILE = "fast"
 DEFAULT_TIMEOUT_S = 600.0
@@ -691,7 +691,7 @@ def _trainer_args(profile_name: str, trainer: Mapping[str, Any]) -> dict:
 
 
 def scenario_spec_options(scenario: Scenario, backend: str) -> dict:
-    """Options for sim.spec.spec_from_options(options, None) to build the cluster on `backend`."""
+    """Options for sim.core.spec.spec_from_options(options, None) to build the cluster on `backend`."""
     if backend not in scenario.backends:
         raise UsageError(f"backend {backend!r}: scenario {scenario.name} runs on {', '.join(scenario.backends)}")
     return _spec_options(scenario.profile, scenario.cluster, scenario.trainer, backend)

@@ -1,6 +1,6 @@
 """elastic-sim: a local cluster simulator for PyTorch elastic training."""
 
-from .errors import SimError, UsageError
-from .spec import ClusterSpec
+from sim.core.errors import SimError, UsageError
+from sim.core.spec import ClusterSpec
 
 __all__ = ["ClusterSpec", "SimError", "UsageError"]

@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from .cluster import Cluster, up
-from .docker import Docker
-from .errors import SimError
-from .spec import ClusterSpec, spec_from_options
+from sim.core.errors import SimError
+from sim.core.spec import ClusterSpec, spec_from_options
+from sim.engines.cluster import Cluster, up
+from sim.engines.docker import Docker
 
 
 class VerdictMismatch(AssertionError):

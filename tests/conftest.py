@@ -19,9 +19,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sim import labels  # noqa: E402
-from sim.docker import RESOURCE_KINDS, Docker  # noqa: E402
-from sim.errors import SimError  # noqa: E402
+from sim.core import labels  # noqa: E402
+from sim.core.errors import SimError  # noqa: E402
+from sim.engines.docker import RESOURCE_KINDS, Docker  # noqa: E402
 
 SESSION = os.environ.setdefault(labels.SESSION_ENV, f"pytest-{secrets.token_hex(4)}")
 # Under pytest-xdist (make test: -n 2) each worker process labels and sweeps its own resources:
@@ -66,7 +66,7 @@ def docker(sim_docker) -> Docker:
 @pytest.fixture(scope="session")
 def images(docker):
     """Node and etcd images, built once per session (cached by content anyway)."""
-    from sim.images import ImageBuilder
+    from sim.engines.images import ImageBuilder
 
     return ImageBuilder(docker).ensure().images
 

@@ -1,7 +1,7 @@
 """The node's clock under elastic-sim's skew-clock fault.
 
 Containers share the host's kernel clock, so a node's clock is skewed with libfaketime (Debian's
-0.9.10) preloaded into every process of the node (sim/render.py: LD_PRELOAD, and
+0.9.10) preloaded into every process of the node (sim/engines/render.py: LD_PRELOAD, and
 FAKETIME_TIMESTAMP_FILE, the per-node offset the fault writes, re-read every second or two).
 Only the wall clock moves (FAKETIME_DONT_FAKE_MONOTONIC=1), as when a real machine's clock is off.
 

@@ -8,7 +8,7 @@ import json
 import threading
 import time
 
-from sim.cluster import Cluster
+from sim.engines.cluster import Cluster
 
 PROBE_PORT = 39999
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sim import labels
+from sim.core import labels
 from tests.conftest import ROOT, SESSION, run_sim
 
 

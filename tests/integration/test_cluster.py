@@ -6,11 +6,11 @@ import subprocess
 
 import pytest
 
-from sim import labels
-from sim.agentlog import parse_node_log
-from sim.cluster import Cluster, JobFinished
-from sim.render import AWAIT_ETCD
-from sim.wait import wait_for
+from sim.core import labels
+from sim.core.agentlog import parse_node_log
+from sim.core.wait import wait_for
+from sim.engines.cluster import Cluster, JobFinished
+from sim.engines.render import AWAIT_ETCD
 from tests.conftest import SESSION, run_sim, unique_name
 
 pytestmark = pytest.mark.docker
@@ -184,7 +184,7 @@ def test_failed_up_with_keep_keeps_it(docker, images):
 
 
 def test_a_node_without_etcd_gives_up_after_its_limit_and_names_the_endpoint(images):
-    """A node of an etcd backend starts its agent only once etcd answers (sim/render.py AWAIT_ETCD);
+    """A node of an etcd backend starts its agent only once etcd answers (sim/engines/render.py AWAIT_ETCD);
     with no etcd there it runs nothing and ends with one line naming the endpoint."""
     result = subprocess.run(
         ["docker", "run", "--rm", "--label", f"{labels.SESSION}={SESSION}", images.node]

@@ -20,10 +20,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-from sim import labels
-from sim.cluster import Cluster
-from sim.history import FILE_NAME
-from sim.images import ImageBuilder
+from sim.core import labels
+from sim.core.history import FILE_NAME
+from sim.engines.cluster import Cluster
+from sim.engines.images import ImageBuilder
 from tests.conftest import run_sim, unique_name
 from tests.integration.test_leaks import LONG_JOB, SimProcess, assert_nothing_left, ls_line, ours, wait_for_nodes
 

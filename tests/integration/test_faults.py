@@ -13,9 +13,9 @@ import time
 import pytest
 
 from chaos.nemesis import Nemesis
-from sim.cluster import Cluster
-from sim.history import FILE_NAME, History
-from sim.wait import Condition, wait_for
+from sim.core.history import FILE_NAME, History
+from sim.core.wait import Condition, wait_for
+from sim.engines.cluster import Cluster
 from tests.conftest import run_sim, unique_name
 from tests.integration.netprobe import start_tcp_server, tcp_connects, udp_delivery
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from sim.cluster import Cluster, JobFinished
-from sim.doctor import has_gpu_runtime
-from sim.wait import wait_for
+from sim.cli.doctor import has_gpu_runtime
+from sim.core.wait import wait_for
+from sim.engines.cluster import Cluster, JobFinished
 from tests.conftest import run_sim, unique_name
 
 

@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
-from sim.cluster import JobFinished
-from sim.history import FILE_NAME, History
-from sim.wait import Condition, wait_for
+from sim.core.history import FILE_NAME, History
+from sim.core.wait import Condition, wait_for
+from sim.engines.cluster import JobFinished
 from tests.conftest import unique_name
 
 pytestmark = pytest.mark.docker

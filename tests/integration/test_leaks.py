@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from chaos.runner import default_cluster_name
-from sim import labels
-from sim.cluster import COLLECTOR_PID_FILE, Cluster
-from sim.history import FILE_NAME
+from sim.core import labels
+from sim.core.history import FILE_NAME
+from sim.engines.cluster import COLLECTOR_PID_FILE, Cluster
 from tests.conftest import ROOT, run_sim, unique_name
 
 pytestmark = pytest.mark.docker
@@ -86,7 +86,7 @@ def collector_processes(name: str) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if b"sim.collector" in argv and name.encode() in argv and state != "Z":
+        if b"sim.engines.collector" in argv and name.encode() in argv and state != "Z":
             found.append(int(entry.name))
     return found
 

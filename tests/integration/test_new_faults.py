@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from chaos.nemesis import Nemesis
-from sim.checkers import RunSpec, check_stale_checkpoint
-from sim.cluster import Cluster, up
-from sim.diagnose import diagnose
-from sim.history import FILE_NAME, History
+from sim.core.history import FILE_NAME, History
+from sim.core.spec import ClusterSpec
+from sim.engines.cluster import Cluster, up
 from sim.pytest_plugin import assert_verdict
-from sim.runmodel import RunModel
-from sim.spec import ClusterSpec
+from sim.verdict.checkers import RunSpec, check_stale_checkpoint
+from sim.verdict.diagnose import diagnose
+from sim.verdict.runmodel import RunModel
 from tests.conftest import run_sim, unique_name
 from tests.integration.test_faults import eventually, process_states
 

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from chaos.nemesis import Nemesis
-from sim.cluster import Cluster, JobFinished
-from sim.history import FILE_NAME, History
-from sim.runreport import report_run
-from sim.wait import wait_for
+from sim.core.history import FILE_NAME, History
+from sim.core.wait import wait_for
+from sim.engines.cluster import Cluster, JobFinished
+from sim.verdict.runreport import report_run
 from tests.conftest import run_sim, unique_name
 from tests.integration.test_faults import FAST, eventually
 

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from chaos.nemesis import Nemesis
-from sim import labels
-from sim.agentlog import parse_node_log
-from sim.cluster import Cluster, JobFinished
-from sim.swarm import GWBRIDGE, provider_for, swarm_state
-from sim.wait import Condition, wait_for
+from sim.core import labels
+from sim.core.agentlog import parse_node_log
+from sim.core.wait import Condition, wait_for
+from sim.engines.cluster import Cluster, JobFinished
+from sim.engines.swarm import GWBRIDGE, provider_for, swarm_state
 from tests.conftest import run_sim, unique_name
 
 # In `make test-full`: a swarm's init and leave must not run beside Compose clusters (docs/SWARM.md),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from chaos.runner import default_cluster_name
-from sim import labels
+from sim.core import labels
 from tests.conftest import unique_name
 from tests.wheel_build import ROOT, build_wheel
 
@@ -53,9 +53,9 @@ USER_TEST = textwrap.dedent("""\
     import sys
     from pathlib import Path
 
-    from sim.cluster import JobFinished
+    from sim.engines.cluster import JobFinished
     from sim.pytest_plugin import assert_verdict
-    from sim.wait import wait_for
+    from sim.core.wait import wait_for
 
 
     def test_my_script_trains_on_a_simulated_cluster(sim_cluster):
@@ -66,7 +66,7 @@ USER_TEST = textwrap.dedent("""\
         for node in cluster.nodes():
             assert node.exit_code == 0, cluster.logs(node.node, tail=30)
             assert "done after 20 steps" in cluster.logs(node.node)
-        # The collector (a `python -m sim.collector` of this venv) turned the agents' logs into history.
+        # The collector (a `python -m sim.engines.collector` of this venv) turned the agents' logs into history.
         history = [json.loads(line) for line in (cluster.run_dir / "history.jsonl").read_text().splitlines()]
         assert any(r.get("type") == "agent" for r in history), "no agent records in the run's history"
         # The report, with its timeline picture (matplotlib), from this install's CLI.
@@ -157,7 +157,7 @@ def test_a_user_repo_runs_its_own_test_with_elastic_sim_from_a_wheel(docker, ima
         [
             venv / "bin" / "python",
             "-c",
-            "import sim; from sim.images import ImageBuilder; t = ImageBuilder(None).tags(); "
+            "import sim; from sim.engines.images import ImageBuilder; t = ImageBuilder(None).tags(); "
             "print(sim.__file__, t.node, t.etcd)",
         ],
         repo,

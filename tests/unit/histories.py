@@ -7,9 +7,9 @@ third-party script leaves (agents' events, Docker events and the instrumentation
 
 from __future__ import annotations
 
-from sim.checkers import RunSpec, check_all
-from sim.runmodel import RunModel
 from sim.verdict import Verdict
+from sim.verdict.checkers import RunSpec, check_all
+from sim.verdict.runmodel import RunModel
 
 T0 = 1_700_000_000.0  # 22:13:20 UTC
 

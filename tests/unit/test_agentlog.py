@@ -1,8 +1,8 @@
 """Parsing real torchrun 2.13 agent lines (captured from sim nodes) into history records."""
 
-from sim.agentlog import node_facts, parse_docker_timestamp, parse_node_log
-from sim.collector import Collector
-from sim.history import AgentRecord, TrainerRecord
+from sim.core.agentlog import node_facts, parse_docker_timestamp, parse_node_log
+from sim.core.history import AgentRecord, TrainerRecord
+from sim.engines.collector import Collector
 
 LOG = """\
 2026-11-29T11:11:21.046000000Z I1129 11:11:21.046000 7 torch/distributed/elastic/agent/server/api.py:962] [default] Detected 3 new nodes from group_rank=0; will restart worker group

@@ -1,10 +1,10 @@
 """The checkers and the report on scripts that are not ours: hand-written histories of what the
 instrumentation, a progress regex and torch's agents record for a plain third-party script."""
 
-from sim.cluster import _training_started
-from sim.report import format_summary
-from sim.runmodel import RunModel
-from sim.timeline import build_timeline
+from sim.engines.cluster import _training_started
+from sim.verdict.report import format_summary
+from sim.verdict.runmodel import RunModel
+from sim.verdict.timeline import build_timeline
 from tests.unit.histories import HistoryBuilder, ScriptRun
 
 

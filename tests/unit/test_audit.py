@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from sim import labels
-from sim.audit import audit_project, project_from_inspect
-from sim.docker import Container
-from sim.doctor import rendered_audit, running_audit
-from sim.errors import ClusterNotFoundError
-from sim.render import render
-from sim.spec import USER_SCRIPT_DIR, ClusterSpec, GpuRequest
+from sim.cli.doctor import rendered_audit, running_audit
+from sim.core import labels
+from sim.core.errors import ClusterNotFoundError
+from sim.core.spec import USER_SCRIPT_DIR, ClusterSpec, GpuRequest
+from sim.engines.audit import audit_project, project_from_inspect
+from sim.engines.docker import Container
+from sim.engines.render import render
 
 
 def _rendered(spec: ClusterSpec) -> dict:

@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 
 from chaos.scenario import parse_scenario
-from sim.cli import check_environment, check_start_timeout
-from sim.errors import UsageError
-from sim.render import render
-from sim.spec import (
+from sim.cli.main import check_environment, check_start_timeout
+from sim.core.errors import UsageError
+from sim.core.spec import (
     ClusterSpec,
     check_fits_in_memory,
     max_nodes_in_memory,
     spec_from_options,
 )
+from sim.engines.render import render
 
 HEAD = "name: bad\ndescription: a bad scenario\nexpect: {outcome: recovers}\n"
 GIB = 1024
@@ -184,7 +184,7 @@ def test_dollar_in_env_and_script_args_reaches_the_node_unchanged():
 @pytest.mark.parametrize("command", ["status", "down", "doctor"])
 def test_a_cluster_is_named_the_same_way_on_every_command(command):
     """`sim status h2` and `sim status --name h2` are one command, as `sim kill-worker --name h2` is."""
-    from sim.cli import _resolve_cluster_name, build_parser
+    from sim.cli.main import _resolve_cluster_name, build_parser
 
     parser = build_parser()
     for argv in ([command, "h2"], [command, "--name", "h2"], [command, "h2", "--name", "h2"]):
@@ -197,7 +197,7 @@ def test_a_cluster_is_named_the_same_way_on_every_command(command):
 
 
 def test_report_takes_a_cluster_by_name_too():
-    from sim.cli import _resolve_cluster_name, build_parser
+    from sim.cli.main import _resolve_cluster_name, build_parser
 
     args = build_parser().parse_args(["report", "--name", "h2"])
     _resolve_cluster_name(args)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.checkers import (
+from sim.verdict import FaultRecovery
+from sim.verdict.checkers import (
     RunSpec,
     check_all,
     check_checkpoint_integrity,
@@ -23,9 +24,8 @@ from sim.checkers import (
     check_stalled,
     check_world_size,
 )
-from sim.diagnose import diagnose
-from sim.runmodel import RunModel
-from sim.verdict import FaultRecovery
+from sim.verdict.diagnose import diagnose
+from sim.verdict.runmodel import RunModel
 from tests.unit.histories import T0, HistoryBuilder, smooth_loss
 
 

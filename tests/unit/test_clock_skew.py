@@ -15,11 +15,11 @@ import pytest
 from chaos.faults import FAULTS, parse_offset
 from chaos.nemesis import CLOCK_NOT_PRELOADED, CLOCK_SCRIPT
 from chaos.scenario import parse_scenario
-from sim import doctor
-from sim.diagnose import diagnose
-from sim.docker import ExecResult
-from sim.errors import UnsupportedFaultError, UsageError
-from sim.render import CLOCK_ENV, CLOCK_OFFSET_FILE, FAKETIME_LIB
+from sim.cli import doctor
+from sim.core.errors import UnsupportedFaultError, UsageError
+from sim.engines.docker import ExecResult
+from sim.engines.render import CLOCK_ENV, CLOCK_OFFSET_FILE, FAKETIME_LIB
+from sim.verdict.diagnose import diagnose
 from tests.unit.test_nemesis import FakeProvider, nemesis, state_home  # noqa: F401 (fixtures)
 
 NODE_SITE = Path(__file__).resolve().parents[2] / "images" / "node"

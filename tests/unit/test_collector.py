@@ -2,13 +2,13 @@
 
 import threading
 
-from sim import collector as collector_module
-from sim.collector import ENGINE_LOST_S, Collector, _ClusterGone
-from sim.diagnose import diagnose
-from sim.errors import DockerUnavailableError
-from sim.history import History
-from sim.logs import FollowView
-from sim.spec import ClusterSpec
+from sim.cli.logs import FollowView
+from sim.core.errors import DockerUnavailableError
+from sim.core.history import History
+from sim.core.spec import ClusterSpec
+from sim.engines import collector as collector_module
+from sim.engines.collector import ENGINE_LOST_S, Collector, _ClusterGone
+from sim.verdict.diagnose import diagnose
 
 UNREACHABLE = "docker ps: Docker engine not reachable (Connection refused); start it"
 

@@ -9,9 +9,9 @@ sim run has (run spec, faults, Docker events) are written by hand beside them.
 import json
 from pathlib import Path
 
-from sim.agentlog import parse_docker_timestamp
-from sim.diagnose import diagnose, format_diagnoses
-from sim.sidechannel import ProgressMatcher
+from sim.core.agentlog import parse_docker_timestamp
+from sim.core.sidechannel import ProgressMatcher
+from sim.verdict.diagnose import diagnose, format_diagnoses
 
 LOGS = Path(__file__).resolve().parent.parent / "data" / "logs"
 PROGRESS_REGEX = r"step (?P<step>\d+) loss (?P<loss>[\d.]+)"
@@ -411,7 +411,7 @@ def test_a_clean_run_has_no_diagnosis():
 
 
 def test_history_agent_records_are_used_when_no_log_is_given():
-    from sim.agentlog import parse_node_log
+    from sim.core.agentlog import parse_node_log
 
     text = logs("spare_agent")["node1"]
     assert codes(diagnose(parse_node_log("node1", text), {})) == ["spare-agent-exit"]

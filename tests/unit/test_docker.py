@@ -7,8 +7,8 @@ import pytest
 import requests
 import urllib3
 
-from sim import docker as provider
-from sim.docker import DockerError
+from sim.engines import docker as provider
+from sim.engines.docker import DockerError
 
 
 class RefusingApi:

@@ -1,4 +1,4 @@
-"""The fault kinds (sim/faultkinds.py) against the catalog and the nemesis: every fault is one datum, complete.
+"""The fault kinds (sim/core/faultkinds.py) against the catalog and the nemesis: every fault is one datum, complete.
 
 A new catalog entry, a new verb that records a new name, or a new in-force kind in the nemesis's fault
 store without its FaultKind fails here, as does a reversibility or undo that disagrees between them.
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from chaos.faults import FAULTS
-from sim.faultkinds import FAULT_KINDS, KINDS, UNDO_OPS, FaultKind, kind_of
-from sim.runmodel import Fault
+from sim.core.faultkinds import FAULT_KINDS, KINDS, UNDO_OPS, FaultKind, kind_of
+from sim.verdict.runmodel import Fault
 
 NEMESIS = Path(__file__).resolve().parents[2] / "chaos" / "nemesis.py"
 

@@ -3,8 +3,8 @@
 import io
 import json
 
-from sim.cluster import ContainerInfo
-from sim.logs import FollowView, follow_job, live_run, nodes_up
+from sim.cli.logs import FollowView, follow_job, live_run, nodes_up
+from sim.engines.cluster import ContainerInfo
 
 T0 = 1000.0
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from sim.cli import main
+from sim.cli.main import main
 from tests.unit.histories import HistoryBuilder
 
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from sim.docker import stream
-from sim.errors import ImageBuildError
-from sim.images import IMAGES_DIR, ImageBuilder
+from sim.core.errors import ImageBuildError
+from sim.engines.docker import stream
+from sim.engines.images import IMAGES_DIR, ImageBuilder
 
 
 def test_a_new_wheelhouse_replaces_those_of_older_requirements(tmp_path, monkeypatch):

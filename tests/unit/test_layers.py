@@ -1,7 +1,8 @@
-"""The import contract (pyproject.toml, checked by `lint-imports` in `make lint`) names every module.
+"""The import contracts (pyproject.toml, checked by `lint-imports` in `make lint`) name every module.
 
-import-linter's layers contract constrains only the modules it lists: a new module left out of
-it could import anything. This test keeps the list whole.
+import-linter's layers contract constrains only the modules it lists: a module left out of it could
+import anything. Every module of a layer package (sim.core, sim.engines, sim.verdict, sim.cli.main) must
+have its sub-layer in that package's own contract; every other module must be listed by name.
 """
 
 from pathlib import Path
@@ -9,21 +10,37 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
+LAYER_PACKAGES = ("sim.core", "sim.engines", "sim.verdict", "sim.cli")
+
+
+def _contracts() -> list[dict]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def _names(layer: str) -> list[str]:
+    return [name.strip() for name in layer.replace("|", ":").split(":")]
 
 
 def _contract_modules() -> set[str]:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
-    (contract,) = [c for c in config["contracts"] if c["type"] == "layers"]
-    return {module.strip() for layer in contract["layers"] for module in layer.replace("|", ":").split(":")}
+    modules = set()
+    for contract in _contracts():
+        if contract["type"] != "layers":
+            continue
+        (container,) = contract.get("containers", [""])
+        for layer in contract["layers"]:
+            modules.update(f"{container}.{name}" if container else name for name in _names(layer))
+    return modules
 
 
 def _package_modules() -> set[str]:
     modules = set()
     for package in ("sim", "chaos"):
-        for path in (ROOT / package).glob("*.py"):
-            if path.stem != "__init__":
-                modules.add(f"{package}.{path.stem}")
-    return modules
+        for path in (ROOT / package).rglob("*.py"):
+            if "_data" in path.parts:
+                continue
+            dotted = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            modules.add(dotted.removesuffix(".__init__"))
+    return modules - {"sim", "chaos"}
 
 
 def test_every_module_has_a_layer():
@@ -31,5 +48,16 @@ def test_every_module_has_a_layer():
     assert not missing, f"add these to a layer of [tool.importlinter] in pyproject.toml: {missing}"
 
 
-def test_the_contract_names_no_missing_module():
+def test_the_contracts_name_no_missing_module():
     assert not sorted(_contract_modules() - _package_modules())
+
+
+def test_each_layer_package_orders_its_own_modules():
+    containers = {c["containers"][0] for c in _contracts() if c["type"] == "layers" and c.get("containers")}
+    assert containers == set(LAYER_PACKAGES)
+
+
+def test_the_verdict_may_not_reach_docker_a_process_or_the_clock():
+    (forbidden,) = [c for c in _contracts() if c["type"] == "forbidden"]
+    assert {"docker", "subprocess", "time", "sim.engines"} <= set(forbidden["forbidden_modules"])
+    assert {"sim.verdict.runmodel", "sim.verdict.checkers", "sim.verdict.diagnose"} <= set(forbidden["source_modules"])

@@ -17,9 +17,11 @@ import pytest
 from chaos import nodescripts
 from chaos.nemesis import CLOCK_SCRIPT, Nemesis
 from chaos.partition import Partition, isolate, parse_partition_spec
-from sim import labels
-from sim.cluster import Cluster
-from sim.docker import (
+from sim.core import labels
+from sim.core.errors import FaultError, UsageError
+from sim.core.history import History
+from sim.engines.cluster import Cluster
+from sim.engines.docker import (
     NO_MEMORY_LIMIT,
     PROVIDER_INTERFACES,
     Container,
@@ -31,9 +33,7 @@ from sim.docker import (
     ExecResult,
     Resources,
 )
-from sim.errors import FaultError, UsageError
-from sim.history import History
-from sim.procs import PROBE_ARGV, parse_probe
+from sim.engines.procs import PROBE_ARGV, parse_probe
 
 NODES = {"etcd": "10.0.0.2", "node0": "10.0.0.3", "node1": "10.0.0.4", "node2": "10.0.0.5"}
 PROBE_OUTPUT = "\n".join(
@@ -612,7 +612,7 @@ def _members(protocol) -> set[str]:
 
 
 def test_the_fake_provider_implements_the_interfaces_the_nemesis_takes_whole():
-    """The nemesis takes containers, their control and exec (sim.docker's small interfaces): the fake is
+    """The nemesis takes containers, their control and exec (sim.engines.docker's small interfaces): the fake is
     each of them whole, not the part one test happened to call."""
     for protocol in (Containers, ContainerControl, ContainerExec):
         missing = {name for name in _members(protocol) if name not in vars(FakeProvider)}

@@ -19,7 +19,7 @@ from chaos.netcmd import (
     parse_route_get,
     partition_rules,
 )
-from sim.errors import FaultError, UsageError
+from sim.core.errors import FaultError, UsageError
 
 IPT = ["iptables", "-w"]
 

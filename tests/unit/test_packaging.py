@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.images import ImageBuilder, _tree_files
+from sim.engines.images import ImageBuilder, _tree_files
 from tests.wheel_build import ROOT, build_wheel
 
 DATA = "sim/_data"
@@ -60,7 +60,7 @@ def test_installed_layout_tags_images_as_the_checkout_does(installed, tmp_path):
 def test_installed_package_finds_its_files_without_a_checkout(installed):
     # Run from the unpacked wheel: its sim/ and chaos/ come first on sys.path.
     code = (
-        "import sim, sim.paths as p, chaos.catalog as c; "
+        "import sim, sim.core.paths as p, chaos.catalog as c; "
         "print(p.PROJECT_FILES == p.PACKAGE_DIR / '_data', p.COMPOSE_TEMPLATE.is_file(), "
         "(p.IMAGES_DIR / 'node' / 'Dockerfile').is_file(), len(c.shipped_paths()) > 0, sim.__file__)"
     )
@@ -82,5 +82,5 @@ def test_wheel_declares_the_tools_dependencies_and_entry_points(wheel):
     assert {"pyyaml", "matplotlib"} <= required
     assert "torch" not in required  # torch runs inside the node images, not in the tool
     assert entry_points["pytest11"]["elastic_sim"] == "sim.pytest_plugin"
-    assert entry_points["console_scripts"]["sim"] == "sim.cli:main"
+    assert entry_points["console_scripts"]["sim"] == "sim.cli.main:main"
     assert "elastic_sim_progress.py" in names  # the one-line API, a no-op on the host

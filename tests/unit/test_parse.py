@@ -10,7 +10,7 @@ from chaos.parse import (
     parse_rate,
     parse_signal,
 )
-from sim.errors import UsageError
+from sim.core.errors import UsageError
 
 NODES = ("node0", "node1", "node2", "node3")
 

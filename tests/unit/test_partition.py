@@ -12,7 +12,7 @@ from chaos.partition import (
     parse_partition_spec,
     split,
 )
-from sim.errors import UsageError
+from sim.core.errors import UsageError
 
 FOUR = ["node0", "node1", "node2", "node3"]
 FIVE = FOUR + ["node4"]

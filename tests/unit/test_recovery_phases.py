@@ -1,5 +1,5 @@
-"""Where a recovery goes (sim/recovery.py RecoveryPhases): the phases from hand-written histories, their
-place in the report, the records they come from (sim/history.py) and the instrumentation that writes
+"""Where a recovery goes (sim/verdict/recovery.py RecoveryPhases): the phases from hand-written histories, their
+place in the report, the records they come from (sim/core/history.py) and the instrumentation that writes
 them (images/node/elastic_sim_instrument.py, in-process with fakes, then with real torch)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import os
 
 import pytest
 
-from sim.history import TrainerRecord, WorkerRecord, parse_record
-from sim.recovery import RecoveryPhases, recoveries
-from sim.report import format_summary, report_data
-from sim.sidechannel import worker_record
+from sim.core.history import TrainerRecord, WorkerRecord, parse_record
+from sim.core.sidechannel import worker_record
+from sim.verdict.recovery import RecoveryPhases, recoveries
+from sim.verdict.report import format_summary, report_data
 
 from .histories import HistoryBuilder, ScriptRun
 from .test_instrument import Clock, FakeOptimizer, instrument, probe_writing_to, run_as_worker, side_channel

@@ -1,9 +1,9 @@
 import yaml
 
-from sim import labels
-from sim.render import render, to_yaml
-from sim.spec import ClusterSpec, GpuRequest
-from sim.torchrun import torchrun_argv
+from sim.core import labels
+from sim.core.spec import ClusterSpec, GpuRequest
+from sim.core.torchrun import torchrun_argv
+from sim.engines.render import render, to_yaml
 
 IMAGES = {"node_image": "elastic-sim/node:abc", "etcd_image": "elastic-sim/etcd:def", "run_id": "r1"}
 

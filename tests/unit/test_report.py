@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from sim.checkers import CHECKS_FOR, RunSpec, check_all
-from sim.report import ReportFiles, format_summary, write_report
-from sim.runmodel import RunModel
-from sim.timeline import build_timeline
+from sim.verdict.checkers import CHECKS_FOR, RunSpec, check_all
+from sim.verdict.report import ReportFiles, format_summary, write_report
+from sim.verdict.runmodel import RunModel
+from sim.verdict.timeline import build_timeline
 from tests.unit.histories import HistoryBuilder
 
 STEP_S = 0.1

@@ -14,10 +14,10 @@ from chaos.faults import FAULTS, PartitionOptions
 from chaos.partition import cut_from, isolate, one_way, split
 from chaos.runner import HistoryState, ScenarioRunner, default_cluster_name
 from chaos.scenario import Step, parse_scenario
-from sim.cli import main as sim_main
-from sim.errors import UsageError
-from sim.history import History
-from sim.spec import spec_from_options
+from sim.cli.main import main as sim_main
+from sim.core.errors import UsageError
+from sim.core.history import History
+from sim.core.spec import spec_from_options
 
 
 def test_history_state_follows_a_growing_file(tmp_path):

@@ -16,8 +16,8 @@ from chaos.scenario import (
     parse_scenario,
     scenario_spec_options,
 )
-from sim.errors import UsageError
-from sim.spec import spec_from_options
+from sim.core.errors import UsageError
+from sim.core.spec import spec_from_options
 
 SOURCE = "chaos/scenarios/t.yaml"
 FORMAT_MD = Path(__file__).resolve().parents[2] / "chaos" / "scenarios" / "FORMAT.md"

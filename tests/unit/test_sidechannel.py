@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from chaos.scenario import parse_scenario, scenario_spec_options
-from sim.cli import build_parser
-from sim.collector import Collector
-from sim.errors import UsageError
-from sim.history import History
-from sim.render import render
-from sim.sidechannel import EventsTail, ProgressMatcher, compile_progress_regex, prepare_events_dir, worker_record
-from sim.spec import ClusterSpec, spec_from_options
+from sim.cli.main import build_parser
+from sim.core.errors import UsageError
+from sim.core.history import History
+from sim.core.sidechannel import EventsTail, ProgressMatcher, compile_progress_regex, prepare_events_dir, worker_record
+from sim.core.spec import ClusterSpec, spec_from_options
+from sim.engines.collector import Collector
+from sim.engines.render import render
 
 # Lines as elastic_sim_instrument writes them (captured from tests/unit/test_instrument.py's run).
 START = (
@@ -170,8 +170,8 @@ def test_collector_appends_side_channel_records_as_worker_records(tmp_path):
 
 
 def test_history_reads_typed_records_and_counts_torn_lines(tmp_path):
-    from sim.errors import HistoryError
-    from sim.history import SCHEMA_VERSION, AgentRecord, RunRecord, parse_record
+    from sim.core.errors import HistoryError
+    from sim.core.history import SCHEMA_VERSION, AgentRecord, RunRecord, parse_record
 
     history = History(tmp_path / "history.jsonl")
     start = history.append({"type": "run", "event": "start", "cluster": "c"})

@@ -1,7 +1,7 @@
 import pytest
 
-from sim.errors import UsageError
-from sim.spec import (
+from sim.core.errors import UsageError
+from sim.core.spec import (
     DEFAULT_TRAINER_ARGS,
     SHIPPED_TRAINER,
     ClusterSpec,
@@ -129,7 +129,7 @@ def test_user_script_gets_exactly_its_args(tmp_path):
 
 
 def test_start_record_reads_steps_from_merged_args():
-    from sim.cluster import run_start_record
+    from sim.engines.cluster import run_start_record
 
     record = run_start_record(spec_from_options({}, ["--steps=400"]), "r1")
     assert (record["target_steps"], record["ckpt_interval"]) == (400, 10)

@@ -12,12 +12,12 @@ import pytest
 
 from chaos import nodescripts
 from chaos.faults import FAULTS
-from sim.checkers import RunSpec, check_all, check_stale_checkpoint, stale_writes
-from sim.diagnose import diagnose
-from sim.docker import ExecResult
-from sim.errors import UsageError
-from sim.history import as_records
-from sim.runmodel import RunModel
+from sim.core.errors import UsageError
+from sim.core.history import as_records
+from sim.engines.docker import ExecResult
+from sim.verdict.checkers import RunSpec, check_all, check_stale_checkpoint, stale_writes
+from sim.verdict.diagnose import diagnose
+from sim.verdict.runmodel import RunModel
 from tests.unit.histories import HistoryBuilder, ScriptRun
 from tests.unit.test_instrument import run_as_worker, side_channel
 from tests.unit.test_nemesis import nemesis, state_home  # noqa: F401 (fixtures)

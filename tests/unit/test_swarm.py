@@ -1,4 +1,4 @@
-"""The stack file for `sim up --engine swarm` (sim/swarm_render.py): pure rendering, no Docker.
+"""The stack file for `sim up --engine swarm` (sim/engines/swarm_render.py): pure rendering, no Docker.
 
 Each rule here stands on a probe of a real engine (docs/SWARM.md): what `docker stack deploy`
 refuses or ignores, and what a fault needs of the running stack."""
@@ -8,13 +8,13 @@ import dataclasses
 import pytest
 import yaml
 
-from sim import labels
-from sim.docker import Docker
-from sim.errors import SimError, UsageError
-from sim.render import render, to_yaml
-from sim.spec import ClusterSpec
-from sim.swarm import ensure_swarm, leave_if_ours
-from sim.swarm_render import COMPOSE_ONLY_KEYS, GPU_RESOURCE_KIND, SwarmLayout, to_stack
+from sim.core import labels
+from sim.core.errors import SimError, UsageError
+from sim.core.spec import ClusterSpec
+from sim.engines.docker import Docker
+from sim.engines.render import render, to_yaml
+from sim.engines.swarm import ensure_swarm, leave_if_ours
+from sim.engines.swarm_render import COMPOSE_ONLY_KEYS, GPU_RESOURCE_KIND, SwarmLayout, to_stack
 
 IMAGES = {"node_image": "elastic-sim/node:abc", "etcd_image": "elastic-sim/etcd:def", "run_id": "r1"}
 
@@ -73,7 +73,7 @@ def test_the_node_keeps_what_faults_and_torchrun_need():
         for key in ("image", "command", "environment", "hostname", "cap_add", "init", "volumes", "networks"):
             assert node.get(key) == rendered.get(key), key
     assert stack["services"]["node0"]["stop_grace_period"] == "10s"
-    # Swarm has no depends_on: sim/swarm.py deploys etcd first, and each node's agent waits for its health.
+    # Swarm has no depends_on: sim/engines/swarm.py deploys etcd first, and each node's agent waits for its health.
     assert stack["services"]["node1"]["command"][:2] == ["elastic-sim-await-etcd", "etcd:2379"]
 
 
@@ -181,7 +181,7 @@ def test_the_engine_is_part_of_the_spec():
 
 
 class FakeEngine:
-    """The few engine calls sim/swarm.py makes about the swarm itself (docker-py APIClient's names)."""
+    """The few engine calls sim/engines/swarm.py makes about the swarm itself (docker-py APIClient's names)."""
 
     def __init__(self, state: str = "inactive", services: tuple = (), gwbridge: bool = False):
         self.state, self.node_id, self.services_ = state, "user-node" if state == "active" else "", list(services)

@@ -15,18 +15,19 @@ import requests
 from chaos import nodescripts
 from chaos.faults import FAULTS
 from chaos.nemesis import Nemesis
-from sim import labels, swarm
-from sim.cli import main
-from sim.cluster import Cluster
-from sim.collector import Collector
-from sim.docker import Completed, Container, Docker, ExecResult, Labelled, Resources
-from sim.errors import DockerUnavailableError, SimError, UnsupportedFaultError, UsageError
-from sim.history import History
-from sim.procs import PROBE_ARGV
-from sim.spec import ClusterSpec
-from sim.swarm import MergedEvents, SwarmDocker, SwarmHosts
-from sim.swarm_hosts import HostDocker, HostEngine, register, registered, unregister
-from sim.swarm_render import SwarmLayout
+from sim.cli.main import main
+from sim.core import labels
+from sim.core.errors import DockerUnavailableError, SimError, UnsupportedFaultError, UsageError
+from sim.core.history import History
+from sim.core.spec import ClusterSpec
+from sim.engines import swarm
+from sim.engines.cluster import Cluster
+from sim.engines.collector import Collector
+from sim.engines.docker import Completed, Container, Docker, ExecResult, Labelled, Resources
+from sim.engines.procs import PROBE_ARGV
+from sim.engines.swarm import MergedEvents, SwarmDocker, SwarmHosts
+from sim.engines.swarm_hosts import HostDocker, HostEngine, register, registered, unregister
+from sim.engines.swarm_render import SwarmLayout
 from tests.unit.test_nemesis import PROBE_OUTPUT, oom_answers
 
 NFS = "nfs.example:/srv/ckpt"
@@ -454,7 +455,7 @@ def test_client_arguments_for_ssh_tls_and_contexts(tmp_path, monkeypatch):
     class Context:
         Host, TLSConfig = "ssh://ops@hostc", None
 
-    monkeypatch.setattr("sim.swarm_hosts.ContextAPI.get_context", lambda name: Context if name == "c" else None)
+    monkeypatch.setattr("sim.engines.swarm_hosts.ContextAPI.get_context", lambda name: Context if name == "c" else None)
     assert HostEngine("hostc", context="c").client_kwargs()["use_ssh_client"]
     with pytest.raises(UsageError, match="no Docker context 'd'; `docker context ls` lists them"):
         HostEngine("hostc", context="d").client_kwargs()

@@ -255,7 +255,7 @@ def test_bad_arguments_exit_non_zero(argv, capsys):
 
 
 def test_the_harness_knows_the_trainers_own_defaults():
-    from sim.spec import SHIPPED_TRAINER_DEFAULTS
+    from sim.core.spec import SHIPPED_TRAINER_DEFAULTS
 
     args = train.parse_args([])
     assert SHIPPED_TRAINER_DEFAULTS == {"--steps": args.steps, "--ckpt-interval": args.ckpt_interval}

@@ -1,8 +1,8 @@
 import pytest
 
-from sim.agentlog import node_log_facts
-from sim.errors import ClusterError
-from sim.wait import Check, Condition, wait_for
+from sim.core.agentlog import node_log_facts
+from sim.core.errors import ClusterError
+from sim.core.wait import Check, Condition, wait_for
 
 
 class FakeClock:

@@ -1,0 +1,284 @@
+"""Following a running job in the terminal until it ends.
+
+The compact view reads the run's history as the collector writes it and prints what a
+person follows: progress, rendezvous rounds, restarts, failures and faults, one line each
+(FollowView, a pure record -> line mapping). `--verbose` prints the raw container logs.
+Both stop once every node container has exited: etcd's log never ends by itself.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TextIO
+
+from sim.core.history import FILE_NAME, HistoryTail
+from sim.core.wait import Check, wait_for
+from sim.engines.cluster import Cluster, ContainerInfo, JobFinished
+
+COMPACT_EVERY = 10  # the shipped trainer's progress: rank 0, every tenth step
+NODE_LINE_INTERVAL_S = 5.0  # instrumented workers' records: at most a line per node this often
+QUIET_S = 2.0  # after the job: the collector appends the nodes' last lines within this
+# Progress sources, poorest first: once a richer one is seen, the poorer ones only repeat it.
+PROGRESS_SOURCES = (("worker", "activity"), ("worker", "step"), ("worker", "progress"), ("trainer", "progress"))
+RDZV_ERROR_WORDS = {
+    "rdzv_closed": "rendezvous closed",
+    "rdzv_timeout": "rendezvous timed out",
+    "rdzv_error": "rendezvous error",
+    "rdzv_close_failed": "closing the rendezvous failed",
+}
+DOCKER_WORDS = {
+    "start": "container started",
+    "pause": "container paused (frozen)",
+    "unpause": "container unpaused",
+    "oom": "container ran out of memory (OOM kill)",
+}
+
+
+class FollowView:
+    """Turns history records into the compact follow view's lines, or None for a record
+    not worth a line. Holds only what compaction needs (no I/O), so tests feed it records."""
+
+    def __init__(
+        self, t0: float | None = None, *, every: int = COMPACT_EVERY, interval_s: float = NODE_LINE_INTERVAL_S
+    ):
+        self.t0 = t0  # None: the first record's time (the run's start record)
+        self.every = every
+        self.interval_s = interval_s
+        self._richest = -1
+        self._shown: dict[str, tuple[float, object]] = {}  # node -> (time, restart) of its last worker line
+        self._round: dict[str, tuple[object, object]] = {}  # node -> (world size, restart count) of its rendezvous
+
+    def line(self, record: dict) -> str | None:
+        t = record.get("t", 0.0)
+        if self.t0 is None:
+            self.t0 = t
+        handler = getattr(self, f"_{record.get('type')}", None)
+        text = handler(record) if handler else None
+        if text is None:
+            return None
+        return f"{t - self.t0:7.1f}s  {record.get('node') or '':<6} {text}"
+
+    def _progress_source_ok(self, record: dict, event: str) -> bool:
+        """False for a record whose source is poorer than one already seen."""
+        source = (record["type"], event)
+        if source not in PROGRESS_SOURCES:
+            return True
+        rank = PROGRESS_SOURCES.index(source)
+        self._richest = max(self._richest, rank)
+        return rank == self._richest
+
+    def _trainer(self, r: dict) -> str | None:
+        kind = r.get("kind")
+        rank0 = r.get("rank") == 0
+        if kind == "progress":
+            if not self._progress_source_ok(r, "progress") or not rank0 or (r.get("step") or 0) % self.every:
+                return None
+            return f"step {r.get('step')}{_loss(r)}{_world(r)}"
+        if kind == "start" and rank0:
+            resumed = r.get("resumed_from")
+            return (f"trainer resumed from step {resumed}" if resumed else "trainer started from scratch") + _world(r)
+        if kind == "summary" and rank0:
+            return f"trainer finished at step {r.get('final_step')} after {r.get('elapsed', 0):.1f}s"
+        if kind == "warning":
+            return f"warning (rank {r.get('rank')}): {r.get('message')}"
+        return None
+
+    def _worker(self, r: dict) -> str | None:
+        event = r.get("event")
+        if event == "exit":
+            code = r.get("code")
+            return None if code in (0, None) else f"worker rank {r.get('rank')} exited with code {code}"
+        if event not in ("step", "activity", "progress") or not self._progress_source_ok(r, event):
+            return None
+        node, t, restart = r.get("node") or "", r.get("t", 0.0), r.get("restart")
+        last = self._shown.get(node)
+        if last is not None and last[1] == restart and t - last[0] < self.interval_s:
+            return None
+        self._shown[node] = (t, restart)
+        who = f"rank {r['rank']} " if r.get("rank") is not None else ""
+        if event == "step":
+            what = f"step {r['step']}" if r.get("step") is not None else f"optimizer step {r.get('n')} of this process"
+        elif event == "activity":
+            what = f"{r.get('collectives')} collective calls (last {r.get('op')})"
+        else:
+            what = f"step {r.get('step')}{_loss(r)}"
+        return f"{who}{what}{_world(r)}"
+
+    def _agent(self, r: dict) -> str | None:
+        event, node = r.get("event"), r.get("node") or ""
+        if event == "rdzv_joined":
+            return f"joined rendezvous round {r.get('round')} as node {r.get('group_rank')} of {r.get('nodes')}"
+        if event == "rdzv_complete":
+            # Printed with the group_started line that follows it at once.
+            self._round[node] = (r.get("global_world_size"), r.get("restart_count"))
+            return None
+        if event == "group_started":
+            world, restarts = self._round.pop(node, (None, None))
+            return "worker group started" + (f": world {world}, restart {restarts}" if world is not None else "")
+        if event == "group_failed":
+            left, most = r.get("attempts_left"), r.get("max_restarts")
+            if left:
+                return f"worker group failed: restarting ({left}/{most} attempts left)"
+            return f"worker group failed: no restarts left (--max-restarts {most})"
+        if event == "worker_failed":
+            return f"worker local_rank {r.get('local_rank')} (pid {r.get('pid')}) {_exit_words(r.get('exitcode'))}"
+        if event == "group_finished":
+            return "worker group finished"
+        if event == "new_nodes":
+            return f"{r.get('count')} new node(s) waiting: the group will regroup"
+        if event == "keepalive_failed":
+            return f"keep-alive failed: {_clip(r.get('message'), 160)}"
+        if event in RDZV_ERROR_WORDS:
+            return f"{RDZV_ERROR_WORDS[event]}: {_clip(r.get('message'), 200)}"
+        if event == "error_file":
+            return f"root cause: {_clip(r.get('message'), 300)}"
+        if event in ("worker_error", "exception"):
+            return f"error: {_clip(r.get('message'), 300)}"
+        if event == "agent_signal":
+            return f"agent received signal {r.get('signal')}"
+        return None
+
+    def _docker(self, r: dict) -> str | None:
+        if r.get("action") == "die":
+            return f"container exited with code {r.get('exit_code')}"
+        return DOCKER_WORDS.get(r.get("action"))
+
+    def _fault(self, r: dict) -> str | None:
+        target = f" on {r['target']}" if r.get("target") else ""
+        head = f"fault {r.get('fault')}{target}"
+        phase = r.get("phase")
+        if phase == "invoke":
+            args = " ".join(f"{k}={v}" for k, v in (r.get("args") or {}).items() if v is not None)
+            return f"{head}: invoked{' (' + args + ')' if args else ''}"
+        if phase == "ok":
+            return f"{head}: done"
+        if phase == "fail":
+            return f"{head}: failed: {r.get('error')}"
+        if phase == "info":
+            return f"{head}: outcome unknown: {r.get('error')}"
+        return None
+
+    def _run(self, r: dict) -> str | None:
+        if r.get("event") == "engine_lost":
+            return f"the Docker engine stopped answering; nothing more was recorded ({r.get('why')})"
+        return "run ended: the cluster was removed" if r.get("event") == "end" else None
+
+
+def _world(r: dict) -> str:
+    parts = [
+        f"world {r['world_size']}" if r.get("world_size") is not None else "",
+        f"restart {r['restart']}" if r.get("restart") is not None else "",
+    ]
+    text = " ".join(p for p in parts if p)
+    return f" ({text})" if text else ""
+
+
+def _loss(r: dict) -> str:
+    loss = r.get("loss")
+    return f" loss {loss:.4f}" if isinstance(loss, (int, float)) else ""
+
+
+def _exit_words(code: object) -> str:
+    """torch reports a worker killed by a signal as a negative exit code."""
+    if isinstance(code, int) and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"failed with exit code {code}"
+
+
+def _clip(text: object, width: int) -> str:
+    text = " ".join(str(text or "").split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def live_run(history: Iterable[dict]) -> tuple[str, str] | None:
+    """(cluster, run id) of a run whose history has no end record yet (`down` writes one)."""
+    start = None
+    for record in history:
+        if record.get("type") == "run" and record.get("event") == "end":
+            return None
+        if record.get("type") == "run" and record.get("event") == "start" and start is None:
+            start = record
+    return (start["cluster"], start["run_id"]) if start and start.get("cluster") and start.get("run_id") else None
+
+
+def nodes_up(containers: Sequence[ContainerInfo], run_id: str) -> tuple[int, int]:
+    """(node containers of this run still up, all its node containers); paused counts as up."""
+    nodes = [c for c in containers if c.role == "node" and c.run_id == run_id]
+    return sum(c.state in ("running", "paused", "restarting") for c in nodes), len(nodes)
+
+
+def follow_job(
+    cluster: Cluster, out: TextIO = sys.stdout, *, verbose: bool = False, poll_s: float = 1.0, quiet_s: float = QUIET_S
+) -> str:
+    """Print the job as it runs until every node container has exited; returns how it ended."""
+    raw = _print_raw_logs(cluster, out) if verbose else None
+    tail = HistoryTail(cluster.run_dir / FILE_NAME)
+    view = FollowView()
+
+    def show_new() -> bool:
+        records = tail.poll()
+        if not verbose:
+            for line in filter(None, map(view.line, records)):
+                print(line, file=out, flush=True)
+        return bool(records)
+
+    try:
+        ended = wait_for(_Showing(JobFinished(cluster), show_new), timeout=None, interval=poll_s, raise_errors=False)
+        # The nodes' last lines (summary, root cause) reach the history just after they exit.
+        wait_for(_Quiet(show_new, quiet_s), timeout=5 * quiet_s, interval=min(poll_s, quiet_s / 4), raise_errors=False)
+    finally:
+        if raw is not None:
+            raw.terminate()
+            raw.wait()
+    if ended.failure:
+        return f"stopped following: {ended.failure} (the cluster was removed)"
+    exits = ", ".join(f"{c.node} {c.exit_code if c.exit_code is not None else c.status}" for c in cluster.nodes())
+    return f"job ended: every node container exited (exit codes: {exits})"
+
+
+class _Showing:
+    """A strategy that first shows what is new, then asks the one it wraps."""
+
+    def __init__(self, inner: JobFinished, show_new: Callable[[], bool]):
+        self.inner, self.show_new = inner, show_new
+        self.description = inner.description
+
+    def check(self) -> Check:
+        self.show_new()
+        return self.inner.check()
+
+
+class _Quiet:
+    """Ready once nothing new was shown for `quiet_s` seconds."""
+
+    description = "waiting for the history to settle"
+
+    def __init__(self, show_new: Callable[[], bool], quiet_s: float):
+        self.show_new, self.quiet_s = show_new, quiet_s
+        self.quiet_since = time.monotonic()
+
+    def check(self) -> Check:
+        if self.show_new():
+            self.quiet_since = time.monotonic()
+        return Check(time.monotonic() - self.quiet_since >= self.quiet_s)
+
+
+def _print_raw_logs(cluster: Cluster, out: TextIO) -> subprocess.Popen:
+    """`docker compose logs -f` of every container, copied to `out` from a thread."""
+    proc = cluster.docker.compose_process(cluster.name, cluster.compose_file, "logs", "-f", capture=True)
+
+    def copy() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(line.rstrip("\n"), file=out, flush=True)
+
+    threading.Thread(target=copy, daemon=True).start()
+    return proc

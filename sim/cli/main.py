@@ -1,0 +1,473 @@
+"""`python -m sim ...`: the command line. Thin: parse, call the core, print.
+
+Every SimError becomes one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from sim.core.errors import DockerUnavailableError, SimError, UsageError
+from sim.core.paths import cache_home, state_home
+from sim.core.spec import DEFAULT_NAME, ENGINES, RDZV_BACKENDS, spec_from_options
+from sim.core.wait import wait_for
+from sim.engines import cluster as cluster_mod
+from sim.engines.docker import Docker
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line that says where to look."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sim", description="elastic-sim: a local cluster simulator for PyTorch elastic training.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    up = sub.add_parser(
+        "up",
+        help="build images if needed, start a cluster, follow the job until it ends",
+        description="Start a cluster and follow the job until it ends, then print its verdict. "
+        "Script arguments go after `--`, e.g. `sim up -- --steps 50` (the shipped "
+        "trainer keeps its other defaults).",
+    )
+    up.add_argument("--nodes", type=int, default=4, help="node containers to start (default 4)")
+    up.add_argument("--min-nodes", type=int, help="torchrun --nnodes MIN (default 1)")
+    up.add_argument("--max-nodes", type=int, help="torchrun --nnodes :MAX (default --nodes)")
+    up.add_argument("--nproc-per-node", type=int, help="workers per node (default 2)")
+    up.add_argument("--max-restarts", type=int, help="torchrun --max-restarts, per agent (default 3)")
+    up.add_argument("--monitor-interval", type=float, help="torchrun --monitor-interval in seconds (default torch's)")
+    up.add_argument(
+        "--rdzv-backend",
+        help=f"one of {', '.join(RDZV_BACKENDS)} (default etcd-v2; c10d uses node0 as "
+        "the endpoint; etcd-v3 is rendezvous-etcd-v3/, on an etcd without the v2 API)",
+    )
+    up.add_argument(
+        "--etcd-version",
+        help="the etcd server: 3.4 (with the v2 API torch's etcd backends need) or 3.5 "
+        "(without it); default 3.5 for etcd-v3, else 3.4",
+    )
+    up.add_argument("--rdzv-conf", help="torchrun --rdzv-conf, passed unchanged: k=v,k2=v2")
+    up.add_argument("--script", help="a torchrun training script on this machine (default: the shipped trainer)")
+    up.add_argument(
+        "--env",
+        action="append",
+        metavar="KEY=VALUE",
+        help="extra environment for every node's agent and workers (repeatable)",
+    )
+    up.add_argument("--gpus", help="GPUs per node: none, all or a number (default none)")
+    up.add_argument("--memory", help="each node's memory limit, e.g. 2g (no swap; the oom-worker fault needs none)")
+    up.add_argument("--ckpt-size", help="make /ckpt a shared tmpfs of this size, e.g. 64m (a disk fill-disk can fill)")
+    up.add_argument(
+        "--no-instrument",
+        dest="instrument",
+        action="store_false",
+        help="no optimizer-step and collective hooks in the workers (they record progress of any script)",
+    )
+    up.add_argument(
+        "--progress-regex",
+        metavar="REGEX",
+        help=r"read step and loss from the script's own log lines, e.g. 'step (?P<step>\d+) loss (?P<loss>[\d.]+)'",
+    )
+    up.add_argument(
+        "--engine",
+        choices=ENGINES,
+        help="compose (default: this machine) or swarm (a Swarm stack; made here if the engine is in none)",
+    )
+    up.add_argument(
+        "--placement",
+        choices=["spread", "packed"],
+        default="spread",
+        help="swarm: node i on host i mod H (spread, default) or hosts filled in order (packed)",
+    )
+    up.add_argument("--ckpt-nfs", metavar="SERVER:/EXPORT", help="swarm: the checkpoint volume on NFS (many hosts)")
+    up.add_argument("--name", default=DEFAULT_NAME, help=f"cluster name (default {DEFAULT_NAME})")
+    up.add_argument("--detach", action="store_true", help="return once training has started instead of following it")
+    up.add_argument(
+        "--verbose",
+        action="store_true",
+        help="follow the raw container logs (torch's INFO stream, every script line) instead of the compact view",
+    )
+    up.add_argument("--keep", action="store_true", help="keep a failed cluster for debugging instead of removing it")
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=cluster_mod.DEFAULT_START_TIMEOUT,
+        help="seconds to wait for the first training step (default 300)",
+    )
+
+    down = sub.add_parser("down", help="remove a cluster (containers, network, volumes), keeping its logs")
+    _cluster_name(down, default=None)
+    down.add_argument("--all", action="store_true", help="remove every elastic-sim cluster")
+
+    sub.add_parser("ls", help="list clusters")
+
+    status = sub.add_parser("status", help="per node: container, agent, workers, round, world size, restarts, step")
+    _cluster_name(status, default=DEFAULT_NAME)
+    status.add_argument("--watch", action="store_true", help="refresh every 2 s until Ctrl-C")
+
+    report = sub.add_parser("report", help="check a run's history: verdict, recovery times, timeline picture")
+    report.add_argument("run", nargs="?", help="a run folder, run name, or cluster name (default: the newest run)")
+    report.add_argument("--name", dest="name_flag", metavar="NAME", help="the newest run of this cluster")
+    report.add_argument(
+        "--expect",
+        choices=["recovers", "fails", "hangs"],
+        help="the outcome the run should have (default: its scenario's, else recovers)",
+    )
+
+    logs = sub.add_parser("logs", help="container logs, prefixed and colored per node (docker compose logs)")
+    logs.add_argument("node", nargs="?", help="one node (default all)")
+    logs.add_argument("-f", "--follow", action="store_true")
+    logs.add_argument("--name", default=DEFAULT_NAME)
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="check Docker, Compose v2, images, kernel features for faults, GPU runtime, "
+        "and the privilege audit of a rendered (or a running) cluster",
+    )
+    _cluster_name(doctor, default=None, help="also audit this running cluster's containers")
+    sub.add_parser("build", help="build the node and etcd images (cached by content)")
+    swarm = sub.add_parser("swarm", help="the engines of a multi-host swarm's hosts (add-host, remove-host, hosts)")
+    swarm_sub = swarm.add_subparsers(dest="swarm_command", metavar="SUBCOMMAND", parser_class=_Parser)
+    swarm_sub.required = True
+    add_host = swarm_sub.add_parser("add-host", help="register a swarm host's engine (as `docker node ls` names it)")
+    add_host.add_argument("host")
+    add_host.add_argument("--docker-host", metavar="ADDRESS", help="ssh://USER@HOST, tcp://HOST:2376 or unix:///PATH")
+    add_host.add_argument("--context", help="a Docker context instead of an address (`docker context ls`)")
+    add_host.add_argument("--tls-ca", metavar="FILE", help="tcp://: the CA that signed the engine's certificate")
+    add_host.add_argument("--tls-cert", metavar="FILE", help="tcp://: this client's certificate")
+    add_host.add_argument("--tls-key", metavar="FILE", help="tcp://: this client's key")
+    add_host.add_argument("--no-check", action="store_true", help="register without asking the engine its version")
+    swarm_sub.add_parser("remove-host", help="forget a swarm host's engine").add_argument("host")
+    swarm_sub.add_parser("hosts", help="each swarm host and the engine sim reaches it by")
+    from chaos.cli import register as register_faults
+
+    COMMANDS.update(register_faults(sub))
+    return parser
+
+
+def _cluster_name(parser: argparse.ArgumentParser, *, default: str | None, help: str | None = None) -> None:
+    """A command that names one cluster takes it as every command does, `--name NAME`, or as its one word."""
+    text = help or f"cluster name (default {DEFAULT_NAME})"
+    parser.add_argument("name", nargs="?", default=None, help=text)
+    parser.add_argument("--name", dest="name_flag", metavar="NAME", help=text)
+    parser.set_defaults(name_default=default)
+
+
+def _resolve_cluster_name(args: argparse.Namespace) -> None:
+    """`sim status h2` and `sim status --name h2` are one command; two different names are refused."""
+    flag = getattr(args, "name_flag", None)
+    field = "run" if args.command == "report" else "name"
+    given = getattr(args, field, None)
+    if flag is not None and given is not None and flag != given:
+        raise UsageError(f"cluster name given twice ({given!r} and --name {flag!r}); give it once")
+    value = flag if flag is not None else given
+    if value is None and field == "name":
+        value = getattr(args, "name_default", None)
+    setattr(args, field, value)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after `--` belongs to the training script, untouched.
+    script_args: list[str] | None = None
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1 :]
+    args = build_parser().parse_args(argv)
+    if script_args is not None and args.command != "up":
+        print(f"sim {args.command}: error: arguments after `--` are only for `sim up`", file=sys.stderr)
+        return 2
+    try:
+        if hasattr(args, "name_flag"):
+            _resolve_cluster_name(args)
+        check_environment(os.environ)
+        return COMMANDS[args.command](args, script_args)
+    except SimError as error:
+        print(f"sim {args.command}: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print(f"sim {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `sim report | head`: the reader left; that is not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _docker() -> Docker:
+    return Docker()
+
+
+# What the environment may say, checked before any command acts (docker-py reads DOCKER_HOST itself,
+# but its error for a malformed one blames the engine).
+_IMAGE_REF = re.compile(
+    r"^[a-z0-9][a-z0-9._/-]*(:[0-9]+/[a-z0-9._/-]+)?(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(@sha256:[0-9a-f]{64})?$"
+)
+_ENVIRONMENT_FORMATS = {  # variable: (pattern, what it must be, an example)
+    "SIM_BASE_IMAGE": (_IMAGE_REF, "an image reference", "debian-python:bookworm"),
+    "SIM_DEBIAN_SUITE": (re.compile(r"^[a-z][a-z0-9-]*$"), "a Debian suite name", "bookworm"),
+    "SIM_DEBIAN_MIRROR": (re.compile(r"^(https?|file|ftp)://\S+$"), "a mirror URL", "http://deb.debian.org/debian"),
+    "SIM_SESSION": (re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"), "a label value", "pytest-1a2b"),
+    "DOCKER_HOST": (re.compile(r"^(unix|tcp|ssh|npipe|fd|https?)://\S*$"), "a URL", "unix:///var/run/docker.sock"),
+}
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse a malformed setting of the environment, naming the variable and the fix, before anything acts."""
+    for variable, (pattern, what, example) in _ENVIRONMENT_FORMATS.items():
+        value = environ.get(variable)
+        if value and not pattern.fullmatch(value):
+            raise UsageError(f"{variable} {value!r}: not {what}; set it to {what} such as {example}, or unset it")
+    for variable, folder in (("SIM_HOME", state_home()), ("SIM_CACHE", cache_home())):
+        # The first part of the path that exists must be a folder: `mkdir -p` goes on from there.
+        existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("/"))
+        if not existing.is_dir():
+            raise UsageError(
+                f"{variable} '{folder}': {existing} is a file, not a folder; point {variable} at a folder, or unset it"
+            )
+
+
+def check_start_timeout(seconds: float) -> None:
+    if not 0 < seconds < math.inf:
+        raise UsageError(
+            f"--timeout {seconds:g}: must be a finite number of seconds above zero; "
+            f"use e.g. --timeout {cluster_mod.DEFAULT_START_TIMEOUT:g}"
+        )
+
+
+def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
+    spec = spec_from_options(vars(args), script_args)
+    check_start_timeout(args.timeout)  # nothing is made before every input is checked
+    if spec.engine != "swarm" and (args.ckpt_nfs or args.placement != "spread"):
+        raise UsageError("--placement and --ckpt-nfs place nodes on Swarm hosts; add --engine swarm or drop them")
+    docker = _docker()
+    if spec.engine == "swarm":
+        from sim.engines.swarm import up as swarm_up
+
+        cluster = swarm_up(
+            spec, docker, placement=args.placement, ckpt_nfs=args.ckpt_nfs, keep=args.keep, timeout=args.timeout
+        )
+    else:
+        cluster = cluster_mod.up(spec, docker, keep=args.keep, timeout=args.timeout)
+        cluster.release()  # the user's now: `up` ending is not a leak
+    name = spec.name
+    flag = "" if name == DEFAULT_NAME else f" {name}"
+    print(
+        f"cluster '{name}' is training: {spec.nodes} nodes x {spec.nproc_per_node} workers, "
+        f"{spec.rdzv_backend} rendezvous{f' on etcd {spec.etcd_server_version}' if spec.uses_etcd else ''}, "
+        f"nnodes {spec.min_nodes}:{spec.max_nodes}"
+    )
+    print(f"  compose file: {cluster.compose_file}")
+    print(
+        f"  logs:         `python -m sim logs{' --name ' + name if flag else ''} -f`; "
+        f"saved to {cluster.run_dir}/logs on down"
+    )
+    print(
+        f"  next:         python -m sim status{flag}   |   docker compose -p {name} ps   |   python -m sim down{flag}"
+    )
+    if args.detach:
+        return 0
+    from sim.cli.logs import follow_job
+    from sim.verdict.runreport import report_run
+
+    print("following the job until it ends (Ctrl-C stops following; the cluster keeps running)", flush=True)
+    try:
+        print(follow_job(cluster, verbose=args.verbose), flush=True)
+    except KeyboardInterrupt:
+        print(f"\nstopped following; cluster '{name}' is still running (`python -m sim down{flag}` removes it)")
+        return 0
+    except DockerUnavailableError as error:
+        raise DockerUnavailableError(
+            f"{error}. The engine stopped under the run, and cluster '{name}' with it; once the engine is back, "
+            f"`python -m sim report {cluster.run_dir}` shows what was recorded and `python -m sim down{flag}` "
+            "removes what is left"
+        ) from None
+    verdict, summary = report_run(cluster.run_dir)
+    print(summary)
+    print(f"the stopped cluster stays for `sim report` and `sim logs`; `python -m sim down{flag}` removes it")
+    return 0 if verdict.valid else 1
+
+
+def cmd_down(args: argparse.Namespace, _: list[str] | None) -> int:
+    docker = _docker()
+    docker.ping()
+    if args.all and args.name:
+        raise UsageError("down: give a cluster name or --all, not both")
+    names = cluster_mod.list_clusters(docker) if args.all else [args.name or DEFAULT_NAME]
+    from sim.engines import swarm
+
+    for name in names:
+        provider = swarm.provider_for(name, docker)
+        cluster = cluster_mod.Cluster(name, provider)
+        if not cluster.exists() and provider is docker:
+            if args.all:
+                continue
+            raise UsageError(f"cluster '{name}': not found; `python -m sim ls` lists clusters")
+        logs_at = cluster.run_dir / "logs"
+        removed = swarm.down(cluster)
+        print(
+            f"removed cluster '{name}': {removed['containers']} containers, {removed['networks']} networks, "
+            f"{removed['volumes']} volumes; logs kept in {logs_at}"
+        )
+    if args.all and not names:
+        print("no clusters")
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace, _: list[str] | None) -> int:
+    docker = _docker()
+    docker.ping()
+    names = cluster_mod.list_clusters(docker)
+    if not names:
+        print("no clusters (start one with `python -m sim up --nodes 4`)")
+        return 0
+    print(f"{'NAME':<24} {'NODES':<14} {'ETCD':<10} {'RUN':<22} NOTE")
+    leftovers = []
+    for name in names:
+        cluster = cluster_mod.Cluster(name, docker)
+        infos = cluster.containers()
+        nodes = [c for c in infos if c.role == "node"]
+        running = sum(c.state == "running" for c in nodes)
+        etcd = next((c.state for c in infos if c.role == "etcd"), "-")
+        run_id = next((c.run_id for c in infos if c.run_id), None) or cluster.run_id  # labels first: the truth
+        reason = cluster.leftover_reason(infos)
+        if reason:
+            leftovers.append(name)
+        note = f"leftover? {reason}" if reason else ""
+        print(f"{name:<24} {f'{running}/{len(nodes)} running':<14} {etcd:<10} {run_id or '-':<22} {note}".rstrip())
+    if leftovers:
+        print(
+            f"{len(leftovers)} look left behind; remove with `python -m sim down {leftovers[0]}` "
+            "(each by name; `python -m sim down --all` removes every cluster)"
+        )
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
+    from sim.cli.status import StatusWatch, cluster_status, format_status
+    from sim.engines.swarm import provider_for
+
+    docker = _docker()
+    docker.ping()
+    cluster = cluster_mod.Cluster(args.name, provider_for(args.name, docker))  # a swarm's tasks on every host
+    if not cluster.containers():
+        raise UsageError(f"cluster '{args.name}': not found; `python -m sim ls` lists clusters")
+    if not args.watch:
+        print(format_status(cluster_status(cluster)))
+        return 0
+    try:
+        wait_for(StatusWatch(cluster), timeout=None, interval=2.0)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_report(args: argparse.Namespace, _: list[str] | None) -> int:
+    from sim.verdict.runreport import report_run, resolve_run_dir
+
+    run_dir = resolve_run_dir(args.run)
+    up, total = _nodes_up(run_dir)
+    if up:
+        print(f"run {run_dir.name} is still running ({up} of {total} nodes up); the verdict below is provisional")
+    verdict, summary = report_run(run_dir, expected=args.expect, live=bool(up))
+    print(summary)
+    return 0 if verdict.valid else 1
+
+
+def _nodes_up(run_dir) -> tuple[int, int]:
+    """(node containers up, node containers) of a run that has not ended; (0, 0) once it has."""
+    from sim.cli.logs import live_run, nodes_up
+    from sim.core.history import FILE_NAME, History
+
+    live = live_run(History(run_dir / FILE_NAME).records())
+    if live is None:
+        return 0, 0
+    cluster, run_id = live
+    try:
+        return nodes_up(cluster_mod.Cluster(cluster, _docker()).containers(), run_id)
+    except SimError:  # no Docker engine here: none of the run's containers can be running
+        return 0, 0
+
+
+def cmd_logs(args: argparse.Namespace, _: list[str] | None) -> int:
+    from sim.engines.swarm import provider_for
+
+    docker = _docker()
+    docker.ping()
+    docker = provider_for(args.name, docker)
+    cluster = cluster_mod.Cluster(args.name, docker)
+    if not cluster.containers():
+        raise UsageError(f"cluster '{args.name}': not found; `python -m sim ls` lists clusters")
+    if args.node:
+        cluster.container(args.node)  # a clear error for an unknown node
+    compose_file = cluster.compose_file if cluster.compose_file.exists() else None
+    options = (["-f"] if args.follow else []) + ([args.node] if args.node else [])
+    return docker.compose_process(args.name, compose_file, "logs", *options).wait()
+
+
+def cmd_doctor(args: argparse.Namespace, _: list[str] | None) -> int:
+    from sim.cli.doctor import format_report, rendered_audit, run_checks, running_audit
+
+    docker = _docker()
+    checks = run_checks(docker) + rendered_audit() + (running_audit(docker, args.name) if args.name else [])
+    print(format_report(checks))
+    return 0 if all(c.ok or not c.required for c in checks) else 1
+
+
+def cmd_build(args: argparse.Namespace, _: list[str] | None) -> int:
+    from sim.engines.images import ImageBuilder
+
+    docker = _docker()
+    docker.ping()
+    result = ImageBuilder(docker).ensure()
+    for field, tag in vars(result.images).items():
+        print(f"{field:<8} {tag}{'  (built)' if field in result.built else ''}")
+    return 0
+
+
+def cmd_swarm(args: argparse.Namespace, _: list[str] | None) -> int:
+    from sim.engines import swarm, swarm_hosts
+
+    if args.swarm_command == "add-host":
+        tls = (args.tls_ca, args.tls_cert, args.tls_key)
+        engine = swarm_hosts.HostEngine(args.host, args.docker_host, args.context, *tls)
+        version = "" if args.no_check else f" (engine {swarm_hosts.HostDocker(engine).ping()})"
+        done = "replaced" if swarm_hosts.register(engine) else "registered"
+        print(f"{done} swarm host '{engine.host}': {engine.address}{version}")
+    elif args.swarm_command == "remove-host":
+        engine = swarm_hosts.unregister(args.host)
+        print(f"removed swarm host '{engine.host}' ({engine.address})")
+    else:
+        docker = _docker()
+        docker.ping()
+        print("\n".join(swarm.hosts_table(docker)))
+    return 0
+
+
+COMMANDS = {
+    "swarm": cmd_swarm,
+    "up": cmd_up,
+    "down": cmd_down,
+    "ls": cmd_ls,
+    "status": cmd_status,
+    "report": cmd_report,
+    "logs": cmd_logs,
+    "doctor": cmd_doctor,
+    "build": cmd_build,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

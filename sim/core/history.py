@@ -1,0 +1,390 @@
+"""The run's history: one append-only JSONL file, one clock (wall time), typed records.
+
+Like Jepsen's history, it is data: every fault is an operation recorded as `invoke` then
+`ok`/`fail`/`info`; the trainer, the torchrun agents, Docker and the workers' instrumentation add
+their events. Checkers read it; nothing rewrites it.
+
+Every line is one record of six types (run, fault, docker, agent, trainer, worker): a frozen
+class each, built by the one parser, `parse_record`. Typed fields are attributes; keys the schema
+does not name stay readable in `extra` (a newer writer's fields), and every record also reads as
+the mapping it was written as (`record["t"]`, `record.get("node")`; a None field reads as absent).
+The run start record carries the schema version; a history without one is version 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import threading
+import time
+import types
+import typing
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import ClassVar
+
+from sim.core.errors import HistoryError
+
+FILE_NAME = "history.jsonl"
+SCHEMA_VERSION = 1
+# Bounds no real record comes near: a corrupt or hostile line beyond them is skipped, so no checker
+# meets a step of 10**400 (overflow) or a world size of 10**30 (a range it would build).
+MAX_WHOLE_NUMBER = 10**12
+MAX_TIME = 1e11  # unix seconds (the year 5138): a clock further ahead is broken
+FAULT_PHASES = ("invoke", "ok", "fail", "info")
+# What the node image's instrumentation writes through the side channel (sim/core/sidechannel.py).
+# "imported" (torch imported), "pg_ready" (init_process_group returned) and "load" (checkpoint
+# loads so far) time a start's way to its first step; histories before them lack them. "save" is one
+# checkpoint written to a named file (torch.save, torch.distributed.checkpoint's save) by any script.
+WORKER_EVENTS = ("start", "step", "activity", "progress", "exit", "imported", "pg_ready", "load", "save")
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class Record(Mapping):
+    """One history line. Equal to another record, or to a dict, with the same keys and values."""
+
+    TYPE: ClassVar[str] = ""
+    t: float
+    extra: Mapping = dataclasses.field(default_factory=dict, repr=False)  # keys this schema does not name
+
+    @classmethod
+    @functools.cache
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra")
+
+    # The mapping view: the keys as written, for readers that take a record as a dict.
+    def __getitem__(self, key: str):
+        if key == "type":
+            return self.TYPE
+        if key in self.field_names():
+            value = getattr(self, key)
+            if value is None:
+                raise KeyError(key)
+            return value
+        return self.extra[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield "t"
+        yield "type"
+        yield from (name for name in self.field_names()[1:] if getattr(self, name) is not None)
+        yield from self.extra
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class RunRecord(Record):
+    """The run itself: "start" (what ran), "scenario" (a chaos run's plan), "step_not_fired", "engine_lost"
+    (the collector found the Docker engine gone: `why`), "end"."""
+
+    TYPE: ClassVar[str] = "run"
+    event: str
+    schema: int | None = None  # start only: the history's schema version
+    cluster: str | None = None
+    run_id: str | None = None
+    spec: dict | None = None  # ClusterSpec's fields
+    profile: str | None = None
+    target_steps: int | None = None
+    ckpt_interval: int | None = None
+    scenario: str | None = None
+    backend: str | None = None
+    seed: int | None = None
+    expected: str | None = None
+    checkers: tuple[str, ...] | None = None
+    why: str | None = None
+
+    @property
+    def spec_fields(self) -> dict:
+        return self.spec or {}
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class FaultRecord(Record):
+    """One phase of a fault operation (chaos/nemesis.py's invoke)."""
+
+    TYPE: ClassVar[str] = "fault"
+    op: str
+    fault: str
+    phase: str  # FAULT_PHASES
+    target: str | None = None
+    args: dict | None = None  # invoke
+    result: dict | None = None  # ok
+    error: str | None = None  # fail, info
+
+    @property
+    def node(self) -> str | None:
+        """The node the fault resolved its target to ("random" -> node1), where it says."""
+        return (self.result or {}).get("node")
+
+    @property
+    def where(self) -> str | None:
+        """The node it acted on, else its target."""
+        return self.node or self.target
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class DockerRecord(Record):
+    TYPE: ClassVar[str] = "docker"
+    action: str  # create, start, die, kill, stop, pause, unpause, oom, destroy, network_connect, ...
+    node: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class AgentRecord(Record):
+    """What a torchrun agent said in its log (sim/core/agentlog.py names the events)."""
+
+    TYPE: ClassVar[str] = "agent"
+    event: str
+    node: str | None = None
+    round: int | None = None
+    group_rank: int | None = None
+    nodes: int | None = None
+    restart_count: int | None = None
+    group_world_size: int | None = None
+    global_world_size: int | None = None
+    master_addr: str | None = None
+    attempts_left: int | None = None
+    max_restarts: int | None = None
+    local_rank: int | None = None
+    exitcode: int | None = None
+    pid: int | None = None
+    count: int | None = None
+    kind: str | None = None
+    name: str | None = None
+    message: str | None = None
+    signal: int | None = None
+
+    def restarts_used(self, max_restarts: int | None = None) -> int | None:
+        """For a "group_failed" ("Worker group FAILED. k/m attempts left"): the restarts this agent
+        has used once it acts on it. With k > 0 it restarts (number m-k+1); at 0 it gives up, m used.
+        `max_restarts` stands in where the line gave no m."""
+        most = self.max_restarts if self.max_restarts is not None else max_restarts
+        if self.event != "group_failed" or self.attempts_left is None or most is None:
+            return None
+        return most - self.attempts_left + 1 if self.attempts_left > 0 else most
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class _WorkerFacts(Record):
+    """What trainer lines and instrumentation records share: who wrote it."""
+
+    node: str | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    restart: int | None = None  # TORCHELASTIC_RESTART_COUNT
+    pid: int | None = None
+    run_id: str | None = None
+    step: int | None = None
+    loss: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class TrainerRecord(_WorkerFacts):
+    """A JSON line of the shipped trainer (trainer/train.py)."""
+
+    TYPE: ClassVar[str] = "trainer"
+    kind: str  # start, progress, checkpoint, summary, warning
+    epoch: int | None = None
+    resumed_from: int | None = None
+    ckpt_world_size: int | None = None
+    backend: str | None = None
+    path: str | None = None
+    final_step: int | None = None
+    elapsed: float | None = None
+    steps_run_this_start: int | None = None
+    message: str | None = None
+    # start: when `import torch` finished, the process group was ready and the checkpoint load began
+    # (wall clock; the start line ends the load)
+    t_imported: float | None = None
+    t_pg_ready: float | None = None
+    t_ckpt_began: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class WorkerRecord(_WorkerFacts):
+    """The node image's instrumentation, through the side channel (sim/core/sidechannel.py)."""
+
+    TYPE: ClassVar[str] = "worker"
+    event: str  # WORKER_EVENTS
+    n: int | None = None  # step: optimizer steps this process took
+    collectives: int | None = None
+    op: str | None = None
+    source: str | None = None  # progress: "api" | "log" (a log line: no rank)
+    code: int | None = None  # exit
+    seconds: float | None = None  # pg_ready: the init call's duration; load: all loads' so far; save: its own
+    path: str | None = None  # load: the last file loaded; save: the file (or DCP directory) written
+    began: float | None = None  # save: when it began (the record's time is when it returned)
+
+
+RECORD_TYPES: dict[str, type[Record]] = {
+    kind.TYPE: kind for kind in (RunRecord, FaultRecord, DockerRecord, AgentRecord, TrainerRecord, WorkerRecord)
+}
+
+
+def parse_record(data: Mapping) -> Record:
+    """The one way a history line becomes a record; HistoryError when it does not follow the schema."""
+    if isinstance(data, Record):
+        return data
+    if not isinstance(data, Mapping):
+        raise HistoryError(f"history line {str(data)[:80]!r}: not a JSON object; write one object per line")
+    kind = RECORD_TYPES.get(data.get("type"))  # type: ignore[arg-type]
+    if kind is None:
+        raise HistoryError(
+            f"history record {_brief(data)}: unknown type {data.get('type')!r}; use one of {', '.join(RECORD_TYPES)}"
+        )
+    values: dict = {"extra": {k: v for k, v in data.items() if k != "type" and k not in kind.field_names()}}
+    for name, (accepted, required) in _field_kinds(kind).items():
+        value = data.get(name)
+        if value is None:
+            if required:
+                raise HistoryError(f"history record {_brief(data)}: no {name!r}; every {kind.TYPE} record needs one")
+            continue
+        if tuple in accepted and isinstance(value, list):
+            value = tuple(value)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_WHOLE_NUMBER:
+            raise HistoryError(
+                f"history record {_brief(data)}: {name} is a {value.bit_length()}-bit number, beyond any real value"
+            )
+        if not isinstance(value, accepted) or isinstance(value, bool):
+            raise HistoryError(
+                f"history record {_brief(data)}: {name} {value!r} is not "
+                f"{' or '.join(a.__name__ for a in accepted)}; "
+                "write it as the schema in sim/core/history.py says"
+            )
+        values[name] = value
+    if not 0 <= values["t"] <= MAX_TIME:  # NaN fails too
+        raise HistoryError(f"history record {_brief(data)}: time {values['t']!r} is not a wall-clock time")
+    if kind is FaultRecord and values["phase"] not in FAULT_PHASES:
+        raise HistoryError(
+            f"history record {_brief(data)}: phase {values['phase']!r}; use one of {', '.join(FAULT_PHASES)}"
+        )
+    if kind is WorkerRecord and values["event"] not in WORKER_EVENTS:
+        raise HistoryError(
+            f"history record {_brief(data)}: worker event {values['event']!r}; use one of {', '.join(WORKER_EVENTS)}"
+        )
+    if kind is RunRecord and values["event"] == "start":
+        values.setdefault("schema", SCHEMA_VERSION)  # written before the version existed: version 1
+    return kind(**values)
+
+
+def as_records(history: Iterable[Mapping]) -> list[Record]:
+    """Records as given, dicts (a hand-written history) parsed."""
+    return [parse_record(r) for r in history]
+
+
+@functools.cache
+def _field_kinds(kind: type[Record]) -> dict[str, tuple[tuple[type, ...], bool]]:
+    """Field name -> (accepted Python types, required), from the class's annotations."""
+    hints = typing.get_type_hints(kind)
+    kinds = {}
+    for field in dataclasses.fields(kind):
+        if field.name == "extra":
+            continue
+        hint = hints[field.name]
+        args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        accepted = tuple(typing.get_origin(a) or a for a in args if a is not type(None))
+        if float in accepted:
+            accepted += (int,)  # JSON writes 2.0 as 2
+        required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        kinds[field.name] = (accepted, required)
+    return kinds
+
+
+def _brief(data: Mapping) -> str:
+    return f"{data.get('type')!r} at t={data.get('t')!r}"
+
+
+def _parse_line(line: bytes | str) -> Record | None:
+    """A line's record; None for a blank line; HistoryError for a line that is not a record."""
+    if not line.strip():
+        return None
+    try:
+        data = json.loads(line)
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested thousands deep
+        raise HistoryError(f"history line {line[:80]!r}: not JSON (a torn write?)") from None
+    return parse_record(data)
+
+
+@dataclasses.dataclass(frozen=True)
+class HistoryContents:
+    records: tuple[Record, ...]  # in file order
+    skipped_lines: int  # lines that were not a record (a torn write, the half-written last line of a live run)
+
+
+class History:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    def append(self, record: Mapping) -> Record:
+        """Write one record (a dict or a Record), stamped with the time now unless it has one.
+        It goes through the parser first: an off-schema record raises HistoryError, unwritten."""
+        data = {"t": time.time(), **record}
+        if data.get("type") == "run" and data.get("event") == "start":
+            data.setdefault("schema", SCHEMA_VERSION)
+        parsed = parse_record(data)
+        line = json.dumps(data, sort_keys=False, default=str) + "\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            # O_APPEND: concurrent writers (two CLI calls) never interleave a line.
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        return parsed
+
+    def read(self) -> HistoryContents:
+        """Every whole record, and how many lines were not one: the checkers judge what was recorded."""
+        if not self.path.exists():
+            return HistoryContents((), 0)
+        records, skipped = [], 0
+        for line in self.path.read_text(errors="replace").splitlines():
+            try:
+                record = _parse_line(line)
+            except HistoryError:
+                skipped += 1
+                continue
+            if record is not None:
+                records.append(record)
+        return HistoryContents(tuple(records), skipped)
+
+    def records(self) -> Iterator[Record]:
+        return iter(self.read().records)
+
+
+class HistoryTail:
+    """Reads only what was appended since the last poll (the file grows by many
+    lines a second during training; re-reading it whole would not scale)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._offset = 0
+        self._partial = b""
+        self.skipped_lines = 0  # whole lines that were not a record
+
+    def poll(self) -> list[Record]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()  # an unfinished last line waits for the next poll
+        records = []
+        for line in lines:
+            try:
+                record = _parse_line(line)
+            except HistoryError:
+                self.skipped_lines += 1
+                continue
+            if record is not None:
+                records.append(record)
+        return records

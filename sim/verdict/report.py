@@ -1,0 +1,384 @@
+"""The report of a run: a terminal summary, report.json, and the timeline picture in a PNG and an HTML page.
+
+Everything here is a pure function of the run model (sim/verdict/runmodel.py) and the Verdict the checkers
+computed from it. The timeline is data from sim/verdict/timeline.py, drawn by sim/verdict/plot.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from sim.core.nodes import node_order
+from sim.verdict import EXPECTED_WORDS, CheckResult, Verdict
+from sim.verdict.diagnose import Diagnosis, format_diagnoses
+from sim.verdict.plot import draw_timeline
+from sim.verdict.recovery import RecoveryPhases, recoveries
+from sim.verdict.runmodel import STEP_SOURCE_WORDS, RunModel
+from sim.verdict.timeline import build_timeline, job_end_after_faults, run_origin
+
+RESTARTS_NOTE = "torch counts restarts per agent"
+PROFILE_WORDS = {"torch-defaults": "torch defaults"}
+
+
+class ReportFiles(NamedTuple):
+    """The files write_report writes, in one folder (report.json's "files" names them by these fields)."""
+
+    json: Path
+    png: Path
+    html: Path
+
+    @classmethod
+    def in_folder(cls, folder: Path) -> ReportFiles:
+        return cls(json=folder / "report.json", png=folder / "timeline.png", html=folder / "timeline.html")
+
+
+def write_report(
+    run: RunModel,
+    verdict: Verdict,
+    out_dir: Path,
+    *,
+    title: str,
+    profile: str | None,
+    diagnoses: Sequence[Diagnosis] = (),
+) -> ReportFiles:
+    """Write report.json, timeline.png and timeline.html into out_dir."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = ReportFiles.in_folder(out_dir)
+    draw_timeline(
+        build_timeline(run, verdict), files.png, title=title, verdict=verdict, profile=profile_label(profile, run)
+    )
+    data = report_data(verdict, run, title=title, profile=profile, files=files, diagnoses=diagnoses)
+    files.json.write_text(json.dumps(data, indent=2, default=_json_default) + "\n", encoding="utf-8")
+    files.html.write_text(render_html(data, files.png.read_bytes()), encoding="utf-8")
+    return files
+
+
+def profile_label(profile: str | None, run: RunModel) -> str:
+    """ "fast", "torch defaults", ...: the given profile, else the run start record's."""
+    if profile is None and run.start is not None:
+        profile = run.start.profile
+    return PROFILE_WORDS.get(profile, profile) if profile else "unknown"
+
+
+# ---------------------------------------------------------------- summary, JSON, HTML
+
+
+def report_data(
+    verdict: Verdict,
+    run: RunModel,
+    *,
+    title: str,
+    profile: str | None,
+    files: ReportFiles | None = None,
+    diagnoses: Sequence[Diagnosis] = (),
+) -> dict:
+    """The figures of the report as plain data (what report.json holds)."""
+    origin = run_origin(run)
+    phases = {r.fault.op: r.phases for r in recoveries(run)}
+    return {
+        "title": title,
+        "verdict": "PASS" if verdict.valid else "FAIL",
+        "valid": verdict.valid,
+        "expected": verdict.expected,
+        "profile": profile_label(profile, run),
+        "run": {"start": origin, "duration_s": None if origin is None else round(run.all_records[-1].t - origin, 3)},
+        "checks": [dataclasses.asdict(result) for result in verdict.results],
+        "recoveries": [
+            {
+                **dataclasses.asdict(r),
+                "since_start_s": _since(r.t_fault, origin, verdict),
+                "phases": phases.get(r.op, RecoveryPhases()).as_dict(),
+            }
+            for r in verdict.recoveries
+        ],
+        "job_end": job_end_after_faults(verdict, run),
+        "restarts_per_node": dict(verdict.restarts_per_node),
+        "restarts_note": RESTARTS_NOTE,
+        "rounds": verdict.rounds,
+        "training": {
+            "step_source": run.step_source,
+            "seen_through": STEP_SOURCE_WORDS[run.step_source],
+            "highest_step": run.highest_step if run.steps_known else None,
+            "step_efficiency": _step_efficiency(verdict),
+            "zombie_records": len(run.zombies),
+            "not_measured": [r.name for r in verdict.results if not r.measured],
+        },
+        "diagnoses": [dataclasses.asdict(d) for d in diagnoses],
+        "history": {"skipped_lines": run.skipped_lines},  # lines that were not a record (torn writes)
+        "files": {} if files is None else {kind: str(path) for kind, path in files._asdict().items()},
+    }
+
+
+def _step_efficiency(verdict: Verdict) -> float | None:
+    progress = verdict.result("progress")
+    return progress.metrics.get("step_efficiency") if progress is not None else None
+
+
+def _since(t: float, origin: float | None, verdict: Verdict) -> float:
+    """Seconds since the run start; without a history, since the first fault."""
+    if origin is None:
+        origin = min(r.t_fault for r in verdict.recoveries)
+    return round(t - origin, 3)
+
+
+def _json_default(value):
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return str(value)  # Paths, enums, ...: their text is what a reader wants
+
+
+def _seconds(value: float | None, never: str = "never") -> str:
+    return never if value is None else f"{value:.1f} s"
+
+
+def _world_change(before: int | None, after: int | None) -> str:
+    return f"{'?' if before is None else before} → {'?' if after is None else after}"
+
+
+def _check_row(result: CheckResult) -> list[str]:
+    return [result.name, _result_word(result), str(result.reasons[0]) if result.reasons else ""]
+
+
+def _result_word(result: CheckResult) -> str:
+    """ok, FAIL, or n/a: not measurable on this run (the reason says how to enable it)."""
+    if not result.measured:
+        return "n/a"
+    return "ok" if result.valid else "FAIL"
+
+
+def _fault_row(recovery: dict, never: str = "never") -> list[str]:
+    """One row of the faults table, from a recovery as report_data gives it."""
+    steps_lost = recovery["steps_lost"]
+    after = recovery["throughput_after"]
+    if recovery.get("degraded") and after is None:
+        after = recovery.get("throughput_during")  # never healed: the rate it left training at
+    return [
+        f"+{recovery['since_start_s']:.1f} s",
+        recovery["fault"],
+        recovery["target"] or "-",
+        "no restart" if recovery.get("degraded") else _seconds(recovery["recovery_s"], never),
+        "-" if steps_lost is None else str(steps_lost),
+        _world_change(recovery["world_before"], recovery["world_after"]),
+        _rate_change(recovery["throughput_before"], after),
+        *_phase_cells(recovery),
+    ]
+
+
+def _phase_cells(recovery: dict) -> list[str]:
+    """Where the recovery went, "0.1/2.2/3.0/0.8/0.4/0.9" ("?": not in the history), and the rendezvous'
+    share of the recovery time; "-" where no phase is known."""
+    phases = recovery.get("phases") or {}
+    if not any(phases.get(key) is not None for key in PHASE_NAMES):
+        return ["-", "-"]
+    total, rendezvous = recovery["recovery_s"], phases.get("rendezvous_s")
+    share = f"{rendezvous / total:.0%}" if rendezvous is not None and total else "-"
+    return ["/".join("?" if phases.get(key) is None else f"{phases[key]:.1f}" for key in PHASE_NAMES), share]
+
+
+def _training_words(training: dict) -> str:
+    words = [training["seen_through"]]
+    if training["highest_step"] is not None:
+        words.append(f"highest step {training['highest_step']}")
+    if training["step_efficiency"] is not None:
+        words.append(f"step efficiency {training['step_efficiency']:.0%} (steps kept / steps run)")
+    if training["zombie_records"]:
+        words.append(f"{training['zombie_records']} records from zombie workers of an old round, left out")
+    if training["not_measured"]:
+        words.append(f"not measurable: {', '.join(training['not_measured'])} (see the checks)")
+    return "; ".join(words)
+
+
+def _rate_change(before: float | None, after: float | None) -> str:
+    if before is None and after is None:
+        return "-"
+    return f"{'?' if before is None else f'{before:.2f}'} → {'?' if after is None else f'{after:.2f}'}"
+
+
+# Where each recovery went: RecoveryPhases' fields, in order, by short names.
+PHASE_NAMES = {
+    "detection_s": "detect",
+    "rendezvous_s": "rdzv",
+    "worker_start_s": "start",
+    "pg_init_s": "pg",
+    "ckpt_load_s": "ckpt",
+    "first_step_s": "step",
+}
+PHASES_HEADER = f"s: {'/'.join(PHASE_NAMES.values())}"
+FAULT_HEADERS = [
+    "time",
+    "fault",
+    "target",
+    "recovery",
+    "steps lost",
+    "world",
+    "steps/s before → after",
+    PHASES_HEADER,
+    "rdzv share",
+]
+JOB_END_HEADERS = ["time", "fault", "target", "agents ended after it"]
+
+
+def _job_end_row(row: dict) -> list[str]:
+    when = "-" if row["since_start_s"] is None else f"+{row['since_start_s']:.1f} s"
+    ended = "-" if row["ended_after_s"] is None else f"{row['agents_ended']} within {row['ended_after_s']:.1f} s"
+    return [when, row["fault"], row["target"] or "-", ended]
+
+
+def fault_table(data: dict) -> tuple[list[str], list[list[str]]]:
+    """The faults table: recovery figures, or for a run meant to fail, how soon it ended."""
+    if data["job_end"]:
+        return JOB_END_HEADERS, [_job_end_row(row) for row in data["job_end"]]
+    unmeasured = "recovery" in data["training"]["not_measured"]
+    return FAULT_HEADERS, [_fault_row(r, never="n/a" if unmeasured else "never") for r in data["recoveries"]]
+
+
+def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
+    return [
+        indent + "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [headers, *rows]
+    ]
+
+
+def format_summary(
+    verdict: Verdict,
+    run: RunModel,
+    *,
+    title: str,
+    profile: str | None,
+    files: ReportFiles | None = None,
+    diagnoses: Sequence[Diagnosis] = (),
+) -> str:
+    """The report for a terminal: verdict, checks, diagnoses, faults, restarts, rounds, profile, files."""
+    data = report_data(verdict, run, title=title, profile=profile, files=files, diagnoses=diagnoses)
+    expected = EXPECTED_WORDS.get(verdict.expected, verdict.expected)
+    lines = [f"{title}: {data['verdict']} (expected: {expected})", ""]
+    lines.append("Checks:")
+    lines += (
+        _table(["check", "result", "first reason"], [_check_row(r) for r in verdict.results])
+        if verdict.results
+        else ["  (none)"]
+    )
+    if diagnoses:
+        lines += ["", "Why (known causes, with the evidence and the fix):", format_diagnoses(diagnoses)]
+    lines.append("")
+    lines.append("Faults:")
+    headers, rows = fault_table(data)
+    lines += _table(headers, rows) if rows else ["  (none)"]
+    lines.append("")
+    restarts = ", ".join(
+        f"{node} {count}"
+        for node, count in sorted(verdict.restarts_per_node.items(), key=lambda item: node_order(item[0]))
+    )
+    lines.append(f"Restarts per node ({RESTARTS_NOTE}): {restarts or 'none'}")
+    lines.append(f"Rendezvous rounds: {verdict.rounds}")
+    lines.append(f"Training seen through: {_training_words(data['training'])}")
+    lines.append(f"Profile: {data['profile']}")
+    if run.skipped_lines:
+        lines.append(f"History: {run.skipped_lines} line(s) skipped, not a whole record (a torn write?)")
+    if files is not None:
+        lines.append("Files:")
+        lines += [f"  {path}" for path in files]
+    return "\n".join(lines) + "\n"
+
+
+HTML_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+h1 .pass { color: #2e7d32; } h1 .fail { color: #c62828; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.7em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+td.ok { color: #2e7d32; font-weight: bold; } td.fail { color: #c62828; font-weight: bold; }
+img { max-width: 100%; border: 1px solid #ddd; }
+code { font-size: 0.85em; color: #555; }
+"""
+
+
+def _html_table(headers: list[str], rows: list[list[str]]) -> str:
+    """Cells are HTML already (callers escape text); headers are escaped here; none: no header row."""
+    head = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>" if headers else ""
+    body = "".join("<tr>" + "".join(row) + "</tr>" for row in rows)
+    return f"<table>{head}{body}</table>"
+
+
+def _cell(text, css_class: str | None = None) -> str:
+    attribute = f' class="{css_class}"' if css_class else ""
+    return f"<td{attribute}>{html.escape(str(text))}</td>"
+
+
+def _html_check_row(check: dict) -> list[str]:
+    reasons = "<br>".join(html.escape(str(reason)) for reason in check["reasons"])
+    metrics = html.escape(json.dumps(check["metrics"], default=_json_default)) if check["metrics"] else ""
+    word = "n/a" if not check["measured"] else "ok" if check["valid"] else "FAIL"
+    return [
+        _cell(check["name"]),
+        _cell(word, {"ok": "ok", "FAIL": "fail"}.get(word, "")),
+        f"<td>{reasons}</td>",
+        f"<td><code>{metrics}</code></td>",
+    ]
+
+
+def _html_diagnoses(diagnoses: list[dict]) -> list[str]:
+    if not diagnoses:
+        return []
+    rows = [
+        [
+            _cell(d["title"]),
+            _cell(d["cause"]),
+            "<td>" + "<br>".join(f"<code>{html.escape(e)}</code>" for e in d["evidence"]) + "</td>",
+            _cell(d["fix"]),
+        ]
+        for d in diagnoses
+    ]
+    return ["<h2>Why: known causes</h2>", _html_table(["diagnosis", "cause", "evidence", "fix"], rows)]
+
+
+def render_html(data: dict, png: bytes) -> str:
+    """A self-contained page (no network): the timeline inline as base64, the figures as tables."""
+    verdict_class = "pass" if data["valid"] else "fail"
+    facts = [
+        [_cell("verdict"), _cell(data["verdict"], verdict_class)],
+        [_cell("expected"), _cell(EXPECTED_WORDS.get(data["expected"], data["expected"]))],
+        [_cell("profile"), _cell(data["profile"])],
+        [_cell("rendezvous rounds"), _cell(data["rounds"])],
+        [_cell("training seen through"), _cell(_training_words(data["training"]))],
+    ]
+    if data["run"]["duration_s"] is not None:
+        facts.append([_cell("duration"), _cell(_seconds(data["run"]["duration_s"]))])
+    checks = [_html_check_row(check) for check in data["checks"]]
+    fault_headers, fault_rows = fault_table(data)
+    faults = [[_cell(cell) for cell in row] for row in fault_rows]
+    restarts = [
+        [_cell(node), _cell(count)]
+        for node, count in sorted(data["restarts_per_node"].items(), key=lambda item: node_order(item[0]))
+    ]
+    image = base64.b64encode(png).decode("ascii")
+    title = html.escape(data["title"])
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            f'<html lang="en"><head><meta charset="utf-8"><title>{title}: {data["verdict"]}</title>',
+            f"<style>{HTML_STYLE}</style></head><body>",
+            f'<h1>{title}: <span class="{verdict_class}">{data["verdict"]}</span></h1>',
+            _html_table([], facts),
+            f'<img alt="timeline of the run" src="data:image/png;base64,{image}">',
+            "<h2>Checks</h2>",
+            _html_table(["check", "result", "reasons", "metrics"], checks) if checks else "<p>none</p>",
+            *_html_diagnoses(data["diagnoses"]),
+            "<h2>Faults</h2>",
+            _html_table(fault_headers, faults) if faults else "<p>none</p>",
+            f"<h2>Restarts per node</h2><p>{html.escape(RESTARTS_NOTE)}.</p>",
+            _html_table(["node", "restarts"], restarts) if restarts else "<p>none</p>",
+            "</body></html>",
+            "",
+        ]
+    )
