@@ -232,20 +232,6 @@ class EngineInfo(Protocol):
     def limits_support(self) -> LimitsSupport: ...
 
 
-# The small interfaces a caller takes, each a test can fake whole: the nemesis needs the first three,
-# the collector events and logs, the image builder the image store.
-PROVIDER_INTERFACES = (
-    Containers,
-    ContainerControl,
-    ContainerExec,
-    ContainerLogs,
-    EngineEvents,
-    ImageStore,
-    ComposeCli,
-    EngineInfo,
-)
-
-
 class DockerProvider(
     Containers,
     ContainerControl,
@@ -258,6 +244,11 @@ class DockerProvider(
     Protocol,
 ):
     """What the harness needs of Docker, all of it (sim.engines.docker.Docker; sim.engines.swarm.SwarmDocker)."""
+
+
+# The small interfaces a caller takes, each a test can fake whole: the nemesis needs the first three,
+# the collector events and logs, the image builder the image store.
+PROVIDER_INTERFACES = tuple(base for base in DockerProvider.__bases__ if base is not Protocol)
 
 
 def _unreachable(what: str | None, error: Exception) -> DockerUnavailableError:
