@@ -16,7 +16,17 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TextIO
 
-from sim.core.history import FILE_NAME, HistoryTail
+from sim.core.history import (
+    FILE_NAME,
+    AgentRecord,
+    DockerRecord,
+    FaultRecord,
+    HistoryTail,
+    Record,
+    RunRecord,
+    TrainerRecord,
+    WorkerRecord,
+)
 from sim.core.wait import Check, wait_for
 from sim.engines.cluster import Cluster, ContainerInfo, JobFinished
 
@@ -53,133 +63,133 @@ class FollowView:
         self._shown: dict[str, tuple[float, object]] = {}  # node -> (time, restart) of its last worker line
         self._round: dict[str, tuple[object, object]] = {}  # node -> (world size, restart count) of its rendezvous
 
-    def line(self, record: dict) -> str | None:
-        t = record.get("t", 0.0)
+    def line(self, record: Record) -> str | None:
+        t = record.t
         if self.t0 is None:
             self.t0 = t
-        handler = getattr(self, f"_{record.get('type')}", None)
+        handler = getattr(self, f"_{record.TYPE}", None)
         text = handler(record) if handler else None
         if text is None:
             return None
-        return f"{t - self.t0:7.1f}s  {record.get('node') or '':<6} {text}"
+        return f"{t - self.t0:7.1f}s  {getattr(record, 'node', None) or '':<6} {text}"
 
-    def _progress_source_ok(self, record: dict, event: str) -> bool:
+    def _progress_source_ok(self, record: Record, event: str) -> bool:
         """False for a record whose source is poorer than one already seen."""
-        source = (record["type"], event)
+        source = (record.TYPE, event)
         if source not in PROGRESS_SOURCES:
             return True
         rank = PROGRESS_SOURCES.index(source)
         self._richest = max(self._richest, rank)
         return rank == self._richest
 
-    def _trainer(self, r: dict) -> str | None:
-        kind = r.get("kind")
-        rank0 = r.get("rank") == 0
+    def _trainer(self, r: TrainerRecord) -> str | None:
+        kind = r.kind
+        rank0 = r.rank == 0
         if kind == "progress":
-            if not self._progress_source_ok(r, "progress") or not rank0 or (r.get("step") or 0) % self.every:
+            if not self._progress_source_ok(r, "progress") or not rank0 or (r.step or 0) % self.every:
                 return None
-            return f"step {r.get('step')}{_loss(r)}{_world(r)}"
+            return f"step {r.step}{_loss(r)}{_world(r)}"
         if kind == "start" and rank0:
-            resumed = r.get("resumed_from")
+            resumed = r.resumed_from
             return (f"trainer resumed from step {resumed}" if resumed else "trainer started from scratch") + _world(r)
         if kind == "summary" and rank0:
-            return f"trainer finished at step {r.get('final_step')} after {r.get('elapsed', 0):.1f}s"
+            return f"trainer finished at step {r.final_step} after {r.elapsed or 0:.1f}s"
         if kind == "warning":
-            return f"warning (rank {r.get('rank')}): {r.get('message')}"
+            return f"warning (rank {r.rank}): {r.message}"
         return None
 
-    def _worker(self, r: dict) -> str | None:
-        event = r.get("event")
+    def _worker(self, r: WorkerRecord) -> str | None:
+        event = r.event
         if event == "exit":
-            code = r.get("code")
-            return None if code in (0, None) else f"worker rank {r.get('rank')} exited with code {code}"
+            code = r.code
+            return None if code in (0, None) else f"worker rank {r.rank} exited with code {code}"
         if event not in ("step", "activity", "progress") or not self._progress_source_ok(r, event):
             return None
-        node, t, restart = r.get("node") or "", r.get("t", 0.0), r.get("restart")
+        node, t, restart = r.node or "", r.t, r.restart
         last = self._shown.get(node)
         if last is not None and last[1] == restart and t - last[0] < self.interval_s:
             return None
         self._shown[node] = (t, restart)
-        who = f"rank {r['rank']} " if r.get("rank") is not None else ""
+        who = f"rank {r.rank} " if r.rank is not None else ""
         if event == "step":
-            what = f"step {r['step']}" if r.get("step") is not None else f"optimizer step {r.get('n')} of this process"
+            what = f"step {r.step}" if r.step is not None else f"optimizer step {r.n} of this process"
         elif event == "activity":
-            what = f"{r.get('collectives')} collective calls (last {r.get('op')})"
+            what = f"{r.collectives} collective calls (last {r.op})"
         else:
-            what = f"step {r.get('step')}{_loss(r)}"
+            what = f"step {r.step}{_loss(r)}"
         return f"{who}{what}{_world(r)}"
 
-    def _agent(self, r: dict) -> str | None:
-        event, node = r.get("event"), r.get("node") or ""
+    def _agent(self, r: AgentRecord) -> str | None:
+        event, node = r.event, r.node or ""
         if event == "rdzv_joined":
-            return f"joined rendezvous round {r.get('round')} as node {r.get('group_rank')} of {r.get('nodes')}"
+            return f"joined rendezvous round {r.round} as node {r.group_rank} of {r.nodes}"
         if event == "rdzv_complete":
             # Printed with the group_started line that follows it at once.
-            self._round[node] = (r.get("global_world_size"), r.get("restart_count"))
+            self._round[node] = (r.global_world_size, r.restart_count)
             return None
         if event == "group_started":
             world, restarts = self._round.pop(node, (None, None))
             return "worker group started" + (f": world {world}, restart {restarts}" if world is not None else "")
         if event == "group_failed":
-            left, most = r.get("attempts_left"), r.get("max_restarts")
+            left, most = r.attempts_left, r.max_restarts
             if left:
                 return f"worker group failed: restarting ({left}/{most} attempts left)"
             return f"worker group failed: no restarts left (--max-restarts {most})"
         if event == "worker_failed":
-            return f"worker local_rank {r.get('local_rank')} (pid {r.get('pid')}) {_exit_words(r.get('exitcode'))}"
+            return f"worker local_rank {r.local_rank} (pid {r.pid}) {_exit_words(r.exitcode)}"
         if event == "group_finished":
             return "worker group finished"
         if event == "new_nodes":
-            return f"{r.get('count')} new node(s) waiting: the group will regroup"
+            return f"{r.count} new node(s) waiting: the group will regroup"
         if event == "keepalive_failed":
-            return f"keep-alive failed: {_clip(r.get('message'), 160)}"
+            return f"keep-alive failed: {_clip(r.message, 160)}"
         if event in RDZV_ERROR_WORDS:
-            return f"{RDZV_ERROR_WORDS[event]}: {_clip(r.get('message'), 200)}"
+            return f"{RDZV_ERROR_WORDS[event]}: {_clip(r.message, 200)}"
         if event == "error_file":
-            return f"root cause: {_clip(r.get('message'), 300)}"
+            return f"root cause: {_clip(r.message, 300)}"
         if event in ("worker_error", "exception"):
-            return f"error: {_clip(r.get('message'), 300)}"
+            return f"error: {_clip(r.message, 300)}"
         if event == "agent_signal":
-            return f"agent received signal {r.get('signal')}"
+            return f"agent received signal {r.signal}"
         return None
 
-    def _docker(self, r: dict) -> str | None:
-        if r.get("action") == "die":
-            return f"container exited with code {r.get('exit_code')}"
-        return DOCKER_WORDS.get(r.get("action"))
+    def _docker(self, r: DockerRecord) -> str | None:
+        if r.action == "die":
+            return f"container exited with code {r.exit_code}"
+        return DOCKER_WORDS.get(r.action)
 
-    def _fault(self, r: dict) -> str | None:
-        target = f" on {r['target']}" if r.get("target") else ""
-        head = f"fault {r.get('fault')}{target}"
-        phase = r.get("phase")
+    def _fault(self, r: FaultRecord) -> str | None:
+        target = f" on {r.target}" if r.target else ""
+        head = f"fault {r.fault}{target}"
+        phase = r.phase
         if phase == "invoke":
-            args = " ".join(f"{k}={v}" for k, v in (r.get("args") or {}).items() if v is not None)
+            args = " ".join(f"{k}={v}" for k, v in (r.args or {}).items() if v is not None)
             return f"{head}: invoked{' (' + args + ')' if args else ''}"
         if phase == "ok":
             return f"{head}: done"
         if phase == "fail":
-            return f"{head}: failed: {r.get('error')}"
+            return f"{head}: failed: {r.error}"
         if phase == "info":
-            return f"{head}: outcome unknown: {r.get('error')}"
+            return f"{head}: outcome unknown: {r.error}"
         return None
 
-    def _run(self, r: dict) -> str | None:
-        if r.get("event") == "engine_lost":
-            return f"the Docker engine stopped answering; nothing more was recorded ({r.get('why')})"
-        return "run ended: the cluster was removed" if r.get("event") == "end" else None
+    def _run(self, r: RunRecord) -> str | None:
+        if r.event == "engine_lost":
+            return f"the Docker engine stopped answering; nothing more was recorded ({r.why})"
+        return "run ended: the cluster was removed" if r.event == "end" else None
 
 
-def _world(r: dict) -> str:
+def _world(r: TrainerRecord | WorkerRecord) -> str:
     parts = [
-        f"world {r['world_size']}" if r.get("world_size") is not None else "",
-        f"restart {r['restart']}" if r.get("restart") is not None else "",
+        f"world {r.world_size}" if r.world_size is not None else "",
+        f"restart {r.restart}" if r.restart is not None else "",
     ]
     text = " ".join(p for p in parts if p)
     return f" ({text})" if text else ""
 
 
-def _loss(r: dict) -> str:
-    loss = r.get("loss")
+def _loss(r: TrainerRecord | WorkerRecord) -> str:
+    loss = r.loss
     return f" loss {loss:.4f}" if isinstance(loss, (int, float)) else ""
 
 
@@ -198,15 +208,15 @@ def _clip(text: object, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def live_run(history: Iterable[dict]) -> tuple[str, str] | None:
+def live_run(history: Iterable[Record]) -> tuple[str, str] | None:
     """(cluster, run id) of a run whose history has no end record yet (`down` writes one)."""
     start = None
     for record in history:
-        if record.get("type") == "run" and record.get("event") == "end":
+        if isinstance(record, RunRecord) and record.event == "end":
             return None
-        if record.get("type") == "run" and record.get("event") == "start" and start is None:
+        if isinstance(record, RunRecord) and record.event == "start" and start is None:
             start = record
-    return (start["cluster"], start["run_id"]) if start and start.get("cluster") and start.get("run_id") else None
+    return (start.cluster, start.run_id) if start and start.cluster and start.run_id else None
 
 
 def nodes_up(containers: Sequence[ContainerInfo], run_id: str) -> tuple[int, int]:

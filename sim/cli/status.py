@@ -6,7 +6,7 @@ import dataclasses
 import time
 
 from sim.core.agentlog import node_facts, node_log_facts
-from sim.core.history import FILE_NAME, History
+from sim.core.history import FILE_NAME, AgentRecord, History, TrainerRecord, WorkerRecord
 from sim.core.wait import Check
 from sim.engines.cluster import Cluster
 from sim.engines.procs import PROBE_ARGV, parse_probe
@@ -27,11 +27,11 @@ class NodeStatus:
 def cluster_status(cluster: Cluster) -> list[NodeStatus]:
     """Containers and processes from Docker now; rounds, steps and restarts from the run's history."""
     history_path = cluster.run_dir / FILE_NAME
-    by_node: dict[str, list[dict]] = {}
+    by_node: dict[str | None, list[AgentRecord | TrainerRecord | WorkerRecord]] = {}
     if history_path.exists():
-        for record in sorted(History(history_path).records(), key=lambda r: r["t"]):
-            if record.get("type") in ("agent", "trainer", "worker"):
-                by_node.setdefault(record.get("node"), []).append(record)
+        for record in sorted(History(history_path).records(), key=lambda r: r.t):
+            if isinstance(record, (AgentRecord, TrainerRecord, WorkerRecord)):
+                by_node.setdefault(record.node, []).append(record)
     rows = []
     for info in cluster.containers():
         if info.role != "node":
@@ -52,11 +52,11 @@ def cluster_status(cluster: Cluster) -> list[NodeStatus]:
         world, step, restarts = facts.world_size, facts.step, facts.restarts
         for record in by_node.get(info.node, []):
             # Any script, instrumented: its workers' own records (the trainer's lines, where present, win).
-            if record.get("type") == "worker" and facts.step is None:
-                world = record.get("world_size", world)
-                restarts = max(restarts, int(record.get("restart") or 0))
-                if record.get("event") in ("step", "progress"):
-                    step = record.get("step") if isinstance(record.get("step"), int) else record.get("n", step)
+            if isinstance(record, WorkerRecord) and facts.step is None:
+                world = record.world_size if record.world_size is not None else world
+                restarts = max(restarts, record.restart or 0)
+                if record.event in ("step", "progress"):
+                    step = record.step if record.step is not None else (record.n if record.n is not None else step)
         state = info.state if info.exit_code is None else f"exited({info.exit_code})"
         rows.append(NodeStatus(info.node, state, agent, workers, facts.round, world, restarts, step))
     return rows

@@ -6,8 +6,8 @@ their events. Checkers read it; nothing rewrites it.
 
 Every line is one record of six types (run, fault, docker, agent, trainer, worker): a frozen
 class each, built by the one parser, `parse_record`. Typed fields are attributes; keys the schema
-does not name stay readable in `extra` (a newer writer's fields), and every record also reads as
-the mapping it was written as (`record["t"]`, `record.get("node")`; a None field reads as absent).
+does not name stay readable in `extra` (a newer writer's fields). A record is not a mapping: its
+readers use its fields (`record.node`), and `to_dict()` gives the line as written.
 The run start record carries the schema version; a history without one is version 1.
 """
 
@@ -42,8 +42,9 @@ WORKER_EVENTS = ("start", "step", "activity", "progress", "exit", "imported", "p
 
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
-class Record(Mapping):
-    """One history line. Equal to another record, or to a dict, with the same keys and values."""
+class Record:
+    """One history line, typed: read its fields by name (`record.node`); `to_dict()` is the line as
+    written. Two records are equal when their lines are."""
 
     TYPE: ClassVar[str] = ""
     t: float
@@ -54,25 +55,22 @@ class Record(Mapping):
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra")
 
-    # The mapping view: the keys as written, for readers that take a record as a dict.
-    def __getitem__(self, key: str):
-        if key == "type":
-            return self.TYPE
-        if key in self.field_names():
-            value = getattr(self, key)
-            if value is None:
-                raise KeyError(key)
-            return value
-        return self.extra[key]
+    def to_dict(self) -> dict:
+        """The record as its JSON line holds it: "t", "type", each field that has a value, the extra keys."""
+        data = {"t": self.t, "type": self.TYPE}
+        for name in self.field_names()[1:]:
+            value = getattr(self, name)
+            if value is not None:
+                data[name] = list(value) if isinstance(value, tuple) else value
+        data.update(self.extra)
+        return data
 
-    def __iter__(self) -> Iterator[str]:
-        yield "t"
-        yield "type"
-        yield from (name for name in self.field_names()[1:] if getattr(self, name) is not None)
-        yield from self.extra
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Record):
+            return self.to_dict() == other.to_dict()
+        return NotImplemented
 
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking equality: records are not set members
 
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
@@ -227,7 +225,7 @@ RECORD_TYPES: dict[str, type[Record]] = {
 }
 
 
-def parse_record(data: Mapping) -> Record:
+def parse_record(data: Mapping | Record) -> Record:
     """The one way a history line becomes a record; HistoryError when it does not follow the schema."""
     if isinstance(data, Record):
         return data
@@ -273,7 +271,7 @@ def parse_record(data: Mapping) -> Record:
     return kind(**values)
 
 
-def as_records(history: Iterable[Mapping]) -> list[Record]:
+def as_records(history: Iterable[Mapping | Record]) -> list[Record]:
     """Records as given, dicts (a hand-written history) parsed."""
     return [parse_record(r) for r in history]
 
@@ -322,10 +320,10 @@ class History:
         self.path = Path(path)
         self._lock = threading.Lock()
 
-    def append(self, record: Mapping) -> Record:
+    def append(self, record: Mapping | Record) -> Record:
         """Write one record (a dict or a Record), stamped with the time now unless it has one.
         It goes through the parser first: an off-schema record raises HistoryError, unwritten."""
-        data = {"t": time.time(), **record}
+        data = {"t": time.time(), **(record.to_dict() if isinstance(record, Record) else record)}
         if data.get("type") == "run" and data.get("event") == "start":
             data.setdefault("schema", SCHEMA_VERSION)
         parsed = parse_record(data)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from sim.core import labels
 from sim.core.errors import ClusterError, ClusterNotFoundError, SimError, UsageError
-from sim.core.history import FILE_NAME, History, HistoryTail
+from sim.core.history import FILE_NAME, AgentRecord, History, HistoryTail, Record, TrainerRecord, WorkerRecord
 from sim.core.nodes import node_order
 from sim.core.paths import cluster_dir, state_home
 from sim.core.progress import Progress, to_stderr
@@ -320,15 +320,14 @@ class TrainingStarted:
         return Check(False, detail=", ".join(f"{c.node} {c.state}" for c in nodes))
 
 
-def _training_started(record: dict) -> str | None:
+def _training_started(record: Record) -> str | None:
     """What in one history record shows training started (and where), if anything."""
-    kind = record.get("type")
-    if kind == "agent" and record.get("event") == "group_started":
-        return f"{record.get('node', '?')} started its worker group"
-    if kind == "trainer" and record.get("kind") == "progress":
-        return f"first step on {record.get('node', '?')}"
-    if kind == "worker":
-        return f"workers running on {record.get('node', '?')}"
+    if isinstance(record, AgentRecord) and record.event == "group_started":
+        return f"{record.node or '?'} started its worker group"
+    if isinstance(record, TrainerRecord) and record.kind == "progress":
+        return f"first step on {record.node or '?'}"
+    if isinstance(record, WorkerRecord):
+        return f"workers running on {record.node or '?'}"
     return None
 
 

@@ -197,7 +197,7 @@ def _describe(r: Record) -> str:
         code = f" (exit code {r.exit_code})" if r.exit_code is not None else ""
         return f"container {r.action}{code}"
     if not isinstance(r, AgentRecord):
-        return str(r.get("event") or r.get("kind") or r.TYPE)
+        return str(getattr(r, "event", None) or getattr(r, "kind", None) or r.TYPE)
     if r.event == "group_failed":
         return f"Worker group FAILED. {r.attempts_left}/{r.max_restarts} attempts left"
     if r.event == "worker_failed":
@@ -390,7 +390,7 @@ def waiting_for_nodes(run: RunModel) -> Diagnosis | None:
         entered = [r for r in run.agent_events("rdzv_joining", node=record.node) if r.t <= record.t]
         if entered:
             evidence.append(
-                _line(entered[-1], f"agent entered the rendezvous, waited {record['t'] - entered[-1]['t']:.0f} s")
+                _line(entered[-1], f"agent entered the rendezvous, waited {record.t - entered[-1].t:.0f} s")
             )
         evidence.append(_line(record, "RendezvousTimeoutError: not enough nodes joined in time"))
     evidence += [_line(r, f"agent in the rendezvous for {run.t_end - r.t:.0f} s, not complete") for r in waiting]
@@ -577,7 +577,7 @@ def process_group_timeout(run: RunModel) -> Diagnosis | None:
         "still looks alive to torchrun, so nothing restarts the group meanwhile."
     )
     if timeouts:
-        cause += f" The collective timed out{limit} on {', '.join(sorted({r['node'] for r in timeouts}))}."
+        cause += f" The collective timed out{limit} on {', '.join(sorted({r.node for r in timeouts}))}."
     return Diagnosis(
         "process-group-timeout",
         "Hang in a collective until the process group's timeout",
@@ -648,7 +648,7 @@ def c10d_store_lost(run: RunModel) -> Diagnosis | None:
     ]
     evidence = [_line(r) for r in gone[-2:]] + [_line(r) for r in _first_per_node(reversed(lost_store))]
     where = f" ({host})" if host else ""
-    when = f", lost at {_at(gone[-1]['t'])}" if gone else ""
+    when = f", lost at {_at(gone[-1].t)}" if gone else ""
     nodes = ", ".join(sorted({r.node for r in lost_store}, key=node_order))
     return Diagnosis(
         "c10d-store-lost",

@@ -8,6 +8,7 @@ import pytest
 
 from sim.core import labels
 from sim.core.agentlog import parse_node_log
+from sim.core.history import TrainerRecord
 from sim.core.wait import wait_for
 from sim.engines.cluster import Cluster, JobFinished
 from sim.engines.render import AWAIT_ETCD
@@ -27,10 +28,10 @@ def start(name: str, *options: str, script_args=SHORT_JOB) -> subprocess.Complet
 def records(cluster: Cluster, kind: str) -> list[dict]:
     """The trainer's own records of one kind (progress, summary, ...) in every node's log."""
     return [
-        r
+        r.to_dict()  # the lines as the trainer printed them
         for node in cluster.nodes()
         for r in parse_node_log(node.node, cluster.logs(node.node))
-        if r["type"] == "trainer" and r["kind"] == kind
+        if isinstance(r, TrainerRecord) and r.kind == kind
     ]
 
 

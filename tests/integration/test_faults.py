@@ -91,14 +91,14 @@ def training(cluster: Cluster, nodes=("node0", "node1", "node2"), per_node: int 
 
 
 def fault_records(cluster: Cluster, op: str) -> list[dict]:
-    return [r for r in History(cluster.run_dir / FILE_NAME).records() if r.get("op") == op]
+    return [r for r in History(cluster.run_dir / FILE_NAME).records() if getattr(r, "op", None) == op]
 
 
 def test_kill_worker_by_global_rank(cluster):
     training(cluster)
     result = sim(cluster, "kill-worker", "--rank", "3")
     node, pid = result["node"], result["pid"]
-    phases = [r["phase"] for r in fault_records(cluster, result["op"])]
+    phases = [r.phase for r in fault_records(cluster, result["op"])]
     assert phases == ["invoke", "ok"]
     nemesis = Nemesis(cluster)
     # The signalled process is gone, and torchrun noticed.

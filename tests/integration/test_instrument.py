@@ -42,7 +42,7 @@ PLAIN_DDP = textwrap.dedent(f"""
 
 
 def worker_records(history: History) -> list[dict]:
-    return [r for r in history.records() if r.get("type") == "worker"]
+    return [r.to_dict() for r in history.records() if r.TYPE == "worker"]  # as the side channel wrote them
 
 
 def test_plain_ddp_script_is_recorded_without_touching_its_output(sim_cluster, tmp_path):

@@ -61,7 +61,7 @@ def sim(cluster: Cluster, *args: str) -> dict:
 
 
 def records(cluster: Cluster) -> list[dict]:
-    return list(History(cluster.run_dir / FILE_NAME).records())
+    return [r.to_dict() for r in History(cluster.run_dir / FILE_NAME).records()]  # the lines as written
 
 
 def trainer_records(cluster: Cluster, kind: str, after: float) -> list[dict]:

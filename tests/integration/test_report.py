@@ -7,7 +7,7 @@ import json
 import pytest
 
 from chaos.nemesis import Nemesis
-from sim.core.history import FILE_NAME, History
+from sim.core.history import FILE_NAME, FaultRecord, History, TrainerRecord
 from sim.core.wait import wait_for
 from sim.engines.cluster import Cluster, JobFinished
 from sim.verdict.runreport import report_run
@@ -20,9 +20,9 @@ pytestmark = pytest.mark.docker
 def max_step(history: History, after: float = 0.0) -> int:
     return max(
         (
-            r["step"]
+            r.step
             for r in history.records()
-            if r.get("type") == "trainer" and r.get("kind") == "progress" and r["t"] > after
+            if isinstance(r, TrainerRecord) and r.kind == "progress" and r.step is not None and r.t > after
         ),
         default=0,
     )
@@ -62,7 +62,7 @@ def test_worker_kill_then_node_kill_report(docker, images):
         # Triggers are history conditions, not sleeps.
         eventually(lambda: max_step(history) >= 25, 120, what="step 25")
         first = nemesis.kill_worker(rank=1)
-        fault_t = max(r["t"] for r in history.records() if r.get("op") == first["op"])
+        fault_t = max(r.t for r in history.records() if isinstance(r, FaultRecord) and r.op == first["op"])
         eventually(lambda: max_step(history, after=fault_t) >= 70, 180, what="step 70 after the worker kill")
         nemesis.kill_node("node2")
         wait_for(JobFinished(cluster), timeout=300, interval=2)

@@ -13,6 +13,7 @@ import pytest
 from chaos.nemesis import Nemesis
 from sim.core import labels
 from sim.core.agentlog import parse_node_log
+from sim.core.history import AgentRecord
 from sim.core.wait import Condition, wait_for
 from sim.engines.cluster import Cluster, JobFinished
 from sim.engines.swarm import GWBRIDGE, provider_for, swarm_state
@@ -97,8 +98,8 @@ def test_swarm_cluster_survives_worker_and_node_crash_and_restart_and_down_leave
         wait_for(JobFinished(cluster), timeout=400, interval=3)
         for node in cluster.nodes():
             assert node.exit_code == 0, cluster.logs(node.node, tail=40)
-        summary = [r for r in parse_node_log("node0", cluster.logs("node0")) if r.get("kind") == "summary"]
-        assert [s["final_step"] for s in summary] == [300]
+        summary = [r for r in parse_node_log("node0", cluster.logs("node0")) if getattr(r, "kind", None) == "summary"]
+        assert [s.final_step for s in summary] == [300]
     finally:
         down = run_sim("down", name)
     assert down.returncode == 0, down.stderr
@@ -115,7 +116,7 @@ def test_swarm_cluster_survives_worker_and_node_crash_and_restart_and_down_leave
 
 def _groups_started(cluster: Cluster, node: str) -> int:
     records = parse_node_log(node, cluster.logs(node))
-    return sum(r["type"] == "agent" and r.get("event") == "group_started" for r in records)
+    return sum(isinstance(r, AgentRecord) and r.event == "group_started" for r in records)
 
 
 def test_four_nodes_train_on_a_swarm_and_down_leaves_nothing(docker, images):

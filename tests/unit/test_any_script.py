@@ -1,6 +1,7 @@
 """The checkers and the report on scripts that are not ours: hand-written histories of what the
 instrumentation, a progress regex and torch's agents record for a plain third-party script."""
 
+from sim.core.history import parse_record
 from sim.engines.cluster import _training_started
 from sim.verdict.report import format_summary
 from sim.verdict.runmodel import RunModel
@@ -142,17 +143,17 @@ def test_a_zombie_of_an_old_round_is_not_a_step_backwards():
     assert results["progress"].valid, results["progress"].reasons
     assert results["progress"].metrics["zombie_records"] == 1
     model = RunModel(run.records)
-    assert [(z["node"], z["step"]) for z in model.zombies] == [("node1", 27)]
+    assert [(z.node, z.step) for z in model.zombies] == [("node1", 27)]
     lanes = build_timeline(RunModel(run.records), verdict).lanes
     assert lanes["node1"]["zombie"]
 
 
 def test_training_started_from_the_agents_own_event_or_any_worker_record():
     assert (
-        _training_started({"type": "agent", "event": "group_started", "node": "node1"})
+        _training_started(parse_record({"t": 1.0, "type": "agent", "event": "group_started", "node": "node1"}))
         == "node1 started its worker group"
     )
-    assert _training_started({"type": "worker", "event": "start", "node": "node0"})
-    assert _training_started({"type": "trainer", "kind": "progress", "node": "node0"})
-    assert _training_started({"type": "agent", "event": "rdzv_joined", "node": "node0"}) is None
-    assert _training_started({"type": "docker", "action": "start", "node": "node0"}) is None
+    assert _training_started(parse_record({"t": 1.0, "type": "worker", "event": "start", "node": "node0"}))
+    assert _training_started(parse_record({"t": 1.0, "type": "trainer", "kind": "progress", "node": "node0"}))
+    assert _training_started(parse_record({"t": 1.0, "type": "agent", "event": "rdzv_joined", "node": "node0"})) is None
+    assert _training_started(parse_record({"t": 1.0, "type": "docker", "action": "start", "node": "node0"})) is None

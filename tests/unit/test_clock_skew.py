@@ -70,9 +70,9 @@ def test_skew_clock_writes_the_offset_records_what_the_node_saw_and_heal_sets_it
     nem.heal("skew-node1")
     wrote = [c[2] for c in fake.calls if c[0] == "exec" and CLOCK_SCRIPT in c[2]]
     assert wrote[-1][4] == "+0.000" and nem.active() == []
-    faults = [r for r in nem.history.records() if r["type"] == "fault"]
-    assert [(r["fault"], r["phase"]) for r in faults][:2] == [("skew-clock", "invoke"), ("skew-clock", "ok")]
-    assert faults[0]["args"] == {"by": 60}
+    faults = [r for r in nem.history.records() if r.TYPE == "fault"]
+    assert [(r.fault, r.phase) for r in faults][:2] == [("skew-clock", "invoke"), ("skew-clock", "ok")]
+    assert faults[0].args == {"by": 60}
 
 
 def test_a_node_without_libfaketime_is_one_clear_line(nemesis):  # noqa: F811
@@ -80,7 +80,7 @@ def test_a_node_without_libfaketime_is_one_clear_line(nemesis):  # noqa: F811
     fake.answers = {CLOCK_SCRIPT: ExecResult(CLOCK_NOT_PRELOADED, "", "")}
     with pytest.raises(UnsupportedFaultError, match="node2: no libfaketime in its processes .*`sim up` again"):
         nem.skew_clock("node2", by=-600)
-    assert [r["phase"] for r in nem.history.records()] == ["invoke", "fail"] and nem.active() == []
+    assert [r.phase for r in nem.history.records()] == ["invoke", "fail"] and nem.active() == []
 
 
 def test_the_nodes_environment_preloads_libfaketime_and_leaves_the_monotonic_clock():

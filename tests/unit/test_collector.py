@@ -66,10 +66,10 @@ def test_the_collector_records_the_engines_loss_and_ends_without_a_traceback(tmp
     cluster.docker = type("FakeDocker", (), {"events": lambda self, flt: FakeEvents()})()
     history = History(tmp_path / "history.jsonl")
     Collector(cluster, history).run()
-    (record,) = [r for r in history.records() if r["type"] == "run"]
-    assert record["event"] == "engine_lost" and record["why"] == UNREACHABLE
+    (record,) = [r for r in history.records() if r.TYPE == "run"]
+    assert record.event == "engine_lost" and record.why == UNREACHABLE
     assert capsys.readouterr().err == f"collector: {UNREACHABLE}; stopped following cluster 'demo'\n"
-    assert "the Docker engine stopped answering; nothing more was recorded" in FollowView().line(dict(record))
+    assert "the Docker engine stopped answering; nothing more was recorded" in FollowView().line(record)
 
 
 def test_engine_lost_is_the_first_diagnosis():

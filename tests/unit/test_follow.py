@@ -4,50 +4,55 @@ import io
 import json
 
 from sim.cli.logs import FollowView, follow_job, live_run, nodes_up
+from sim.core.history import parse_record
 from sim.engines.cluster import ContainerInfo
 
 T0 = 1000.0
 
 
 def trainer(t, node, step, rank=0, kind="progress", **fields):
-    return {
-        "t": T0 + t,
-        "type": "trainer",
-        "node": node,
-        "kind": kind,
-        "rank": rank,
-        "local_rank": 0,
-        "world_size": 2,
-        "restart": 0,
-        "step": step,
-        "loss": 0.25,
-        **fields,
-    }
+    return parse_record(
+        {
+            "t": T0 + t,
+            "type": "trainer",
+            "node": node,
+            "kind": kind,
+            "rank": rank,
+            "local_rank": 0,
+            "world_size": 2,
+            "restart": 0,
+            "step": step,
+            "loss": 0.25,
+            **fields,
+        }
+    )
 
 
 def worker(t, node, event, rank=0, restart=0, **fields):
-    return {
-        "t": T0 + t,
-        "type": "worker",
-        "node": node,
-        "event": event,
-        "rank": rank,
-        "local_rank": 0,
-        "world_size": 2,
-        "restart": restart,
-        "pid": 42,
-        "run_id": "r",
-        **fields,
-    }
+    return parse_record(
+        {
+            "t": T0 + t,
+            "type": "worker",
+            "node": node,
+            "event": event,
+            "rank": rank,
+            "local_rank": 0,
+            "world_size": 2,
+            "restart": restart,
+            "pid": 42,
+            "run_id": "r",
+            **fields,
+        }
+    )
 
 
 def agent(t, node, event, **fields):
-    return {"t": T0 + t, "type": "agent", "node": node, "event": event, **fields}
+    return parse_record({"t": T0 + t, "type": "agent", "node": node, "event": event, **fields})
 
 
 def lines(records, **view_options):
     view = FollowView(T0, **view_options)
-    return [line for line in map(view.line, records) if line is not None]
+    return [line for line in map(view.line, map(parse_record, records)) if line is not None]
 
 
 def test_trainer_progress_rank0_every_tenth_step():
@@ -204,7 +209,7 @@ def test_faults_docker_events_and_run_end():
 
 def test_time_counts_from_the_first_record():
     view = FollowView()
-    assert view.line({"t": 50.0, "type": "run", "event": "start", "cluster": "c", "run_id": "r"}) is None
+    assert view.line(parse_record({"t": 50.0, "type": "run", "event": "start", "cluster": "c", "run_id": "r"})) is None
     assert view.line(agent(-T0 + 52.5, "node0", "group_finished")) == "    2.5s  node0  worker group finished"
 
 
@@ -215,9 +220,9 @@ def container(node, state, run_id="r1", role="node", status="Up 3 seconds", exit
 
 
 def test_a_run_is_live_until_its_end_record():
-    start = {"t": 1, "type": "run", "event": "start", "cluster": "demo", "run_id": "r1"}
+    start = parse_record({"t": 1, "type": "run", "event": "start", "cluster": "demo", "run_id": "r1"})
     assert live_run([start, trainer(2, "node0", 10)]) == ("demo", "r1")
-    assert live_run([start, {"t": 3, "type": "run", "event": "end", "cluster": "demo"}]) is None
+    assert live_run([start, parse_record({"t": 3, "type": "run", "event": "end", "cluster": "demo"})]) is None
     assert live_run([trainer(2, "node0", 10)]) is None
 
 
@@ -253,7 +258,7 @@ def test_follow_job_prints_the_history_and_returns_when_every_node_exited(tmp_pa
         trainer(2, "node0", 10),
         trainer(2.1, "node0", 11),
     ]
-    (tmp_path / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "history.jsonl").write_text("".join(json.dumps(parse_record(r).to_dict()) + "\n" for r in records))
     out = io.StringIO()
     ended = follow_job(FinishedCluster(tmp_path), out, poll_s=0.01, quiet_s=0.05)
     assert out.getvalue().splitlines() == [

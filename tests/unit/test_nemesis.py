@@ -161,15 +161,15 @@ def test_kill_worker_by_rank_signals_that_pid_and_records_it(nemesis):
     assert result["pid"] == 41 and result["node"] == "node0" and result["signal"] == "SIGTERM"
     assert ("exec", "id-node0", ["kill", "-TERM", "41"], "root") in fake.calls
     records = list(nem.history.records())
-    assert [r["phase"] for r in records] == ["invoke", "ok"]
-    assert records[0]["t"] <= records[1]["t"] and records[1]["result"]["pid"] == 41
+    assert [r.phase for r in records] == ["invoke", "ok"]
+    assert records[0].t <= records[1].t and records[1].result["pid"] == 41
 
 
 def test_a_failed_fault_is_recorded_as_fail(nemesis):
     nem, fake = nemesis
     with pytest.raises(UsageError, match="node9"):
         nem.kill_node("node9")
-    assert [r["phase"] for r in nem.history.records()] == ["invoke", "fail"]
+    assert [r.phase for r in nem.history.records()] == ["invoke", "fail"]
     assert not any(c[0] == "kill" for c in fake.calls), "nothing was injected"
 
 
@@ -265,10 +265,10 @@ def test_every_reversible_faults_ok_record_carries_its_id(nemesis):
     nem.pause("node1")
     nem.link("node2", loss_pct=10)
     nem.partition(isolate(["node0"], ["node0", "node1", "node2"]))
-    oks = [r for r in nem.history.records() if r["phase"] == "ok"]
-    assert [r["result"]["id"] for r in oks] == ["pause-node1", "link-node2", nem.active()[-1]["id"]]
+    oks = [r for r in nem.history.records() if r.phase == "ok"]
+    assert [r.result["id"] for r in oks] == ["pause-node1", "link-node2", nem.active()[-1]["id"]]
     assert ("pause", "id-node1") in fake.calls
-    assert sorted(f["id"] for f in nem.active()) == sorted(r["result"]["id"] for r in oks)
+    assert sorted(f["id"] for f in nem.active()) == sorted(r.result["id"] for r in oks)
 
 
 def test_the_fault_store_loses_nothing_to_concurrent_writers(nemesis):
@@ -351,7 +351,7 @@ def test_oom_worker_keeps_a_nodes_own_limit_and_fails_when_the_worker_survives(n
     with pytest.raises(FaultError, match="worker 40 survived 64 MiB allocated over a 1024 MiB limit"):
         nem.oom_worker("node0", local_rank=0)
     assert not any(c[0] == "update" for c in fake.calls)
-    assert [r["phase"] for r in nem.history.records()] == ["invoke", "fail"]
+    assert [r.phase for r in nem.history.records()] == ["invoke", "fail"]
 
 
 def test_corrupt_checkpoint_runs_its_script_and_records_the_damage(nemesis):
@@ -602,7 +602,7 @@ def test_a_held_fault_that_ended_with_its_node_needs_no_undo_when_its_hold_ends(
     nem.kill_node("node1")  # the link fault went with node1's network namespace
     fake.calls.clear()
     assert FAULTS["netem"].end_hold(nem, held) == {"id": "link-node1", "ended": "no longer in force"}
-    assert fake.calls == [] and not any(r["op"] and r.get("fault") == "heal" for r in nem.history.records())
+    assert fake.calls == [] and not any(r.op and getattr(r, "fault", None) == "heal" for r in nem.history.records())
     held = nem.link("node2", loss_pct=10)
     assert FAULTS["netem"].end_hold(nem, held)["healed"] == ["link-node2"]  # still in force: healed
 

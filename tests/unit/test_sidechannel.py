@@ -59,7 +59,7 @@ def test_a_record_the_history_would_refuse_is_dropped_not_raised(tmp_path):
     done = threading.Event()
     done.set()
     collector._tail_side_channel(done)
-    assert [(r["event"], r["step"]) for r in history.records()] == [("step", 101)]
+    assert [(r.event, r.step) for r in history.records()] == [("step", 101)]
 
 
 def test_tail_waits_for_a_partial_line_and_finds_new_files(tmp_path):
@@ -162,7 +162,7 @@ def test_collector_appends_side_channel_records_as_worker_records(tmp_path):
     done.set()  # one last poll, as at the end of a run
     collector._tail_side_channel(done)
     records = list(history.records())
-    assert [(r["type"], r["event"], r["t"]) for r in records] == [
+    assert [(r.TYPE, r.event, r.t) for r in records] == [
         ("worker", "start", 1796046212.64),
         ("worker", "step", 1796046223.08),
     ]
@@ -193,7 +193,7 @@ def test_history_reads_typed_records_and_counts_torn_lines(tmp_path):
     assert contents.skipped_lines == 3
     agent = contents.records[1]
     assert isinstance(agent, AgentRecord) and agent.restarts_used() == 2 and agent.extra == {"newer_field": 1}
-    assert agent["node"] == "node0" and agent.get("round") is None and dict(agent)["newer_field"] == 1
+    assert agent.node == "node0" and agent.round is None and agent.to_dict()["newer_field"] == 1
     # A history written before the schema version is version 1; nothing off-schema is written.
     assert parse_record({"t": 1.0, "type": "run", "event": "start"}).schema == 1
     with pytest.raises(HistoryError, match="step 'x' is not int"):

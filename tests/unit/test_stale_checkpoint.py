@@ -50,7 +50,7 @@ def test_freeze_during_checkpoint_stops_the_writer_then_pauses_the_node_and_heal
     unpaused = fake.calls.index(("unpause", "id-node0"))
     assert ("exec", "id-node0", ["kill", "-CONT", "40"], None) in fake.calls[unpaused:]  # then the writer goes on
     assert nem.active() == []
-    phases = [(r["fault"], r["phase"]) for r in nem.history.records()]
+    phases = [(r.fault, r.phase) for r in nem.history.records()]
     assert ("freeze-during-checkpoint", "ok") in phases and phases[-1] == ("heal", "ok")
 
 

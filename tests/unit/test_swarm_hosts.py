@@ -394,7 +394,7 @@ def test_the_collector_merges_every_hosts_events_and_logs_into_one_history(tmp_p
     collector._read_events(docker.events(labels.cluster_filter("demo")))
     for thread in list(collector._followers.values()):
         thread.join(timeout=5)
-    records = {(r["node"], r["action"]) for r in history.records() if r["type"] == "docker"}
+    records = {(r.node, r.action) for r in history.records() if r.TYPE == "docker"}
     assert records == {("node0", "start"), ("node1", "start"), ("etcd", "die")}
     # Each started container's log is followed on its own host's engine.
     assert ("follow_logs", "id-node0") in here.calls and ("follow_logs", "id-node1") in there.calls
