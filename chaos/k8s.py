@@ -45,6 +45,14 @@ DEFAULT_ETCD_IMAGES = {"3.4": "quay.io/coreos/etcd:v3.4.34", "3.5": "quay.io/cor
 DEFAULT_KUBECTL_IMAGE = "bitnami/kubectl:1.30"
 DEFAULT_NAMESPACE = "default"
 ENOSPC = 28
+# A Workflow chaos template's field that embeds its spec, by templateType (Chaos Mesh's EmbedChaos).
+EMBED_FIELDS = {
+    "PodChaos": "podChaos",
+    "NetworkChaos": "networkChaos",
+    "StressChaos": "stressChaos",
+    "TimeChaos": "timeChaos",
+    "IOChaos": "ioChaos",
+}
 INSTANT_S = 5  # the deadline of a one-shot chaos (a kill): it acts at once, the node ends after this
 UNKNOWN_STEP_TIME_S = 1.0  # a user script's step time is unknown: a step trigger assumes this
 RECOVERY_GUESS_S = 30.0  # world_size / round triggers: this long after the step before
@@ -211,7 +219,7 @@ def _pytorchjob(spec: ClusterSpec, opts: _Options, notes: list[str]) -> dict:
     resources: dict = {}
     if spec.gpus.enabled:
         count = spec.gpus.count if spec.gpus.mode == "count" else 1
-        resources["limits"] = {"nvidia.com/gpu": count}
+        resources["limits"] = {"nvidia.com/gpu": str(count)}
         if spec.gpus.mode == "all":
             notes.append("--gpus all: Kubernetes asks for a number of GPUs; the export asks for 1 per pod.")
     if spec.memory is not None:
@@ -644,12 +652,12 @@ class _Workflow:
             chaos = {
                 "action": "fault",
                 "mode": "all",
-                "selector": self._job_selector(),
+                "selector": self._selector("random"),
                 "volumePath": o.dir,
                 "path": f"{o.dir.rstrip('/')}/**/*",
                 "errno": ENOSPC,
                 "percent": 100,
-                "methods": ["write", "create", "fallocate"],
+                "methods": ["write", "create"],
                 "containerNames": [CONTAINER],
             }
             return [self._chaos(name, "IOChaos", chaos, held or run_s)]
@@ -713,7 +721,7 @@ class _Workflow:
         return "all"
 
     def _chaos(self, name: str, kind: str, chaos: dict, deadline_s: float | None) -> dict:
-        template = {"name": name, "templateType": kind, kind[0].lower() + kind[1:]: chaos}
+        template = {"name": name, "templateType": kind, EMBED_FIELDS[kind]: chaos}
         template["deadline"] = _go_duration(deadline_s if deadline_s is not None else INSTANT_S)
         return template
 
