@@ -27,7 +27,7 @@ from sim.spec import C10D_PORT, ETCD_CLIENT_PORT, ClusterSpec, parse_size
 from sim.torchrun import torchrun_argv
 
 from . import nodescripts
-from .faults import PartitionOptions
+from .faults import FAULTS, PartitionOptions
 from .scenario import Scenario, Step, scenario_spec_options
 from .targets import ETCD
 
@@ -516,7 +516,8 @@ class _Workflow:
             for later_at, later, _ in timeline[number + 1 :]:
                 target = getattr(step.options, "target", None)
                 same = getattr(later.options, "target", None) in (None, target) or later.fault == "heal"
-                if later.fault in ends and (ends[later.fault] in (None, step.fault)) and same:
+                reversible = FAULTS[step.fault].reversible
+                if later.fault in ends and reversible and ends[later.fault] in (None, step.fault) and same:
                     holds[number] = later_at - at
                     break
                 if later.fault in starts and step.fault in starts[later.fault] and same:

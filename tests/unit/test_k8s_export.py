@@ -246,3 +246,31 @@ def test_bad_input_is_one_line(argv, says, capsys, tmp_path):
     assert main([*argv, "-o", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_heal_ends_the_reversible_faults_before_it_only():
+    scenario = parse_scenario(
+        """
+name: held
+description: a heal ends the pause, not the kill
+cluster: {nodes: 3, nproc_per_node: 1}
+steps:
+  - fault: kill-node
+    target: node2
+    at: {time: 10s}
+  - fault: pause
+    target: node1
+    at: {time: 12s}
+  - fault: heal
+    all: true
+    at: {time: 30s}
+expect: {outcome: recovers}
+"""
+    )
+    export = export_scenario(scenario)
+    assert all_problems(export) == []
+    workflow = next(o for o in export.objects() if o["kind"] == "Workflow")
+    templates = {t["name"]: t for t in workflow["spec"]["templates"]}
+    assert templates["s00-kill-node"]["podChaos"]["action"] == "pod-kill"
+    assert templates["s01-pause-hold"]["deadline"] == "18s"
+    assert "s02-heal-at" not in templates and any("steps[2] (heal" in note for note in export.notes)
