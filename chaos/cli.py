@@ -170,7 +170,14 @@ def _checked(spelt: str, parse: Callable[[Any], Any], value: Any) -> Any:
 
 
 def _inject(fault: Fault, args: argparse.Namespace) -> int:
-    """Check the input, then one Nemesis call; with --for, hold the fault and undo it (also on Ctrl-C)."""
+    inject(fault, args, report=_report)
+    return 0
+
+
+def inject(fault: Fault, args: argparse.Namespace, report: Callable[[dict], None] = lambda result: None) -> dict:
+    """Check the input, then one Nemesis call; with --for, hold the fault and undo it (also on Ctrl-C).
+    Returns the audited result (a held fault's undo under "ended"); `report` sees each as it comes.
+    The verbs and the Chaos Toolkit actions (chaos.toolkit) both inject through here."""
     # Everything is parsed before acting: bad input must change nothing.
     options = _options(fault, args)
     hold_s = None if getattr(args, "duration", None) is None else _checked("--for", parse_duration, args.duration)
@@ -178,13 +185,16 @@ def _inject(fault: Fault, args: argparse.Namespace) -> int:
     if fault.needs_etcd:
         nemesis.resolve(ETCD)  # a clear error when the cluster has no etcd
     result = fault.invoke(nemesis, options)
-    _report(result)
-    if hold_s is not None and fault.undo is not None:
-        try:
-            time.sleep(hold_s)
-        finally:
-            _report(fault.end_hold(nemesis, result))
-    return 0
+    report(result)
+    if hold_s is None or fault.undo is None:
+        return result
+    ended = None
+    try:
+        time.sleep(hold_s)
+    finally:
+        ended = fault.end_hold(nemesis, result)
+        report(ended)
+    return {**result, "ended": ended}
 
 
 def _nemesis(args: argparse.Namespace, *, running: bool = True) -> Nemesis:

@@ -150,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_host.add_argument("--no-check", action="store_true", help="register without asking the engine its version")
     swarm_sub.add_parser("remove-host", help="forget a swarm host's engine").add_argument("host")
     swarm_sub.add_parser("hosts", help="each swarm host and the engine sim reaches it by")
+    _add_export(sub, up)
     from chaos.cli import register as register_faults
 
     COMMANDS.update(register_faults(sub))
@@ -185,8 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cut = argv.index("--")
         argv, script_args = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
-    if script_args is not None and args.command != "up":
-        print(f"sim {args.command}: error: arguments after `--` are only for `sim up`", file=sys.stderr)
+    if script_args is not None and args.command not in ("up", "export"):
+        print(
+            f"sim {args.command}: error: arguments after `--` are only for `sim up` and `sim export`", file=sys.stderr
+        )
         return 2
     try:
         if hasattr(args, "name_flag"):
@@ -456,7 +459,72 @@ def cmd_swarm(args: argparse.Namespace, _: list[str] | None) -> int:
     return 0
 
 
+def _add_export(sub: argparse._SubParsersAction, up: argparse.ArgumentParser) -> None:
+    """`sim export k8s SCENARIO | --script ... --nodes ...`: the job (and a scenario's faults) as Kubernetes YAML."""
+    export = sub.add_parser(
+        "export", help="write a scenario or a job as Kubernetes objects (PyTorchJob, Chaos Mesh Workflow)"
+    )
+    export_sub = export.add_subparsers(dest="export_command", metavar="FORMAT", parser_class=_Parser)
+    export_sub.required = True
+    k8s = export_sub.add_parser(
+        "k8s",
+        help="a Kubeflow PyTorchJob, its etcd, and the scenario's faults as one Chaos Mesh Workflow (+ NOTES.md)",
+        description="Write a folder of Kubernetes YAML for a scenario (its cluster and faults), or for the job "
+        "`sim up` would start with the same options. Nothing is applied: see docs/KUBERNETES.md.",
+    )
+    k8s.add_argument("scenario", nargs="?", help="a scenario file or shipped name (default: the job options only)")
+    k8s.add_argument("--backend", help="the scenario's backend to export (default: its first)")
+    k8s.add_argument("-o", "--output", metavar="DIR", help="the folder to write (default: ./k8s-NAME)")
+    k8s.add_argument("--image", help="the worker image, in a registry the cluster pulls from")
+    k8s.add_argument("--etcd-image", help="the etcd image (default: quay.io/coreos/etcd of the etcd version)")
+    k8s.add_argument("--kubectl-image", help="the image of the Workflow's kubectl exec tasks")
+    k8s.add_argument("--namespace", default="default", help="the namespace of every object (default: default)")
+    # The job options, exactly as `sim up` takes them.
+    job_options = {"engine", "placement", "ckpt_nfs", "detach", "verbose", "keep", "timeout", "help"}
+    for action in up._actions:
+        if action.dest not in job_options:
+            k8s._add_action(action)
+
+
+def cmd_export(args: argparse.Namespace, script_args: list[str] | None) -> int:
+    from chaos.k8s import DEFAULT_IMAGE, DEFAULT_KUBECTL_IMAGE, export_scenario, export_spec, write_export
+
+    images = {
+        "image": args.image or DEFAULT_IMAGE,
+        "etcd_image": args.etcd_image,
+        "kubectl_image": args.kubectl_image or DEFAULT_KUBECTL_IMAGE,
+        "namespace": args.namespace,
+    }
+    if args.scenario:
+        from chaos.catalog import find_scenario
+        from chaos.scenario import load_scenario
+
+        scenario = load_scenario(find_scenario(args.scenario))
+        if args.backend and args.backend not in scenario.backends:
+            raise UsageError(
+                f"--backend {args.backend}: scenario {scenario.name} runs on {', '.join(scenario.backends)}; "
+                "use one of them"
+            )
+        export, title = export_scenario(scenario, args.backend, **images), scenario.name
+    else:
+        if args.backend:
+            raise UsageError("--backend picks a scenario's backend; without a scenario use --rdzv-backend")
+        spec = spec_from_options(vars(args), script_args)
+        export, title = export_spec(spec, **images), spec.name
+    out = Path(args.output or f"k8s-{title}")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--output {out}: a file, not a folder; give a folder to write the YAML into")
+    written = write_export(export, out, title)
+    print(f"wrote {len(written)} files to {out}/ ({len(export.objects())} objects; {len(export.notes)} notes)")
+    for path in written:
+        print(f"  {path}")
+    chaos = f"; once training runs: kubectl apply -f {out}/chaos/" if "chaos/workflow.yaml" in export.files else ""
+    print(f"next: kubectl apply -f {out}/{chaos} (see {out}/NOTES.md)")
+    return 0
+
+
 COMMANDS = {
+    "export": cmd_export,
     "swarm": cmd_swarm,
     "up": cmd_up,
     "down": cmd_down,

@@ -1,0 +1,948 @@
+"""A scenario (or a `sim up` spec) as Kubernetes objects: a Kubeflow PyTorchJob and a Chaos Mesh Workflow.
+
+One more renderer of the same spec and fault catalog, like the Compose file (sim/engines/render.py) and the
+Swarm stack (sim/engines/swarm_render.py). Pure: nothing here talks to a cluster. Field names follow the
+training operator's kubeflow.org/v1 types (pkg/apis/kubeflow.org/v1/pytorch_types.go) and Chaos Mesh's
+chaos-mesh.org/v1alpha1 types (api/v1alpha1/*_types.go, the Workflow docs); tests/unit/test_k8s_export.py
+checks every object against schemas written from them, and the core objects with the kubernetes client.
+
+Every mapping that is not exact is a line of the export's notes (NOTES.md beside the YAML); a step that
+cannot be mapped at all is listed there too, never dropped without a word. Nothing here ran on a real
+Kubernetes cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from signal import SIGCONT, SIGSTOP
+
+import yaml
+
+from sim.core.errors import UsageError
+from sim.core.spec import C10D_PORT, ETCD_CLIENT_PORT, ClusterSpec, parse_size
+from sim.core.torchrun import torchrun_argv
+
+from . import nodescripts
+from .faults import FAULTS, PartitionOptions
+from .scenario import Scenario, Step, scenario_spec_options
+from .targets import ETCD
+
+KUBEFLOW_API = "kubeflow.org/v1"
+CHAOS_API = "chaos-mesh.org/v1alpha1"
+# The training operator's pod labels (it sets them on every replica's pod, and again on a re-created one).
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+CONTAINER = "pytorch"  # the operator's default container name (PytorchJobDefaultContainerName)
+ETCD_CONTAINER = "etcd"
+OPERATOR_BACKENDS = ("c10d", "etcd", "etcd-v2")  # the operator's RDZVBackend enum
+DEFAULT_IMAGE = "elastic-sim-node:latest"
+DEFAULT_ETCD_IMAGES = {"3.4": "quay.io/coreos/etcd:v3.4.34", "3.5": "quay.io/coreos/etcd:v3.5.17"}
+DEFAULT_KUBECTL_IMAGE = "bitnami/kubectl:1.30"
+DEFAULT_NAMESPACE = "default"
+ENOSPC = 28
+# A Workflow chaos template's field that embeds its spec, by templateType (Chaos Mesh's EmbedChaos).
+EMBED_FIELDS = {
+    "PodChaos": "podChaos",
+    "NetworkChaos": "networkChaos",
+    "StressChaos": "stressChaos",
+    "TimeChaos": "timeChaos",
+    "IOChaos": "ioChaos",
+}
+INSTANT_S = 5  # the deadline of a one-shot chaos (a kill): it acts at once, the node ends after this
+UNKNOWN_STEP_TIME_S = 1.0  # a user script's step time is unknown: a step trigger assumes this
+RECOVERY_GUESS_S = 30.0  # world_size / round triggers: this long after the step before
+
+
+@dataclasses.dataclass
+class K8sExport:
+    """The objects by file (a file may hold several), and the notes of every inexact mapping."""
+
+    files: dict[str, list[dict]]
+    notes: list[str]
+    comments: dict[str, str] = dataclasses.field(default_factory=dict)  # file -> header comment
+
+    def objects(self) -> list[dict]:
+        return [obj for objs in self.files.values() for obj in objs]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    name: str
+    namespace: str
+    image: str
+    etcd_image: str
+    kubectl_image: str
+
+
+# ---------------------------------------------------------------- the job
+
+
+def export_spec(
+    spec: ClusterSpec,
+    *,
+    image: str = DEFAULT_IMAGE,
+    etcd_image: str | None = None,
+    kubectl_image: str = DEFAULT_KUBECTL_IMAGE,
+    namespace: str = DEFAULT_NAMESPACE,
+) -> K8sExport:
+    """The job alone: what `sim up` with the same options would run, as a PyTorchJob."""
+    return _export(spec, None, image, etcd_image, kubectl_image, namespace)
+
+
+def export_scenario(
+    scenario: Scenario,
+    backend: str | None = None,
+    *,
+    image: str = DEFAULT_IMAGE,
+    etcd_image: str | None = None,
+    kubectl_image: str = DEFAULT_KUBECTL_IMAGE,
+    namespace: str = DEFAULT_NAMESPACE,
+) -> K8sExport:
+    """The scenario's cluster on `backend` (default: its first) and its steps as a Chaos Mesh Workflow."""
+    backend = backend or scenario.backends[0]
+    from sim.core.spec import spec_from_options
+
+    options = scenario_spec_options(scenario, backend)
+    options["name"] = _k8s_name(scenario.name)
+    spec = spec_from_options(options, None)
+    return _export(spec, scenario, image, etcd_image, kubectl_image, namespace)
+
+
+def _k8s_name(name: str) -> str:
+    """A DNS-1123 label: lowercase letters, digits and '-' (a cluster name may hold '_')."""
+    return name.replace("_", "-").strip("-")[:40] or "sim"
+
+
+def _export(
+    spec: ClusterSpec,
+    scenario: Scenario | None,
+    image: str,
+    etcd_image: str | None,
+    kubectl_image: str,
+    namespace: str,
+) -> K8sExport:
+    if spec.rdzv_backend == "static":
+        raise UsageError(
+            "--rdzv-backend static: a PyTorchJob without elasticPolicy needs a Master replica and per-pod ranks, "
+            "which this export does not write; use c10d or an etcd backend"
+        )
+    name = _k8s_name(spec.name)
+    opts = _Options(name, namespace, image, etcd_image or DEFAULT_ETCD_IMAGES[spec.etcd_server_version], kubectl_image)
+    notes: list[str] = [
+        "Nothing here ran on a real Kubernetes cluster: the objects are checked offline against the "
+        "operator's and Chaos Mesh's documented fields (tests/unit/test_k8s_export.py).",
+        f"The worker image {image!r} must be in a registry the cluster can pull from (push `sim build`'s "
+        "node image and pass --image).",
+        "Restarts: torchrun's own (--max-restarts, elasticPolicy.maxRestarts) restart the workers inside a pod; "
+        "a pod that ends is re-created by the operator per the replica's restartPolicy (OnFailure), which a "
+        "local run has no counterpart of (a killed node stays down there until started).",
+        "The workers' side channel (per-step events, sim report's verdict) is not collected: read the pods' "
+        "logs (kubectl logs) and the PyTorchJob's conditions instead.",
+    ]
+    files: dict[str, list[dict]] = {"job.yaml": [_pytorchjob(spec, opts, notes)]}
+    files["storage.yaml"] = [_ckpt_claim(spec, opts, notes)]
+    if spec.uses_etcd:
+        files["etcd.yaml"] = _etcd(spec, opts, notes)
+    export = K8sExport(files, notes)
+    if scenario is not None and scenario.steps:
+        _Workflow(spec, scenario, opts, export).build()
+    return export
+
+
+def _pod_env(spec: ClusterSpec) -> list[dict]:
+    env = {
+        "LOGLEVEL": "INFO",
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "SIM_CKPT_DIR": "/ckpt",
+        "SIM_CLUSTER": spec.name,
+        "SIM_INSTRUMENT": "1" if spec.instrument else "0",
+    }
+    if spec.gpus.enabled:
+        env["SIM_BACKEND"] = "nccl"
+    env.update(dict(spec.env))
+    return [{"name": key, "value": str(value)} for key, value in env.items()]
+
+
+def rdzv_host(spec: ClusterSpec, name: str) -> str:
+    """The rendezvous endpoint's host in the cluster: the etcd Service, or worker 0's Service (c10d)."""
+    return f"{name}-etcd" if spec.uses_etcd else f"{name}-worker-0"
+
+
+def container_argv(spec: ClusterSpec, name: str) -> list[str]:
+    """sim.core.torchrun's command line with the cluster's endpoint: the operator's PET_* settings are the
+    same values, and an explicit flag wins over them, so etcd-v3 (unknown to the operator) works too."""
+    argv = torchrun_argv(spec, 0, rdzv_id=name)
+    port = ETCD_CLIENT_PORT if spec.uses_etcd else C10D_PORT
+    endpoint = argv.index("--rdzv-endpoint") + 1
+    argv[endpoint] = f"{rdzv_host(spec, name)}:{port}"
+    return argv
+
+
+def _pytorchjob(spec: ClusterSpec, opts: _Options, notes: list[str]) -> dict:
+    argv = container_argv(spec, opts.name)
+    policy: dict = {
+        "minReplicas": spec.min_nodes,
+        "maxReplicas": spec.max_nodes,
+        "maxRestarts": spec.max_restarts,
+        "nProcPerNode": spec.nproc_per_node,
+        "rdzvId": opts.name,
+        "rdzvHost": rdzv_host(spec, opts.name),
+        "rdzvPort": ETCD_CLIENT_PORT if spec.uses_etcd else C10D_PORT,
+    }
+    if spec.rdzv_backend in OPERATOR_BACKENDS:
+        policy["rdzvBackend"] = spec.rdzv_backend
+    else:
+        notes.append(
+            f"rdzvBackend: the operator knows {', '.join(OPERATOR_BACKENDS)}, not {spec.rdzv_backend}; the "
+            f"container's own torchrun command passes --rdzv-backend {spec.rdzv_backend} (the node image holds "
+            "the backend), and elasticPolicy names no backend."
+        )
+    if spec.rdzv_conf:
+        policy["rdzvConf"] = [{"key": key, "value": value} for key, value in spec.rdzv_conf]
+    container: dict = {
+        "name": CONTAINER,
+        "image": opts.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": argv[:1],
+        "args": argv[1:],
+        "env": _pod_env(spec),
+        "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
+        # Network faults of a local run need NET_ADMIN; Chaos Mesh's daemon acts from outside the pod instead.
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    resources: dict = {}
+    if spec.gpus.enabled:
+        count = spec.gpus.count if spec.gpus.mode == "count" else 1
+        resources["limits"] = {"nvidia.com/gpu": str(count)}
+        if spec.gpus.mode == "all":
+            notes.append("--gpus all: Kubernetes asks for a number of GPUs; the export asks for 1 per pod.")
+    if spec.memory is not None:
+        resources.setdefault("limits", {})["memory"] = str(parse_size("--memory", spec.memory))
+    if resources:
+        container["resources"] = resources
+    if spec.uses_etcd:
+        # The node image's wait for etcd's health, as in a local run.
+        container["command"] = ["elastic-sim-await-etcd"]
+        container["args"] = [f"{rdzv_host(spec, opts.name)}:{ETCD_CLIENT_PORT}", "120", "--", *argv]
+    if spec.script is not None:
+        notes.append(
+            f"--script {spec.script}: a local file; the export runs {spec.script_in_node} in the image, so the "
+            "script must be baked into the image (or mounted from a ConfigMap) at that path."
+        )
+    pod_spec: dict = {
+        "containers": [container],
+        "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": f"{opts.name}-ckpt"}}],
+    }
+    if spec.gpus.enabled:
+        # NCCL uses shared memory between local ranks, as the local run's shm_size.
+        pod_spec["volumes"].append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+    if spec.nodes != spec.max_nodes:
+        notes.append(
+            f"replicas: {spec.nodes} pods start (the local cluster's --nodes) of maxReplicas {spec.max_nodes}; "
+            f"`kubectl scale pytorchjob/{opts.name} --replicas=N` adds or removes workers."
+        )
+    return {
+        "apiVersion": KUBEFLOW_API,
+        "kind": "PyTorchJob",
+        "metadata": {"name": opts.name, "namespace": opts.namespace, "labels": {"app.kubernetes.io/part-of": "sim"}},
+        "spec": {
+            "elasticPolicy": policy,
+            "runPolicy": {"cleanPodPolicy": "None"},
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": spec.nodes,
+                    "restartPolicy": "OnFailure",
+                    "template": {"spec": pod_spec},
+                }
+            },
+        },
+    }
+
+
+def _ckpt_claim(spec: ClusterSpec, opts: _Options, notes: list[str]) -> dict:
+    size = spec.ckpt_size or "1g"
+    notes.append(
+        f"/ckpt: a PersistentVolumeClaim {opts.name}-ckpt (ReadWriteMany, {size}) shared by every worker pod, "
+        "as the local run's shared volume; the cluster needs a storage class that serves ReadWriteMany (NFS, CephFS)."
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": f"{opts.name}-ckpt", "namespace": opts.namespace},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": _quantity(size)}}},
+    }
+
+
+def _quantity(size: str) -> str:
+    """A size as typed (64m, 2g) as a Kubernetes quantity in binary units (64Mi, 2Gi)."""
+    return f"{parse_size('size', size, least=0) >> 20}Mi"
+
+
+def _etcd(spec: ClusterSpec, opts: _Options, notes: list[str]) -> list[dict]:
+    labels = {"app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": opts.name}
+    host = f"{opts.name}-etcd"
+    command = [
+        "etcd",
+        "--name=etcd",
+        "--data-dir=/var/lib/etcd/data",
+        f"--listen-client-urls=http://0.0.0.0:{ETCD_CLIENT_PORT}",
+        f"--advertise-client-urls=http://{host}:{ETCD_CLIENT_PORT}",
+    ]
+    if spec.etcd_v2_api:
+        command.append("--enable-v2=true")
+    notes.append(
+        "etcd: one member, data in an emptyDir: a restarted container keeps it (etcd-restart), a deleted pod "
+        "loses it (etcd-wipe), as a local run's etcd volume."
+    )
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": host, "namespace": opts.namespace, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": ETCD_CONTAINER,
+                            "image": opts.etcd_image,
+                            "command": command,
+                            "ports": [{"containerPort": ETCD_CLIENT_PORT, "name": "client"}],
+                            "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
+                        }
+                    ],
+                    "volumes": [{"name": "data", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": host, "namespace": opts.namespace, "labels": labels},
+        "spec": {"selector": labels, "ports": [{"name": "client", "port": ETCD_CLIENT_PORT, "targetPort": "client"}]},
+    }
+    return [deployment, service]
+
+
+# ---------------------------------------------------------------- the faults
+
+# nodescripts' way to find a node's torchrun workers (their environment names a local rank and a run id).
+_WORKERS = "def workers():" + nodescripts.KILL_IN_WRITE.split("def workers():")[1].split("def writing")[0]
+# A worker process of the pod it runs in, picked as the nemesis picks one, then signalled (argv: SIGNAL
+# RANK LOCAL_RANK SEED; -1: any). Exit 3 when this pod has no such worker, so the task tries the next pod.
+_SIGNAL_WORKER = (
+    "import json, os, random, signal, sys\n"
+    + _WORKERS
+    + r"""
+sig, rank, local_rank, seed = (int(a) for a in sys.argv[1:5])
+def env(pid):
+    try:
+        with open(f'/proc/{pid}/environ', 'rb') as f:
+            return dict(i.split(b'=', 1) for i in f.read().split(b'\0') if b'=' in i)
+    except OSError:
+        return {}
+pids = [p for p in workers()
+        if (rank < 0 or env(p).get(b'RANK') == str(rank).encode())
+        and (local_rank < 0 or env(p).get(b'LOCAL_RANK') == str(local_rank).encode())]
+if not pids:
+    sys.exit(print('no such worker in this pod', file=sys.stderr) or 3)
+pid = random.Random(seed).choice(sorted(pids))
+os.kill(pid, sig)
+if sig == signal.SIGSTOP:
+    open('/tmp/elastic-sim-stopped', 'a').write(f'{pid}\n')
+print(json.dumps({'pid': pid, 'rank': int(env(pid).get(b'RANK', b'-1')), 'signal': sig}))
+"""
+)
+# Continue the workers stopped by _SIGNAL_WORKER (resume-worker, the end of a hang-worker hold).
+_CONT_WORKERS = r"""
+import os, signal
+try:
+    pids = {int(p) for p in open('/tmp/elastic-sim-stopped').read().split()}
+except OSError:
+    pids = set()
+for pid in pids:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except OSError:
+        pass
+open('/tmp/elastic-sim-stopped', 'w').close()
+print(sorted(pids))
+"""
+# Every process of the container but PID 1 (the kernel ignores SIGSTOP sent to a namespace's init)
+# and this one: pause / unpause (argv: SIGNAL).
+_SIGNAL_ALL = r"""
+import os, sys
+sig, me = int(sys.argv[1]), os.getpid()
+done = []
+for p in os.listdir('/proc'):
+    if p.isdigit() and int(p) not in (1, me, os.getppid()):
+        try:
+            os.kill(int(p), sig)
+            done.append(int(p))
+        except OSError:
+            pass
+print(done)
+"""
+# hang-collectives: the node image's instrumentation holds a worker before its next collective while
+# nodescripts.COLLECTIVE_HANG_FILE exists for its pid (argv: SEED).
+_STALL_WORKER = (
+    "import json, os, random, sys\n"
+    + _WORKERS
+    + r"""
+pids = sorted(workers())
+if not pids:
+    sys.exit(print('no worker in this pod', file=sys.stderr) or 3)
+pid = random.Random(int(sys.argv[1])).choice(pids)
+open(HANG.format(pid=pid), 'a').close()
+print(json.dumps({'pid': pid}))
+""".replace("HANG", repr(nodescripts.COLLECTIVE_HANG_FILE))
+)
+
+
+class _Workflow:
+    def __init__(self, spec: ClusterSpec, scenario: Scenario, opts: _Options, export: K8sExport):
+        self.spec, self.scenario, self.opts, self.export = spec, scenario, opts, export
+        self.step_time = _step_time(spec)
+        self.templates: list[dict] = []
+        self.branches: list[str] = []
+        self.comments: list[str] = []
+        self.seed = scenario.seed if scenario.seed is not None else 0
+        self.needs_exec = False
+
+    def note(self, text: str) -> None:
+        if text not in self.export.notes:
+            self.export.notes.append(text)
+
+    # --- when each step fires, in seconds since training started
+
+    def schedule(self) -> list[tuple[float, Step, int]]:
+        timeline: list[tuple[float, Step, int]] = []
+        previous = 0.0
+        for index, step in enumerate(self.scenario.steps):
+            at = self._time_of(step, previous, index)
+            for repeat in range(step.repeat_times):
+                fired = at + repeat * (step.repeat_every_s or 0.0)
+                timeline.append((fired, step, index))
+            previous = timeline[-1][0] + (step.duration_s or 0.0)
+        return timeline
+
+    def _time_of(self, step: Step, previous: float, index: int) -> float:
+        kind, value = step.trigger.kind, step.trigger.value
+        where = f"steps[{index}] ({step.fault}, line {step.line})"
+        if kind == "time":
+            return float(value)
+        if kind == "after":
+            return previous + float(value)
+        if kind == "step":
+            at = value * self.step_time
+            self.note(
+                f"{where}: `at: {{step: {value}}}` became a time trigger at {at:g}s ({value} steps x "
+                f"{self.step_time:g}s per step, counted from the first step); Chaos Mesh cannot watch the "
+                "job's step, and a restart that resumes from a checkpoint reaches that step later."
+            )
+            self.comments.append(f"{where}: step {value} -> {at:g}s after training starts (a time trigger)")
+            return max(at, previous)
+        at = previous + RECOVERY_GUESS_S
+        self.note(
+            f"{where}: `at: {{{kind}: {value}}}` became a time trigger {RECOVERY_GUESS_S:g}s after the step before "
+            f"({at:g}s); Chaos Mesh cannot watch the job's {kind.replace('_', ' ')}."
+        )
+        self.comments.append(f"{where}: {kind} {value} -> {at:g}s after training starts (a guess)")
+        return at
+
+    def build(self) -> None:
+        timeline = self.schedule()
+        held_until = self._holds(timeline)
+        for number, (at, step, index) in enumerate(timeline):
+            name = f"s{number:02d}-{step.fault}"
+            hold = held_until.get(number)
+            made = self._step(name, step, index, hold)
+            if not made:
+                continue
+            suspend = {"name": f"{name}-wait", "templateType": "Suspend", "deadline": _go_duration(at)}
+            branch = {"name": f"{name}-at", "templateType": "Serial", "children": [suspend["name"], made[0]["name"]]}
+            self.templates += [suspend, *made, branch]
+            self.branches.append(branch["name"])
+        if not self.branches:
+            return
+        entry = {"name": "entry", "templateType": "Parallel", "children": self.branches}
+        workflow = {
+            "apiVersion": CHAOS_API,
+            "kind": "Workflow",
+            "metadata": {
+                "name": f"{self.opts.name}-chaos",
+                "namespace": self.opts.namespace,
+                "annotations": {"elastic-sim/scenario": self.scenario.name},
+            },
+            "spec": {"entry": "entry", "templates": [entry, *self.templates]},
+        }
+        if self.comments:
+            workflow["metadata"]["annotations"]["elastic-sim/triggers"] = "; ".join(self.comments)
+        files = self.export.files
+        files["chaos/workflow.yaml"] = [workflow]
+        header = [
+            f"Scenario {self.scenario.name}: apply once training has started (its times count from the first step).",
+            *self.comments,
+        ]
+        self.export.comments["chaos/workflow.yaml"] = "\n".join(f"# {line}" for line in header) + "\n"
+        if self.needs_exec:
+            files["chaos/rbac.yaml"] = _exec_rbac(self.opts)
+            self.note(
+                "Faults with no Chaos Mesh primitive (one worker process signalled, a checkpoint damaged, "
+                "a collective hang) are Workflow Task templates that run `kubectl exec` into the worker pod with "
+                f"image {self.opts.kubectl_image}; chaos/rbac.yaml lets the namespace's default service account "
+                "(the one a Task pod runs as) list pods and exec into them."
+            )
+
+    def _holds(self, timeline: list[tuple[float, Step, int]]) -> dict[int, float | None]:
+        """For each step without a duration that a later step ends (heal, unpause, start, resume-worker):
+        how long it is held; None: to the end of the run."""
+        ends = {"heal": None, "unpause": "pause", "etcd-unpause": "etcd-pause", "resume-worker": "hang-worker"}
+        starts = {"start-node": ("kill-node", "stop-node"), "etcd-start": ("etcd-kill",)}
+        holds: dict[int, float | None] = {}
+        for number, (at, step, _) in enumerate(timeline):
+            if step.duration_s is not None:
+                continue
+            for later_at, later, _ in timeline[number + 1 :]:
+                target = getattr(step.options, "target", None)
+                same = getattr(later.options, "target", None) in (None, target) or later.fault == "heal"
+                reversible = FAULTS[step.fault].reversible
+                if later.fault in ends and reversible and ends[later.fault] in (None, step.fault) and same:
+                    holds[number] = later_at - at
+                    break
+                if later.fault in starts and step.fault in starts[later.fault] and same:
+                    holds[number] = later_at - at
+                    break
+            else:
+                holds[number] = None
+        return holds
+
+    # --- one step
+
+    def _step(self, name: str, step: Step, index: int, hold: float | None) -> list[dict]:
+        """The templates of one step, the one the Serial runs first; [] when the step maps to nothing."""
+        o = step.options
+        held = step.duration_s if step.duration_s is not None else hold
+        run_s = self.scenario.timeout_s
+        where = f"steps[{index}] ({step.fault}, line {step.line})"
+        fault = step.fault
+        if fault in ("kill-node", "stop-node", "etcd-kill"):
+            target = ETCD if fault == "etcd-kill" else o.target
+            if hold is not None or target == ETCD:
+                # Down until a later start (or for the rest of the run): the pod is kept from running.
+                duration = hold if hold is not None else run_s
+                self.note(
+                    f"{where}: PodChaos pod-failure for {duration:g}s: the pod stays down until "
+                    "the scenario starts it again (the operator or Deployment would re-create a killed pod at once)."
+                )
+                return [self._pod_chaos(name, target, "pod-failure", duration)]
+            extra = {"gracePeriod": int(o.grace)} if fault == "stop-node" else {}
+            self.note(
+                f"{where}: PodChaos pod-kill: the operator re-creates the pod (restartPolicy OnFailure) and it "
+                "rejoins; locally the node stays down until `sim start`."
+            )
+            return [self._pod_chaos(name, target, "pod-kill", None, extra)]
+        if fault == "restart-node":
+            if o.downtime:
+                self.note(f"{where}: downtime {o.downtime:g}s as PodChaos pod-failure for that long.")
+                return [self._pod_chaos(name, o.target, "pod-failure", o.downtime)]
+            return [self._pod_chaos(name, o.target, "pod-kill", None, {"gracePeriod": int(o.grace)})]
+        if fault == "kill-agent":
+            self.note(
+                f"{where}: PodChaos container-kill kills the whole container (agent and workers) and the kubelet "
+                "restarts it; locally only the agent is signalled and the node container stays."
+            )
+            return [self._pod_chaos(name, o.target, "container-kill", None, {"containerNames": [CONTAINER]})]
+        if fault == "etcd-restart":
+            if o.downtime:
+                self.note(f"{where}: etcd-restart's downtime {o.downtime:g}s is not mapped (the container restarts).")
+            return [self._pod_chaos(name, ETCD, "container-kill", None, {"containerNames": [ETCD_CONTAINER]})]
+        if fault == "etcd-wipe":
+            self.note(
+                f"{where}: etcd-wipe as PodChaos pod-kill of the etcd pod: its emptyDir goes with it, so the "
+                f"Deployment's new pod starts empty{'; the downtime is not mapped' if o.downtime else ''}."
+            )
+            return [self._pod_chaos(name, ETCD, "pod-kill", None)]
+        if fault in ("pause", "etcd-pause"):
+            target = ETCD if fault == "etcd-pause" else o.target
+            if target == ETCD:
+                self.note(
+                    f"{where}: a frozen etcd as a NetworkChaos partition of the etcd pod (the etcd image has "
+                    "no shell to signal from): clients see it unresponsive, as when frozen."
+                )
+                return [self._network(name, ETCD, "partition", held or run_s, target=self._job_selector())]
+            self.note(
+                f"{where}: pause as a Task that SIGSTOPs every process of the pod but PID 1 (the kernel ignores "
+                "SIGSTOP sent to a namespace's init): the agent keeps heartbeating, its workers freeze; "
+                "locally docker pause freezes the agent too."
+            )
+            stop = self._exec_task(f"{name}-stop", target, _SIGNAL_ALL, int(SIGSTOP))
+            cont = self._exec_task(f"{name}-cont", target, _SIGNAL_ALL, int(SIGCONT))
+            return self._held(name, stop, cont, held, run_s)
+        if fault == "hang-worker":
+            args = (int(SIGSTOP), _or(o.rank), _or(o.local_rank), self.seed)
+            stop = self._exec_task(f"{name}-stop", o.target, _SIGNAL_WORKER, *args, rank=o.rank)
+            cont = self._exec_task(f"{name}-cont", o.target, _CONT_WORKERS, rank=o.rank)
+            return self._held(name, stop, cont, held, run_s)
+        if fault == "kill-worker":
+            args = (int(o.signal), _or(o.rank), _or(o.local_rank), self.seed)
+            return [self._exec_task(name, o.target, _SIGNAL_WORKER, *args, rank=o.rank)]
+        if fault == "hang-collectives":
+            return [self._exec_task(name, o.target, _STALL_WORKER, self.seed)]
+        if fault == "corrupt-checkpoint":
+            return [self._exec_task(name, o.target, nodescripts.CORRUPT, o.dir, o.mode, self.seed)]
+        if fault == "kill-during-checkpoint":
+            return [self._exec_task(name, o.target, nodescripts.KILL_IN_WRITE, o.dir, o.within, int(o.signal))]
+        if fault == "partition":
+            return self._partition(name, where, o, held or run_s)
+        if fault == "etcd-isolate":
+            return [self._network(name, ETCD, "partition", held or run_s, target=self._job_selector())]
+        if fault == "netem":
+            return self._netem(name, where, o, held or run_s)
+        if fault == "slow-node":
+            load = max(1, min(100, round(100 * (1 - o.cpus))))
+            self.note(
+                f"{where}: slow-node (a CPU quota of {o.cpus:g} CPUs) as StressChaos cpu load {load}%: Chaos Mesh "
+                "adds competing load instead of capping the pod's CPU."
+            )
+            target = self._selector(o.target)
+            chaos = {"mode": "all", "selector": target, "stressors": {"cpu": {"workers": 1, "load": load}}}
+            return [self._chaos(name, "StressChaos", chaos, held or run_s)]
+        if fault == "oom-worker":
+            self.note(
+                f"{where}: oom-worker as StressChaos memory (size 100%): the kernel's OOM killer picks its victim "
+                "in the pod, which may be the stressor rather than a worker; locally a memory limit is set first."
+            )
+            chaos = {
+                "mode": "all",
+                "selector": self._selector(o.target),
+                "stressors": {"memory": {"workers": 1, "size": "100%"}},
+            }
+            return [self._chaos(name, "StressChaos", chaos, INSTANT_S * 6)]
+        if fault == "skew-clock":
+            offset = _go_duration(o.by, signed=True)
+            self.note(
+                f"{where}: TimeChaos shifts the clock of the container's processes by {offset} (clockIds "
+                "CLOCK_REALTIME); processes started later by `kubectl exec` keep the true time."
+            )
+            chaos = {
+                "mode": "all",
+                "selector": self._selector(o.target),
+                "timeOffset": offset,
+                "clockIds": ["CLOCK_REALTIME"],
+                "containerNames": [CONTAINER],
+            }
+            return [self._chaos(name, "TimeChaos", chaos, held or run_s)]
+        if fault == "fill-disk":
+            self.note(
+                f"{where}: fill-disk as IOChaos fault errno {ENOSPC} (ENOSPC) on every write under {o.dir}: "
+                "the disk is not filled, each write fails as on a full one"
+                + (f" (leave {o.leave} bytes is not mapped)" if o.leave else "")
+                + "."
+            )
+            chaos = {
+                "action": "fault",
+                "mode": "all",
+                "selector": self._selector("random"),
+                "volumePath": o.dir,
+                "path": f"{o.dir.rstrip('/')}/**/*",
+                "errno": ENOSPC,
+                "percent": 100,
+                "methods": ["write", "create"],
+                "containerNames": [CONTAINER],
+            }
+            return [self._chaos(name, "IOChaos", chaos, held or run_s)]
+        if fault == "scale":
+            self.needs_exec = True
+            command = f"kubectl scale -n {self.opts.namespace} pytorchjob/{self.opts.name} --replicas={o.nodes}"
+            self.note(
+                f"{where}: scale as a Task that runs `{command}`; the operator adds or deletes the highest pods "
+                "(gracefully, with the pods' terminationGracePeriodSeconds; abrupt and grace are not mapped)."
+            )
+            return [self._task(name, command)]
+        if fault in ("heal", "unpause", "etcd-unpause", "start-node", "etcd-start", "resume-worker"):
+            self.note(
+                f"{where}: {fault} ends the fault before it: that fault's template lasts until this step's time "
+                "(Chaos Mesh undoes a fault when its template's deadline passes); no template of its own."
+            )
+            return []
+        self.note(
+            f"{where}: {fault} is NOT exported: no Chaos Mesh primitive, and no exec form here "
+            "(run it on a local cluster: `sim chaos run`)."
+        )
+        return []
+
+    # --- template builders
+
+    def _held(self, name: str, start: dict, end: dict, held: float | None, run_s: float) -> list[dict]:
+        """A Serial: start, a Suspend for the hold, end; the Serial first."""
+        wait = {"name": f"{name}-hold", "templateType": "Suspend", "deadline": _go_duration(held or run_s)}
+        serial = {"name": name, "templateType": "Serial", "children": [start["name"], wait["name"], end["name"]]}
+        return [serial, start, wait, end]
+
+    def _pod_labels(self, target: str) -> dict[str, str]:
+        if target == ETCD:
+            return {"app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": self.opts.name}
+        labels = {JOB_NAME_LABEL: self.opts.name, REPLICA_TYPE_LABEL: "worker"}
+        index = _node_index(target, self.spec)
+        if index is not None:
+            labels[REPLICA_INDEX_LABEL] = str(index)
+        return labels
+
+    def _selector(self, target: str, *, not_in: Sequence[int] = ()) -> dict:
+        selector: dict = {"namespaces": [self.opts.namespace], "labelSelectors": self._pod_labels(target)}
+        if not_in:
+            selector["expressionSelectors"] = [
+                {"key": REPLICA_INDEX_LABEL, "operator": "NotIn", "values": [str(i) for i in not_in]}
+            ]
+        return selector
+
+    def _job_selector(self) -> dict:
+        return {"mode": "all", "selector": self._selector("random")}
+
+    def _mode(self, target: str) -> str:
+        """`one` (Chaos Mesh picks a pod at random) for a target that names no single pod."""
+        if target != ETCD and _node_index(target, self.spec) is None:
+            if target == "rank0":
+                self.note(
+                    "target rank0: the pod of global rank 0 is not known to a selector; a Chaos Mesh object "
+                    "picks one worker pod at random (mode one); exec tasks look for RANK=0 in every pod."
+                )
+            return "one"
+        return "all"
+
+    def _chaos(self, name: str, kind: str, chaos: dict, deadline_s: float | None) -> dict:
+        template = {"name": name, "templateType": kind, EMBED_FIELDS[kind]: chaos}
+        template["deadline"] = _go_duration(deadline_s if deadline_s is not None else INSTANT_S)
+        return template
+
+    def _pod_chaos(
+        self, name: str, target: str, action: str, duration_s: float | None, extra: dict | None = None
+    ) -> dict:
+        chaos = {"action": action, "mode": self._mode(target), "selector": self._selector(target), **(extra or {})}
+        if action == "pod-failure":
+            chaos["duration"] = _go_duration(duration_s)
+        return self._chaos(name, "PodChaos", chaos, duration_s)
+
+    def _network(self, name: str, target: str, action: str, deadline_s: float, **fields: dict) -> dict:
+        chaos: dict = {
+            "action": action,
+            "mode": self._mode(target),
+            "selector": self._selector(target),
+            "direction": "both",
+        }
+        if "target" in fields:
+            chaos["target"] = fields.pop("target")
+        chaos.update(fields)
+        return self._chaos(name, "NetworkChaos", chaos, deadline_s)
+
+    def _partition(self, name: str, where: str, o: PartitionOptions, deadline_s: float) -> list[dict]:
+        ((shape, value),) = o.given().items()
+        nodes = list(self.spec.node_names)
+
+        def side(names: Sequence[str]) -> dict:
+            indices = [_node_index(n, self.spec) for n in names if n != ETCD]
+            if ETCD in names:
+                return {"mode": "all", "selector": self._selector(ETCD)}
+            selector = self._selector("random")
+            selector["expressionSelectors"] = [
+                {"key": REPLICA_INDEX_LABEL, "operator": "In", "values": [str(i) for i in indices]}
+            ]
+            return {"mode": "all", "selector": selector}
+
+        cuts: list[dict] = []
+        if shape == "groups":
+            for i, group in enumerate(value):
+                for other in value[i + 1 :]:
+                    cuts.append({"from": group, "to": other, "direction": "both"})
+        elif shape == "one_way":
+            cuts.append({"from": value[0], "to": value[1], "direction": "to"})
+            self.note(f"{where}: one_way as NetworkChaos direction `to` (packets from the first side dropped).")
+        else:
+            others = {
+                "isolate": [n for n in nodes if n not in value] + ([ETCD] if self.spec.uses_etcd else []),
+                "from_etcd": [ETCD],
+                "from_peers": [n for n in nodes if n not in value],
+            }[shape]
+            cuts += (
+                [{"from": value, "to": [n for n in others if n != ETCD], "direction": "both"}]
+                if any(n != ETCD for n in others)
+                else []
+            )
+            if ETCD in others:
+                cuts.append({"from": value, "to": [ETCD], "direction": "both"})
+        made = []
+        for number, cut in enumerate(cuts):
+            source = side(cut["from"])
+            chaos = {
+                "action": "partition",
+                "mode": "all",
+                "selector": source["selector"],
+                "direction": cut["direction"],
+                "target": side(cut["to"]),
+            }
+            made.append(self._chaos(f"{name}-{number}", "NetworkChaos", chaos, deadline_s))
+        if len(made) == 1:
+            made[0]["name"] = name
+            return made
+        return [{"name": name, "templateType": "Parallel", "children": [t["name"] for t in made]}, *made]
+
+    def _netem(self, name: str, where: str, o, deadline_s: float) -> list[dict]:
+        target = o.target
+        parts: list[tuple[str, dict]] = []
+        if o.loss is not None:
+            parts.append(("loss", {"loss": {"loss": f"{o.loss:g}", "correlation": "0"}}))
+        if o.rate is not None:
+            rate = f"{max(1, o.rate // 1000)}kbps"
+            parts.append(("bandwidth", {"bandwidth": {"rate": rate, "limit": 20971520, "buffer": 10000}}))
+            self.note(f"{where}: rate as NetworkChaos bandwidth {rate} (limit and buffer are Chaos Mesh's own).")
+        if o.delay is not None:
+            delay = {"latency": _go_duration(o.delay), "correlation": "0"}
+            if o.jitter is not None:
+                delay["jitter"] = _go_duration(o.jitter)
+            parts.append(("delay", {"delay": delay}))
+        if o.duplicate is not None:
+            parts.append(("duplicate", {"duplicate": {"duplicate": f"{o.duplicate:g}", "correlation": "0"}}))
+        if o.corrupt is not None:
+            parts.append(("corrupt", {"corrupt": {"corrupt": f"{o.corrupt:g}", "correlation": "0"}}))
+        if o.delay is not None and len(parts) > 1:
+            self.note(f"{where}: several link faults at once are one NetworkChaos each, in parallel.")
+        made = []
+        for action, fields in parts:
+            chaos = {"action": action, "mode": self._mode(target), "selector": self._selector(target)}
+            chaos["direction"] = "to"
+            chaos.update(fields)
+            made.append(self._chaos(f"{name}-{action}", "NetworkChaos", chaos, deadline_s))
+        if len(made) == 1:
+            made[0]["name"] = name
+            return made
+        return [{"name": name, "templateType": "Parallel", "children": [t["name"] for t in made]}, *made]
+
+    def _task(self, name: str, command: str, env: dict[str, str] | None = None) -> dict:
+        container = {
+            "name": "exec",
+            "image": self.opts.kubectl_image,
+            "command": ["sh", "-c", command],
+        }
+        if env:
+            container["env"] = [{"name": key, "value": value} for key, value in env.items()]
+        return {"name": name, "templateType": "Task", "task": {"container": container}}
+
+    def _exec_task(self, name: str, target: str, script: str, *args: object, rank: int | None = None) -> dict:
+        """A Task that runs `script` (python3 -c) in the target's worker pod through `kubectl exec`: in the
+        pod named by the target, or in each worker pod in turn (random: shuffled; rank0 / a rank: the one
+        whose script finds the worker) until one succeeds."""
+        self.needs_exec = True
+        labels = self._pod_labels("random" if rank is not None or target == "rank0" else target)
+        if target == "rank0" and script is _SIGNAL_WORKER:
+            args = (args[0], 0, *args[2:])
+        selector = ",".join(f"{key}={value}" for key, value in labels.items())
+        ns = self.opts.namespace
+        words = " ".join(shlex.quote(str(a)) for a in args)
+        order = "shuf" if target == "random" else "cat"
+        command = (
+            f"for pod in $(kubectl get pods -n {ns} -l {selector} -o name | {order}); do "
+            f'kubectl exec -n {ns} "$pod" -c {CONTAINER} -- python3 -c "$SCRIPT" {words} && exit 0; '
+            "done; exit 1"
+        )
+        return self._task(name, command, {"SCRIPT": script})
+
+
+def _or(value: int | None) -> int:
+    return -1 if value is None else value
+
+
+def _node_index(target: str, spec: ClusterSpec) -> int | None:
+    if target == "store-host":
+        return 0  # c10d: worker 0 hosts the store (rdzvHost)
+    if target.startswith("node") and target[4:].isdigit():
+        return int(target[4:])
+    return None
+
+
+def _step_time(spec: ClusterSpec) -> float:
+    args = list(spec.effective_script_args)
+    if spec.script is None and "--step-time" in args:
+        return float(args[len(args) - 1 - args[::-1].index("--step-time") + 1])
+    return UNKNOWN_STEP_TIME_S
+
+
+def _go_duration(seconds: float | None, *, signed: bool = False) -> str:
+    """Seconds as a Go duration (Chaos Mesh parses durations with time.ParseDuration): 90 -> "90s", 0.1 -> "100ms"."""
+    seconds = float(seconds or 0.0)
+    millis = round(seconds * 1000)
+    text = f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
+    if millis < 0:
+        text = f"-{abs(millis) // 1000}s" if millis % 1000 == 0 else f"-{abs(millis)}ms"
+    return f"+{text}" if signed and millis > 0 else text
+
+
+def _exec_rbac(opts: _Options) -> list[dict]:
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": f"{opts.name}-chaos-exec", "namespace": opts.namespace},
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+            {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]},
+            {
+                "apiGroups": ["kubeflow.org"],
+                "resources": ["pytorchjobs/scale", "pytorchjobs"],
+                "verbs": ["get", "patch", "update"],
+            },
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": f"{opts.name}-chaos-exec", "namespace": opts.namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": opts.namespace}],
+    }
+    return [role, binding]
+
+
+# ---------------------------------------------------------------- writing it out
+
+
+def notes_text(export: K8sExport, title: str) -> str:
+    lines = [f"# {title}: what is not exact", ""]
+    lines += [f"- {note}" for note in export.notes]
+    lines += [
+        "",
+        "Apply: `kubectl apply -f .` (the job, its etcd and storage), wait until the workers log training steps, "
+        "then `kubectl apply -f chaos/` (the Workflow's times count from then). See docs/KUBERNETES.md.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_export(export: K8sExport, out_dir: Path, title: str) -> list[Path]:
+    """Write each file (YAML, several documents where a file holds several objects) and NOTES.md."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for file_name, objects in export.files.items():
+        path = out_dir / file_name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = "# Written by elastic-sim (sim export k8s). Not run on a real cluster: see NOTES.md.\n"
+        body = yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False, width=1000)
+        path.write_text(header + export.comments.get(file_name, "") + body, encoding="utf-8")
+        written.append(path)
+    notes = out_dir / "NOTES.md"
+    notes.write_text(notes_text(export, title), encoding="utf-8")
+    written.append(notes)
+    return written
+
+
+def to_json(export: K8sExport) -> str:
+    return json.dumps(export.objects(), indent=1, sort_keys=True)
