@@ -20,7 +20,7 @@ from sim.engines.cluster import Cluster
 from sim.engines.docker import Docker
 from sim.engines.swarm import provider_for
 
-from .faults import FAULTS, FLAG, Fault, FaultOptions, option_of
+from .faults import FAULTS, FLAG, FaultEntry, FaultOptions, option_of
 from .nemesis import Nemesis
 from .parse import parse_duration
 from .targets import ETCD
@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable]:
     """Add a verb for each fault of the catalog (those sharing a first word, like `sim etcd kill`,
     as one verb with an action), `sim faults` and `sim chaos`; returns verb -> command."""
     commands: dict[str, Callable] = {}
-    groups: dict[str, list[Fault]] = {}
+    groups: dict[str, list[FaultEntry]] = {}
     for fault in FAULTS.values():
         groups.setdefault(fault.verb[0], []).append(fault)
     for verb, faults in groups.items():
@@ -77,7 +77,7 @@ def _verb(
     return parser
 
 
-def _add_fault_verb(sub: argparse._SubParsersAction, fault: Fault) -> None:
+def _add_fault_verb(sub: argparse._SubParsersAction, fault: FaultEntry) -> None:
     parser = _verb(sub, fault.verb[0], fault.help)
     for f in fault.fields:
         _add_option(parser, f)
@@ -87,7 +87,7 @@ def _add_fault_verb(sub: argparse._SubParsersAction, fault: Fault) -> None:
         )
 
 
-def _add_group_verb(sub: argparse._SubParsersAction, verb: str, faults: list[Fault]) -> None:
+def _add_group_verb(sub: argparse._SubParsersAction, verb: str, faults: list[FaultEntry]) -> None:
     """One verb whose first argument picks the fault: `sim etcd restart --downtime 5s`. Each option
     is offered once, saying which actions take it; given to another action, it is an error."""
     actions = [fault.verb[1] for fault in faults]
@@ -109,11 +109,11 @@ def _add_group_verb(sub: argparse._SubParsersAction, verb: str, faults: list[Fau
         parser.add_argument("--for", dest="duration", help=f"for {', '.join(reversible)}: undo after this long")
 
 
-def _group_action(verb: str, by_action: dict[str, Fault], args: argparse.Namespace) -> Fault:
+def _group_action(verb: str, by_action: dict[str, FaultEntry], args: argparse.Namespace) -> FaultEntry:
     """The fault a group verb's action names, refusing an option that action does not take
     (`sim etcd kill --downtime 5s` would otherwise drop the downtime without a word)."""
 
-    def options_of(fault: Fault) -> set[str]:
+    def options_of(fault: FaultEntry) -> set[str]:
         return {f.name for f in fault.fields} | ({"duration"} if fault.reversible else set())
 
     fault = by_action[args.action]
@@ -152,7 +152,7 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _options(fault: Fault, args: argparse.Namespace) -> FaultOptions:
+def _options(fault: FaultEntry, args: argparse.Namespace) -> FaultOptions:
     given = {}
     for f in fault.fields:
         value = getattr(args, f.name)
@@ -169,12 +169,12 @@ def _checked(spelt: str, parse: Callable[[Any], Any], value: Any) -> Any:
         raise UsageError(f"{spelt}: {error}") from None
 
 
-def _inject(fault: Fault, args: argparse.Namespace) -> int:
+def _inject(fault: FaultEntry, args: argparse.Namespace) -> int:
     inject(fault, args, report=_report)
     return 0
 
 
-def inject(fault: Fault, args: argparse.Namespace, report: Callable[[dict], None] = lambda result: None) -> dict:
+def inject(fault: FaultEntry, args: argparse.Namespace, report: Callable[[dict], None] = lambda result: None) -> dict:
     """Check the input, then one Nemesis call; with --for, hold the fault and undo it (also on Ctrl-C).
     Returns the audited result (a held fault's undo under "ended"); `report` sees each as it comes.
     The verbs and the Chaos Toolkit actions (chaos.toolkit) both inject through here."""

@@ -414,9 +414,10 @@ class ScaleOptions(FaultOptions):
 
 
 @dataclass(frozen=True)
-class Fault:
-    """One kind of fault. `invoke(nemesis, options)` injects it and returns the nemesis'
-    result; `undo(nemesis, result)` reverses it (reversible faults only)."""
+class FaultEntry:
+    """One entry of the fault catalog: how a person or a scenario asks for a kind of fault (what the kind
+    is, its traits and undo, is its sim.core.faultkinds.FaultKind). `invoke(nemesis, options)` injects it
+    and returns the nemesis' result; `undo(nemesis, result)` reverses it (reversible faults only)."""
 
     name: str  # as a scenario step names it
     options: type[FaultOptions]
@@ -509,42 +510,42 @@ def _heal_result(nemesis: Nemesis, result: dict) -> dict:
 
 
 _CATALOG = (
-    Fault(
+    FaultEntry(
         "kill-worker",
         KillWorkerOptions,
         ("kill-worker",),
         "signal one training worker (SIGKILL by default)",
         lambda n, o: n.kill_worker(o.target, rank=o.rank, local_rank=o.local_rank, sig=o.signal),
     ),
-    Fault(
+    FaultEntry(
         "kill-agent",
         KillAgentOptions,
         ("kill-agent",),
         "signal the torchrun agent (KILL: abrupt; TERM: torchrun's graceful path)",
         lambda n, o: n.kill_agent(o.target, sig=o.signal),
     ),
-    Fault(
+    FaultEntry(
         "kill-node",
         TargetOptions,
         ("kill",),
         "crash a whole node or etcd at once (docker kill)",
         lambda n, o: n.kill_node(o.target),
     ),
-    Fault(
+    FaultEntry(
         "stop-node",
         StopOptions,
         ("stop",),
         "preempt a node: SIGTERM, then SIGKILL after a grace period (docker stop -t)",
         lambda n, o: n.stop_node(o.target, grace=o.grace),
     ),
-    Fault(
+    FaultEntry(
         "restart-node",
         RestartOptions,
         ("restart",),
         "restart a node or etcd with the same hostname (quick rejoin; etcd keeps its data)",
         lambda n, o: n.restart_node(o.target, grace=o.grace, downtime=o.downtime),
     ),
-    Fault(
+    FaultEntry(
         "start-node",
         TargetOptions,
         ("start",),
@@ -552,7 +553,7 @@ _CATALOG = (
         lambda n, o: n.start_node(o.target),
         needs_running=False,
     ),
-    Fault(
+    FaultEntry(
         "pause",
         TargetOptions,
         ("pause",),
@@ -561,8 +562,10 @@ _CATALOG = (
         undo=lambda n, result: n.unpause(result["node"]),
         undone_by="unpause",
     ),
-    Fault("unpause", TargetOptions, ("unpause",), "resume a frozen node or etcd", lambda n, o: n.unpause(o.target)),
-    Fault(
+    FaultEntry(
+        "unpause", TargetOptions, ("unpause",), "resume a frozen node or etcd", lambda n, o: n.unpause(o.target)
+    ),
+    FaultEntry(
         "partition",
         PartitionOptions,
         ("partition",),
@@ -572,14 +575,14 @@ _CATALOG = (
         undone_by="heal",
         check_nodes=lambda o, nodes, has_etcd: o.cuts(nodes, has_etcd=has_etcd),
     ),
-    Fault(
+    FaultEntry(
         "heal",
         HealOptions,
         ("heal",),
         "undo one fault by id (see `sim faults`), or every reversible one with --all",
         lambda n, o: n.heal(None if o.all else o.id),
     ),
-    Fault(
+    FaultEntry(
         "netem",
         NetemOptions,
         ("netem",),
@@ -599,7 +602,7 @@ _CATALOG = (
         undone_by="heal",
         records="link",
     ),
-    Fault(
+    FaultEntry(
         "etcd-kill",
         NoOptions,
         ("etcd", "kill"),
@@ -608,7 +611,7 @@ _CATALOG = (
         needs_etcd=True,
         records="kill-node",
     ),
-    Fault(
+    FaultEntry(
         "etcd-start",
         NoOptions,
         ("etcd", "start"),
@@ -618,7 +621,7 @@ _CATALOG = (
         needs_running=False,
         records="start-node",
     ),
-    Fault(
+    FaultEntry(
         "etcd-restart",
         DowntimeOptions,
         ("etcd", "restart"),
@@ -627,7 +630,7 @@ _CATALOG = (
         needs_etcd=True,
         records="restart-node",
     ),
-    Fault(
+    FaultEntry(
         "etcd-wipe",
         DowntimeOptions,
         ("etcd", "wipe"),
@@ -636,7 +639,7 @@ _CATALOG = (
         needs_etcd=True,
         records="wipe-etcd",
     ),
-    Fault(
+    FaultEntry(
         "etcd-pause",
         NoOptions,
         ("etcd", "pause"),
@@ -647,7 +650,7 @@ _CATALOG = (
         needs_etcd=True,
         records="pause",
     ),
-    Fault(
+    FaultEntry(
         "etcd-unpause",
         NoOptions,
         ("etcd", "unpause"),
@@ -656,7 +659,7 @@ _CATALOG = (
         needs_etcd=True,
         records="unpause",
     ),
-    Fault(
+    FaultEntry(
         "etcd-isolate",
         NoOptions,
         ("etcd", "isolate"),
@@ -667,7 +670,7 @@ _CATALOG = (
         needs_etcd=True,
         records="partition",
     ),
-    Fault(
+    FaultEntry(
         "hang-worker",
         WorkerOptions,
         ("hang-worker",),
@@ -676,7 +679,7 @@ _CATALOG = (
         undo=_heal_result,  # its id names the one worker it stopped (`sim resume-worker` continues them all)
         undone_by="heal",
     ),
-    Fault(
+    FaultEntry(
         "hang-collectives",
         WorkerOptions,
         ("hang-collectives",),
@@ -685,14 +688,14 @@ _CATALOG = (
         undo=_heal_result,
         undone_by="heal",
     ),
-    Fault(
+    FaultEntry(
         "resume-worker",
         NodeOptions,
         ("resume-worker",),
         "continue the stopped workers of a node (SIGCONT)",
         lambda n, o: n.resume_worker(o.target),
     ),
-    Fault(
+    FaultEntry(
         "slow-node",
         SlowOptions,
         ("slow",),
@@ -701,7 +704,7 @@ _CATALOG = (
         undo=_heal_result,
         undone_by="heal",
     ),
-    Fault(
+    FaultEntry(
         "skew-clock",
         SkewOptions,
         ("skew-clock",),
@@ -710,21 +713,21 @@ _CATALOG = (
         undo=_heal_result,
         undone_by="heal",
     ),
-    Fault(
+    FaultEntry(
         "oom-worker",
         WorkerOptions,
         ("oom-worker",),
         "the kernel's OOM killer kills one worker (a memory limit on its node, then memory pressure)",
         lambda n, o: n.oom_worker(o.target, rank=o.rank, local_rank=o.local_rank),
     ),
-    Fault(
+    FaultEntry(
         "corrupt-checkpoint",
         CorruptOptions,
         ("corrupt-checkpoint",),
         "flip bits in, or truncate, the newest checkpoint file",
         lambda n, o: n.corrupt_checkpoint(o.target, mode=o.mode, directory=o.dir),
     ),
-    Fault(
+    FaultEntry(
         "fill-disk",
         FillOptions,
         ("fill-disk",),
@@ -733,14 +736,14 @@ _CATALOG = (
         undo=_heal_result,
         undone_by="heal",
     ),
-    Fault(
+    FaultEntry(
         "kill-during-checkpoint",
         KillInWriteOptions,
         ("kill-during-checkpoint",),
         "signal the worker that writes a checkpoint, the moment it opens the file",
         lambda n, o: n.kill_during_checkpoint(o.target, directory=o.dir, within=o.within, sig=o.signal),
     ),
-    Fault(
+    FaultEntry(
         "freeze-during-checkpoint",
         InWriteOptions,
         ("freeze-during-checkpoint",),
@@ -750,7 +753,7 @@ _CATALOG = (
         undo=_heal_result,
         undone_by="heal",
     ),
-    Fault(
+    FaultEntry(
         "scale",
         ScaleOptions,
         ("scale",),
@@ -758,4 +761,4 @@ _CATALOG = (
         lambda n, o: n.scale(o.nodes, abrupt=o.abrupt, grace=o.grace),
     ),
 )
-FAULTS: dict[str, Fault] = {fault.name: fault for fault in _CATALOG}
+FAULTS: dict[str, FaultEntry] = {fault.name: fault for fault in _CATALOG}

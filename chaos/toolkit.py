@@ -29,7 +29,7 @@ from sim.engines.docker import Docker
 from sim.verdict.runmodel import trigger_step
 
 from .cli import inject
-from .faults import FAULTS, FLAG, GROUPS, NODES, NODES_PAIR, Fault, option_of
+from .faults import FAULTS, FLAG, GROUPS, NODES, NODES_PAIR, FaultEntry, option_of
 
 CLUSTER_KEY = "sim_cluster"
 POLL_S = 0.5
@@ -57,7 +57,7 @@ def _as_cli(kind, value: Any) -> Any:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _action(fault: Fault) -> Callable[..., dict]:
+def _action(fault: FaultEntry) -> Callable[..., dict]:
     fields = fault.fields
     extra = ["duration"] if fault.reversible else []
 

@@ -22,7 +22,7 @@ from sim.core.errors import HistoryError, UsageError
 from sim.core.history import DockerRecord, TrainerRecord, WorkerRecord
 from sim.verdict import CheckResult, FaultRecovery, Verdict
 from sim.verdict.recovery import LOSS_JUMP_TOLERANCE, Recovery, loss_across_resumes, recoveries
-from sim.verdict.runmodel import Beat, Cohort, Fault, RunModel, clock
+from sim.verdict.runmodel import Beat, Cohort, FaultEvent, RunModel, clock
 
 EXPECTED = ("recovers", "fails", "hangs")
 # The shipped trainer's checkpoint files (trainer/train.py's checkpoint_path) and their temp files.
@@ -789,7 +789,7 @@ def check_stalled(run: RunModel, spec: RunSpec) -> CheckResult:
     )
 
 
-def _last_fault_before(run: RunModel, t: float) -> Fault | None:
+def _last_fault_before(run: RunModel, t: float) -> FaultEvent | None:
     before = [f for f in run.faults if f.t_invoke <= t]
     return before[-1] if before else None
 

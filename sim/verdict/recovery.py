@@ -23,7 +23,7 @@ import math
 
 from sim.core.history import AgentRecord, TrainerRecord, WorkerRecord
 from sim.verdict import FaultRecovery
-from sim.verdict.runmodel import Beat, Cohort, Fault, Resume, RunModel
+from sim.verdict.runmodel import Beat, Cohort, FaultEvent, Resume, RunModel
 
 # Throughput before and after a fault is measured over this much training.
 THROUGHPUT_WINDOW_S = 10.0
@@ -79,7 +79,7 @@ class RecoveryPhases:
 
 @dataclasses.dataclass(frozen=True)
 class Recovery:
-    fault: Fault
+    fault: FaultEvent
     restart: Cohort | None  # the cohort the fault led to; None: training went on without a restart
     first_progress: Beat | None  # the first beat (a step, where steps are seen) after the restart or fault
     steps_before: int | None  # highest step reached before the restart (None: steps not numbered across restarts)
@@ -134,7 +134,7 @@ class Recovery:
         )
 
 
-def faults_during_training(run: RunModel) -> list[Fault]:
+def faults_during_training(run: RunModel) -> list[FaultEvent]:
     return [f for f in run.faults if f.t_invoke < run.t_training_ended]
 
 
@@ -147,7 +147,7 @@ def recoveries(run: RunModel) -> tuple[Recovery, ...]:
     )
 
 
-def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> Recovery:
+def _recovery(run: RunModel, fault: FaultEvent, next_fault: FaultEvent | None) -> Recovery:
     before = run.last_beat_before(fault.t_invoke)
     # Before the workers' first beat (still importing), the world they were started at.
     cohort_then = run.cohort_at(fault.t_invoke)
@@ -195,13 +195,13 @@ def _recovery(run: RunModel, fault: Fault, next_fault: Fault | None) -> Recovery
     )
 
 
-def _rides_on(fault: Fault) -> bool:
+def _rides_on(fault: FaultEvent) -> bool:
     """A fault training may go on through: a straggler, a slow link, a skewed clock, or one that spares
     every training node (etcd lost while no rendezvous runs, etcd cut off from a node)."""
     return fault.kind.degrading or fault.spares_training
 
 
-def _ends_workers(fault: Fault) -> bool:
+def _ends_workers(fault: FaultEvent) -> bool:
     """A worker-ending fault on a training node (kill-node of etcd ends none: training rides it out). torch
     must restart the group: the first restart after one is its own, even when a later fault came first
     (steps already in flight at the kill do not mean training went on)."""
@@ -209,7 +209,7 @@ def _ends_workers(fault: Fault) -> bool:
 
 
 def recovery_phases(
-    run: RunModel, fault: Fault, cohort: Cohort | None, first: Beat | None, until: float
+    run: RunModel, fault: FaultEvent, cohort: Cohort | None, first: Beat | None, until: float
 ) -> RecoveryPhases:
     """The phases of the recovery from `fault` by the workers of `cohort` (None: no worker said when
     it started), from the records up to `until` (the first step, else the next fault or the run's end)."""
@@ -262,7 +262,7 @@ def _noticed(agents: list[AgentRecord], regrouped: set[str]) -> float | None:
     return max((t for t in entered if t is not None), default=min(first_sign.values(), default=None))
 
 
-def _silenced_nodes(fault: Fault) -> set[str]:
+def _silenced_nodes(fault: FaultEvent) -> set[str]:
     """Nodes whose agents do not count as noticing this fault: taken out, restarted, frozen or added by it
     (their own node's agent is not the one that notices)."""
     nodes = {fault.where} if fault.kind.silences_node else set()

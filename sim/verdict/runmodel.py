@@ -77,8 +77,9 @@ ROUND_GAP_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
-class Fault:
-    """A fault operation that took effect: its `ok` record (or `info`: outcome unknown) and its invoke time."""
+class FaultEvent:
+    """One occurrence of a fault in a run (its kind is `.kind`): a fault operation that took effect, from its
+    `ok` record (or `info`: outcome unknown) and its invoke time."""
 
     op: str
     fault: str
@@ -126,7 +127,7 @@ class Fault:
         # The id the nemesis gave; a pause or link fault of an older history has none: its node's.
         return self.result.get("id") or (self.where and self.kind.in_force_id(self.where))
 
-    def heals(self, fault: Fault) -> bool:
+    def heals(self, fault: FaultEvent) -> bool:
         """Whether this heal operation undid `fault`."""
         if self.fault == "unpause":
             return fault.heal_id == f"pause-{self.where}"
@@ -342,7 +343,7 @@ class RunModel:
 
     # --- faults ---
 
-    def healed_at(self, fault: Fault) -> float | None:
+    def healed_at(self, fault: FaultEvent) -> float | None:
         """When a reversible fault (pause, partition, link) was undone; None: never."""
         return next((h.t_ok for h in self.heals if h.t_ok >= fault.t_ok and h.heals(fault)), None)
 
@@ -371,7 +372,7 @@ class RunModel:
         events = [r for r in self.docker if r.node == node and r.action in ("start", "die")]
         return events[-1] if events else None
 
-    def removed_on_purpose(self) -> dict[str, Fault]:
+    def removed_on_purpose(self) -> dict[str, FaultEvent]:
         """Nodes a fault took out (kill/stop, scale-down) and that never started again."""
         removed = {}
         for fault in self.faults:
@@ -487,7 +488,7 @@ def _teardown_start(records: list[Record]) -> float | None:
     return None
 
 
-def _faults(records: list[Record]) -> tuple[list[Fault], list[Fault]]:
+def _faults(records: list[Record]) -> tuple[list[FaultEvent], list[FaultEvent]]:
     """(faults that took effect, heal operations that did), in time order: `ok` records, and
     `info` ones (outcome unknown: it may have happened) for faults."""
     invoked, faults, heals = {}, [], []
@@ -497,7 +498,7 @@ def _faults(records: list[Record]) -> tuple[list[Fault], list[Fault]]:
         if record.phase == "invoke":
             invoked[record.op] = record.t
         elif record.phase in ("ok", "info"):
-            fault = Fault(
+            fault = FaultEvent(
                 op=record.op,
                 fault=record.fault,
                 target=record.target,

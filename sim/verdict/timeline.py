@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from sim.core.history import AgentRecord, DockerRecord, FaultRecord, Record, RunRecord, TrainerRecord, WorkerRecord
 from sim.core.nodes import node_order
 from sim.verdict import FaultRecovery, Verdict
-from sim.verdict.runmodel import Beat, Fault, RunModel
+from sim.verdict.runmodel import Beat, FaultEvent, RunModel
 
 DOCKER_DOWN = ("die", "kill", "stop", "destroy")
 # Agent events after which a node has no workers until its next progress line.
@@ -194,7 +194,9 @@ def job_end_after_faults(verdict: Verdict, run: RunModel) -> list[dict]:
     return rows
 
 
-def _fault_span(run: RunModel, fault: Fault, recovery: FaultRecovery | None, origin: float, end: float) -> FaultSpan:
+def _fault_span(
+    run: RunModel, fault: FaultEvent, recovery: FaultRecovery | None, origin: float, end: float
+) -> FaultSpan:
     """From the fault's invoke to its heal (reversible faults) or to the end of its recovery."""
     if fault.kind.reversible:
         span_end = run.healed_at(fault)

@@ -14,7 +14,7 @@ import pytest
 
 from chaos.faults import FAULTS
 from sim.core.faultkinds import FAULT_KINDS, KINDS, UNDO_OPS, FaultKind, kind_of
-from sim.verdict.runmodel import Fault
+from sim.verdict.runmodel import FaultEvent
 
 NEMESIS = Path(__file__).resolve().parents[2] / "chaos" / "nemesis.py"
 
@@ -82,8 +82,8 @@ def test_an_unknown_name_has_no_traits():
     assert not any(value for f in dataclasses.fields(kind) if (value := getattr(kind, f.name)) is True)
 
 
-def _fault(name: str, result: dict, target: str = "node1") -> Fault:
-    return Fault(op=f"op-{name}", fault=name, target=target, t_invoke=10.0, t_ok=10.5, result=result)
+def _fault(name: str, result: dict, target: str = "node1") -> FaultEvent:
+    return FaultEvent(op=f"op-{name}", fault=name, target=target, t_invoke=10.0, t_ok=10.5, result=result)
 
 
 def test_a_skewed_clock_is_healed_by_its_id_in_the_run_model():
