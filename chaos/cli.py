@@ -228,9 +228,9 @@ def cmd_faults(args, _):
 
 
 def cmd_chaos(args, _):
-    from .catalog import find_scenario, shipped_scenarios
     from .runner import run_scenario
     from .scenario import load_scenario
+    from .shipped import find_scenario, shipped_scenarios
 
     if args.chaos_command == "list":
         for scenario in shipped_scenarios():

@@ -73,9 +73,9 @@ def sim_cluster(sim_docker) -> Iterator[Callable[..., Cluster]]:
 @pytest.fixture
 def sim_scenario(sim_docker) -> Callable[..., list]:
     """Run a scenario file (or shipped name) on each of its backends; returns ScenarioResults."""
-    from chaos.catalog import find_scenario
     from chaos.runner import run_scenario
     from chaos.scenario import load_scenario
+    from chaos.shipped import find_scenario
 
     def run(name_or_path: str, *, backend: str | None = None, seed: int | None = None) -> list:
         return run_scenario(load_scenario(find_scenario(name_or_path)), backend, docker=sim_docker, seed=seed)

@@ -496,8 +496,8 @@ def cmd_export(args: argparse.Namespace, script_args: list[str] | None) -> int:
         "namespace": args.namespace,
     }
     if args.scenario:
-        from chaos.catalog import find_scenario
         from chaos.scenario import load_scenario
+        from chaos.shipped import find_scenario
 
         scenario = load_scenario(find_scenario(args.scenario))
         if args.backend and args.backend not in scenario.backends:

@@ -10,7 +10,6 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-from chaos.catalog import shipped_scenarios
 from chaos.k8s import (
     JOB_NAME_LABEL,
     REPLICA_INDEX_LABEL,
@@ -20,6 +19,7 @@ from chaos.k8s import (
     write_export,
 )
 from chaos.scenario import parse_scenario
+from chaos.shipped import shipped_scenarios
 from sim.cli.main import main
 from sim.core.spec import ClusterSpec, GpuRequest
 

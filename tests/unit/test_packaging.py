@@ -60,7 +60,7 @@ def test_installed_layout_tags_images_as_the_checkout_does(installed, tmp_path):
 def test_installed_package_finds_its_files_without_a_checkout(installed):
     # Run from the unpacked wheel: its sim/ and chaos/ come first on sys.path.
     code = (
-        "import sim, sim.core.paths as p, chaos.catalog as c; "
+        "import sim, sim.core.paths as p, chaos.shipped as c; "
         "print(p.PROJECT_FILES == p.PACKAGE_DIR / '_data', p.COMPOSE_TEMPLATE.is_file(), "
         "(p.IMAGES_DIR / 'node' / 'Dockerfile').is_file(), len(c.shipped_paths()) > 0, sim.__file__)"
     )

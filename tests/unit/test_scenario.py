@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 
-from chaos.catalog import QUICK_SUITE, shipped_scenarios
 from chaos.faults import FAULTS
 from chaos.scenario import (
     PROFILES,
@@ -16,6 +15,7 @@ from chaos.scenario import (
     parse_scenario,
     scenario_spec_options,
 )
+from chaos.shipped import QUICK_SUITE, shipped_scenarios
 from sim.core.errors import UsageError
 from sim.core.spec import spec_from_options
 

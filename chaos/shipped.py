@@ -1,4 +1,5 @@
-"""The shipped scenarios (chaos/scenarios/*.yaml) and name lookup."""
+"""The scenario catalog: the shipped scenarios (chaos/scenarios/*.yaml), name lookup and the quick suite
+(the fault catalog is chaos/faults.py)."""
 
 from __future__ import annotations
 
