@@ -1138,6 +1138,128 @@ def _died_after(run: RunModel, record: Record) -> bool:
     return any(r.node == record.node and r.action == "die" and r.t >= record.t for r in run.docker)
 
 
+# --------------------------------------------------------------------------- (r) a peer lost during init
+
+# Survivors held inside init_process_group this long after a peer's loss: torch's init does not notice it.
+INIT_HELD_S = 60.0
+# torch 2.13's init_process_group default timeout (torch/distributed/constants.py, default_pg_timeout), which
+# bounds the rendezvous store's waits in init; NCCL's own default (default_pg_nccl_timeout) is 10 minutes.
+INIT_DEFAULT_TIMEOUT_S = 1800
+WAITED_MS = re.compile(r"(?:timeout after|waiting|Timed out after) (\d+)\s?(ms|seconds)")
+
+
+def init_peer_lost(run: RunModel) -> Diagnosis | None:
+    """(r) A node lost while its round's workers were still inside init_process_group: the others wait for it
+    in the store (and gloo's connection set-up) until init's timeout, and nothing regroups meanwhile."""
+    losses = [f for f in _fault_records(run, *NODE_LOSS_FAULTS) if f.where]
+    losses += [
+        r
+        for r in run.docker
+        if r.action in ("die", "kill") and AGENT_CONTAINER.match(str(r.node))
+        and not any(f.where == r.node and abs(f.t - r.t) < 5.0 for f in losses)
+    ]  # fmt: skip
+    for loss in sorted(losses, key=lambda r: r.t):
+        lost = _frozen_node(loss) if isinstance(loss, FaultRecord) and loss.fault == "pause" else (
+            loss.where if isinstance(loss, FaultRecord) else loss.node
+        )  # fmt: skip
+        held = [h for node in _agent_nodes(run) if node != lost and (h := _held_in_init(run, node, loss.t))]
+        if held and _in_init(run, lost, loss.t) is not None:
+            return _init_peer_lost(run, loss, lost, held)
+    return None
+
+
+def _in_init(run: RunModel, node: str, t: float) -> float | None:
+    """When the node's worker group in force at t started, if its workers had not come out of
+    init_process_group by t (no "pg_ready", no step or collective anywhere since); else None."""
+    started = [r.t for r in run.agent_events("group_started", node=node) if r.t <= t]
+    if not started:
+        return None
+    since = started[-1]
+    workers = [r for r in run.records if isinstance(r, WorkerRecord) and r.node == node and since <= r.t <= t]
+    if any(r.event == "pg_ready" for r in workers) or any(since < b <= t for b in run.beat_times):
+        return None
+    return since
+
+
+def _held_in_init(run: RunModel, node: str, t_loss: float) -> tuple | None:
+    """(node, its group's start, how it ended, until when, the error it ended with) for a node held in init
+    past INIT_HELD_S after the loss; None otherwise."""
+    since = _in_init(run, node, t_loss)
+    if since is None:
+        return None
+    later = [
+        r
+        for r in run.records
+        if r.t > t_loss
+        and getattr(r, "node", None) == node
+        and (
+            (isinstance(r, WorkerRecord) and r.event == "pg_ready")
+            or (isinstance(r, AgentRecord) and r.event in ("worker_failed", "group_started", "group_failed"))
+        )
+    ]
+    beats = [b for b in run.beat_times if b > t_loss]
+    ends = [(r.t, r) for r in later] + [(b, None) for b in beats[:1]]
+    until, ended = min(ends, key=lambda e: e[0], default=(run.t_end, None))
+    if until - t_loss <= INIT_HELD_S:
+        return None
+    errors = [
+        r
+        for r in run.agent_events("worker_error", "worker_exception", node=node)
+        if t_loss < r.t <= until + 2.0 and WAITED_MS.search(r.message or "")
+    ]
+    return node, since, ended, until, errors[0] if errors else None
+
+
+def _init_peer_lost(run: RunModel, loss: Record, lost: str, held: list[tuple]) -> Diagnosis:
+    nodes = ", ".join(h[0] for h in held)
+    longest = max(h[3] for h in held) - loss.t
+    failed = [h for h in held if isinstance(h[2], AgentRecord)]
+    waited = ""
+    for h in held:
+        if h[4] is not None and (m := WAITED_MS.search(h[4].message or "")):
+            seconds = int(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+            waited = f" (their error: a wait of {seconds:g} s, the init timeout)"
+            break
+    if failed:
+        outcome = f"then their workers failed{waited} and torchrun regrouped without {lost}"
+    else:
+        outcome = (
+            f"up to the end of the run, and would have until init's timeout (30 minutes by default for gloo) "
+            f"before regrouping without {lost}"
+        )
+    evidence = [_line(loss, f"{_describe(loss)}: {lost} lost while its workers were in init_process_group")]
+    for node, since, ended, until, error in held:
+        evidence.append(
+            f"{node} {_at(since)}  worker group started; no process group (pg_ready), step or collective after it"
+        )
+        if error is not None:
+            evidence.append(_line(error))
+        evidence.append(
+            f"{node} {_at(until)}  "
+            + (
+                f"{_describe(ended)}, {until - loss.t:.0f} s after the loss"
+                if ended is not None
+                else f"still waiting at the end of the run, {until - loss.t:.0f} s after the loss"
+            )
+        )
+    return Diagnosis(
+        "init-peer-lost",
+        f"A peer lost during process-group set-up held {nodes} in init_process_group for {longest:.0f} s",
+        f"{lost} was lost at {_at(loss.t)} while the round's workers were still inside init_process_group (started, "
+        f"no process group yet). torch's init cannot tell a lost peer from a slow one: the others wait for it in "
+        f"the rendezvous store (and gloo's connection set-up) until init_process_group's timeout, "
+        f"{INIT_DEFAULT_TIMEOUT_S // 60} minutes by default for gloo (torch.distributed.constants.default_pg_timeout; "
+        "10 minutes for NCCL). Their agents see live workers, so nothing regroups meanwhile. "
+        f"{nodes} {'was' if len(held) == 1 else 'were'} held {longest:.0f} s, {outcome}.",
+        evidence,
+        "Pass a timeout to init_process_group: dist.init_process_group(backend, timeout=timedelta(seconds=60)). "
+        "It bounds init's waits, so a peer lost during set-up costs that long before the worker fails and torchrun "
+        "regroups; it also bounds every later collective, so keep it above the slowest step, checkpoint save or "
+        "barrier. No torchrun option or environment variable changes init's default. In a fault test, fault the "
+        "job once it trains (`sim up --detach` returns when the worker groups start, before init is done).",
+    )
+
+
 # --------------------------------------------------------------------------- (q) the script's own error
 
 # Exceptions that end a worker without being its script's fault: the process group or a peer breaking (their
@@ -1342,6 +1464,7 @@ DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
     oom_kill,
     damaged_checkpoint_loaded,
     superseded_round_checkpoint,
+    init_peer_lost,
     process_group_timeout,
     loss_jump,
     restart_budget,
