@@ -207,7 +207,7 @@ def _describe(r: Record) -> str:
         return "agent entered the rendezvous"
     if r.event == "error_file":
         return _root_cause(r.message or "")
-    if r.event == "exception":
+    if r.event in ("exception", "worker_exception"):
         return f"{r.name}: {r.message}"
     return _tidy(r.message) if r.message else r.event
 
@@ -1200,13 +1200,14 @@ def _held_in_init(run: RunModel, node: str, t_loss: float) -> tuple | None:
     beats = [b for b in run.beat_times if b > t_loss]
     ends = [(r.t, r) for r in later] + [(b, None) for b in beats[:1]]
     until, ended = min(ends, key=lambda e: e[0], default=(run.t_end, None))
-    if until - t_loss <= INIT_HELD_S:
-        return None
     errors = [
         r
         for r in run.agent_events("worker_error", "worker_exception", node=node)
         if t_loss < r.t <= until + 2.0 and WAITED_MS.search(r.message or "")
     ]
+    # Held long, or (with a timeout given) until init's own wait timed out.
+    if until - t_loss <= INIT_HELD_S and not (errors and isinstance(ended, AgentRecord)):
+        return None
     return node, since, ended, until, errors[0] if errors else None
 
 
@@ -1214,14 +1215,15 @@ def _init_peer_lost(run: RunModel, loss: Record, lost: str, held: list[tuple]) -
     nodes = ", ".join(h[0] for h in held)
     longest = max(h[3] for h in held) - loss.t
     failed = [h for h in held if isinstance(h[2], AgentRecord)]
-    waited = ""
+    waited, seconds = "", None
     for h in held:
         if h[4] is not None and (m := WAITED_MS.search(h[4].message or "")):
             seconds = int(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
-            waited = f" (their error: a wait of {seconds:g} s, the init timeout)"
+            waited = f" (the error: a wait of {seconds:g} s, init's timeout)"
             break
+    their = "its" if len(held) == 1 else "their"
     if failed:
-        outcome = f"then their workers failed{waited} and torchrun regrouped without {lost}"
+        outcome = f"then {their} workers failed{waited} and torchrun regrouped without {lost}"
     else:
         outcome = (
             f"up to the end of the run, and would have until init's timeout (30 minutes by default for gloo) "
@@ -1252,8 +1254,13 @@ def _init_peer_lost(run: RunModel, loss: Record, lost: str, held: list[tuple]) -
         "10 minutes for NCCL). Their agents see live workers, so nothing regroups meanwhile. "
         f"{nodes} {'was' if len(held) == 1 else 'were'} held {longest:.0f} s, {outcome}.",
         evidence,
-        "Pass a timeout to init_process_group: dist.init_process_group(backend, timeout=timedelta(seconds=60)). "
-        "It bounds init's waits, so a peer lost during set-up costs that long before the worker fails and torchrun "
+        (
+            f"The script gives init a timeout ({seconds:g} s): the hold cost that long, then torchrun regrouped, as "
+            "designed. A lower timeout= shortens it; "
+            if seconds is not None and seconds < INIT_DEFAULT_TIMEOUT_S
+            else "Pass a timeout to init_process_group: dist.init_process_group(backend, timeout=timedelta(seconds=60)): "
+        )
+        + "it bounds init's waits, so a peer lost during set-up costs that long before the worker fails and torchrun "
         "regroups; it also bounds every later collective, so keep it above the slowest step, checkpoint save or "
         "barrier. No torchrun option or environment variable changes init's default. In a fault test, fault the "
         "job once it trains (`sim up --detach` returns when the worker groups start, before init is done).",

@@ -767,3 +767,14 @@ def test_no_captured_fail_without_a_diagnosis():
             unexplained.append(f"{folder.name}: FAIL {failed}")
     assert not unexplained, "verdict FAIL with no diagnosis:\n" + "\n".join(unexplained)
     assert all((RUNS / name / "history.jsonl").exists() for name in FAIL_EXPLAINED_ELSEWHERE)
+
+
+def test_init_peer_lost_with_a_timeout_given_to_init():
+    """The same fault on a script that passes timeout=timedelta(seconds=45): node0's wait in init ends with
+    `DistStoreError: wait timeout after 45000ms`, its agent regroups alone and the job ends well (verdict PASS)."""
+    found = diagnose(*captured_run("init_peer_lost_timeout"))
+    assert codes(found) == ["init-peer-lost"]
+    lost = found[0]
+    assert "then its workers failed (the error: a wait of 45 s, init's timeout)" in lost.cause
+    assert "node0 04:41:51.6  torch.distributed.DistStoreError: wait timeout after 45000ms" in evidence(lost)
+    assert lost.fix.startswith("The script gives init a timeout (45 s): the hold cost that long")
