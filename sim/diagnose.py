@@ -1258,7 +1258,8 @@ def _init_peer_lost(run: RunModel, loss: Record, lost: str, held: list[tuple]) -
             f"The script gives init a timeout ({seconds:g} s): the hold cost that long, then torchrun regrouped, as "
             "designed. A lower timeout= shortens it; "
             if seconds is not None and seconds < INIT_DEFAULT_TIMEOUT_S
-            else "Pass a timeout to init_process_group: dist.init_process_group(backend, timeout=timedelta(seconds=60)): "
+            else "Pass a timeout to init_process_group: "
+            "dist.init_process_group(backend, timeout=timedelta(seconds=60)): "
         )
         + "it bounds init's waits, so a peer lost during set-up costs that long before the worker fails and torchrun "
         "regroups; it also bounds every later collective, so keep it above the slowest step, checkpoint save or "

@@ -1,6 +1,6 @@
 import os
-from datetime import timedelta
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
