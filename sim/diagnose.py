@@ -1268,6 +1268,79 @@ def _init_peer_lost(run: RunModel, loss: Record, lost: str, held: list[tuple]) -
     )
 
 
+# --------------------------------------------------------------------------- (s) a late join at the job's end
+
+# A finished agent whose container lived on this long after its group finished waited in torch's exit barrier
+# (exit_barrier_timeout, 300 s in torch 2.13's agent; torchrun offers no option for it).
+EXIT_BARRIER_WAIT_S = 30.0
+EXIT_BARRIER_S = 300
+
+
+def late_join_at_end(run: RunModel) -> Diagnosis | None:
+    """(s) A node joined as the job finished: the finished agents closed the rendezvous under it, and its agent
+    ended with RendezvousClosedError (exit 1) without ever training."""
+    finished = run.agent_events("group_finished")
+    if not finished:
+        return None
+    late = []
+    for closed in _first_per_node(run.agent_events("rdzv_closed")):
+        node = closed.node
+        if run.agent_events("group_started", node=node) or node in {r.node for r in finished}:
+            continue  # it trained (or finished): its end is another story
+        done_before = [r for r in finished if r.node != node and r.t <= closed.t]
+        if done_before:
+            late.append((closed, done_before))
+    if not late:
+        return None
+    joiners = [closed.node for closed, _ in late]
+    names = ", ".join(joiners)
+    evidence = []
+    for closed, done in late:
+        node = closed.node
+        joined = [f for f in _fault_records(run, "scale", "restart-node") if node in str(f.result or "")]
+        started = [r for r in run.docker if r.node == node and r.action == "start" and r.t <= closed.t]
+        evidence += [_line(f, f"fault {f.fault} ({f.target}): {node} joined") for f in joined[-1:]]
+        evidence += [_line(r, f"{node}'s container started") for r in started[-1:] if not joined]
+        evidence += [_line(r, "worker group finished (the job's end)") for r in _first_per_node(done)]
+        evidence += [_line(r) for r in run.agent_events("rdzv_joining", node=node)[:1]]
+        evidence.append(_line(closed, "RendezvousClosedError: the rendezvous was closed"))
+        evidence += [_line(r) for r in run.docker if r.node == node and r.action == "die" and r.t >= closed.t][:1]
+    waited = []
+    for r in _first_per_node(finished):
+        if r.node in joiners:
+            continue
+        died = [d.t for d in run.docker if d.node == r.node and d.action == "die" and d.t >= r.t]
+        if (min(died, default=run.t_end) - r.t) > EXIT_BARRIER_WAIT_S:
+            waited.append((r, min(died, default=run.t_end) - r.t))
+    evidence += [_line(r, f"finished, then waited {w:.0f} s in torch's exit barrier") for r, w in waited]
+    first_done = min(r.t for _, done in late for r in done)
+    trained = [n for n in _agent_nodes(run) if n not in joiners and run.agent_events("group_started", node=n)]
+    all_done = all(
+        run.agent_events("group_finished", node=n)
+        and run.agent_events("group_finished", node=n)[-1].t > run.agent_events("group_started", node=n)[-1].t
+        for n in trained
+    )
+    barrier = (
+        f" The finished agents {', '.join(r.node for r, _ in waited)} waited in torch's exit barrier (up to "
+        f'{EXIT_BARRIER_S} s, "Timeout while waiting for keys") for an agent that would never arrive.'
+        if waited
+        else ""
+    )
+    return Diagnosis(
+        "late-join-at-end",
+        f"{names} joined as the job ended: RendezvousClosedError, exit 1",
+        f"{names} joined at the job's end: the other agents' worker groups finished at {_at(first_done)} and "
+        f"they closed the rendezvous, so {names}'s agent found it closed (RendezvousClosedError) and exited 1 "
+        f"without training.{barrier}"
+        + (" The training itself had finished: every worker group of the last round succeeded." if all_done else ""),
+        evidence,
+        "Harmless to the training, which had completed; the exit code 1 is the late node's. In a test, join nodes "
+        "(sim scale) while the job is steady, well before its end, so that it regroups and trains with them, "
+        "and leave the job's last steps free of membership changes. On a real cluster, do not add nodes to a job "
+        "that is finishing, or treat a joiner's RendezvousClosedError after the others succeeded as benign.",
+    )
+
+
 # --------------------------------------------------------------------------- (q) the script's own error
 
 # Exceptions that end a worker without being its script's fault: the process group or a peer breaking (their
@@ -1478,5 +1551,6 @@ DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
     restart_budget,
     waiting_for_nodes,
     spare_agent_exit,
+    late_join_at_end,
     stuck_at_exit,
 )

@@ -778,3 +778,32 @@ def test_init_peer_lost_with_a_timeout_given_to_init():
     assert "then its workers failed (the error: a wait of 45 s, init's timeout)" in lost.cause
     assert "node0 04:41:51.6  torch.distributed.DistStoreError: wait timeout after 45000ms" in evidence(lost)
     assert lost.fix.startswith("The script gives init a timeout (45 s): the hold cost that long")
+
+
+# --------------------------------------------------------------------------- (s) late join at the job's end
+
+
+def test_late_join_at_end_names_the_joiners_rendezvous_closed_error():
+    """2 nodes (max 3) of `script.py`; `sim scale --nodes 3` when node0 printed its step 78 of 80: both groups
+    finished 1.2 s later and closed the rendezvous; node2's agent came up 2.7 s after the scale, found it
+    closed and exited 1. The verdict: `completed FAIL node2's agent exited 1`, with no why until this."""
+    found = diagnose(*captured_run("late_join_at_end"))
+    assert codes(found) == ["late-join-at-end"]
+    late = found[0]
+    assert late.title == "node2 joined as the job ended: RendezvousClosedError, exit 1"
+    assert "finished at 04:51:39.5 and they closed the rendezvous" in late.cause
+    assert "every worker group of the last round succeeded" in late.cause
+    assert late.evidence[0] == "nodes=3 04:51:38.3  fault scale (nodes=3): node2 joined"
+    assert "node2 04:51:41.2  RendezvousClosedError: the rendezvous was closed" in late.evidence
+    assert "node2 04:51:41.6  container die (exit code 1)" in late.evidence
+    assert late.fix.startswith("Harmless to the training") and "sim scale" in late.fix
+
+
+def test_late_join_needs_the_job_to_have_finished_first():
+    """A RendezvousClosedError after a peer ran out of restarts (nobody finished) is not a late join."""
+    assert "late-join-at-end" not in codes(diagnose([], logs("restart_budget")))
+    history, node_logs = captured_run("late_join_at_end")
+    unfinished = {
+        n: "\n".join(x for x in t.splitlines() if "successfully finished" not in x) for n, t in node_logs.items()
+    }
+    assert "late-join-at-end" not in codes(diagnose(history, unfinished))
