@@ -139,6 +139,9 @@ class FollowView:
             return f"root cause: {_clip(r.get('message'), 300)}"
         if event in ("worker_error", "exception"):
             return f"error: {_clip(r.get('message'), 300)}"
+        if event == "worker_exception" and r.get("frame"):  # a traceback through the user's own code
+            exception = f"{r.get('name')}: {r.get('message')}" if r.get("message") else str(r.get("name"))
+            return f"error: {_clip(exception, 200)} at {r.get('frame')}"
         if event == "agent_signal":
             return f"agent received signal {r.get('signal')}"
         return None

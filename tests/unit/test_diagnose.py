@@ -807,3 +807,16 @@ def test_late_join_needs_the_job_to_have_finished_first():
         n: "\n".join(x for x in t.splitlines() if "successfully finished" not in x) for n, t in node_logs.items()
     }
     assert "late-join-at-end" not in codes(diagnose(history, unfinished))
+
+
+def test_late_join_names_the_finished_agents_wait_in_the_exit_barrier():
+    """The capture with node0's container ending 300 s after its group finished (edited: the wait torch's exit
+    barrier makes when the joiner was counted in a round; FACTS.md): the wait is named."""
+    history, node_logs = captured_run("late_join_at_end")
+    node0_end = {"type": "docker", "node": "node0", "action": "die"}
+    moved = [{**r, "t": r["t"] + 300.0} if node0_end.items() <= r.items() else r for r in history]
+    end = {"t": max(r["t"] for r in moved) + 1.0, "type": "run", "event": "end", "cluster": "h2-latejoin"}
+    late = diagnose(sorted(moved, key=lambda r: r["t"]) + [end], node_logs)[0]
+    assert late.code == "late-join-at-end"
+    assert "The finished agents node0 waited in torch's exit barrier (up to 300 s" in late.cause
+    assert "node0 04:51:39.5  finished, then waited 301 s in torch's exit barrier" in late.evidence
