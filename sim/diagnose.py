@@ -1377,6 +1377,7 @@ class _ScriptFailure:
     source: str | None
     starts: dict[str, int]  # node -> its worker-group starts this exception ended
     first: AgentRecord
+    after_a_clean_start: bool = False  # an earlier start ran without it: it came with a restart
 
     @property
     def exception(self) -> str:
@@ -1389,7 +1390,8 @@ def script_failure(run: RunModel) -> _ScriptFailure | None:
     failures are the process group's or a peer's (their diagnoses name those)."""
     counts: dict[tuple, dict[str, int]] = {}
     firsts: dict[tuple, AgentRecord] = {}
-    spoilt: set[tuple] = set()  # seen on a node, but not at each of its starts
+    spoilt: set[tuple] = set()  # seen on a node, but not at each of its starts since the first time
+    resumed: set[tuple] = set()  # first seen after a start that ran without it
     for node in _agent_nodes(run):
         starts = [r.t for r in run.agent_events("group_started", node=node)]
         if not starts:
@@ -1403,8 +1405,11 @@ def script_failure(run: RunModel) -> _ScriptFailure | None:
             per_start[index].add(key)
             firsts.setdefault(key, r)
         for key in set().union(*per_start):
-            if all(key in seen for seen in per_start):
-                counts.setdefault(key, {})[node] = len(starts)
+            since = next(i for i, seen in enumerate(per_start) if key in seen)
+            if all(key in seen for seen in per_start[since:]):
+                counts.setdefault(key, {})[node] = len(starts) - since
+                if since:
+                    resumed.add(key)
             else:
                 spoilt.add(key)
     found = [(key, nodes) for key, nodes in counts.items() if key not in spoilt]
@@ -1414,7 +1419,9 @@ def script_failure(run: RunModel) -> _ScriptFailure | None:
     first = firsts[key]
     if sum(nodes.values()) < 2 and not _job_ended_with(run, first):
         return None  # one start, and the job went on: nothing says it fails every time
-    return _ScriptFailure(first.name or "", first.message or "", first.frame or "", first.source, nodes, first)
+    return _ScriptFailure(
+        first.name or "", first.message or "", first.frame or "", first.source, nodes, first, key in resumed
+    )
 
 
 def _script_own(r: AgentRecord) -> bool:
@@ -1451,10 +1458,16 @@ def script_error(run: RunModel) -> Diagnosis | None:
         if restarted
         else "A restart would run into it again: it is the script's own error, not a fault."
     )
+    if failure.after_a_clean_start:
+        how = (
+            f"The first start(s) ran without it; from {_at(failure.first.t)} on it ended every start, so more "
+            "restarts cannot help: look at what a restarted worker does differently (the resume from its checkpoint)."
+        )
     title_what, fix = _script_error_fix(failure)
     return Diagnosis(
         "script-error",
-        f"The script fails at every start{title_what}: {_clip(exception, 120)}",
+        f"The script fails at every {'restart' if failure.after_a_clean_start else 'start'}{title_what}: "
+        f"{_clip(exception, 120)}",
         f"{exception}, raised at {failure.frame}"
         + (f" ({failure.source})" if failure.source else "")
         + f", ended {total} worker-group start(s) ({where}). {how}",

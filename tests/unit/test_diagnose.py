@@ -820,3 +820,22 @@ def test_late_join_names_the_finished_agents_wait_in_the_exit_barrier():
     assert late.code == "late-join-at-end"
     assert "The finished agents node0 waited in torch's exit barrier (up to 300 s" in late.cause
     assert "node0 04:51:39.5  finished, then waited 301 s in torch's exit barrier" in late.evidence
+
+
+def test_script_error_that_comes_with_the_restarts():
+    """The read-only capture with its first start's traceback taken out (edited), as if the first start had
+    trained and only the restarted ones failed (a resume bug): named for every restart, pointing at the resume."""
+    history, node_logs = captured_run("script_error_read_only")
+
+    def without_first_traceback(text):
+        lines = text.splitlines()
+        start = next(i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line)
+        end = next(i for i in range(start, len(lines)) if "Read-only file system" in lines[i])
+        return "\n".join(lines[:start] + lines[end + 1 :])
+
+    found = diagnose(history, {node: without_first_traceback(text) for node, text in node_logs.items()})
+    assert codes(found)[0] == "script-error"
+    error = found[0]
+    assert error.title.startswith("The script fails at every restart (a write into the read-only script folder)")
+    assert "ended 2 worker-group start(s) (1 on node0, 1 on node1)" in error.cause
+    assert "The first start(s) ran without it" in error.cause and "the resume from its checkpoint" in error.cause
