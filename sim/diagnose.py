@@ -1364,7 +1364,9 @@ PIP_NAMES = {
 NO_GPU = re.compile(
     r"doesn't have NCCL built in|Torch not compiled with CUDA enabled|No CUDA GPUs are available|"
     r"Found no NVIDIA driver|CUDA driver initialization failed|NCCL (is )?not available|"
-    r"device_ids .*(single-device|GPU modules)|ProcessGroupNCCL is only supported with GPUs"
+    r"device_ids .*(single-device|GPU modules)|ProcessGroupNCCL is only supported with GPUs|"
+    # torch.cuda.set_device and friends on the CPU build: its torch._C has no CUDA bindings
+    r"torch\._C' has no attribute '_cuda_"
 )
 EMULATION_ERROR = "elastic-sim device emulation:"
 

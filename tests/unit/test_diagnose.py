@@ -839,3 +839,19 @@ def test_script_error_that_comes_with_the_restarts():
     assert error.title.startswith("The script fails at every restart (a write into the read-only script folder)")
     assert "ended 2 worker-group start(s) (1 on node0, 1 on node1)" in error.cause
     assert "The first start(s) ran without it" in error.cause and "the resume from its checkpoint" in error.cause
+
+
+def test_script_error_cuda_calls_on_the_cpu_build():
+    """Two more GPU-style starts on this CPU torch, captured: DDP(device_ids=[local_rank]) on a CPU module (a
+    ValueError naming device_ids), and torch.cuda.set_device (the CPU build's torch._C has no _cuda_setDevice)."""
+    for case, words in (
+        ("script_error_device_ids", "ValueError: DistributedDataParallel device_ids and output_device arguments"),
+        ("script_error_set_device", "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'"),
+    ):
+        found = diagnose(*captured_run(case))
+        assert codes(found) == ["script-error", "restart-budget"], case
+        error = found[0]
+        assert words in error.title and "(it needs a GPU or NCCL, and this node has neither)" in error.title
+        assert "--devices emulated" in error.fix and "--gpus" in error.fix
+    error = diagnose(*captured_run("script_error_set_device"))[0]
+    assert '/opt/sim/user/train.py:8 in <module> (torch.cuda.set_device(int(os.environ["LOCAL_RANK"])))' in error.cause
