@@ -1,5 +1,7 @@
 """Parsing real torchrun 2.13 agent lines (captured from sim nodes) into history records."""
 
+from pathlib import Path
+
 from sim.agentlog import is_user_file, node_facts, parse_docker_timestamp, parse_node_log
 from sim.collector import Collector
 from sim.history import AgentRecord, TrainerRecord
@@ -214,3 +216,17 @@ def test_a_traceback_with_no_user_frame_and_an_agent_line_inside_it():
     assert is_user_file("/opt/sim/user/train.py") and is_user_file("/home/sim/project/mypkg/model.py")
     assert not is_user_file("/usr/lib/python3.11/json/__init__.py")
     assert not is_user_file("<frozen importlib._bootstrap>")
+
+
+def test_a_record_decorated_script_still_prints_its_traceback():
+    """With torch's @record the worker writes an error file (torchrun's root-cause block quotes it) and its
+    traceback still reaches stderr: each start gives one worker_exception in the user's frame."""
+    text = (Path(__file__).resolve().parent.parent / "data" / "logs" / "script_error_record" / "node0.log").read_text()
+    records = parse_node_log("node0", text)
+    mine = [r for r in records if r.event == "worker_exception" and r.frame]
+    assert [(r.name, r.message, r.frame, r.source) for r in mine] == [
+        ("ModuleNotFoundError", "No module named 'yaml_missing_here'", "/tmp/h2-rec/train.py:6 in main",
+         "import yaml_missing_here  # noqa"),
+    ] * 2  # fmt: skip
+    [root_cause] = [r for r in records if r.event == "error_file"]
+    assert "traceback : Traceback (most recent call last):" in root_cause.message
