@@ -1399,10 +1399,14 @@ def script_failure(run: RunModel) -> _ScriptFailure | None:
         if not starts:
             continue
         per_start: list[set[tuple]] = [set() for _ in starts]
+        failed = [r.t for r in run.agent_events("worker_failed", node=node)]
         for r in run.agent_events("worker_exception", node=node):
             index = sum(1 for t in starts if t <= r.t) - 1
             if index < 0 or not r.frame or not _script_own(r):
                 continue
+            next_start = starts[index + 1] if index + 1 < len(starts) else float("inf")
+            if not any(r.t <= t < next_start for t in failed):
+                continue  # the start went on (an exception caught, or "Exception ignored in ..."): not its end
             key = (r.name, re.sub(r"\d+", "#", r.message or ""), r.frame)
             per_start[index].add(key)
             firsts.setdefault(key, r)

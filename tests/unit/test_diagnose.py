@@ -855,3 +855,10 @@ def test_script_error_cuda_calls_on_the_cpu_build():
         assert "--devices emulated" in error.fix and "--gpus" in error.fix
     error = diagnose(*captured_run("script_error_set_device"))[0]
     assert '/opt/sim/user/train.py:8 in <module> (torch.cuda.set_device(int(os.environ["LOCAL_RANK"])))' in error.cause
+
+
+def test_no_script_error_for_an_exception_that_did_not_end_its_start():
+    """A traceback with no worker failure after it in its start (caught, or "Exception ignored in ...")."""
+    history, node_logs = captured_run("script_error_nccl")
+    no_failures = {n: "\n".join(x for x in t.splitlines() if "failed (exitcode" not in x) for n, t in node_logs.items()}
+    assert "script-error" not in codes(diagnose(history, no_failures))
