@@ -149,6 +149,9 @@ class FollowView:
             return f"root cause: {_clip(r.message, 300)}"
         if event in ("worker_error", "exception"):
             return f"error: {_clip(r.message, 300)}"
+        if event == "worker_exception" and r.frame:  # a traceback through the user's own code
+            exception = f"{r.name}: {r.message}" if r.message else str(r.name)
+            return f"error: {_clip(exception, 200)} at {r.frame}"
         if event == "agent_signal":
             return f"agent received signal {r.signal}"
         return None

@@ -76,6 +76,18 @@ RDZV_ERRORS = (
     ("RendezvousConnectionError", "rdzv_error"),
     ("RendezvousStateError", "rdzv_error"),
 )
+# A worker's (or the agent's) Python traceback, as the interpreter prints it to stderr (workers' stderr
+# goes to the container's log): "Traceback ...", then per frame `  File "PATH", line N, in FUNC` and
+# its source line (3.11's `^^^` markers under it), then the exception line "Type: message".
+TRACEBACK_START = "Traceback (most recent call last):"
+TRACEBACK_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
+TRACEBACK_MARKS = re.compile(r"^\s*[\^~]+\s*$")
+TRACEBACK_EXCEPTION = re.compile(r"^(?P<name>[A-Za-z_][\w.]*)(?::\s?(?P<message>.*))?$")
+# The prefix torchrun's --tee / --local-ranks-filter put on each worker line, and torch's "[rankN]:".
+WORKER_PREFIX = re.compile(r"^\[(?:rank|default)?\d+\]:\s?")
+# Library files: a frame in none of these is the user's own code (the script's folder, /opt/sim/user, or
+# a project tree brought into the node); the node image's hooks are ours.
+LIBRARY_FILE = re.compile(r"/(site|dist)-packages/|/lib/python\d[\d.]*/|^<|/elastic_sim_\w+\.py$|/bin/torchrun$")
 # torchrun's closing "Root Cause (first observed failure)" block (from @record error files)
 ROOT_CAUSE = "Root Cause (first observed failure):"
 _KV = re.compile(r"^\s+(\w+)=(.*)$")
@@ -102,6 +114,7 @@ class NodeLogParser:
         self._root_cause: list[str] | None = None
         self._errors_this_attempt: set[str] = set()  # worker error kinds already recorded
         self._in_load_traceback = False  # a traceback through torch.load is being printed
+        self._traceback: list[dict] | None = None  # the frames of a traceback being printed
 
     def feed(self, t: float | None, text: str) -> Iterator[Record]:
         t = t if t is not None else 0.0
@@ -109,7 +122,47 @@ class NodeLogParser:
         if trainer is not None:
             yield trainer
             return
+        exception = self._traceback_line(t, text)
+        if exception is not None:
+            yield exception
         yield from self._agent(t, text)
+
+    def _traceback_line(self, t: float, text: str) -> AgentRecord | None:
+        """Follow a Python traceback; at its exception line, a "worker_exception" record: the exception
+        and its last frame in the user's own files (none: the traceback never passed through them)."""
+        body = WORKER_PREFIX.sub("", text.rstrip())
+        if body.strip() == TRACEBACK_START:
+            self._traceback = []
+            return None
+        frames = self._traceback
+        if frames is None or not body.strip():
+            return None
+        if m := TRACEBACK_FRAME.match(body):
+            frames.append({"file": m["file"], "line": m["line"], "func": m["func"].strip(), "source": None})
+            return None
+        if body[0].isspace():
+            if frames and frames[-1]["source"] is None and not TRACEBACK_MARKS.match(body):
+                frames[-1]["source"] = body.strip()
+            return None
+        if _printed_time_prefix(body):
+            return None  # an agent's log line between a worker's traceback lines
+        self._traceback = None
+        m = TRACEBACK_EXCEPTION.match(body)
+        if not m or not frames:
+            return None
+        mine = [f for f in frames if is_user_file(f["file"])]
+        frame = mine[-1] if mine else None
+        through_load = any(LOAD_FRAME.search(f'{f["file"]}", line {f["line"]}, in {f["func"]}') for f in frames)
+        return self._agent_record(
+            t,
+            "worker_exception",
+            # the worker_error kind it is: a failed torch.load is an unreadable checkpoint, whatever its words
+            kind=_worker_error_kind(body) or ("checkpoint_unreadable" if through_load else None),
+            name=m["name"],
+            message=(m["message"] or "").strip()[:500],
+            frame=f"{frame['file']}:{frame['line']} in {frame['func']}" if frame else None,
+            source=frame["source"] if frame else None,
+        )
 
     def _trainer(self, t: float, text: str) -> TrainerRecord | None:
         """The trainer's JSON line in the text, or None: none there, or one off the history's schema."""
@@ -259,6 +312,25 @@ def node_facts(records: Iterable[Record]) -> NodeLogFacts:
 
 def node_log_facts(text: str, node: str = "node") -> NodeLogFacts:
     return node_facts(parse_node_log(node, text))
+
+
+def is_user_file(path: str) -> bool:
+    """Whether a traceback's file is the user's own code: not the Python library, an installed package
+    (torch, site-packages), the node image's hooks or torchrun."""
+    return not LIBRARY_FILE.search(path)
+
+
+_GLOG_PREFIX = re.compile(r"^\[?[IWEF]\d{4}[ -]\d\d")
+
+
+def _printed_time_prefix(text: str) -> bool:
+    return bool(_GLOG_PREFIX.match(text))
+
+
+def worker_error_kind(text: str) -> str | None:
+    """The kind of process-group (or checkpoint-file) error a worker's line is, as "worker_error" records
+    name it; None for any other line."""
+    return _worker_error_kind(text)
 
 
 def _worker_error_kind(text: str) -> str | None:

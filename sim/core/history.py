@@ -156,6 +156,8 @@ class AgentRecord(Record):
     name: str | None = None
     message: str | None = None
     signal: int | None = None
+    frame: str | None = None  # worker_exception: the last frame in the user's own files, "path:line in func"
+    source: str | None = None  # worker_exception: that frame's source line, as the traceback printed it
 
     def restarts_used(self, max_restarts: int | None = None) -> int | None:
         """For a "group_failed" ("Worker group FAILED. k/m attempts left"): the restarts this agent

@@ -25,6 +25,8 @@ each), all with "t" (unix seconds, one clock) and a type; as written:
      "worker_error"  kind, message                      (a worker's error line, once per kind: gloo_connect,
                                                          timeout, peer_lost, backend, disk_full, checkpoint_unreadable)
      "exception"     name, message                      (the agent's own AttributeError / etcd.Etcd* exception)
+     "worker_exception" name, message, frame, source     (a traceback's exception, and its last frame in the
+                                                         user's own files: "path:line in func" and its source line)
      "agent_signal"  signal                             (the agent was signalled)
   {"type": "worker", "node", "event": "start"|"step"|"activity"|"progress"|"exit", "rank", "local_rank",
    "world_size", "restart", "pid", "run_id", step: "n", "step"; activity: "collectives", "op";

@@ -363,12 +363,17 @@ def check_checkpoint_integrity(run: RunModel, spec: RunSpec) -> CheckResult:
     unless that step's checkpoint was written again after the damage."""
     starts = [r for r in run.starts if isinstance(r, TrainerRecord) and r.resumed_from is not None]
     if not starts:
+        loads = [r for r in run.records if isinstance(r, WorkerRecord) and r.event == "load" and r.path]
+        if loads:
+            return _checkpoint_integrity_by_path(run, loads)
         return CheckResult(
             "checkpoint_integrity",
             True,
             (
-                "not measurable here: no start says which checkpoint step it resumed from; to enable it, run "
-                "the shipped trainer (trainer/train.py), whose start lines name that step",
+                "not measurable here: no start said which checkpoint it resumed from (no checkpoint load from a "
+                "file was seen); to enable it, keep the instrumentation on (no --no-instrument) and load the "
+                "checkpoint with torch.load(path) or torch.distributed.checkpoint, from the shared /ckpt "
+                "($SIM_CKPT_DIR) where the checkpoint faults act",
             ),
             {"damaged_steps": []},
             measured=False,
@@ -409,6 +414,44 @@ def check_checkpoint_integrity(run: RunModel, spec: RunSpec) -> CheckResult:
     return CheckResult(
         "checkpoint_integrity", not violations, tuple(violations[:MAX_EXAMPLES] + notes), {"damaged_steps": damaged}
     )
+
+
+def _checkpoint_integrity_by_path(run: RunModel, loads: list[WorkerRecord]) -> CheckResult:
+    """Any script's checkpoint_integrity, from the instrumentation's records: no process loaded a file damaged
+    on purpose (or a torch.distributed.checkpoint folder holding it) unless it was saved again since."""
+    saves = [r for r in run.records if isinstance(r, WorkerRecord) and r.event == "save" and r.path]
+    violations, notes, damaged = [], [], []
+    for fault in run.faults:
+        if not fault.kind.damages_checkpoint:
+            continue
+        file = str(fault.result.get("file") or "")
+        if not file:
+            notes.append(f"{fault.describe()} damaged a file it did not name")
+            continue
+        damaged.append(file)
+        for load in (r for r in loads if r.t > fault.t_ok and _holds(r.path, file)):
+            if not any(fault.t_ok < w.t < load.t and _holds(w.path, file) for w in saves):
+                violations.append(
+                    f"rank {load.rank} on {load.node} loaded {load.path} at {clock(load.t)}, after "
+                    f"{fault.describe()} damaged {file}, with no save of it since"
+                )
+    if not violations:
+        notes.append(
+            f"no process loaded a damaged checkpoint ({', '.join(sorted(set(damaged)))})"
+            if damaged
+            else "no checkpoint was damaged on purpose"
+        )
+    return CheckResult(
+        "checkpoint_integrity", not violations, tuple(violations[:MAX_EXAMPLES] + notes), {"damaged_files": damaged}
+    )
+
+
+def _holds(path: str | None, file: str) -> bool:
+    """Whether loading or saving `path` touches `file`: the file itself, or a checkpoint folder holding it."""
+    if not path:
+        return False
+    path, file = posixpath.normpath(path), posixpath.normpath(file)
+    return path == file or file.startswith(path.rstrip("/") + "/")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 
-from sim.core.agentlog import NodeLogParser, parse_docker_timestamp
+from sim.core.agentlog import NodeLogParser, parse_docker_timestamp, worker_error_kind
 from sim.core.faultkinds import kind_of, names_where
 from sim.core.history import AgentRecord, DockerRecord, FaultRecord, Record, RunRecord, TrainerRecord, WorkerRecord
 from sim.core.nodes import node_order
@@ -206,7 +206,7 @@ def _describe(r: Record) -> str:
         return "agent entered the rendezvous"
     if r.event == "error_file":
         return _root_cause(r.message or "")
-    if r.event == "exception":
+    if r.event in ("exception", "worker_exception"):
         return f"{r.name}: {r.message}"
     return _tidy(r.message) if r.message else r.event
 
@@ -358,15 +358,19 @@ def restart_budget(run: RunModel) -> Diagnosis | None:
     )
     if others:
         cause += f" The other agents: {', '.join(others)}."
-    return Diagnosis(
-        "restart-budget",
-        f"Restart budget used up on {', '.join(names)}",
-        cause,
-        evidence,
+    fix = (
         "Give each agent as many restarts as failures it must survive (--max-restarts N; a fault test needs "
         "one per fault that hits the same node), and remove the cause of the failures themselves (the root "
-        "cause above, and any other diagnosis).",
+        "cause above, and any other diagnosis)."
     )
+    failure = script_failure(run)
+    if failure is not None:
+        cause += f" Every start failed the same way ({_clip(failure.exception, 120)}): the script's own error."
+        fix = (
+            "More restarts would not help: every start ends with the same error (script-error above). Fix that "
+            "error; the restart budget is not the problem."
+        )
+    return Diagnosis("restart-budget", f"Restart budget used up on {', '.join(names)}", cause, evidence, fix)
 
 
 def _budget(run: RunModel, node: str) -> tuple[list[AgentRecord], int | None]:
@@ -1138,8 +1142,421 @@ def _died_after(run: RunModel, record: Record) -> bool:
     return any(r.node == record.node and r.action == "die" and r.t >= record.t for r in run.docker)
 
 
+# --------------------------------------------------------------------------- (r) a peer lost during init
+
+# Survivors held inside init_process_group this long after a peer's loss: torch's init does not notice it.
+INIT_HELD_S = 60.0
+# torch 2.13's init_process_group default timeout (torch/distributed/constants.py, default_pg_timeout), which
+# bounds the rendezvous store's waits in init; NCCL's own default (default_pg_nccl_timeout) is 10 minutes.
+INIT_DEFAULT_TIMEOUT_S = 1800
+WAITED_MS = re.compile(r"(?:timeout after|waiting|Timed out after) (\d+)\s?(ms|seconds)")
+
+
+def init_peer_lost(run: RunModel) -> Diagnosis | None:
+    """(r) A node lost while its round's workers were still inside init_process_group: the others wait for it
+    in the store (and gloo's connection set-up) until init's timeout, and nothing regroups meanwhile."""
+    losses = [f for f in _fault_records(run, *names_where(lambda kind: kind.loses_node)) if f.where]
+    losses += [
+        r
+        for r in run.docker
+        if r.action in ("die", "kill") and AGENT_CONTAINER.match(str(r.node))
+        and not any(f.where == r.node and abs(f.t - r.t) < 5.0 for f in losses)
+    ]  # fmt: skip
+    for loss in sorted(losses, key=lambda r: r.t):
+        lost = _frozen_node(loss) if isinstance(loss, FaultRecord) and loss.fault == "pause" else (
+            loss.where if isinstance(loss, FaultRecord) else loss.node
+        )  # fmt: skip
+        held = [h for node in _agent_nodes(run) if node != lost and (h := _held_in_init(run, node, loss.t))]
+        if held and _in_init(run, lost, loss.t) is not None:
+            return _init_peer_lost(run, loss, lost, held)
+    return None
+
+
+def _in_init(run: RunModel, node: str, t: float) -> float | None:
+    """When the node's worker group in force at t started, if its workers had not come out of
+    init_process_group by t (no "pg_ready", no step or collective anywhere since); else None."""
+    started = [r.t for r in run.agent_events("group_started", node=node) if r.t <= t]
+    if not started:
+        return None
+    since = started[-1]
+    workers = [r for r in run.records if isinstance(r, WorkerRecord) and r.node == node and since <= r.t <= t]
+    if any(r.event == "pg_ready" for r in workers) or any(since < b <= t for b in run.beat_times):
+        return None
+    return since
+
+
+def _held_in_init(run: RunModel, node: str, t_loss: float) -> tuple | None:
+    """(node, its group's start, how it ended, until when, the error it ended with) for a node held in init
+    past INIT_HELD_S after the loss; None otherwise."""
+    since = _in_init(run, node, t_loss)
+    if since is None:
+        return None
+    later = [
+        r
+        for r in run.records
+        if r.t > t_loss
+        and getattr(r, "node", None) == node
+        and (
+            (isinstance(r, WorkerRecord) and r.event == "pg_ready")
+            or (isinstance(r, AgentRecord) and r.event in ("worker_failed", "group_started", "group_failed"))
+        )
+    ]
+    beats = [b for b in run.beat_times if b > t_loss]
+    ends = [(r.t, r) for r in later] + [(b, None) for b in beats[:1]]
+    until, ended = min(ends, key=lambda e: e[0], default=(run.t_end, None))
+    errors = [
+        r
+        for r in run.agent_events("worker_error", "worker_exception", node=node)
+        if t_loss < r.t <= until + 2.0 and WAITED_MS.search(r.message or "")
+    ]
+    # Held long, or (with a timeout given) until init's own wait timed out.
+    if until - t_loss <= INIT_HELD_S and not (errors and isinstance(ended, AgentRecord)):
+        return None
+    return node, since, ended, until, errors[0] if errors else None
+
+
+def _init_peer_lost(run: RunModel, loss: Record, lost: str, held: list[tuple]) -> Diagnosis:
+    nodes = ", ".join(h[0] for h in held)
+    longest = max(h[3] for h in held) - loss.t
+    failed = [h for h in held if isinstance(h[2], AgentRecord)]
+    waited, seconds = "", None
+    for h in held:
+        if h[4] is not None and (m := WAITED_MS.search(h[4].message or "")):
+            seconds = int(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+            waited = f" (the error: a wait of {seconds:g} s, init's timeout)"
+            break
+    their = "its" if len(held) == 1 else "their"
+    if failed:
+        outcome = f"then {their} workers failed{waited} and torchrun regrouped without {lost}"
+    else:
+        outcome = (
+            f"up to the end of the run, and would have until init's timeout (30 minutes by default for gloo) "
+            f"before regrouping without {lost}"
+        )
+    evidence = [_line(loss, f"{_describe(loss)}: {lost} lost while its workers were in init_process_group")]
+    for node, since, ended, until, error in held:
+        evidence.append(
+            f"{node} {_at(since)}  worker group started; no process group (pg_ready), step or collective after it"
+        )
+        if error is not None:
+            evidence.append(_line(error))
+        evidence.append(
+            f"{node} {_at(until)}  "
+            + (
+                f"{_describe(ended)}, {until - loss.t:.0f} s after the loss"
+                if ended is not None
+                else f"still waiting at the end of the run, {until - loss.t:.0f} s after the loss"
+            )
+        )
+    return Diagnosis(
+        "init-peer-lost",
+        f"A peer lost during process-group set-up held {nodes} in init_process_group for {longest:.0f} s",
+        f"{lost} was lost at {_at(loss.t)} while the round's workers were still inside init_process_group (started, "
+        f"no process group yet). torch's init cannot tell a lost peer from a slow one: the others wait for it in "
+        f"the rendezvous store (and gloo's connection set-up) until init_process_group's timeout, "
+        f"{INIT_DEFAULT_TIMEOUT_S // 60} minutes by default for gloo (torch.distributed.constants.default_pg_timeout; "
+        "10 minutes for NCCL). Their agents see live workers, so nothing regroups meanwhile. "
+        f"{nodes} {'was' if len(held) == 1 else 'were'} held {longest:.0f} s, {outcome}.",
+        evidence,
+        (
+            f"The script gives init a timeout ({seconds:g} s): the hold cost that long, then torchrun regrouped, as "
+            "designed. A lower timeout= shortens it; "
+            if seconds is not None and seconds < INIT_DEFAULT_TIMEOUT_S
+            else "Pass a timeout to init_process_group: "
+            "dist.init_process_group(backend, timeout=timedelta(seconds=60)): "
+        )
+        + "it bounds init's waits, so a peer lost during set-up costs that long before the worker fails and torchrun "
+        "regroups; it also bounds every later collective, so keep it above the slowest step, checkpoint save or "
+        "barrier. No torchrun option or environment variable changes init's default. In a fault test, fault the "
+        "job once it trains (`sim up --detach` returns when the worker groups start, before init is done).",
+    )
+
+
+# --------------------------------------------------------------------------- (s) a late join at the job's end
+
+# A finished agent whose container lived on this long after its group finished waited in torch's exit barrier
+# (exit_barrier_timeout, 300 s in torch 2.13's agent; torchrun offers no option for it).
+EXIT_BARRIER_WAIT_S = 30.0
+EXIT_BARRIER_S = 300
+
+
+def late_join_at_end(run: RunModel) -> Diagnosis | None:
+    """(s) A node joined as the job finished: the finished agents closed the rendezvous under it, and its agent
+    ended with RendezvousClosedError (exit 1) without ever training."""
+    finished = run.agent_events("group_finished")
+    if not finished:
+        return None
+    late = []
+    for closed in _first_per_node(run.agent_events("rdzv_closed")):
+        node = closed.node
+        if run.agent_events("group_started", node=node) or node in {r.node for r in finished}:
+            continue  # it trained (or finished): its end is another story
+        done_before = [r for r in finished if r.node != node and r.t <= closed.t]
+        if done_before:
+            late.append((closed, done_before))
+    if not late:
+        return None
+    joiners = [closed.node for closed, _ in late]
+    names = ", ".join(joiners)
+    evidence = []
+    for closed, done in late:
+        node = closed.node
+        joined = [f for f in _fault_records(run, "scale", "restart-node") if node in str(f.result or "")]
+        started = [r for r in run.docker if r.node == node and r.action == "start" and r.t <= closed.t]
+        evidence += [_line(f, f"fault {f.fault} ({f.target}): {node} joined") for f in joined[-1:]]
+        evidence += [_line(r, f"{node}'s container started") for r in started[-1:] if not joined]
+        evidence += [_line(r, "worker group finished (the job's end)") for r in _first_per_node(done)]
+        evidence += [_line(r) for r in run.agent_events("rdzv_joining", node=node)[:1]]
+        evidence.append(_line(closed, "RendezvousClosedError: the rendezvous was closed"))
+        evidence += [_line(r) for r in run.docker if r.node == node and r.action == "die" and r.t >= closed.t][:1]
+    waited = []
+    for r in _first_per_node(finished):
+        if r.node in joiners:
+            continue
+        died = [d.t for d in run.docker if d.node == r.node and d.action == "die" and d.t >= r.t]
+        if (min(died, default=run.t_end) - r.t) > EXIT_BARRIER_WAIT_S:
+            waited.append((r, min(died, default=run.t_end) - r.t))
+    evidence += [_line(r, f"finished, then waited {w:.0f} s in torch's exit barrier") for r, w in waited]
+    first_done = min(r.t for _, done in late for r in done)
+    trained = [n for n in _agent_nodes(run) if n not in joiners and run.agent_events("group_started", node=n)]
+    all_done = all(
+        run.agent_events("group_finished", node=n)
+        and run.agent_events("group_finished", node=n)[-1].t > run.agent_events("group_started", node=n)[-1].t
+        for n in trained
+    )
+    barrier = (
+        f" The finished agents {', '.join(r.node for r, _ in waited)} waited in torch's exit barrier (up to "
+        f'{EXIT_BARRIER_S} s, "Timeout while waiting for keys") for an agent that would never arrive.'
+        if waited
+        else ""
+    )
+    return Diagnosis(
+        "late-join-at-end",
+        f"{names} joined as the job ended: RendezvousClosedError, exit 1",
+        f"{names} joined at the job's end: the other agents' worker groups finished at {_at(first_done)} and "
+        f"they closed the rendezvous, so {names}'s agent found it closed (RendezvousClosedError) and exited 1 "
+        f"without training.{barrier}"
+        + (" The training itself had finished: every worker group of the last round succeeded." if all_done else ""),
+        evidence,
+        "Harmless to the training, which had completed; the exit code 1 is the late node's. In a test, join nodes "
+        "(sim scale) while the job is steady, well before its end, so that it regroups and trains with them, "
+        "and leave the job's last steps free of membership changes. On a real cluster, do not add nodes to a job "
+        "that is finishing, or treat a joiner's RendezvousClosedError after the others succeeded as benign.",
+    )
+
+
+# --------------------------------------------------------------------------- (q) the script's own error
+
+# Exceptions that end a worker without being its script's fault: the process group or a peer breaking (their
+# own diagnoses), a signal, an exit.
+NOT_SCRIPT_ERRORS = re.compile(
+    r"(^|\.)(Dist\w*Error|SignalException|KeyboardInterrupt|SystemExit|ChildFailedError|Rendezvous\w+Error)$"
+)
+# The node's folders: the script's own (read-only in every node) and the shared checkpoint volume.
+USER_DIR = "/opt/sim/user"
+CKPT_DIR = "/ckpt"
+# Top-level modules whose pip name differs (what a requirements file must say).
+PIP_NAMES = {
+    "yaml": "pyyaml",
+    "cv2": "opencv-python",
+    "PIL": "pillow",
+    "sklearn": "scikit-learn",
+    "skimage": "scikit-image",
+    "google.protobuf": "protobuf",
+    "wandb": "wandb",
+}
+NO_GPU = re.compile(
+    r"doesn't have NCCL built in|Torch not compiled with CUDA enabled|No CUDA GPUs are available|"
+    r"Found no NVIDIA driver|CUDA driver initialization failed|NCCL (is )?not available|"
+    r"device_ids .*(single-device|GPU modules)|ProcessGroupNCCL is only supported with GPUs|"
+    # torch.cuda.set_device and friends on the CPU build: its torch._C has no CUDA bindings
+    r"torch\._C' has no attribute '_cuda_"
+)
+EMULATION_ERROR = "elastic-sim device emulation:"
+
+
+@dataclasses.dataclass(frozen=True)
+class _ScriptFailure:
+    name: str
+    message: str
+    frame: str
+    source: str | None
+    starts: dict[str, int]  # node -> its worker-group starts this exception ended
+    first: AgentRecord
+    after_a_clean_start: bool = False  # an earlier start ran without it: it came with a restart
+
+    @property
+    def exception(self) -> str:
+        return f"{self.name}: {self.message}" if self.message else self.name
+
+
+def script_failure(run: RunModel) -> _ScriptFailure | None:
+    """The exception that ended every worker-group start of the nodes it shows on: the same type, message
+    (numbers aside) and last frame in the user's own files. None when no such exception, or when the
+    failures are the process group's or a peer's (their diagnoses name those)."""
+    counts: dict[tuple, dict[str, int]] = {}
+    firsts: dict[tuple, AgentRecord] = {}
+    spoilt: set[tuple] = set()  # seen on a node, but not at each of its starts since the first time
+    resumed: set[tuple] = set()  # first seen after a start that ran without it
+    for node in _agent_nodes(run):
+        starts = [r.t for r in run.agent_events("group_started", node=node)]
+        if not starts:
+            continue
+        per_start: list[set[tuple]] = [set() for _ in starts]
+        failed = [r.t for r in run.agent_events("worker_failed", node=node)]
+        for r in run.agent_events("worker_exception", node=node):
+            index = sum(1 for t in starts if t <= r.t) - 1
+            if index < 0 or not r.frame or not _script_own(r):
+                continue
+            next_start = starts[index + 1] if index + 1 < len(starts) else float("inf")
+            if not any(r.t <= t < next_start for t in failed):
+                continue  # the start went on (an exception caught, or "Exception ignored in ..."): not its end
+            key = (r.name, re.sub(r"\d+", "#", r.message or ""), r.frame)
+            per_start[index].add(key)
+            firsts.setdefault(key, r)
+        for key in set().union(*per_start):
+            since = next(i for i, seen in enumerate(per_start) if key in seen)
+            if all(key in seen for seen in per_start[since:]):
+                counts.setdefault(key, {})[node] = len(starts) - since
+                if since:
+                    resumed.add(key)
+            else:
+                spoilt.add(key)
+    found = [(key, nodes) for key, nodes in counts.items() if key not in spoilt]
+    if not found:
+        return None
+    key, nodes = max(found, key=lambda item: (sum(item[1].values()), -firsts[item[0]].t))
+    first = firsts[key]
+    if sum(nodes.values()) < 2 and not _job_ended_with(run, first):
+        return None  # one start, and the job went on: nothing says it fails every time
+    return _ScriptFailure(
+        first.name or "", first.message or "", first.frame or "", first.source, nodes, first, key in resumed
+    )
+
+
+def _script_own(r: AgentRecord) -> bool:
+    """Whether an exception is the script's own, not the process group's, a peer's or a damaged checkpoint's."""
+    if NOT_SCRIPT_ERRORS.search(r.name or ""):
+        return False
+    return r.kind is None and worker_error_kind(f"{r.name}: {r.message}") is None
+
+
+def _job_ended_with(run: RunModel, exception: AgentRecord) -> bool:
+    """No worker group started after this exception, on any node: it ended the job."""
+    return not any(r.t > exception.t for r in run.agent_events("group_started"))
+
+
+def script_error(run: RunModel) -> Diagnosis | None:
+    """(q) Workers fail the same way at every start: the script's own exception, which no restart can cure."""
+    failure = script_failure(run)
+    if failure is None:
+        return None
+    total = sum(failure.starts.values())
+    where = ", ".join(
+        f"{count} on {node}" for node, count in sorted(failure.starts.items(), key=lambda i: node_order(i[0]))
+    )
+    exception = failure.exception
+    evidence = [
+        _line(r, f"{r.name}: {r.message} at {r.frame}" + (f": `{r.source}`" if r is failure.first and r.source else ""))
+        for node in sorted(failure.starts, key=node_order)
+        for r in run.agent_events("worker_exception", node=node)[:3]
+        if r.name == failure.name and r.frame == failure.frame
+    ]
+    restarted = any(count > 1 for count in failure.starts.values())
+    how = (
+        "It ended every start the same way, so restarts cannot help: each one runs into it again."
+        if restarted
+        else "A restart would run into it again: it is the script's own error, not a fault."
+    )
+    if failure.after_a_clean_start:
+        how = (
+            f"The first start(s) ran without it; from {_at(failure.first.t)} on it ended every start, so more "
+            "restarts cannot help: look at what a restarted worker does differently (the resume from its checkpoint)."
+        )
+    title_what, fix = _script_error_fix(failure)
+    return Diagnosis(
+        "script-error",
+        f"The script fails at every {'restart' if failure.after_a_clean_start else 'start'}{title_what}: "
+        f"{_clip(exception, 120)}",
+        f"{exception}, raised at {failure.frame}"
+        + (f" ({failure.source})" if failure.source else "")
+        + f", ended {total} worker-group start(s) ({where}). {how}",
+        evidence,
+        fix,
+    )
+
+
+def _script_error_fix(failure: _ScriptFailure) -> tuple[str, str]:
+    """A few words for the title, and the fix, for the common start-up crashes."""
+    name, message = failure.name, failure.message
+    text = f"{name}: {message}"
+    if EMULATION_ERROR in text:
+        said = text.split(EMULATION_ERROR, 1)[1].strip()
+        return (
+            " (a CUDA feature the emulation cannot run)",
+            f"elastic-sim's device emulation says: {said} Do what it says, or run on real GPUs with `--gpus N`.",
+        )
+    if NO_GPU.search(text):
+        return (
+            " (it needs a GPU or NCCL, and this node has neither)",
+            "Run the script unchanged with CUDA emulated on CPU: `python -m sim up --devices emulated` (NCCL then "
+            "runs as gloo; scenario cluster.devices), or give the nodes real GPUs with `--gpus N` (or all).",
+        )
+    if name.endswith("ModuleNotFoundError") or name.endswith("ImportError"):
+        module = (re.search(r"No module named '([^']+)'", message) or [None, ""])[1]
+        top = module.split(".")[0]
+        pip = PIP_NAMES.get(module) or PIP_NAMES.get(top) or top or "the package"
+        return (
+            f" (module {top or '?'} missing in the node)",
+            f"The node image has torch and its dependencies, not {top or 'this module'}. If it is a third-party "
+            f"package, list it in a requirements file (`{pip}`) and pass `--requirements FILE`: a layer with it "
+            "is built over the node image. Or run the nodes on your own image, which has it: `--image IMAGE`. If "
+            f"{top or 'it'} is your job's own package (a folder beside or above the script), bring the whole "
+            "project with `--project-dir DIR` (it goes on PYTHONPATH).",
+        )
+    if name.endswith("OutOfMemoryError") or "out of memory" in message.lower():
+        return (
+            " (out of memory)",
+            "Use less memory per worker: a smaller batch (with gradient accumulation to keep the effective batch), "
+            "activation checkpointing (torch.utils.checkpoint), mixed precision (torch.autocast), fewer workers "
+            "per node; for fragmentation, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (`--env`).",
+        )
+    read_only = "Read-only file system" in message or "Errno 30" in message
+    if read_only or (name.endswith("PermissionError") and USER_DIR in text):
+        return (
+            " (a write into the read-only script folder)",
+            f"The script's folder is mounted read-only in every node ({USER_DIR}). Write checkpoints to the shared "
+            f"$SIM_CKPT_DIR ({CKPT_DIR}, seen by every node: a resume works on any node) or to a node-local path "
+            "(/tmp). `--project-dir DIR` instead runs the job from a writable copy of its project in each node "
+            "(node-local, as on a real node).",
+        )
+    if name.endswith("FileNotFoundError") or "No such file or directory" in message:
+        path = (re.search(r"No such file or directory: '([^']+)'", message) or [None, ""])[1]
+        if path.startswith((USER_DIR, CKPT_DIR)):
+            where = f"{path} is not in the node: only the script's own folder is there ({USER_DIR})."
+        elif path.startswith("/"):
+            where = f"{path} is a path on your machine, not in the node."
+        else:
+            where = (
+                f"{path or 'The path'} is relative: it resolves against the worker's working directory in the "
+                "node, not the script's folder."
+            )
+        return (
+            " (a file missing in the node)",
+            f"{where} Bring it into every node: `--mount HOST:CONTAINER` (a data or config folder, read-only "
+            "unless :rw) and open it at CONTAINER, or `--project-dir DIR` to run from the project's tree, where "
+            "paths relative to the project resolve.",
+        )
+    return (
+        "",
+        f"Fix the error at {failure.frame}: run the script once outside the simulator (torchrun --nproc-per-node 2 "
+        "on this machine) to see it fail the same way, then `sim up` again.",
+    )
+
+
 # Most fundamental first: a cause before the budget it burned, the budget before what followed.
 DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
+    script_error,
     engine_lost,
     name_resolution,
     etcd_without_v2,
@@ -1151,10 +1568,12 @@ DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
     oom_kill,
     damaged_checkpoint_loaded,
     superseded_round_checkpoint,
+    init_peer_lost,
     process_group_timeout,
     loss_jump,
     restart_budget,
     waiting_for_nodes,
     spare_agent_exit,
+    late_join_at_end,
     stuck_at_exit,
 )

@@ -45,13 +45,29 @@ def report_run(
 ) -> tuple[Verdict, str]:
     """Check a run's history and write its report. `live`: the run is still going, so how it
     ends (completed, fails_cleanly) is not judged yet and the verdict is provisional."""
-    from sim.verdict.checkers import CHECKS_FOR, RunSpec, check_all
-    from sim.verdict.diagnose import diagnose
     from sim.verdict.report import format_summary, write_report
     from sim.verdict.runmodel import RunModel
 
     contents = History(run_dir / FILE_NAME).read()
     run = RunModel(contents.records, skipped_lines=contents.skipped_lines)  # built once, read by all below
+    verdict, found = judge(run, saved_logs(run_dir), expected=expected, checkers=checkers, live=live, **bounds)
+    scenario = run.scenario
+    # A scenario run records its profile in its own line; a plain `up` in the start line.
+    profile = profile or (scenario and scenario.profile) or (run.start and run.start.profile)
+    title = title or run_dir.name
+    if live:
+        title += " (still running: provisional, its end not judged yet)"
+    files = write_report(run, verdict, run_dir / "report", title=title, profile=profile, diagnoses=found)
+    return verdict, format_summary(verdict, run, title=title, profile=profile, files=files, diagnoses=found)
+
+
+def judge(
+    run, logs: dict[str, str], *, expected: str | None = None, checkers=None, live: bool = False, **bounds
+) -> tuple[Verdict, list]:
+    """A run's verdict and its diagnoses (a RunModel and its saved logs in; nothing written)."""
+    from sim.verdict.checkers import CHECKS_FOR, RunSpec, check_all
+    from sim.verdict.diagnose import diagnose
+
     scenario = run.scenario
     # Unless told, a scenario run is judged against the outcome its scenario expected.
     expected = expected or (scenario and scenario.expected) or "recovers"
@@ -60,14 +76,7 @@ def report_run(
     if live:
         checkers = tuple(name for name in (checkers or CHECKS_FOR[spec.expected]) if name not in ENDING_CHECKS)
     verdict = check_all(run, spec, only=checkers)
-    # A scenario run records its profile in its own line; a plain `up` in the start line.
-    profile = profile or (scenario and scenario.profile) or (run.start and run.start.profile)
-    title = title or run_dir.name
-    if live:
-        title += " (still running: provisional, its end not judged yet)"
-    found = diagnose(run, saved_logs(run_dir), loss_jump_tolerance=spec.loss_jump_tolerance)
-    files = write_report(run, verdict, run_dir / "report", title=title, profile=profile, diagnoses=found)
-    return verdict, format_summary(verdict, run, title=title, profile=profile, files=files, diagnoses=found)
+    return verdict, diagnose(run, logs, loss_jump_tolerance=spec.loss_jump_tolerance)
 
 
 def saved_logs(run_dir: Path) -> dict[str, str]:

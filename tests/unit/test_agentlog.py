@@ -1,6 +1,8 @@
 """Parsing real torchrun 2.13 agent lines (captured from sim nodes) into history records."""
 
-from sim.core.agentlog import node_facts, parse_docker_timestamp, parse_node_log
+from pathlib import Path
+
+from sim.core.agentlog import is_user_file, node_facts, parse_docker_timestamp, parse_node_log
 from sim.core.history import AgentRecord, TrainerRecord
 from sim.engines.collector import Collector
 
@@ -161,7 +163,7 @@ RuntimeError: PytorchStreamReader failed reading zip archive: failed finding cen
 
 
 def test_checkpoint_load_and_disk_full_errors_become_worker_errors():
-    records = parse_node_log("node0", LOAD_TRACEBACK)
+    records = [r for r in parse_node_log("node0", LOAD_TRACEBACK) if r.event != "worker_exception"]
     assert [(r.event, r.kind) for r in records] == [
         ("worker_error", "checkpoint_unreadable"),
         ("group_started", None),
@@ -184,3 +186,47 @@ def test_a_failed_close_is_no_join_timeout():
     )
     events = [r.event for r in parse_node_log("node2", log)]
     assert events == ["rdzv_close_failed", "rdzv_timeout"]
+
+
+def test_a_traceback_becomes_its_exception_and_the_users_last_frame():
+    """The exception line ends a traceback: its type and message, and the last frame outside the Python
+    library, site-packages and the node image's hooks, with its source line (3.11's ^^^ marks skipped)."""
+    exceptions = [r for r in parse_node_log("node0", LOAD_TRACEBACK) if r.event == "worker_exception"]
+    assert [(r.name, r.message) for r in exceptions] == [("OSError", "[Errno 22] Invalid argument")]
+    assert exceptions[0].frame == "/work/main/tests/scripts/ddp_sgd.py:61 in main"
+    assert exceptions[0].source == 'checkpoint = torch.load(path, map_location="cpu")'
+
+
+def test_a_traceback_with_no_user_frame_and_an_agent_line_inside_it():
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/opt/venv/bin/torchrun", line 8, in <module>\n'
+        "    sys.exit(main())\n"
+        "             ^^^^^^\n"
+        "I1202 04:24:27.631000 7 torch/distributed/elastic/agent/server/api.py:733] [default] Stopping worker group\n"
+        '  File "/opt/venv/lib/python3.11/site-packages/elastic_sim_instrument.py", line 290, in init_process_group\n'
+        "    result = original(*args, **kwargs)\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "not a traceback line\n"
+    )
+    exceptions = [r for r in parse_node_log("node0", log) if r.event == "worker_exception"]
+    assert [(r.name, r.message, r.frame, r.source) for r in exceptions] == [
+        ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError", "", None, None)
+    ]
+    assert is_user_file("/opt/sim/user/train.py") and is_user_file("/home/sim/project/mypkg/model.py")
+    assert not is_user_file("/usr/lib/python3.11/json/__init__.py")
+    assert not is_user_file("<frozen importlib._bootstrap>")
+
+
+def test_a_record_decorated_script_still_prints_its_traceback():
+    """With torch's @record the worker writes an error file (torchrun's root-cause block quotes it) and its
+    traceback still reaches stderr: each start gives one worker_exception in the user's frame."""
+    text = (Path(__file__).resolve().parent.parent / "data" / "logs" / "script_error_record" / "node0.log").read_text()
+    records = parse_node_log("node0", text)
+    mine = [r for r in records if r.event == "worker_exception" and r.frame]
+    assert [(r.name, r.message, r.frame, r.source) for r in mine] == [
+        ("ModuleNotFoundError", "No module named 'yaml_missing_here'", "/tmp/h2-rec/train.py:6 in main",
+         "import yaml_missing_here  # noqa"),
+    ] * 2  # fmt: skip
+    [root_cause] = [r for r in records if r.event == "error_file"]
+    assert "traceback : Traceback (most recent call last):" in root_cause.message

@@ -26,7 +26,7 @@ from sim.verdict.checkers import (
 )
 from sim.verdict.diagnose import diagnose
 from sim.verdict.runmodel import RunModel
-from tests.unit.histories import T0, HistoryBuilder, smooth_loss
+from tests.unit.histories import T0, HistoryBuilder, ScriptRun, smooth_loss
 
 
 def clean_run(steps=30):
@@ -851,7 +851,56 @@ def test_checkpoint_integrity_is_not_measurable_without_trainer_start_lines():
     result = check_checkpoint_integrity(RunModel(records), run.spec())
     assert result.valid and not result.measured
     assert result.reasons[0].startswith("not measurable here: ")
-    assert "trainer/train.py" in result.reasons[0]
+    # what the user can do with their own script, not "run the shipped trainer"
+    assert "shipped trainer" not in result.reasons[0] and "trainer/train.py" not in result.reasons[0]
+    assert "torch.load(path)" in result.reasons[0] and "--no-instrument" in result.reasons[0]
+
+
+def _script_with_a_damaged_checkpoint(saved_again: bool):
+    """A plain script (torch.save/torch.load of /ckpt/snapshot.pt) whose checkpoint is corrupted, then a
+    worker kill: the restarted workers load the file (the instrumentation's "load" records)."""
+    run = ScriptRun(nodes=2)
+    run.start_workers()
+    run.train(5)
+    run.fault("corrupt-checkpoint", "latest", file="/ckpt/snapshot.pt", mode="flip")
+    if saved_again:
+        run.wait(0.5)
+        run.add(type="worker", event="save", path="/ckpt/snapshot.pt", op="torch.save", **run.workers[0])
+        run.wait(0.5)
+    run.kill_worker("node1")
+    run.start_workers()
+    for worker in run.workers:
+        run.add(type="worker", event="load", path="/ckpt/./snapshot.pt", seconds=0.1, op="torch.load", **worker)
+    run.train(8)
+    run.finish()
+    return check_checkpoint_integrity(RunModel(run.records), run.spec())
+
+
+def test_checkpoint_integrity_of_any_script_from_the_files_it_loads():
+    result = _script_with_a_damaged_checkpoint(saved_again=False)
+    assert result.measured and not result.valid
+    assert "rank 0 on node0 loaded /ckpt/./snapshot.pt at " in result.reasons[0]
+    assert "damaged /ckpt/snapshot.pt, with no save of it since" in result.reasons[0]
+    ok = _script_with_a_damaged_checkpoint(saved_again=True)
+    assert ok.valid and ok.measured
+    assert ok.reasons == ("no process loaded a damaged checkpoint (/ckpt/snapshot.pt)",)
+
+
+def test_no_not_measurable_text_sends_the_user_to_the_shipped_trainer():
+    """Every n/a of every checker, on a plain script's run that shows nothing measurable."""
+    from sim.verdict.checkers import CHECKS_FOR
+
+    run = ScriptRun(nodes=2, optimizer=False)
+    run.start_workers()
+    run.finish()
+    model = RunModel(run.records)
+    for expected in CHECKS_FOR:
+        verdict = check_all(model, RunSpec.from_run(model, expected=expected))
+        for result in verdict.results:
+            if not result.measured:
+                text = " ".join(result.reasons)
+                assert "shipped trainer" not in text and "trainer/train.py" not in text, (result.name, text)
+                assert "to enable it" in text, (result.name, text)
 
 
 def captured(case):

@@ -266,3 +266,23 @@ def test_follow_job_prints_the_history_and_returns_when_every_node_exited(tmp_pa
         "    2.0s  node0  step 10 loss 0.2500 (world 2 restart 0)",
     ]
     assert ended == "job ended: every node container exited (exit codes: node0 0, node1 1)"
+
+
+def test_a_workers_exception_in_the_users_code_gets_a_line():
+    """A traceback through the script (a frame in the user's files) is named as it happens; torchrun's own
+    ChildFailedError (no user frame) is not."""
+    records = [
+        agent(
+            2,
+            "node0",
+            "worker_exception",
+            name="ModuleNotFoundError",
+            message="No module named 'yaml'",
+            frame="/opt/sim/user/train.py:2 in <module>",
+            source="import yaml",
+        ),
+        agent(3, "node0", "worker_exception", name="torch.distributed.elastic.multiprocessing.errors.ChildFailedError"),
+    ]
+    assert lines(records) == [
+        "    2.0s  node0  error: ModuleNotFoundError: No module named 'yaml' at /opt/sim/user/train.py:2 in <module>"
+    ]
