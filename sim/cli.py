@@ -100,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--keep", action="store_true", help="keep a failed cluster for debugging instead of removing it")
     up.add_argument(
+        "--replace",
+        action="store_true",
+        help="remove a cluster that already holds --name (also one another SIM_HOME made) instead of refusing",
+    )
+    up.add_argument(
         "--timeout",
         type=float,
         default=cluster_mod.DEFAULT_START_TIMEOUT,
@@ -108,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     down = sub.add_parser("down", help="remove a cluster (containers, network, volumes), keeping its logs")
     down.add_argument("name", nargs="?", default=None, help=f"cluster name (default {DEFAULT_NAME})")
-    down.add_argument("--all", action="store_true", help="remove every elastic-sim cluster")
+    down.add_argument(
+        "--all", action="store_true", help="remove every elastic-sim cluster this SIM_HOME made on this host"
+    )
 
     sub.add_parser("ls", help="list clusters")
 
@@ -236,7 +243,7 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
             spec, docker, placement=args.placement, ckpt_nfs=args.ckpt_nfs, keep=args.keep, timeout=args.timeout
         )
     else:
-        cluster = cluster_mod.up(spec, docker, keep=args.keep, timeout=args.timeout)
+        cluster = cluster_mod.up(spec, docker, keep=args.keep, timeout=args.timeout, replace=args.replace)
         cluster.release()  # the user's now: `up` ending is not a leak
     name = spec.name
     flag = "" if name == DEFAULT_NAME else f" {name}"
@@ -281,7 +288,7 @@ def cmd_down(args: argparse.Namespace, _: list[str] | None) -> int:
     docker.ping()
     if args.all and args.name:
         raise UsageError("down: give a cluster name or --all, not both")
-    names = cluster_mod.list_clusters(docker) if args.all else [args.name or DEFAULT_NAME]
+    names = cluster_mod.list_clusters(docker, owned=True) if args.all else [args.name or DEFAULT_NAME]
     from . import swarm
 
     for name in names:
@@ -299,7 +306,23 @@ def cmd_down(args: argparse.Namespace, _: list[str] | None) -> int:
         )
     if args.all and not names:
         print("no clusters")
+    if args.all:
+        _print_not_swept(docker)
     return 0
+
+
+def _print_not_swept(docker: Docker) -> None:
+    """What `down --all` left alone: clusters of another state home or host, and labels that name no cluster."""
+    found = cluster_mod.labelled_clusters(docker)
+    bad = sorted(name for name in found if not cluster_mod.valid_name(name))
+    others = sorted(n for n, owners in found.items() if n not in bad and owners != {cluster_mod.labels.owner()})
+    if others:
+        print(
+            f"left {len(others)} cluster(s) of another SIM_HOME or host: {', '.join(others)} "
+            f"(`python -m sim down NAME` removes one by name)"
+        )
+    if bad:
+        print(f"ignored {len(bad)} label(s) {cluster_mod.labels.CLUSTER} that are no cluster name: {bad!r}")
 
 
 def cmd_ls(args: argparse.Namespace, _: list[str] | None) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .errors import UsageError
+from .paths import check_name
 from .sidechannel import compile_progress_regex
 
 RDZV_BACKENDS = ("etcd-v2", "etcd", "etcd-v3", "c10d", "static")
@@ -26,8 +27,6 @@ V2_BACKENDS = ("etcd-v2", "etcd")
 ETCD_VERSIONS = ("3.4", "3.5")
 # compose: one machine (docker compose); swarm: a Swarm stack, one host or many (sim/swarm.py, docs/SWARM.md).
 ENGINES = ("compose", "swarm")
-# Compose project names: lowercase letters, digits, dashes and underscores.
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 _CONF_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # torchrun passes --rdzv-conf values on as they are: plain words only, so no shell or Compose character
 # (`$`, `;`, quotes, spaces) can reach a node. The timing keys torch reads as whole numbers (FACTS.md).
@@ -131,11 +130,7 @@ class ClusterSpec:
     engine: str = "compose"
 
     def __post_init__(self) -> None:
-        if not _NAME_RE.fullmatch(self.name):
-            raise UsageError(
-                f"--name {self.name!r}: not a valid cluster name; use 1-40 lowercase letters, digits, '-' or '_', "
-                "starting with a letter or digit"
-            )
+        check_name(self.name)  # the one validator of a name that becomes a path (sim/paths.py)
         _positive_int("--nodes", self.nodes)
         _positive_int("--min-nodes", self.min_nodes)
         _positive_int("--nproc-per-node", self.nproc_per_node)
