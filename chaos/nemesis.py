@@ -14,6 +14,7 @@ import fcntl
 import json
 import math
 import os
+import posixpath
 import random
 import shlex
 import signal as signals
@@ -593,6 +594,7 @@ class Nemesis:
         """Fill the filesystem under `directory` with a filler file until `leave` bytes are free, so the
         next write fails with ENOSPC; `heal` removes the filler. Only a size-limited disk (the spec's
         `ckpt_size`): a larger one is refused, as filling it would fill the host's."""
+        self._require_own_ckpt_storage(directory)
 
         def act() -> dict:
             node = self.resolve(target, allow_etcd=False)
@@ -612,6 +614,26 @@ class Nemesis:
             return {"id": fault_id, "node": node, **done}
 
         return self.invoke("fill-disk", target, act, directory=directory, leave=leave)
+
+    def _require_own_ckpt_storage(self, directory: str) -> None:
+        """A filler goes only on the cluster's own size-limited checkpoint storage: /ckpt (or a folder
+        in it) of a cluster started with ckpt_size. The node script checks the mount itself too."""
+        normal = posixpath.normpath(directory)
+        if (
+            not directory.startswith("/")
+            or ".." in directory.split("/")
+            or not (normal == SHARED_CKPT_DIR or normal.startswith(SHARED_CKPT_DIR + "/"))
+        ):
+            raise UsageError(
+                f"--dir {directory!r}: fill-disk fills only the cluster's checkpoint storage; "
+                f"give {SHARED_CKPT_DIR} or a folder in it"
+            )
+        spec = self.cluster.spec
+        if spec is not None and spec.ckpt_size is None:
+            raise UsageError(
+                f"fill-disk: cluster '{self.cluster.name}' has no size-limited checkpoint storage; "
+                "start it with --ckpt-size, e.g. --ckpt-size 64m"
+            )
 
     def _node_script(self, node: str, what: str, script: str, *args: object) -> dict:
         result = self.cluster.exec(node, *nodescripts.argv(script, *args), timeout=120)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -398,9 +399,11 @@ def test_corrupt_script_damages_the_newest_file_only(tmp_path):
     assert run_script(nodescripts.CORRUPT, tmp_path / "none", "truncate", 1).returncode == nodescripts.WRONG_REQUEST
 
 
-def test_fill_script_refuses_a_disk_with_more_free_than_allowed(tmp_path):
-    refused = run_script(nodescripts.FILL, tmp_path, 0, 2**20)
-    assert refused.returncode == nodescripts.WRONG_REQUEST and "not a size-limited disk" in refused.stderr
+def test_fill_script_refuses_a_folder_off_the_checkpoint_tmpfs(tmp_path):
+    # Here no /ckpt tmpfs is mounted: any folder is off the cluster's own size-limited storage.
+    refused = run_script(nodescripts.FILL, tmp_path, 0, 2**40)
+    assert refused.returncode == nodescripts.WRONG_REQUEST
+    assert "not on the cluster's size-limited checkpoint storage" in refused.stderr
     assert not (tmp_path / ".sim-filler").exists()
 
 
@@ -567,3 +570,21 @@ def test_a_held_fault_that_ended_with_its_node_needs_no_undo_when_its_hold_ends(
     assert fake.calls == [] and not any(r["op"] and r.get("fault") == "heal" for r in nem.history.records())
     held = nem.link("node2", loss_pct=10)
     assert FAULTS["netem"].end_hold(nem, held)["healed"] == ["link-node2"]  # still in force: healed
+
+
+@pytest.mark.parametrize("directory", ["/sim/events", "/ckpt/../sim/events", "ckpt", "/", "/tmp", "/ckptx"])
+def test_fill_disk_goes_only_on_the_checkpoint_storage(nemesis, directory):
+    nem, fake = nemesis
+    with pytest.raises(UsageError, match=f"--dir '{re.escape(directory)}': fill-disk fills only"):
+        nem.fill_disk("node1", directory=directory)
+    assert not any(c[0] == "exec" for c in fake.calls) and not list(nem.history.records())
+
+
+def test_fill_disk_refuses_a_cluster_without_ckpt_size(nemesis, monkeypatch):
+    from sim.spec import ClusterSpec
+
+    nem, fake = nemesis
+    monkeypatch.setattr(Cluster, "spec", property(lambda self: ClusterSpec(name="demo", nodes=2)))
+    with pytest.raises(UsageError, match="no size-limited checkpoint storage; start it with --ckpt-size"):
+        nem.fill_disk("node1")
+    assert not any(c[0] == "exec" for c in fake.calls)
