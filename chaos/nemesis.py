@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from sim.cluster import Cluster, ContainerInfo
-from sim.docker import NO_MEMORY_LIMIT, ExecResult
+from sim.docker import NO_MEMORY_LIMIT, ExecResult, ExecTimeout
 from sim.errors import FaultError, SimError, UnsupportedFaultError, UsageError
 from sim.history import FILE_NAME, History
 from sim.nodes import node_order
@@ -71,6 +71,10 @@ class Nemesis:
         self.history.append({**base, "phase": "invoke", "args": args})
         try:
             result = action() or {}
+        except ExecTimeout as error:
+            # It may still run in the container: outcome unknown (Jepsen's :info), not a failure.
+            self.history.append({**base, "phase": "info", "error": str(error)})
+            raise
         except SimError as error:
             self.history.append({**base, "phase": "fail", "error": str(error)})
             raise
@@ -167,17 +171,10 @@ class Nemesis:
 
         def act() -> dict:
             node, worker = self._pick_worker(target, rank, local_rank)
-            self._signal(node, worker.pid, signals.SIGSTOP)
             fault_id = f"hang-{node}-{worker.pid}"
-            self._remember(
-                {
-                    "id": fault_id,
-                    "fault": "hang",
-                    "target": node,
-                    "pid": worker.pid,
-                    "detail": f"rank {worker.rank} stopped",
-                }
-            )
+            record = {"fault": "hang", "target": node, "pid": worker.pid, "detail": f"rank {worker.rank} stopped"}
+            with self._claimed(fault_id, f"{node}: worker {worker.pid} is stopped already", lambda: record):
+                self._signal(node, worker.pid, signals.SIGSTOP)
             return {
                 "id": fault_id,
                 "node": node,
@@ -199,19 +196,17 @@ class Nemesis:
         def act() -> dict:
             node, worker = self._pick_worker(target, rank, local_rank)
             path = nodescripts.COLLECTIVE_HANG_FILE.format(pid=worker.pid)
-            touched = self.cluster.exec(node, "touch", path)
-            if not touched.ok:
-                raise FaultError(f"{node}: cannot create {path}: {_last(touched.stderr)}")
             fault_id = f"stall-{node}-{worker.pid}"
-            self._remember(
-                {
-                    "id": fault_id,
-                    "fault": "stall",
-                    "target": node,
-                    "file": path,
-                    "detail": f"rank {worker.rank} holds before its next collective",
-                }
-            )
+            record = {
+                "fault": "stall",
+                "target": node,
+                "file": path,
+                "detail": f"rank {worker.rank} holds before its next collective",
+            }
+            with self._claimed(fault_id, f"{node}: worker {worker.pid} is held already", lambda: record):
+                touched = self.cluster.exec(node, "touch", path)
+                if not touched.ok:
+                    raise FaultError(f"{node}: cannot create {path}: {_last(touched.stderr)}")
             return {
                 "id": fault_id,
                 "node": node,
@@ -525,21 +520,17 @@ class Nemesis:
             name = self.resolve(target)
             cid = self._info(name).id
             fault_id = f"slow-{name}"
-            if any(f["id"] == fault_id for f in self.active()):
-                raise UsageError(f"{name}: already slowed; `sim heal {fault_id}` first")
-            before = self.docker.resources(cid)
-            quota = max(1000, round(cpus * CPU_PERIOD_US))  # the kernel's least quota is 1 ms
-            self.docker.update_resources(cid, cpu_quota=quota, cpu_period=CPU_PERIOD_US)
-            self._remember(
-                {
-                    "id": fault_id,
-                    "fault": "slow",
-                    "target": name,
-                    "detail": f"{cpus:g} CPUs",
+
+            def record() -> dict:  # the limits to restore, read under the store's lock
+                before = self.docker.resources(cid)
+                return {"fault": "slow", "target": name, "detail": f"{cpus:g} CPUs"} | {
                     "cpu_quota": before.cpu_quota,
                     "cpu_period": before.cpu_period,
                 }
-            )
+
+            quota = max(1000, round(cpus * CPU_PERIOD_US))  # the kernel's least quota is 1 ms
+            with self._claimed(fault_id, f"{name}: already slowed; `sim heal {fault_id}` first", record):
+                self.docker.update_resources(cid, cpu_quota=quota, cpu_period=CPU_PERIOD_US)
             return {"id": fault_id, "node": name, "cpus": cpus, "cpu_quota": quota, "cpu_period": CPU_PERIOD_US}
 
         return self.invoke("slow-node", target, act, cpus=cpus)
@@ -553,10 +544,11 @@ class Nemesis:
         def act() -> dict:
             node = self.resolve(target, allow_etcd=False)
             fault_id = f"skew-{node}"
-            if any(f["id"] == fault_id for f in self.active()):
-                raise UsageError(f"{node}: its clock is skewed already; `sim heal {fault_id}` first")
-            seen = self._set_clock_offset(node, by)
-            self._remember({"id": fault_id, "fault": "skew", "target": node, "detail": f"clock {by:+g} s"})
+            refused = f"{node}: its clock is skewed already; `sim heal {fault_id}` first"
+            with self._claimed(
+                fault_id, refused, lambda: {"fault": "skew", "target": node, "detail": f"clock {by:+g} s"}
+            ):
+                seen = self._set_clock_offset(node, by)
             return {"id": fault_id, "node": node, "by": by, "seen": seen}
 
         return self.invoke("skew-clock", target, act, by=by)
@@ -599,17 +591,13 @@ class Nemesis:
         def act() -> dict:
             node = self.resolve(target, allow_etcd=False)
             fault_id = f"fill-{node}"
-            if any(f["id"] == fault_id for f in self.active()):
-                raise UsageError(f"{node}: a filler is in place already; `sim heal {fault_id}` first")
-            done = self._node_script(node, "filling the disk", nodescripts.FILL, directory, leave, FILL_AT_MOST)
+            refused = f"{node}: a filler is in place already; `sim heal {fault_id}` first"
+            # Recorded before it writes: the filler's path is the script's (the folder's .sim-filler).
+            planned = {"fault": "fill", "target": node, "file": posixpath.join(directory, ".sim-filler")}
+            with self._claimed(fault_id, refused, lambda: {**planned, "detail": "filler being written"}):
+                done = self._node_script(node, "filling the disk", nodescripts.FILL, directory, leave, FILL_AT_MOST)
             self._remember(
-                {
-                    "id": fault_id,
-                    "fault": "fill",
-                    "target": node,
-                    "file": done["file"],
-                    "detail": f"{done['written'] >> 20} MiB filler",
-                }
+                {**planned, "id": fault_id, "file": done["file"], "detail": f"{done['written'] >> 20} MiB filler"}
             )
             return {"id": fault_id, "node": node, **done}
 
@@ -976,6 +964,24 @@ class Nemesis:
     def _remember(self, fault: dict) -> None:
         with self._faults_locked() as faults:
             faults[:] = [f for f in faults if f["id"] != fault["id"]] + [{**fault, "since": time.time()}]
+
+    @contextlib.contextmanager
+    def _claimed(self, fault_id: str, refusal: str, record: Callable[[], dict]) -> Iterator[None]:
+        """Record a fault in force before it acts: the "already in force?" check, the "before" values
+        (`record()`) and the record, under the store's one lock, so two `sim` processes cannot both pass
+        the check, nor save the other's fault as the value to restore; a crash while it acts leaves a
+        record `heal --all` sees. A definite refusal while acting (a SimError, not a time-out) forgets it."""
+        with self._faults_locked() as faults:
+            if any(f["id"] == fault_id for f in faults):
+                raise UsageError(refusal)
+            faults.append({**record(), "id": fault_id, "since": time.time()})
+        try:
+            yield
+        except ExecTimeout:
+            raise  # it may have acted: the record stays for `heal`
+        except SimError:
+            self._forget(fault_id)
+            raise
 
     def _forget(self, fault_id: str) -> None:
         with self._faults_locked() as faults:

@@ -9,6 +9,7 @@ import argparse
 import math
 import os
 import re
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -173,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if script_args is not None and args.command != "up":
         print(f"sim {args.command}: error: arguments after `--` are only for `sim up`", file=sys.stderr)
         return 2
+    interrupt_on_termination()
     try:
         check_environment(os.environ)
         return COMMANDS[args.command](args, script_args)
@@ -186,6 +188,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `sim report | head`: the reader left; that is not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def interrupt_on_termination() -> None:
+    """SIGTERM (`kill`, a CI timeout) and SIGHUP (the terminal closed) take the Ctrl-C path in every
+    command: pending undos run, what `up` made is removed, a held fault is healed."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's choice is kept
+            signal.signal(signum, _interrupted)
 
 
 def _docker() -> Docker:

@@ -219,9 +219,9 @@ class Cluster:
     # --- the collector process ------------------------------------------------------
 
     def _start_collector(self) -> None:
-        """The collector, detached from this process's session, following this cluster. Ctrl-C
+        """The collector, detached from this process's session, following this cluster. Ctrl-C (SIGTERM, SIGHUP)
         waits until its pid is written: a collector nobody knows of could not be stopped."""
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
         try:
             with open(self.run_dir / "collector.log", "ab") as log:
                 proc = subprocess.Popen(

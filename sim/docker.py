@@ -49,6 +49,10 @@ class DockerError(SimError):
     """The engine refused or failed a request."""
 
 
+class ExecTimeout(DockerError):
+    """An exec that did not finish in time: its command may still run in the container (outcome unknown)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Container:
     id: str
@@ -401,7 +405,7 @@ class Docker:
         thread.start()
         thread.join(timeout)
         if thread.is_alive():
-            raise DockerError(
+            raise ExecTimeout(
                 f"`{' '.join(argv)[:60]}` in container {container[:12]} did not finish within {timeout:g}s"
             )
         if "error" in got:
