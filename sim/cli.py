@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_host.add_argument("--tls-cert", metavar="FILE", help="tcp://: this client's certificate")
     add_host.add_argument("--tls-key", metavar="FILE", help="tcp://: this client's key")
     add_host.add_argument("--no-check", action="store_true", help="register without asking the engine its version")
+    add_host.add_argument(
+        "--insecure", action="store_true", help="tcp:// without --tls-ca: an engine that is not verified"
+    )
     swarm_sub.add_parser("remove-host", help="forget a swarm host's engine").add_argument("host")
     swarm_sub.add_parser("hosts", help="each swarm host and the engine sim reaches it by")
     from chaos.cli import register as register_faults
@@ -455,7 +458,7 @@ def cmd_swarm(args: argparse.Namespace, _: list[str] | None) -> int:
 
     if args.swarm_command == "add-host":
         tls = (args.tls_ca, args.tls_cert, args.tls_key)
-        engine = swarm_hosts.HostEngine(args.host, args.docker_host, args.context, *tls)
+        engine = swarm_hosts.HostEngine(args.host, args.docker_host, args.context, *tls, insecure=args.insecure)
         version = "" if args.no_check else f" (engine {swarm_hosts.HostDocker(engine).ping()})"
         done = "replaced" if swarm_hosts.register(engine) else "registered"
         print(f"{done} swarm host '{engine.host}': {engine.address}{version}")

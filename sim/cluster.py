@@ -590,7 +590,11 @@ def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: s
         ("images.json", json.dumps(dataclasses.asdict(images), indent=2)),
     ):
         tmp = cluster.state_dir / f".{name}.tmp"
-        tmp.write_text(text)
+        tmp.unlink(missing_ok=True)
+        # 0600: compose.yaml and spec.json hold the --env values (and any password in them).
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
         os.replace(tmp, cluster.state_dir / name)
     rdir = run_dir(spec.name, run_id)
     rdir.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ cannot destroy each other's cluster."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -108,3 +109,61 @@ def test_two_homes_two_ups_of_one_name_at_once(docker, images, tmp_path):
         for home in homes:
             run_sim("down", name, env={"SIM_HOME": str(home)})
     assert not Cluster(name, docker).exists()
+
+
+def node_faults_in_force(cluster: Cluster, node: str) -> dict[str, str]:
+    """What a fault would leave inside the node, read there: our iptables chains' rules, tc qdiscs,
+    the cgroup CPU quota, the wall clock's offset."""
+    iptables = cluster.exec(node, "iptables", "-S", user="root").stdout
+    qdiscs = cluster.exec(node, "tc", "qdisc", "show", user="root").stdout
+    cpu_max = cluster.exec(node, "sh", "-c", "cat /sys/fs/cgroup/cpu.max 2>/dev/null || true").stdout.strip()
+    before = time.time()
+    printed = cluster.exec(node, "python3", "-c", "import time; print(time.time())").stdout
+    offset = float(printed) - (before + time.time()) / 2
+    return {
+        "iptables": "\n".join(line for line in iptables.splitlines() if "DROP" in line or "REJECT" in line),
+        "tc": "\n".join(line for line in qdiscs.splitlines() if "tbf" in line or "netem" in line),
+        "cpu.max": "" if cpu_max in ("", "max 100000") else cpu_max,
+        "quota": str(cluster.docker.resources(cluster.container(node).id).cpu_quota or ""),
+        "clock": "" if abs(offset) < 2 else f"{offset:+.1f} s",
+    }
+
+
+def test_sigterm_of_chaos_run_mid_fault_leaves_no_fault_in_force(docker, images, tmp_path):
+    from sim.cluster import up
+    from sim.spec import ClusterSpec
+    from tests.integration.test_leaks import SimProcess
+
+    spec = ClusterSpec(
+        name=unique_name("t-term"),
+        nodes=2,
+        nproc_per_node=1,
+        rdzv_backend="c10d",
+        script_args=("--steps", "1000000", "--step-time", "0.1"),
+    )
+    scenario = tmp_path / "held.yaml"
+    scenario.write_text(
+        "name: held\ndescription: four faults held for ten minutes\n"
+        "cluster: {nodes: 2, nproc_per_node: 1, rdzv_backend: c10d}\n"
+        "steps:\n"
+        "  - {fault: partition, isolate: [node1], at: {step: 1}, duration: 10m}\n"
+        "  - {fault: netem, target: node1, rate: 1mbit, at: {after: 0s}, duration: 10m}\n"
+        "  - {fault: slow-node, target: node1, cpus: 0.2, at: {after: 0s}, duration: 10m}\n"
+        "  - {fault: skew-clock, target: node1, by: 60s, at: {after: 0s}}\n"
+        "expect: {outcome: recovers}\ntimeout: 15m\n"
+    )
+    cluster = up(spec, docker, progress=lambda line: None)
+    try:
+        clean = node_faults_in_force(cluster, "node1")
+        assert not any(clean.values()), clean
+        runner = SimProcess("chaos", "run", str(scenario), "--cluster", spec.name)
+        runner.wait_for_line("[chaos] waiting for the job to end")
+        held = node_faults_in_force(cluster, "node1")
+        assert all(held.values()) or all(v for k, v in held.items() if k != "cpu.max"), held  # all four in force
+        code = runner.signal(signal.SIGTERM)
+        assert code != 0 and "Traceback" not in "".join(runner.seen) + runner.proc.stdout.read()
+        after = node_faults_in_force(cluster, "node1")
+        assert after == {k: "" for k in held}, (held, after)
+        assert run_sim("faults", "--name", spec.name).stdout.strip() == "no faults in force"
+    finally:
+        run_sim("down", spec.name)

@@ -171,3 +171,20 @@ def test_the_name_lock_admits_one_process_at_a_time_and_is_reentrant(home):
     assert [e[0] for e in events] == ["in", "out", "in", "out"]
     with cluster_mod.name_lock("same"), cluster_mod.name_lock("same"):
         pass  # a failed `up` removes what it made under the lock it holds
+
+
+def test_state_files_holding_env_values_are_private(home):
+    import stat
+
+    from sim.cluster import run_start_record, write_state
+    from sim.history import FILE_NAME, History
+    from sim.images import ImageSet
+    from sim.spec import ClusterSpec
+
+    spec = ClusterSpec(name="secret", nodes=1, env=(("TOKEN", "hunter2"),))
+    cluster = cluster_mod.Cluster("secret", FakeEngine())
+    write_state(cluster, spec, ImageSet("b", "r", "e", "n"), "r1")
+    History(cluster_mod.run_dir("secret", "r1") / FILE_NAME).append(run_start_record(spec, "r1"))
+    private = [cluster.state_dir / n for n in ("compose.yaml", "spec.json")]
+    private += [cluster_mod.run_dir("secret", "r1") / n for n in ("compose.yaml", "spec.json", FILE_NAME)]
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in private} == {p.name: 0o600 for p in private}
