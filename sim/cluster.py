@@ -275,8 +275,18 @@ class Cluster:
             interval=0.2,
             raise_errors=False,
         )
-        if not gone.ready:
+        if not gone.ready and _is_collector(pid, self.name):
             os.kill(pid, signal.SIGTERM)
+
+
+def _is_collector(pid: int, name: str) -> bool:
+    """Whether pid is still this cluster's collector (`python -m sim.collector NAME`), not a process that
+    reused the number of one that ended (a stale pid file): read from /proc/PID/cmdline."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return COLLECTOR_MODULE.encode() in argv and name.encode() in argv
 
 
 def _alive(pid: int) -> bool:

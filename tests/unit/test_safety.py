@@ -188,3 +188,21 @@ def test_state_files_holding_env_values_are_private(home):
     private = [cluster.state_dir / n for n in ("compose.yaml", "spec.json")]
     private += [cluster_mod.run_dir("secret", "r1") / n for n in ("compose.yaml", "spec.json", FILE_NAME)]
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in private} == {p.name: 0o600 for p in private}
+
+
+def test_down_never_signals_a_process_that_reused_a_stale_collector_pid(home, monkeypatch):
+    import subprocess
+    import sys
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        cluster = cluster_mod.Cluster("stale", FakeEngine())
+        cluster.state_dir.mkdir(parents=True)
+        (cluster.state_dir / cluster_mod.COLLECTOR_PID_FILE).write_text(str(bystander.pid))
+        monkeypatch.setattr(cluster_mod, "COLLECTOR_DRAIN_S", 0.3)
+        cluster.down()
+        assert bystander.poll() is None, "a process that is not the collector was signalled"
+        assert not cluster_mod._is_collector(bystander.pid, "stale")
+    finally:
+        bystander.kill()
+        bystander.wait()
