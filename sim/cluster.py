@@ -177,7 +177,15 @@ class Cluster:
         for info in infos:
             # The node label names the file: one that is no plain name (a crafted label) falls back to the id.
             stem = info.node if valid_name(info.node, what="node name") else f"container-{info.id[:12]}"
-            inside(target, f"{stem}.log").write_text(self.docker.logs(info.id, timestamps=True))
+            path = inside(target, f"{stem}.log")
+            stream = getattr(self.docker, "write_logs", None)  # streamed where the provider can (Docker)
+            if stream is None:
+                path.write_text(self.docker.logs(info.id, timestamps=True))
+                continue
+            try:
+                stream(info.id, path, timestamps=True)
+            except SimError:
+                path.write_text("")  # gone since the listing: as `logs` answers then
         return target
 
     def down(self, *, save_logs: bool = True) -> dict[str, int]:

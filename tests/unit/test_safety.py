@@ -206,3 +206,29 @@ def test_down_never_signals_a_process_that_reused_a_stale_collector_pid(home, mo
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_gigabyte_log_line_does_not_take_the_collectors_memory_beyond_a_bound():
+    import tracemalloc
+
+    from sim.docker import MAX_LINE_BYTES, _lines
+
+    chunk = b"x" * 65536
+
+    def stream():  # a 1 GiB line without a newline, then a normal one (the chunks are made as they go)
+        yield b"2026-12-02T00:00:00.000000000Z before\n2026-12-02T00:00:01.000000000Z "
+        for _ in range(1 << 14):
+            yield chunk
+        yield b"tail\n2026-12-02T00:00:02.000000000Z after\n"
+
+    tracemalloc.start()
+    try:
+        lines = [line[:80] + f"...{len(line)}" if len(line) > 100 else line for line in _lines(stream())]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert lines[0].endswith("before") and lines[-1].endswith("after") and len(lines) == 3
+    assert "line cut" not in lines[1] and lines[1].endswith(
+        str(MAX_LINE_BYTES + len(" [elastic-sim: line cut at 1048576 bytes]"))
+    )
+    assert peak < 8 * MAX_LINE_BYTES, peak
