@@ -335,8 +335,27 @@ def check_script_path(flag: str, script: str | Path) -> str:
 
 
 def machine_memory_mib() -> int:
-    """This machine's physical memory: the most a cluster here can ever use."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+    """This machine's physical memory, or this process's cgroup memory limit when lower (a CI job's
+    container): the most a cluster here can ever use."""
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+    limit = cgroup_memory_limit_mib()
+    return min(physical, limit) if limit else physical
+
+
+CGROUP_MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def cgroup_memory_limit_mib(paths: Sequence[str] = CGROUP_MEMORY_LIMITS) -> int | None:
+    """This process's cgroup memory limit in MiB (v2 memory.max, v1 limit_in_bytes); None: no limit."""
+    for path in paths:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # v1 writes a huge number for "no limit", v2 writes "max"
+            return int(text) // 2**20
+        return None
+    return None
 
 
 def max_nodes_in_memory(nproc_per_node: int, memory_mib: int | None = None) -> int:

@@ -232,3 +232,15 @@ def test_a_gigabyte_log_line_does_not_take_the_collectors_memory_beyond_a_bound(
         str(MAX_LINE_BYTES + len(" [elastic-sim: line cut at 1048576 bytes]"))
     )
     assert peak < 8 * MAX_LINE_BYTES, peak
+
+
+def test_the_node_cap_counts_the_cgroup_memory_limit(tmp_path):
+    from sim.spec import cgroup_memory_limit_mib
+
+    v2, v1 = tmp_path / "memory.max", tmp_path / "limit_in_bytes"
+    v2.write_text("max\n")
+    assert cgroup_memory_limit_mib([str(v2)]) is None
+    v2.write_text(f"{2 * 2**30}\n")
+    assert cgroup_memory_limit_mib([str(v2)]) == 2048
+    v1.write_text(f"{2**63 - 4096}\n")  # cgroup v1's "no limit"
+    assert cgroup_memory_limit_mib([str(tmp_path / "none"), str(v1)]) is None
