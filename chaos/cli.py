@@ -58,7 +58,10 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable]:
     run.add_argument("file", help="a scenario file, or the name of a shipped one (see `sim chaos list`)")
     run.add_argument("--seed", type=int, help="seed for random choices (default: the file's, else random; recorded)")
     run.add_argument("--backend", help="run on this backend only (default: every backend the scenario names)")
-    run.add_argument("--keep", action="store_true", help="keep the cluster afterwards")
+    run.add_argument("--keep", action="store_true", help="keep the cluster afterwards (its faults healed)")
+    run.add_argument(
+        "--keep-faults", action="store_true", help="with --keep or --cluster: leave the run's faults in force"
+    )
     run.add_argument("--cluster", help="use this running cluster instead of starting one")
     run.add_argument(
         "--engine", choices=["compose", "swarm"], help="start the cluster on this engine (default: the scenario's)"
@@ -246,6 +249,7 @@ def cmd_chaos(args, _):
         docker=docker,
         seed=args.seed,
         keep=args.keep,
+        keep_faults=args.keep_faults,
         cluster_name=args.cluster,
         engine=args.engine,
     )

@@ -14,6 +14,7 @@ import fcntl
 import json
 import math
 import os
+import posixpath
 import random
 import shlex
 import signal as signals
@@ -27,7 +28,7 @@ from sim.core.faultkinds import in_force_kinds
 from sim.core.history import FILE_NAME, History
 from sim.core.nodes import node_order
 from sim.engines.cluster import Cluster, ContainerInfo
-from sim.engines.docker import NO_MEMORY_LIMIT, ExecResult
+from sim.engines.docker import NO_MEMORY_LIMIT, ExecResult, ExecTimeout
 from sim.engines.procs import PROBE_ARGV, NodeProcesses, Worker, parse_probe
 from sim.engines.render import CLOCK_OFFSET_FILE
 from sim.engines.swarm import refusal
@@ -72,6 +73,10 @@ class Nemesis:
         self.history.append({**base, "phase": "invoke", "args": args})
         try:
             result = action() or {}
+        except ExecTimeout as error:
+            # It may still run in the container: outcome unknown (Jepsen's :info), not a failure.
+            self.history.append({**base, "phase": "info", "error": str(error)})
+            raise
         except SimError as error:
             self.history.append({**base, "phase": "fail", "error": str(error)})
             raise
@@ -168,17 +173,10 @@ class Nemesis:
 
         def act() -> dict:
             node, worker = self._pick_worker(target, rank, local_rank)
-            self._signal(node, worker.pid, signals.SIGSTOP)
             fault_id = f"hang-{node}-{worker.pid}"
-            self._remember(
-                {
-                    "id": fault_id,
-                    "fault": "hang",
-                    "target": node,
-                    "pid": worker.pid,
-                    "detail": f"rank {worker.rank} stopped",
-                }
-            )
+            record = {"fault": "hang", "target": node, "pid": worker.pid, "detail": f"rank {worker.rank} stopped"}
+            with self._claimed(fault_id, f"{node}: worker {worker.pid} is stopped already", lambda: record):
+                self._signal(node, worker.pid, signals.SIGSTOP)
             return {
                 "id": fault_id,
                 "node": node,
@@ -200,19 +198,17 @@ class Nemesis:
         def act() -> dict:
             node, worker = self._pick_worker(target, rank, local_rank)
             path = nodescripts.COLLECTIVE_HANG_FILE.format(pid=worker.pid)
-            touched = self.cluster.exec(node, "touch", path)
-            if not touched.ok:
-                raise FaultError(f"{node}: cannot create {path}: {_last(touched.stderr)}")
             fault_id = f"stall-{node}-{worker.pid}"
-            self._remember(
-                {
-                    "id": fault_id,
-                    "fault": "stall",
-                    "target": node,
-                    "file": path,
-                    "detail": f"rank {worker.rank} holds before its next collective",
-                }
-            )
+            record = {
+                "fault": "stall",
+                "target": node,
+                "file": path,
+                "detail": f"rank {worker.rank} holds before its next collective",
+            }
+            with self._claimed(fault_id, f"{node}: worker {worker.pid} is held already", lambda: record):
+                touched = self.cluster.exec(node, "touch", path)
+                if not touched.ok:
+                    raise FaultError(f"{node}: cannot create {path}: {_last(touched.stderr)}")
             return {
                 "id": fault_id,
                 "node": node,
@@ -526,21 +522,17 @@ class Nemesis:
             name = self.resolve(target)
             cid = self._info(name).id
             fault_id = f"slow-{name}"
-            if any(f["id"] == fault_id for f in self.active()):
-                raise UsageError(f"{name}: already slowed; `sim heal {fault_id}` first")
-            before = self.docker.resources(cid)
-            quota = max(1000, round(cpus * CPU_PERIOD_US))  # the kernel's least quota is 1 ms
-            self.docker.update_resources(cid, cpu_quota=quota, cpu_period=CPU_PERIOD_US)
-            self._remember(
-                {
-                    "id": fault_id,
-                    "fault": "slow",
-                    "target": name,
-                    "detail": f"{cpus:g} CPUs",
+
+            def record() -> dict:  # the limits to restore, read under the store's lock
+                before = self.docker.resources(cid)
+                return {"fault": "slow", "target": name, "detail": f"{cpus:g} CPUs"} | {
                     "cpu_quota": before.cpu_quota,
                     "cpu_period": before.cpu_period,
                 }
-            )
+
+            quota = max(1000, round(cpus * CPU_PERIOD_US))  # the kernel's least quota is 1 ms
+            with self._claimed(fault_id, f"{name}: already slowed; `sim heal {fault_id}` first", record):
+                self.docker.update_resources(cid, cpu_quota=quota, cpu_period=CPU_PERIOD_US)
             return {"id": fault_id, "node": name, "cpus": cpus, "cpu_quota": quota, "cpu_period": CPU_PERIOD_US}
 
         return self.invoke("slow-node", target, act, cpus=cpus)
@@ -554,10 +546,11 @@ class Nemesis:
         def act() -> dict:
             node = self.resolve(target, allow_etcd=False)
             fault_id = f"skew-{node}"
-            if any(f["id"] == fault_id for f in self.active()):
-                raise UsageError(f"{node}: its clock is skewed already; `sim heal {fault_id}` first")
-            seen = self._set_clock_offset(node, by)
-            self._remember({"id": fault_id, "fault": "skew", "target": node, "detail": f"clock {by:+g} s"})
+            refused = f"{node}: its clock is skewed already; `sim heal {fault_id}` first"
+            with self._claimed(
+                fault_id, refused, lambda: {"fault": "skew", "target": node, "detail": f"clock {by:+g} s"}
+            ):
+                seen = self._set_clock_offset(node, by)
             return {"id": fault_id, "node": node, "by": by, "seen": seen}
 
         return self.invoke("skew-clock", target, act, by=by)
@@ -595,25 +588,42 @@ class Nemesis:
         """Fill the filesystem under `directory` with a filler file until `leave` bytes are free, so the
         next write fails with ENOSPC; `heal` removes the filler. Only a size-limited disk (the spec's
         `ckpt_size`): a larger one is refused, as filling it would fill the host's."""
+        self._require_own_ckpt_storage(directory)
 
         def act() -> dict:
             node = self.resolve(target, allow_etcd=False)
             fault_id = f"fill-{node}"
-            if any(f["id"] == fault_id for f in self.active()):
-                raise UsageError(f"{node}: a filler is in place already; `sim heal {fault_id}` first")
-            done = self._node_script(node, "filling the disk", nodescripts.FILL, directory, leave, FILL_AT_MOST)
+            refused = f"{node}: a filler is in place already; `sim heal {fault_id}` first"
+            # Recorded before it writes: the filler's path is the script's (the folder's .sim-filler).
+            planned = {"fault": "fill", "target": node, "file": posixpath.join(directory, ".sim-filler")}
+            with self._claimed(fault_id, refused, lambda: {**planned, "detail": "filler being written"}):
+                done = self._node_script(node, "filling the disk", nodescripts.FILL, directory, leave, FILL_AT_MOST)
             self._remember(
-                {
-                    "id": fault_id,
-                    "fault": "fill",
-                    "target": node,
-                    "file": done["file"],
-                    "detail": f"{done['written'] >> 20} MiB filler",
-                }
+                {**planned, "id": fault_id, "file": done["file"], "detail": f"{done['written'] >> 20} MiB filler"}
             )
             return {"id": fault_id, "node": node, **done}
 
         return self.invoke("fill-disk", target, act, directory=directory, leave=leave)
+
+    def _require_own_ckpt_storage(self, directory: str) -> None:
+        """A filler goes only on the cluster's own size-limited checkpoint storage: /ckpt (or a folder
+        in it) of a cluster started with ckpt_size. The node script checks the mount itself too."""
+        normal = posixpath.normpath(directory)
+        if (
+            not directory.startswith("/")
+            or ".." in directory.split("/")
+            or not (normal == SHARED_CKPT_DIR or normal.startswith(SHARED_CKPT_DIR + "/"))
+        ):
+            raise UsageError(
+                f"--dir {directory!r}: fill-disk fills only the cluster's checkpoint storage; "
+                f"give {SHARED_CKPT_DIR} or a folder in it"
+            )
+        spec = self.cluster.spec
+        if spec is not None and spec.ckpt_size is None:
+            raise UsageError(
+                f"fill-disk: cluster '{self.cluster.name}' has no size-limited checkpoint storage; "
+                "start it with --ckpt-size, e.g. --ckpt-size 64m"
+            )
 
     def _node_script(self, node: str, what: str, script: str, *args: object) -> dict:
         result = self.cluster.exec(node, *nodescripts.argv(script, *args), timeout=120)
@@ -956,6 +966,24 @@ class Nemesis:
     def _remember(self, fault: dict) -> None:
         with self._faults_locked() as faults:
             faults[:] = [f for f in faults if f["id"] != fault["id"]] + [{**fault, "since": time.time()}]
+
+    @contextlib.contextmanager
+    def _claimed(self, fault_id: str, refusal: str, record: Callable[[], dict]) -> Iterator[None]:
+        """Record a fault in force before it acts: the "already in force?" check, the "before" values
+        (`record()`) and the record, under the store's one lock, so two `sim` processes cannot both pass
+        the check, nor save the other's fault as the value to restore; a crash while it acts leaves a
+        record `heal --all` sees. A definite refusal while acting (a SimError, not a time-out) forgets it."""
+        with self._faults_locked() as faults:
+            if any(f["id"] == fault_id for f in faults):
+                raise UsageError(refusal)
+            faults.append({**record(), "id": fault_id, "since": time.time()})
+        try:
+            yield
+        except ExecTimeout:
+            raise  # it may have acted: the record stays for `heal`
+        except SimError:
+            self._forget(fault_id)
+            raise
 
     def _forget(self, fault_id: str) -> None:
         with self._faults_locked() as faults:

@@ -57,6 +57,20 @@ print(json.dumps({'file': path, 'size': size, 'mode': mode, **done}))
 FILL = r"""
 import json, os, sys
 root, leave, most = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+# Only the cluster's own size-limited checkpoint storage: /ckpt, a tmpfs (--ckpt-size), and a folder on
+# that same filesystem (a symlink or another mount under it, e.g. the events folder, is refused).
+mounts = {}
+with open('/proc/self/mounts') as f:
+    for line in f:
+        fields = line.split()
+        mounts[fields[1]] = fields[2]
+real = os.path.realpath(root)
+if (real != '/ckpt' and not real.startswith('/ckpt/')) or mounts.get('/ckpt') != 'tmpfs':
+    why = "not on the cluster's size-limited checkpoint storage (/ckpt, a tmpfs)"
+    sys.exit(print(f'{root}: {why}', file=sys.stderr) or 3)
+if os.stat(real).st_dev != os.stat('/ckpt').st_dev:
+    sys.exit(print(f'{root}: another filesystem than /ckpt', file=sys.stderr) or 3)
+root = real
 stat = os.statvfs(root)
 free = stat.f_bavail * stat.f_frsize
 if free > most:

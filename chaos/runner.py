@@ -103,6 +103,7 @@ class ScenarioRunner:
         docker: Docker | None = None,
         seed: int | None = None,
         keep: bool = False,
+        keep_faults: bool = False,
         cluster_name: str | None = None,
         engine: str | None = None,
         progress: Progress = print,
@@ -118,10 +119,12 @@ class ScenarioRunner:
             else (scenario.seed if scenario.seed is not None else random.SystemRandom().randrange(2**31))
         )
         self.keep = keep
+        self.keep_faults = keep_faults  # with --keep or --cluster: leave this run's faults in force
         self.cluster_name = cluster_name
         self.engine = engine  # compose or swarm; None: the scenario's (compose unless it says)
         self.progress = progress
-        self._undo_timers: list[threading.Timer] = []
+        self._undo_timers: list[tuple[threading.Timer, _Once]] = []
+        self._made: list[str] = []  # the ids of the faults this run put in force
 
     def run(self) -> ScenarioResult:
         scenario, expected = self.scenario, self.scenario.expect.outcome(self.backend)
@@ -159,10 +162,12 @@ class ScenarioRunner:
                 self.progress(f"[chaos] waiting for the job to end ({expected} expected)")
                 self._wait_end(cluster, deadline)
         finally:
-            for timer in self._undo_timers:
+            for timer, _ in self._undo_timers:
                 timer.cancel()
             if not self.keep and self.cluster_name is None:
                 swarm.down(cluster, self.progress)
+            elif not self.keep_faults:
+                self._heal_own(nemesis)
         bounds = {
             k: v
             for k, v in dataclasses.asdict(scenario.expect).items()
@@ -174,6 +179,22 @@ class ScenarioRunner:
         if unfired:
             summary += f"\nNOT VALID: {unfired}"
         return ScenarioResult(scenario.name, self.backend, expected, verdict, summary, run_dir, self.seed, unfired)
+
+    def _heal_own(self, nemesis: Nemesis) -> None:
+        """The cluster stays (--keep, --cluster): undo what this run did (also after Ctrl-C or SIGTERM).
+        Pending undos first, as their timers would have; then any fault still in force that this run
+        made, or, on a cluster of its own (--keep), any fault in force (one recorded before it acted)."""
+        for _, undo in self._undo_timers:
+            undo()
+        try:
+            active = nemesis.active()
+            own = self.cluster_name is None
+            left = [f["id"] for f in active if own or f["id"] in self._made]
+            for fault_id in left:
+                self.progress(f"[chaos] healing {fault_id} (the cluster stays; --keep-faults leaves faults)")
+                nemesis.heal(fault_id)
+        except SimError as error:
+            self.progress(f"[chaos] healing failed: {error}; `sim heal --all --name {nemesis.cluster.name}`")
 
     def _cluster(self) -> Cluster:
         if self.cluster_name:
@@ -252,11 +273,14 @@ class ScenarioRunner:
             # Recorded as `fail` in the history; the checkers judge what followed.
             self.progress(f"[chaos] {step.fault} failed: {error}")
             return
+        if result.get("id"):
+            self._made.append(result["id"])
         if step.duration_s and fault.undo is not None:
-            timer = threading.Timer(step.duration_s, _quietly(lambda: fault.end_hold(nemesis, result)))
+            undo = _Once(_quietly(lambda: fault.end_hold(nemesis, result)))
+            timer = threading.Timer(step.duration_s, undo)
             timer.daemon = True
             timer.start()
-            self._undo_timers.append(timer)
+            self._undo_timers.append((timer, undo))
 
     @staticmethod
     def _job_ended(cluster: Cluster) -> bool:
@@ -300,6 +324,20 @@ def run_scenario(scenario: Scenario, backend: str | None = None, **runner_option
     """Run `scenario` on `backend`, or on each backend it names; options as ScenarioRunner's."""
     backends = scenario.backends if backend is None else (backend,)
     return [ScenarioRunner(scenario, name, **runner_options).run() for name in backends]
+
+
+class _Once:
+    """A pending undo: run by its timer or at the end of the run, whichever comes first; never twice."""
+
+    def __init__(self, fn: Callable[[], None]):
+        self.fn, self.done, self.lock = fn, False, threading.Lock()
+
+    def __call__(self) -> None:
+        with self.lock:
+            if self.done:
+                return
+            self.done = True
+            self.fn()
 
 
 def _quietly(fn: Callable[[], object]) -> Callable[[], None]:

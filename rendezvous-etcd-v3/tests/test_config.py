@@ -31,6 +31,7 @@ def test_conf_keys(tmp_path):
             "ttl": "30",
             "user": "u",
             "password_file": str(secret),
+            "allow_plain_password": "1",  # h is no loopback host: a password over http only when asked
             "join_timeout": "ignored: the handler's key",
         },
     )
@@ -57,6 +58,9 @@ def test_conf_keys(tmp_path):
         ("h", {"ca_cert": "/nonexistent.pem"}, "ca_cert=/nonexistent.pem"),
         ("h", {"user": "u"}, "user and password"),
         ("h", {"password_file": "/nonexistent"}, "password_file=/nonexistent"),
+        ("h", {"ca_cert": __file__}, "ca_cert is set but protocol=http"),
+        ("h", {"ssl_cert": __file__, "ssl_cert_key": __file__}, "ssl_cert is set but protocol=http"),
+        ("h", {"user": "u", "password": "p"}, "password over protocol=http to h:2379 would cross the network"),
     ],
 )
 def test_bad_values_raise_one_line_naming_the_key(endpoint, conf, names):
@@ -66,3 +70,10 @@ def test_bad_values_raise_one_line_naming_the_key(endpoint, conf, names):
     assert names in message
     assert "\n" not in message
     assert isinstance(caught.value, ValueError)
+
+
+def test_a_password_over_http_only_to_loopback_or_when_allowed():
+    assert EtcdConfig.from_rdzv("127.0.0.1:2379", {"user": "u", "password": "p"}).password == "p"
+    assert EtcdConfig.from_rdzv("https://h:2379", {"user": "u", "password": "p"}).password == "p"
+    allowed = EtcdConfig.from_rdzv("h:2379", {"user": "u", "password": "p", "allow_plain_password": "1"})
+    assert allowed.password == "p"

@@ -158,3 +158,29 @@ def test_wait_across_a_restart_fails_fast_not_at_its_timeout(own_etcd_server, ma
     with pytest.raises(dist.DistNetworkError):
         store.wait(["never"])
     assert time.monotonic() - started < 10
+
+
+def test_a_compare_and_set_lost_every_time_fails_instead_of_retrying_forever(monkeypatch):
+    """The compare-and-set retries are bounded: a key that another writer changes under every attempt."""
+    from types import SimpleNamespace
+
+    from rendezvous_etcd_v3 import store as store_mod
+    from rendezvous_etcd_v3.config import Endpoint, EtcdConfig
+
+    attempts = []
+
+    class Contended:
+        config = EtcdConfig(endpoints=(Endpoint("127.0.0.1", 2379),))
+
+        def get(self, key):
+            return SimpleNamespace(value=b"1", mod_revision=len(attempts) + 1)
+
+        def txn(self, *args, **kwargs):
+            attempts.append(1)
+            return SimpleNamespace(succeeded=False)  # another writer got there first
+
+    monkeypatch.setattr(store_mod, "MAX_CAS_ATTEMPTS", 5)
+    monkeypatch.setattr(store_mod.time, "sleep", lambda s: None)
+    with pytest.raises(dist.DistStoreError, match="changed under 5 compare-and-set attempts"):
+        store_mod.EtcdV3Store(Contended()).add("n", 1)
+    assert len(attempts) == 5

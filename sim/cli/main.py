@@ -9,6 +9,7 @@ import argparse
 import math
 import os
 import re
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -100,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--keep", action="store_true", help="keep a failed cluster for debugging instead of removing it")
     up.add_argument(
+        "--replace",
+        action="store_true",
+        help="remove a cluster that already holds --name (also one another SIM_HOME made) instead of refusing",
+    )
+    up.add_argument(
         "--timeout",
         type=float,
         default=cluster_mod.DEFAULT_START_TIMEOUT,
@@ -108,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     down = sub.add_parser("down", help="remove a cluster (containers, network, volumes), keeping its logs")
     _cluster_name(down, default=None)
-    down.add_argument("--all", action="store_true", help="remove every elastic-sim cluster")
+    down.add_argument(
+        "--all", action="store_true", help="remove every elastic-sim cluster this SIM_HOME made on this host"
+    )
 
     sub.add_parser("ls", help="list clusters")
 
@@ -148,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_host.add_argument("--tls-cert", metavar="FILE", help="tcp://: this client's certificate")
     add_host.add_argument("--tls-key", metavar="FILE", help="tcp://: this client's key")
     add_host.add_argument("--no-check", action="store_true", help="register without asking the engine its version")
+    add_host.add_argument(
+        "--insecure", action="store_true", help="tcp:// without --tls-ca: an engine that is not verified"
+    )
     swarm_sub.add_parser("remove-host", help="forget a swarm host's engine").add_argument("host")
     swarm_sub.add_parser("hosts", help="each swarm host and the engine sim reaches it by")
     _add_export(sub, up)
@@ -191,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"sim {args.command}: error: arguments after `--` are only for `sim up` and `sim export`", file=sys.stderr
         )
         return 2
+    interrupt_on_termination()
     try:
         if hasattr(args, "name_flag"):
             _resolve_cluster_name(args)
@@ -206,6 +218,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `sim report | head`: the reader left; that is not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def interrupt_on_termination() -> None:
+    """SIGTERM (`kill`, a CI timeout) and SIGHUP (the terminal closed) take the Ctrl-C path in every
+    command: pending undos run, what `up` made is removed, a held fault is healed."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's choice is kept
+            signal.signal(signum, _interrupted)
 
 
 def _docker() -> Docker:
@@ -263,7 +287,7 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
             spec, docker, placement=args.placement, ckpt_nfs=args.ckpt_nfs, keep=args.keep, timeout=args.timeout
         )
     else:
-        cluster = cluster_mod.up(spec, docker, keep=args.keep, timeout=args.timeout)
+        cluster = cluster_mod.up(spec, docker, keep=args.keep, timeout=args.timeout, replace=args.replace)
         cluster.release()  # the user's now: `up` ending is not a leak
     name = spec.name
     flag = "" if name == DEFAULT_NAME else f" {name}"
@@ -308,7 +332,7 @@ def cmd_down(args: argparse.Namespace, _: list[str] | None) -> int:
     docker.ping()
     if args.all and args.name:
         raise UsageError("down: give a cluster name or --all, not both")
-    names = cluster_mod.list_clusters(docker) if args.all else [args.name or DEFAULT_NAME]
+    names = cluster_mod.list_clusters(docker, owned=True) if args.all else [args.name or DEFAULT_NAME]
     from sim.engines import swarm
 
     for name in names:
@@ -326,7 +350,23 @@ def cmd_down(args: argparse.Namespace, _: list[str] | None) -> int:
         )
     if args.all and not names:
         print("no clusters")
+    if args.all:
+        _print_not_swept(docker)
     return 0
+
+
+def _print_not_swept(docker: Docker) -> None:
+    """What `down --all` left alone: clusters of another state home or host, and labels that name no cluster."""
+    found = cluster_mod.labelled_clusters(docker)
+    bad = sorted(name for name in found if not cluster_mod.valid_name(name))
+    others = sorted(n for n, owners in found.items() if n not in bad and owners != {cluster_mod.labels.owner()})
+    if others:
+        print(
+            f"left {len(others)} cluster(s) of another SIM_HOME or host: {', '.join(others)} "
+            f"(`python -m sim down NAME` removes one by name)"
+        )
+    if bad:
+        print(f"ignored {len(bad)} label(s) {cluster_mod.labels.CLUSTER} that are no cluster name: {bad!r}")
 
 
 def cmd_ls(args: argparse.Namespace, _: list[str] | None) -> int:
@@ -445,7 +485,7 @@ def cmd_swarm(args: argparse.Namespace, _: list[str] | None) -> int:
 
     if args.swarm_command == "add-host":
         tls = (args.tls_ca, args.tls_cert, args.tls_key)
-        engine = swarm_hosts.HostEngine(args.host, args.docker_host, args.context, *tls)
+        engine = swarm_hosts.HostEngine(args.host, args.docker_host, args.context, *tls, insecure=args.insecure)
         version = "" if args.no_check else f" (engine {swarm_hosts.HostDocker(engine).ping()})"
         done = "replaced" if swarm_hosts.register(engine) else "registered"
         print(f"{done} swarm host '{engine.host}': {engine.address}{version}")

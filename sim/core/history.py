@@ -333,7 +333,7 @@ class History:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
             # O_APPEND: concurrent writers (two CLI calls) never interleave a line.
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # its start record holds --env
             try:
                 os.write(fd, line.encode())
             finally:

@@ -5,6 +5,9 @@ so they work even when the compose file or the state folder is gone.
 """
 
 import os
+import socket
+
+from sim.core.paths import state_home
 
 CLUSTER = "elastic-sim.cluster"
 ROLE = "elastic-sim.role"  # "node" | "etcd"
@@ -14,10 +17,19 @@ RUN = "elastic-sim.run"
 SESSION = "elastic-sim.session"
 SESSION_ENV = "SIM_SESSION"
 IMAGE = "elastic-sim.image"  # on images: base | runtime | node | etcd
+# Who made it: this host and this state home (SIM_HOME). A sweep (`down --all`, `up` over a left-over)
+# touches only what it owns: two homes on one engine (a test suite's and a person's, two CI jobs)
+# cannot remove each other's clusters.
+OWNER = "elastic-sim.owner"
+
+
+def owner() -> str:
+    """This process's owner label value: HOST:STATE_HOME (resolved)."""
+    return f"{socket.gethostname()}:{state_home().resolve()}"
 
 
 def cluster_labels(cluster: str, run_id: str | None = None) -> dict[str, str]:
-    labels = {CLUSTER: cluster}
+    labels = {CLUSTER: cluster, OWNER: owner()}
     if run_id:
         labels[RUN] = run_id
     session = os.environ.get(SESSION_ENV)

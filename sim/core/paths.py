@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+from sim.core.errors import UsageError
 
 # sim/ (this file is sim/core/paths.py).
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -46,5 +49,44 @@ def cache_home() -> Path:
     return Path(base) / "elastic-sim"
 
 
+# Every name that becomes part of a path (a cluster, a node, a run id), wherever it comes from: a flag,
+# a Docker label (anyone who reaches the engine can set one), a scenario file. Cluster names are also
+# Compose project names: lowercase letters, digits, dashes and underscores.
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
+# Run ids (`sim.engines.cluster.new_run_id`: 20260102-030405-ab12) and node names (node0, etcd): no dot, no slash.
+TOKEN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+def check_name(value: str, *, what: str = "cluster name", source: str = "--name") -> str:
+    """The one validator for a name that becomes a path: `value` unchanged, or a UsageError naming its source."""
+    pattern = NAME_RE if what == "cluster name" else TOKEN_RE
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        rule = (
+            "1-40 lowercase letters, digits, '-' or '_', starting with a letter or digit"
+            if pattern is NAME_RE
+            else "1-64 letters, digits, '-' or '_', starting with a letter or digit"
+        )
+        raise UsageError(f"{source} {value!r}: not a valid {what}; use {rule}")
+    return value
+
+
+def valid_name(value: str, *, what: str = "cluster name") -> bool:
+    try:
+        check_name(value, what=what)
+    except UsageError:
+        return False
+    return True
+
+
+def inside(root: Path, *parts: str) -> Path:
+    """root/parts..., refused unless it resolves inside root (no `..`, no absolute part, no symlink out)."""
+    path = root.joinpath(*parts)
+    base = root.resolve()
+    resolved = path.resolve()
+    if resolved == base or base not in resolved.parents:
+        raise UsageError(f"{path}: resolves to {resolved}, outside the state folder {base}; refusing to use it")
+    return path
+
+
 def cluster_dir(name: str) -> Path:
-    return state_home() / "clusters" / name
+    return inside(state_home() / "clusters", check_name(name))

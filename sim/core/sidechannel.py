@@ -12,7 +12,9 @@ Pure apart from reading the events files: unit-tested without Docker.
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import time
 from pathlib import Path
 
@@ -23,11 +25,24 @@ EVENTS_DIR = "events"  # in the run folder
 PROGRESS_REGEX_EXAMPLE = r"step (?P<step>\d+) loss (?P<loss>[\d.]+)"
 
 
+NODE_UID = 1000  # the node image's user `sim`
+READ_AT_MOST = 4 << 20  # bytes read from one events file per poll
+MAX_PARTIAL = 1 << 20  # a line longer than this without its end is dropped
+
+
 def prepare_events_dir(run_dir: Path) -> Path:
-    """Make `<run_dir>/events/`, writable by the node's user (uid 1000 there, maybe not us here)."""
+    """Make `<run_dir>/events/`, writable by the node's user (uid 1000 there) and by no other user
+    here: owned by that uid, 0755 (as root we give it away; as uid 1000 it is ours). Only a harness
+    running as a third user falls back to 0777."""
     path = Path(run_dir) / EVENTS_DIR
     path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o777)
+    if os.geteuid() == 0:
+        os.chown(path, NODE_UID, NODE_UID)
+        path.chmod(0o755)
+    elif os.geteuid() == NODE_UID:
+        path.chmod(0o755)
+    else:
+        path.chmod(0o777)
     return path
 
 
@@ -73,20 +88,28 @@ class EventsTail:
     def _read_new(self, path: Path) -> list[dict]:
         offset = self._offsets.get(path, 0)
         try:
-            size = path.stat().st_size
-            if size == offset:
-                return []
-            if size < offset:  # replaced by a shorter file: read it from the start
-                offset = 0
-                self._partial.pop(path, None)
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
+            # A worker writes this folder: no symlink followed (O_NOFOLLOW), only a regular file read
+            # (not a FIFO or a device), and at most READ_AT_MOST bytes a poll.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode):
+                    return []
+                size = info.st_size
+                if size == offset:
+                    return []
+                if size < offset:  # replaced by a shorter file: read it from the start
+                    offset = 0
+                    self._partial.pop(path, None)
+                os.lseek(fd, offset, os.SEEK_SET)
+                data = os.read(fd, min(size - offset, READ_AT_MOST))
+            finally:
+                os.close(fd)
         except OSError:
             return []
         self._offsets[path] = offset + len(data)
         lines = (self._partial.pop(path, b"") + data).split(b"\n")
-        if lines[-1]:
+        if lines[-1] and len(lines[-1]) <= MAX_PARTIAL:
             self._partial[path] = lines[-1]
         records = (worker_record(line, path.stem) for line in lines[:-1] if line.strip())
         return [record for record in records if record is not None]

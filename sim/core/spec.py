@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sim.core.errors import UsageError
+from sim.core.paths import check_name
 from sim.core.sidechannel import compile_progress_regex
 
 RDZV_BACKENDS = ("etcd-v2", "etcd", "etcd-v3", "c10d", "static")
@@ -26,8 +27,6 @@ V2_BACKENDS = ("etcd-v2", "etcd")
 ETCD_VERSIONS = ("3.4", "3.5")
 # compose: one machine (docker compose); swarm: a Swarm stack, one host or many (sim/engines/swarm.py, docs/SWARM.md).
 ENGINES = ("compose", "swarm")
-# Compose project names: lowercase letters, digits, dashes and underscores.
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 _CONF_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # torchrun passes --rdzv-conf values on as they are: plain words only, so no shell or Compose character
 # (`$`, `;`, quotes, spaces) can reach a node. The timing keys torch reads as whole numbers (FACTS.md).
@@ -131,11 +130,7 @@ class ClusterSpec:
     engine: str = "compose"
 
     def __post_init__(self) -> None:
-        if not _NAME_RE.fullmatch(self.name):
-            raise UsageError(
-                f"--name {self.name!r}: not a valid cluster name; use 1-40 lowercase letters, digits, '-' or '_', "
-                "starting with a letter or digit"
-            )
+        check_name(self.name)  # the one validator of a name that becomes a path (sim/core/paths.py)
         _positive_int("--nodes", self.nodes)
         _positive_int("--min-nodes", self.min_nodes)
         _positive_int("--nproc-per-node", self.nproc_per_node)
@@ -340,8 +335,27 @@ def check_script_path(flag: str, script: str | Path) -> str:
 
 
 def machine_memory_mib() -> int:
-    """This machine's physical memory: the most a cluster here can ever use."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+    """This machine's physical memory, or this process's cgroup memory limit when lower (a CI job's
+    container): the most a cluster here can ever use."""
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+    limit = cgroup_memory_limit_mib()
+    return min(physical, limit) if limit else physical
+
+
+CGROUP_MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def cgroup_memory_limit_mib(paths: Sequence[str] = CGROUP_MEMORY_LIMITS) -> int | None:
+    """This process's cgroup memory limit in MiB (v2 memory.max, v1 limit_in_bytes); None: no limit."""
+    for path in paths:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # v1 writes a huge number for "no limit", v2 writes "max"
+            return int(text) // 2**20
+        return None
+    return None
 
 
 def max_nodes_in_memory(nproc_per_node: int, memory_mib: int | None = None) -> int:

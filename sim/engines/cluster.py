@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import secrets
@@ -16,6 +17,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,7 +27,7 @@ from sim.core import labels
 from sim.core.errors import ClusterError, ClusterNotFoundError, SimError, UsageError
 from sim.core.history import FILE_NAME, AgentRecord, History, HistoryTail, Record, TrainerRecord, WorkerRecord
 from sim.core.nodes import node_order
-from sim.core.paths import cluster_dir, state_home
+from sim.core.paths import check_name, cluster_dir, inside, state_home, valid_name
 from sim.core.progress import Progress, to_stderr
 from sim.core.sidechannel import prepare_events_dir
 from sim.core.spec import SHIPPED_TRAINER_DEFAULTS, ClusterSpec
@@ -78,8 +81,10 @@ class ContainerInfo:
 class Cluster:
     """A running (or half-gone) cluster, found by its label."""
 
-    def __init__(self, name: str, docker: DockerProvider):
-        self.name = name
+    def __init__(self, name: str, docker: DockerProvider, *, source: str = "cluster"):
+        # A name becomes a path (its state and run folders) and a label filter: checked here, whether
+        # it came from a flag, a scenario or a Docker label.
+        self.name = check_name(name, source=source)
         self.docker = docker
 
     # --- where its files live ------------------------------------------------
@@ -109,7 +114,7 @@ class Cluster:
 
     def _run_dir_by_labels(self, infos: Sequence[ContainerInfo]) -> Path:
         """The run folder even when the state folder is gone (a crash): labels are the truth."""
-        run_id = self.run_id or next((c.run_id for c in infos if c.run_id), None)
+        run_id = self.run_id or next((c.run_id for c in infos if valid_name(c.run_id, what="run id")), None)
         return run_dir(self.name, run_id or "unknown")
 
     # --- inspection ------------------------------------------------------------
@@ -170,11 +175,37 @@ class Cluster:
         target = run_folder / "logs"
         target.mkdir(parents=True, exist_ok=True)
         for info in infos:
-            (target / f"{info.node or info.name}.log").write_text(self.docker.logs(info.id, timestamps=True))
+            # The node label names the file: one that is no plain name (a crafted label) falls back to the id.
+            stem = info.node if valid_name(info.node, what="node name") else f"container-{info.id[:12]}"
+            path = inside(target, f"{stem}.log")
+            stream = getattr(self.docker, "write_logs", None)  # streamed where the provider can (Docker)
+            if stream is None:
+                path.write_text(self.docker.logs(info.id, timestamps=True))
+                continue
+            try:
+                stream(info.id, path, timestamps=True)
+            except SimError:
+                path.write_text("")  # gone since the listing: as `logs` answers then
         return target
 
     def down(self, *, save_logs: bool = True) -> dict[str, int]:
-        """Remove everything carrying the cluster's label. Idempotent."""
+        """Remove everything carrying the cluster's label. Idempotent. Under the name's lock: an `up`
+        of the same name waits until it is done."""
+        with name_lock(self.name):
+            return self._down(save_logs=save_logs)
+
+    def owners(self) -> set[str]:
+        """The owner labels (labels.OWNER) its containers, networks and volumes carry ('' for none)."""
+        flt = labels.cluster_filter(self.name)
+        return {r.labels.get(labels.OWNER, "") for kind in RESOURCE_KINDS for r in self.docker.labelled(kind, flt)}
+
+    def foreign_owner(self) -> str | None:
+        """Another state home's owner label on any of its resources (None: all of them are this home's)."""
+        mine = labels.owner()
+        others = sorted(o or "no owner label" for o in self.owners() if o != mine)
+        return others[0] if others else None
+
+    def _down(self, *, save_logs: bool) -> dict[str, int]:
         infos = self.containers()
         run_folder = self._run_dir_by_labels(infos)
         if save_logs and infos:
@@ -196,9 +227,9 @@ class Cluster:
     # --- the collector process ------------------------------------------------------
 
     def _start_collector(self) -> None:
-        """The collector, detached from this process's session, following this cluster. Ctrl-C
+        """The collector, detached from this process's session, following this cluster. Ctrl-C (SIGTERM, SIGHUP)
         waits until its pid is written: a collector nobody knows of could not be stopped."""
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
         try:
             with open(self.run_dir / "collector.log", "ab") as log:
                 proc = subprocess.Popen(
@@ -252,8 +283,18 @@ class Cluster:
             interval=0.2,
             raise_errors=False,
         )
-        if not gone.ready:
+        if not gone.ready and _is_collector(pid, self.name):
             os.kill(pid, signal.SIGTERM)
+
+
+def _is_collector(pid: int, name: str) -> bool:
+    """Whether pid is still this cluster's collector (`python -m sim.engines.collector NAME`), not a process that
+    reused the number of one that ended (a stale pid file): read from /proc/PID/cmdline."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return COLLECTOR_MODULE.encode() in argv and name.encode() in argv
 
 
 def _alive(pid: int) -> bool:
@@ -272,13 +313,86 @@ def _alive(pid: int) -> bool:
 
 
 def run_dir(name: str, run_id: str) -> Path:
-    return state_home() / "runs" / f"{name}-{run_id}"
+    check_name(name, source="cluster")
+    check_name(run_id, what="run id", source=f"cluster '{name}': run id")
+    return inside(state_home() / "runs", f"{name}-{run_id}")
 
 
-def list_clusters(docker: DockerProvider) -> list[str]:
-    """Every cluster name that any container, network or volume is labelled with."""
+def labelled_clusters(docker: DockerProvider) -> dict[str, set[str]]:
+    """Every cluster label value on any container, network or volume, with its owner labels."""
     flt = f"label={labels.CLUSTER}"
-    return sorted({r.labels[labels.CLUSTER] for kind in RESOURCE_KINDS for r in docker.labelled(kind, flt)})
+    found: dict[str, set[str]] = {}
+    for kind in RESOURCE_KINDS:
+        for r in docker.labelled(kind, flt):
+            found.setdefault(r.labels[labels.CLUSTER], set()).add(r.labels.get(labels.OWNER, ""))
+    return found
+
+
+def list_clusters(docker: DockerProvider, *, owned: bool = False) -> list[str]:
+    """Every cluster name that any container, network or volume is labelled with: only valid names (a
+    label that is no name, e.g. `../../x`, names nothing of ours); owned=True: only those every resource
+    of which this state home owns (labels.OWNER)."""
+    mine = labels.owner()
+    return sorted(
+        name
+        for name, owners in labelled_clusters(docker).items()
+        if valid_name(name) and (not owned or owners == {mine})
+    )
+
+
+# --- one `up` or `down` of a name at a time -------------------------------------------------
+
+# Host-wide, not per state home: two homes on one engine must not race for one name either.
+LOCK_DIR_ENV = "SIM_LOCK_DIR"
+_held_locks: dict[str, int] = {}
+_held_guard = threading.Lock()
+
+
+def lock_dir() -> Path:
+    return Path(os.environ.get(LOCK_DIR_ENV) or Path(tempfile.gettempdir()) / "elastic-sim-locks")
+
+
+@contextlib.contextmanager
+def name_lock(name: str, progress: Progress | None = None):
+    """Hold the cluster name's lock (fcntl.flock on LOCK_DIR/NAME.lock): `up` and `down` of one name,
+    from any process or state home on this host, run one at a time. Re-entrant within a process (a
+    failed `up` removes what it made under the lock it holds)."""
+    check_name(name, source="cluster")
+    with _held_guard:
+        if _held_locks.get(name):
+            _held_locks[name] += 1
+            held = True
+        else:
+            held = False
+    if held:
+        try:
+            yield
+        finally:
+            with _held_guard:
+                _held_locks[name] -= 1
+        return
+    folder = lock_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # shared by every user of this host (sticky, as /tmp is)
+        if folder.stat().st_uid == os.getuid():
+            folder.chmod(0o1777)
+    fd = os.open(inside(folder, f"{name}.lock"), os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                progress(f"[up] waiting: another `sim up` or `sim down` of '{name}' is under way")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        with _held_guard:
+            _held_locks[name] = 1
+        try:
+            yield
+        finally:
+            with _held_guard:
+                _held_locks.pop(name, None)
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def new_run_id() -> str:
@@ -364,24 +478,60 @@ def up(
     wait: bool = True,
     timeout: float = DEFAULT_START_TIMEOUT,
     progress: Progress = to_stderr,
+    replace: bool = False,
 ) -> Cluster:
     """Build images if needed, render and start the compose project, wait until
     training has started. On any failure (Ctrl-C included) remove what was
-    made, unless keep=True."""
+    made, unless keep=True. All under the name's lock (name_lock): two `up`s of
+    one name cannot both pass the check below. replace=True removes a cluster
+    that holds the name, whoever owns it."""
     docker.ping()
     _ = docker.compose_argv  # fail now, before anything is made, if Compose v2 is missing
-    cluster = Cluster(spec.name, docker)
-    if cluster.exists():
-        infos = cluster.containers()
-        leftover = cluster.leftover_reason(infos) if infos else "networks or volumes only"
-        if leftover is None:
-            raise UsageError(
-                f"--name '{spec.name}': a cluster of that name already exists; "
-                f"remove it with `python -m sim down {spec.name}` or choose another --name"
-            )
-        # What a killed harness left behind is swept by label (its logs are kept), not refused.
-        progress(f"[up] removing what a killed harness left of '{spec.name}' ({leftover})")
+    cluster = Cluster(spec.name, docker, source="--name")
+    with name_lock(spec.name, progress):
+        _clear_name(cluster, replace=replace, progress=progress)
+        return _up(cluster, spec, docker, builder=builder, keep=keep, wait=wait, timeout=timeout, progress=progress)
+
+
+def _clear_name(cluster: Cluster, *, replace: bool, progress: Progress) -> None:
+    """Refuse the name if a cluster holds it (another home's, or a live one of ours); sweep what a
+    killed harness of this home left. With replace: remove whatever holds it."""
+    if not cluster.exists():
+        return
+    name = cluster.name
+    if replace:
+        progress(f"[up] --replace: removing the cluster that holds the name '{name}'")
         cluster.down()
+        return
+    foreign = cluster.foreign_owner()
+    if foreign is not None:
+        raise UsageError(
+            f"--name '{name}': a cluster of that name belongs to another state home ({foreign}); "
+            "choose another --name, or add --replace to remove it"
+        )
+    infos = cluster.containers()
+    leftover = cluster.leftover_reason(infos) if infos else "networks or volumes only"
+    if leftover is None:
+        raise UsageError(
+            f"--name '{name}': a cluster of that name already exists; "
+            f"remove it with `python -m sim down {name}` (or add --replace) or choose another --name"
+        )
+    # What a killed harness of this home left behind is swept by label (its logs are kept), not refused.
+    progress(f"[up] removing what a killed harness left of '{name}' ({leftover})")
+    cluster.down()
+
+
+def _up(
+    cluster: Cluster,
+    spec: ClusterSpec,
+    docker: DockerProvider,
+    *,
+    builder: ImageBuilder | None,
+    keep: bool,
+    wait: bool,
+    timeout: float,
+    progress: Progress,
+) -> Cluster:
     builder = builder or ImageBuilder(docker, progress=progress)
     images = builder.ensure(need_etcd=spec.uses_etcd, etcd_version=spec.etcd_server_version).images
 
@@ -457,7 +607,11 @@ def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: s
         ("images.json", json.dumps(dataclasses.asdict(images), indent=2)),
     ):
         tmp = cluster.state_dir / f".{name}.tmp"
-        tmp.write_text(text)
+        tmp.unlink(missing_ok=True)
+        # 0600: compose.yaml and spec.json hold the --env values (and any password in them).
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
         os.replace(tmp, cluster.state_dir / name)
     rdir = run_dir(spec.name, run_id)
     rdir.mkdir(parents=True, exist_ok=True)

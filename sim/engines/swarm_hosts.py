@@ -44,6 +44,7 @@ class HostEngine:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    insecure: bool = False  # tcp:// without TLS (anyone on the way can drive the engine): only when asked
 
     def __post_init__(self) -> None:
         if not HOST_RE.fullmatch(self.host):
@@ -61,6 +62,13 @@ class HostEngine:
             raise UsageError(f"--tls-* with --context: the context '{self.context}' holds its own TLS files")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise UsageError("--tls-cert and --tls-key: a client certificate and its key go together; give both")
+        if self.docker_host is not None and urlparse(self.docker_host).scheme == "tcp":
+            if not self.tls_ca and not self.insecure:
+                what = "a client certificate without the CA" if self.tls_cert else "plain tcp://"
+                raise UsageError(
+                    f"--docker-host {self.docker_host}: {what} does not verify the engine; give --tls-ca FILE "
+                    "(and --tls-cert/--tls-key), use ssh://USER@HOST, or add --insecure"
+                )
 
     @property
     def address(self) -> str:

@@ -183,6 +183,23 @@ def test_a_full_disk_fails_the_checkpoint_write_and_heal_frees_it(cluster):
     training(cluster)
 
 
+def test_fill_disk_goes_only_on_the_clusters_own_checkpoint_tmpfs(cluster):
+    """`--dir /sim/events` (the host's state folder, mounted) and a symlink out of /ckpt are refused."""
+    for directory in ("/sim/events", "/ckpt/../sim/events"):
+        refused = run_sim("fill-disk", "node0", "--dir", directory, "--name", cluster.name)
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert "fill-disk fills only the cluster's checkpoint storage" in refused.stderr
+    link = cluster.exec("node0", "ln", "-sfn", "/sim/events", "/ckpt/out", user="sim")
+    assert link.ok, link.stderr
+    try:
+        refused = run_sim("fill-disk", "node0", "--dir", "/ckpt/out", "--name", cluster.name)
+        assert refused.returncode == 2, refused.stderr
+        assert "not on the cluster's size-limited checkpoint storage" in refused.stderr
+        assert ".sim-filler" not in cluster.exec("node0", "ls", "-a", "/sim/events").stdout
+    finally:
+        cluster.exec("node0", "rm", "-f", "/ckpt/out", user="root")
+
+
 def test_kill_during_checkpoint_lands_in_the_write_and_never_resumes_from_it(cluster):
     training(cluster)
     result = sim(cluster, "kill-during-checkpoint", "--within", "30s")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -436,9 +437,11 @@ def test_corrupt_script_damages_the_newest_file_only(tmp_path):
     assert run_script(nodescripts.CORRUPT, tmp_path / "none", "truncate", 1).returncode == nodescripts.WRONG_REQUEST
 
 
-def test_fill_script_refuses_a_disk_with_more_free_than_allowed(tmp_path):
-    refused = run_script(nodescripts.FILL, tmp_path, 0, 2**20)
-    assert refused.returncode == nodescripts.WRONG_REQUEST and "not a size-limited disk" in refused.stderr
+def test_fill_script_refuses_a_folder_off_the_checkpoint_tmpfs(tmp_path):
+    # Here no /ckpt tmpfs is mounted: any folder is off the cluster's own size-limited storage.
+    refused = run_script(nodescripts.FILL, tmp_path, 0, 2**40)
+    assert refused.returncode == nodescripts.WRONG_REQUEST
+    assert "not on the cluster's size-limited checkpoint storage" in refused.stderr
     assert not (tmp_path / ".sim-filler").exists()
 
 
@@ -623,3 +626,72 @@ def test_the_full_provider_is_the_small_interfaces_and_nothing_else():
     whole = set().union(*(_members(p) for p in PROVIDER_INTERFACES))
     assert _members(DockerProvider) == set()  # nothing of its own
     assert all(callable(getattr(Docker, name, None)) or name == "compose_argv" for name in whole)
+
+
+@pytest.mark.parametrize("directory", ["/sim/events", "/ckpt/../sim/events", "ckpt", "/", "/tmp", "/ckptx"])
+def test_fill_disk_goes_only_on_the_checkpoint_storage(nemesis, directory):
+    nem, fake = nemesis
+    with pytest.raises(UsageError, match=f"--dir '{re.escape(directory)}': fill-disk fills only"):
+        nem.fill_disk("node1", directory=directory)
+    assert not any(c[0] == "exec" for c in fake.calls) and not list(nem.history.records())
+
+
+def test_fill_disk_refuses_a_cluster_without_ckpt_size(nemesis, monkeypatch):
+    from sim.core.spec import ClusterSpec
+
+    nem, fake = nemesis
+    monkeypatch.setattr(Cluster, "spec", property(lambda self: ClusterSpec(name="demo", nodes=2)))
+    with pytest.raises(UsageError, match="no size-limited checkpoint storage; start it with --ckpt-size"):
+        nem.fill_disk("node1")
+    assert not any(c[0] == "exec" for c in fake.calls)
+
+
+def test_two_slow_node_at_once_one_refused_and_the_limits_to_restore_are_the_nodes_own(nemesis, tmp_path):
+    """The check, the "before" value and the record under the store's one lock (issue 26, finding 6)."""
+    nem, fake = nemesis
+    fake.limits = Resources(0, 0, 0)
+    applied = threading.Event()
+
+    def update(container, **limits):  # the first quota lands while the second command reads "before"
+        fake.calls.append(("update", container, limits))
+        fake.limits = Resources(limits["cpu_quota"], limits["cpu_period"], 0)
+        applied.set()
+        time.sleep(0.2)
+
+    fake.update_resources = update
+    outcomes = []
+
+    def slow():
+        other = Nemesis(nem.cluster, history=History(tmp_path / "h2.jsonl"), seed=1)
+        try:
+            outcomes.append(other.slow_node("node1", cpus=0.1))
+        except UsageError as error:
+            outcomes.append(error)
+
+    threads = [threading.Thread(target=slow) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(type(o).__name__ for o in outcomes) == ["UsageError", "dict"]
+    assert "already slowed" in str(next(o for o in outcomes if isinstance(o, UsageError)))
+    (fault,) = nem.active()
+    assert (fault["cpu_quota"], fault["cpu_period"]) == (0, 0)  # the node's own, not the other's 10000
+
+
+def test_a_fault_is_in_the_store_before_it_acts_and_a_timed_out_exec_is_info(nemesis):
+    from sim.engines.docker import ExecTimeout
+
+    nem, fake = nemesis
+    seen = []
+
+    def timing_out(container, argv, **_):
+        seen.append([f["id"] for f in nem.active()])
+        raise ExecTimeout("`sh -c ...` in container id-node1 did not finish within 30s")
+
+    fake.exec = timing_out
+    with pytest.raises(ExecTimeout):
+        nem.skew_clock("node1", by=5.0)
+    assert seen == [["skew-node1"]]  # recorded before it acted
+    assert [f["id"] for f in nem.active()] == ["skew-node1"]  # outcome unknown: `heal --all` sees it
+    assert [r.phase for r in nem.history.records()] == ["invoke", "info"]

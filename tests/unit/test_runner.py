@@ -228,7 +228,7 @@ def test_a_scenario_step_reaches_its_nemesis_call_and_undo(fault):
     runner = ScenarioRunner(parse_scenario(SCENARIO_HEAD, "t.yaml"), "etcd-v2", docker=object(), progress=print)
     nemesis = RecordingNemesis()
     runner._fire(nemesis, step)
-    for timer in runner._undo_timers:
+    for timer, _ in runner._undo_timers:
         timer.join(5)
     assert nemesis.calls == [call] + ([undo] if undo else [])
 
@@ -354,3 +354,39 @@ def test_a_scenario_on_two_backends_gets_two_cluster_names():
     long = default_cluster_name("x" * 60, "etcd-v3")
     assert len(long) == 40 and long.endswith("x-etcd-v3")
     spec_from_options({"name": long}, None)  # a valid cluster name
+
+
+@pytest.mark.parametrize("keep_faults", [False, True])
+def test_a_kept_cluster_gets_its_pending_undos_and_faults_healed_unless_keep_faults(keep_faults):
+    """--cluster (or --keep): the run ends (also by SIGTERM) before a step's duration is over; the
+    pending undo runs once, and the faults this run made are healed; --keep-faults leaves them."""
+    import dataclasses
+
+    options, _, call, undo = WIRING["partition"]
+    step = dataclasses.replace(step_of("partition", options, True), duration_s=600)
+    runner = ScenarioRunner(
+        parse_scenario(SCENARIO_HEAD, "t.yaml"),
+        "etcd-v2",
+        docker=object(),
+        progress=print,
+        cluster_name="c",
+        keep_faults=keep_faults,
+    )
+
+    class Healing(RecordingNemesis):
+        def active(self):  # a healed fault is no longer in force
+            healed = {c[1][0] for c in self.calls if c[0] == "heal" and c[1]}
+            return [f for f in super().active() if f["id"] not in healed]
+
+    nemesis = Healing()
+    runner._fire(nemesis, step)
+    for timer, _ in runner._undo_timers:
+        timer.cancel()
+    if not keep_faults:
+        runner._heal_own(nemesis)
+        runner._heal_own(nemesis)  # the undo never runs twice
+    assert nemesis.calls[0] == call
+    if keep_faults:
+        assert nemesis.calls == [call]
+    else:
+        assert nemesis.calls[1:] == [undo]  # once: by the pending undo, then nothing is left to heal

@@ -4,6 +4,7 @@ the spec / CLI / scenario / compose plumbing that carries them."""
 from __future__ import annotations
 
 import json
+import os
 import stat
 import threading
 from pathlib import Path
@@ -35,8 +36,28 @@ REGEX = r"step (?P<step>\d+) loss (?P<loss>[\d.]+)"
 def test_events_dir_is_writable_by_the_nodes_user(tmp_path):
     path = prepare_events_dir(tmp_path / "run")
     assert path == tmp_path / "run" / "events"
-    assert stat.S_IMODE(path.stat().st_mode) == 0o777
+    info = path.stat()
+    if os.geteuid() in (0, 1000):  # the node's user owns it, no other user may write it
+        assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (1000, 0o755)
+    else:
+        assert stat.S_IMODE(info.st_mode) == 0o777
     assert prepare_events_dir(tmp_path / "run") == path  # again on a scale-up: no harm
+
+
+def test_the_events_tail_follows_no_symlink_and_reads_a_bounded_amount(tmp_path):
+    from sim.core import sidechannel
+
+    events = prepare_events_dir(tmp_path / "run")
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text(STEP + "\n")
+    (events / "planted.jsonl").symlink_to(secret)  # a worker plants a link to a host file
+    os.mkfifo(events / "fifo.jsonl")  # and a FIFO that would block a reader
+    tail = EventsTail(events)
+    assert tail.poll() == []
+    (events / "node0.jsonl").write_text((STEP + "\n") * 3 + "x" * (sidechannel.MAX_PARTIAL + 10))
+    got = tail.poll()
+    assert len(got) == 3 and all(r["step"] == 101 for r in got)
+    assert tail._partial == {}  # an endless line is not kept
 
 
 def test_worker_record_parses_and_refuses():

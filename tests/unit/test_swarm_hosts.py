@@ -427,6 +427,11 @@ def test_hosts_are_registered_replaced_and_removed():
         ({"host": "b", "docker_host": "ssh://b", "tls_ca": "ca.pem"}, "TLS is for tcp:// addresses"),
         ({"host": "b", "context": "x", "tls_ca": "ca.pem"}, "holds its own TLS files"),
         ({"host": "b", "docker_host": "tcp://b:2376", "tls_cert": "c.pem"}, "give both"),
+        ({"host": "b", "docker_host": "tcp://b:2375"}, "plain tcp:// does not verify the engine.*--insecure"),
+        (
+            {"host": "b", "docker_host": "tcp://b:2376", "tls_cert": "c.pem", "tls_key": "k.pem"},
+            "a client certificate without the CA does not verify the engine",
+        ),
     ],
 )
 def test_bad_host_engines_are_refused(given, message):
@@ -463,7 +468,7 @@ def test_client_arguments_for_ssh_tls_and_contexts(tmp_path, monkeypatch):
 
 def test_an_unreachable_host_engine_is_named_in_one_line():
     with pytest.raises(DockerUnavailableError) as error:
-        HostDocker(HostEngine("hostb", docker_host="tcp://127.0.0.1:9")).ping()
+        HostDocker(HostEngine("hostb", docker_host="tcp://127.0.0.1:9", insecure=True)).ping()
     assert str(error.value).startswith("swarm host 'hostb': its engine at tcp://127.0.0.1:9 is not reachable (")
     assert "\n" not in str(error.value)
 

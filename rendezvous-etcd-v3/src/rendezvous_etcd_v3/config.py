@@ -28,6 +28,9 @@ class Endpoint:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
 @dataclasses.dataclass(frozen=True)
 class EtcdConfig:
     """How to reach etcd and where to keep the rendezvous state and the store's keys."""
@@ -48,6 +51,7 @@ class EtcdConfig:
     ssl_cert_key: str | None = None
     user: str | None = None
     password: str | None = dataclasses.field(default=None, repr=False)
+    allow_plain_password: bool = False  # a password over http to a host not on this machine
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -77,6 +81,19 @@ class EtcdConfig:
             raise ConfigError("rdzv-conf ssl_cert_key is set without ssl_cert: give both, or neither")
         if (self.user is None) != (self.password is None):
             raise ConfigError("rdzv-conf user and password go together: give both (or password_file), or neither")
+        if self.protocol != "https":
+            given = [key for key in ("ca_cert", "ssl_cert", "ssl_cert_key") if getattr(self, key) is not None]
+            if given:
+                raise ConfigError(
+                    f"rdzv-conf {given[0]} is set but protocol={self.protocol}: TLS files are used only with "
+                    "protocol=https (or https:// endpoints); add it, or drop them"
+                )
+            remote = [str(e) for e in self.endpoints if e.host not in LOOPBACK]
+            if self.password is not None and remote and not self.allow_plain_password:
+                raise ConfigError(
+                    f"rdzv-conf password over protocol=http to {remote[0]} would cross the network in clear: use "
+                    "protocol=https (or https:// endpoints), or add allow_plain_password=1 for a trusted network"
+                )
 
     @property
     def rendezvous_prefix(self) -> bytes:
@@ -112,6 +129,7 @@ class EtcdConfig:
             ssl_cert_key=_optional(conf, "ssl_cert_key"),
             user=_optional(conf, "user"),
             password=password,
+            allow_plain_password=str(conf.get("allow_plain_password", "0")).strip().lower() in ("1", "true", "yes"),
         )
 
 

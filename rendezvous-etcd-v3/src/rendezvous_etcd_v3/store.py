@@ -26,6 +26,10 @@ from torch.distributed import DistNetworkError, DistStoreError, Store
 
 from .client import EtcdClient, EtcdError, KeyValue, mod_revision_is, prefix_end, put_op, range_op
 
+# A compare-and-set lost to other writers this many times in a row fails (DistStoreError) instead of
+# retrying without bound: many contenders, or a writer that keeps changing the key.
+MAX_CAS_ATTEMPTS = 1000
+
 
 class EtcdV3Store(Store):
     def __init__(self, client: EtcdClient, timeout: timedelta | None = None) -> None:
@@ -124,7 +128,7 @@ class EtcdV3Store(Store):
         ``compute`` returns None to leave the key as it is; then the current value is returned.
         """
         with _as_store_errors(what):
-            while True:
+            for _ in range(MAX_CAS_ATTEMPTS):
                 current = self._client.get(etcd_key)
                 new_value = compute(current)
                 if new_value is None:
@@ -136,6 +140,10 @@ class EtcdV3Store(Store):
                 if result.succeeded:
                     return new_value
                 time.sleep(random.uniform(0, 0.01))  # lost a race: spread the retries a little
+            key = etcd_key[len(self._prefix) :].decode(errors="replace")
+            raise DistStoreError(
+                f"{what}: key {key!r} changed under {MAX_CAS_ATTEMPTS} compare-and-set attempts in a row"
+            )
 
 
 @contextlib.contextmanager
