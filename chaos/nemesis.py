@@ -146,7 +146,7 @@ class Nemesis:
     ) -> dict:
         """Signal one training worker: by global rank (anywhere), or by local rank / at random on a node."""
 
-        def act() -> dict:
+        def signal_worker() -> dict:
             node, worker = self._pick_worker(target, rank, local_rank)
             self._signal(node, worker.pid, sig)
             return {
@@ -160,7 +160,7 @@ class Nemesis:
         return self.invoke(
             "kill-worker",
             _worker_target(target, rank),
-            act,
+            signal_worker,
             rank=rank,
             local_rank=local_rank,
             signal=sig.name,
@@ -171,7 +171,7 @@ class Nemesis:
         """SIGSTOP one worker process (not its node): its agent still sees it alive, and its peers
         block in their next collective until the process group times out."""
 
-        def act() -> dict:
+        def stop_worker() -> dict:
             node, worker = self._pick_worker(target, rank, local_rank)
             fault_id = f"hang-{node}-{worker.pid}"
             record = {"fault": "hang", "target": node, "pid": worker.pid, "detail": f"rank {worker.rank} stopped"}
@@ -186,7 +186,7 @@ class Nemesis:
             }
 
         return self.invoke(
-            "hang-worker", _worker_target(target, rank), act, rank=rank, local_rank=local_rank, seed=self.seed
+            "hang-worker", _worker_target(target, rank), stop_worker, rank=rank, local_rank=local_rank, seed=self.seed
         )
 
     def hang_collectives(
@@ -195,7 +195,7 @@ class Nemesis:
         """One worker stops calling collectives while its process runs on (a hang inside the script):
         the node image's instrumentation holds it before its next collective while a file exists."""
 
-        def act() -> dict:
+        def hold_collectives() -> dict:
             node, worker = self._pick_worker(target, rank, local_rank)
             path = nodescripts.COLLECTIVE_HANG_FILE.format(pid=worker.pid)
             fault_id = f"stall-{node}-{worker.pid}"
@@ -219,13 +219,18 @@ class Nemesis:
             }
 
         return self.invoke(
-            "hang-collectives", _worker_target(target, rank), act, rank=rank, local_rank=local_rank, seed=self.seed
+            "hang-collectives",
+            _worker_target(target, rank),
+            hold_collectives,
+            rank=rank,
+            local_rank=local_rank,
+            seed=self.seed,
         )
 
     def resume_worker(self, target: str) -> dict:
         """SIGCONT every worker of a node (those not stopped ignore it)."""
 
-        def act() -> dict:
+        def continue_workers() -> dict:
             node = self.resolve(target, allow_etcd=False)
             pids = [w.pid for w in self.processes(node).workers]
             for pid in pids:
@@ -237,7 +242,7 @@ class Nemesis:
                     healed.append(fault["id"])
             return {"node": node, "pids": pids, "healed": healed}
 
-        return self.invoke("resume-worker", target, act)
+        return self.invoke("resume-worker", target, continue_workers)
 
     def oom_worker(
         self,
@@ -253,7 +258,7 @@ class Nemesis:
         for its own user's), and a helper process in the node allocates until the worker is gone.
         The script is untouched; the limit is lifted again at once."""
 
-        def act() -> dict:
+        def exhaust_memory() -> dict:
             node, worker = self._pick_worker(target, rank, local_rank)
             cid = self._info(node).id
             before = self.docker.resources(cid)
@@ -299,7 +304,7 @@ class Nemesis:
             }
 
         return self.invoke(
-            "oom-worker", _worker_target(target, rank), act, rank=rank, local_rank=local_rank, seed=self.seed
+            "oom-worker", _worker_target(target, rank), exhaust_memory, rank=rank, local_rank=local_rank, seed=self.seed
         )
 
     def _memory_used(self, node: str) -> int:
@@ -325,11 +330,13 @@ class Nemesis:
         """Signal the worker of a node that opens a file under `directory` for writing, the moment
         it does (within `within` seconds): a kill inside a checkpoint write, by design, not by luck."""
 
-        def act() -> dict:
+        def kill_the_writer() -> dict:
             node, left = self._writer_node(target, within)
             return {"node": node, "signal": sig.name, **self._signal_in_write(node, directory, left, sig)}
 
-        return self.invoke("kill-during-checkpoint", target, act, directory=directory, within=within, signal=sig.name)
+        return self.invoke(
+            "kill-during-checkpoint", target, kill_the_writer, directory=directory, within=within, signal=sig.name
+        )
 
     def _writer_node(self, target: str, within: float) -> tuple[str, int]:
         """The node whose worker will write, and the seconds left of `within`: rank 0's node is waited
@@ -363,7 +370,7 @@ class Nemesis:
         `heal` unpauses it and continues the worker (SIGCONT), which finishes its write as a worker of a
         round the others may have left by then: a zombie's write, late on purpose, not by luck."""
 
-        def act() -> dict:
+        def freeze_the_writer() -> dict:
             node, left = self._writer_node(target, within)
             fault_id = f"freeze-{node}"
             if any(f["id"] == fault_id for f in self.active()):
@@ -385,7 +392,7 @@ class Nemesis:
             )
             return {"id": fault_id, "node": node, **caught}
 
-        return self.invoke("freeze-during-checkpoint", target, act, directory=directory, within=within)
+        return self.invoke("freeze-during-checkpoint", target, freeze_the_writer, directory=directory, within=within)
 
     def _pick_worker(self, target: str, rank: int | None, local_rank: int | None) -> tuple[str, Worker]:
         node = self._node_of_rank(rank) if rank is not None else self.resolve(target, allow_etcd=False)
@@ -411,7 +418,7 @@ class Nemesis:
     def kill_agent(self, target: str, *, sig: signals.Signals = signals.SIGKILL) -> dict:
         """Signal the torchrun agent itself. SIGKILL: abrupt; SIGTERM: torchrun's graceful path."""
 
-        def act() -> dict:
+        def signal_agent() -> dict:
             node = self.resolve(target, allow_etcd=False)
             procs = self.processes(node)
             if procs.agent_pid is None:
@@ -419,7 +426,7 @@ class Nemesis:
             self._signal(node, procs.agent_pid, sig)
             return {"node": node, "pid": procs.agent_pid, "signal": sig.name, "workers": [w.pid for w in procs.workers]}
 
-        return self.invoke("kill-agent", target, act, signal=sig.name, seed=self.seed)
+        return self.invoke("kill-agent", target, signal_agent, signal=sig.name, seed=self.seed)
 
     def _signal(self, node: str, pid: int, sig: signals.Signals) -> None:
         result = self.cluster.exec(node, "kill", f"-{sig.name.removeprefix('SIG')}", str(pid), user="root")
@@ -437,32 +444,32 @@ class Nemesis:
     def kill_node(self, target: str) -> dict:
         """The whole node dies at once (SIGKILL to every process: `docker kill`)."""
 
-        def act() -> dict:
+        def kill_container() -> dict:
             name = self.resolve(target)
             self.docker.kill(self._info(name).id, "SIGKILL")
             self._forget_faults_of([name], PROCESS_BOUND_FAULTS)
             return {"node": name}
 
-        return self.invoke("kill-node", target, act, seed=self.seed)
+        return self.invoke("kill-node", target, kill_container, seed=self.seed)
 
     def stop_node(self, target: str, *, grace: float = 10.0) -> dict:
         """Preemption: SIGTERM, then SIGKILL after `grace` seconds (`docker stop -t`)."""
 
-        def act() -> dict:
+        def stop_container() -> dict:
             name = self.resolve(target)
             started = time.monotonic()
             self.docker.stop(self._info(name).id, grace)
             self._forget_faults_of([name], PROCESS_BOUND_FAULTS)
             return {"node": name, "grace": grace, "took": round(time.monotonic() - started, 2)}
 
-        return self.invoke("stop-node", target, act, grace=grace, seed=self.seed)
+        return self.invoke("stop-node", target, stop_container, grace=grace, seed=self.seed)
 
     def restart_node(self, target: str, *, grace: float = 0.0, downtime: float = 0.0) -> dict:
         """The same node (same hostname) comes back: a quick rejoin, or after `downtime`
         seconds down (a real restart takes seconds; whether a peer's call lands in the gap
         decides what torch does, so a scenario can make the gap certain)."""
 
-        def act() -> dict:
+        def restart_container() -> dict:
             name = self.resolve(target)
             cid = self._info(name).id
             if downtime > 0:
@@ -474,23 +481,23 @@ class Nemesis:
             self._reapply_network(name)
             return {"node": name, "grace": grace, "downtime": downtime}
 
-        return self.invoke("restart-node", target, act, grace=grace, downtime=downtime, seed=self.seed)
+        return self.invoke("restart-node", target, restart_container, grace=grace, downtime=downtime, seed=self.seed)
 
     def start_node(self, target: str) -> dict:
         """Start a node (or etcd) that was killed or stopped, keeping its data."""
 
-        def act() -> dict:
+        def start_container() -> dict:
             name = self.resolve(target)
             self.docker.start(self._info(name).id)
             self._reapply_network(name)
             return {"node": name}
 
-        return self.invoke("start-node", target, act)
+        return self.invoke("start-node", target, start_container)
 
     def pause(self, target: str) -> dict:
         """Freeze every process of a node (cgroup freezer: `docker pause`)."""
 
-        def act() -> dict:
+        def pause_container() -> dict:
             name = self.resolve(target)
             info = self._info(name)
             if info.state == "paused":
@@ -500,10 +507,10 @@ class Nemesis:
             self._remember({"id": fault_id, "fault": "pause", "target": name, "detail": "frozen"})
             return {"id": fault_id, "node": name}
 
-        return self.invoke("pause", target, act, seed=self.seed)
+        return self.invoke("pause", target, pause_container, seed=self.seed)
 
     def unpause(self, target: str) -> dict:
-        def act() -> dict:
+        def unpause_container() -> dict:
             name = self.resolve(target)
             info = self._info(name)
             if info.state != "paused":
@@ -512,13 +519,13 @@ class Nemesis:
             self._forget(f"pause-{name}")
             return {"node": name}
 
-        return self.invoke("unpause", target, act)
+        return self.invoke("unpause", target, unpause_container)
 
     def slow_node(self, target: str, *, cpus: float) -> dict:
         """A straggler: the node (or etcd) gets `cpus` CPUs' worth of time (cgroup CPU quota,
         `docker update --cpus`); its own limits come back with `heal`."""
 
-        def act() -> dict:
+        def throttle_cpu() -> dict:
             name = self.resolve(target)
             cid = self._info(name).id
             fault_id = f"slow-{name}"
@@ -535,7 +542,7 @@ class Nemesis:
                 self.docker.update_resources(cid, cpu_quota=quota, cpu_period=CPU_PERIOD_US)
             return {"id": fault_id, "node": name, "cpus": cpus, "cpu_quota": quota, "cpu_period": CPU_PERIOD_US}
 
-        return self.invoke("slow-node", target, act, cpus=cpus)
+        return self.invoke("slow-node", target, throttle_cpu, cpus=cpus)
 
     def skew_clock(self, target: str, *, by: float) -> dict:
         """Clock skew: the node's wall clock runs `by` seconds ahead (or behind, < 0) of the others'. Every
@@ -543,7 +550,7 @@ class Nemesis:
         at once, a running one within 2 s. The monotonic clock stays, as on a real machine. `heal` sets it
         back to 0. The result holds the offset a fresh process in the node then saw."""
 
-        def act() -> dict:
+        def shift_clock() -> dict:
             node = self.resolve(target, allow_etcd=False)
             fault_id = f"skew-{node}"
             refused = f"{node}: its clock is skewed already; `sim heal {fault_id}` first"
@@ -553,7 +560,7 @@ class Nemesis:
                 seen = self._set_clock_offset(node, by)
             return {"id": fault_id, "node": node, "by": by, "seen": seen}
 
-        return self.invoke("skew-clock", target, act, by=by)
+        return self.invoke("skew-clock", target, shift_clock, by=by)
 
     def _set_clock_offset(self, node: str, seconds: float) -> float:
         """Write the node's clock offset, then the offset a new process there sees (its clock minus the kernel's)."""
@@ -575,14 +582,16 @@ class Nemesis:
     ) -> dict:
         """Damage the newest file under `directory` (shared by every node): flip bits, or truncate it."""
 
-        def act() -> dict:
+        def damage_newest_checkpoint() -> dict:
             node = self.resolve(target, allow_etcd=False)
             done = self._node_script(
                 node, "corrupting a checkpoint", nodescripts.CORRUPT, directory, mode, self.rng.randrange(2**31)
             )
             return {"node": node, **done}
 
-        return self.invoke("corrupt-checkpoint", target, act, mode=mode, directory=directory, seed=self.seed)
+        return self.invoke(
+            "corrupt-checkpoint", target, damage_newest_checkpoint, mode=mode, directory=directory, seed=self.seed
+        )
 
     def fill_disk(self, target: str = "random", *, directory: str = SHARED_CKPT_DIR, leave: int = 0) -> dict:
         """Fill the filesystem under `directory` with a filler file until `leave` bytes are free, so the
@@ -590,7 +599,7 @@ class Nemesis:
         `ckpt_size`): a larger one is refused, as filling it would fill the host's."""
         self._require_own_ckpt_storage(directory)
 
-        def act() -> dict:
+        def fill_checkpoint_disk() -> dict:
             node = self.resolve(target, allow_etcd=False)
             fault_id = f"fill-{node}"
             refused = f"{node}: a filler is in place already; `sim heal {fault_id}` first"
@@ -603,7 +612,7 @@ class Nemesis:
             )
             return {"id": fault_id, "node": node, **done}
 
-        return self.invoke("fill-disk", target, act, directory=directory, leave=leave)
+        return self.invoke("fill-disk", target, fill_checkpoint_disk, directory=directory, leave=leave)
 
     def _require_own_ckpt_storage(self, directory: str) -> None:
         """A filler goes only on the cluster's own size-limited checkpoint storage: /ckpt (or a folder
@@ -641,7 +650,7 @@ class Nemesis:
         unlinked while etcd runs (it keeps its open files until it stops), so etcd is down
         no longer than a plain restart, or for `downtime` seconds when given."""
 
-        def act() -> dict:
+        def restart_etcd_empty() -> dict:
             info = self._info(ETCD)
             removed = self.cluster.exec(ETCD, "sh", "-c", "rm -rf /var/lib/etcd/data")
             if not removed.ok:
@@ -655,7 +664,7 @@ class Nemesis:
             self._reapply_network(ETCD)
             return {"node": ETCD, "downtime": downtime}
 
-        return self.invoke("wipe-etcd", ETCD, act, downtime=downtime)
+        return self.invoke("wipe-etcd", ETCD, restart_etcd_empty, downtime=downtime)
 
     # --- scale ----------------------------------------------------------------------------------
 
@@ -666,7 +675,7 @@ class Nemesis:
         if not isinstance(nodes, int) or nodes < 0:
             raise UsageError(f"scale --nodes {nodes!r}: must be a whole number >= 0")
 
-        def act() -> dict:
+        def change_node_count() -> dict:
             existing = {c.node: c for c in self.cluster.nodes()}
             wanted = [f"node{i}" for i in range(nodes)]
             leaving = sorted(
@@ -693,14 +702,14 @@ class Nemesis:
                 self._reapply_network(*joining)
             return {"joined": joining, "left": leaving, "abrupt": abrupt}
 
-        return self.invoke("scale", f"nodes={nodes}", act, nodes=nodes, abrupt=abrupt, grace=grace)
+        return self.invoke("scale", f"nodes={nodes}", change_node_count, nodes=nodes, abrupt=abrupt, grace=grace)
 
     # --- network ---------------------------------------------------------------------------
 
     def partition(self, partition: Partition) -> dict:
         """Add a partition to those in force and re-apply them all."""
 
-        def act() -> dict:
+        def install_cuts() -> dict:
             known = {c.node for c in self.cluster.containers()}
             unknown = sorted({node for cut in partition.cuts for node in cut} - known)
             if unknown:
@@ -727,12 +736,12 @@ class Nemesis:
             cuts = sorted(map(list, partition.cuts))
             return {"id": fault_id, "partition": partition.describe(), "cuts": cuts, "rules": rules}
 
-        return self.invoke("partition", partition.describe(), act)
+        return self.invoke("partition", partition.describe(), install_cuts)
 
     def heal(self, fault_id: str | None = None) -> dict:
         """Undo one fault by id, or every reversible one (partitions, link faults, pauses)."""
 
-        def act() -> dict:
+        def undo_faults() -> dict:
             active = self.active()
             chosen = active if fault_id is None else [f for f in active if f["id"] == fault_id]
             if fault_id is not None and not chosen:
@@ -762,7 +771,7 @@ class Nemesis:
                 raise FaultError(f"healed {', '.join(healed) or 'nothing'}; still in force: {'; '.join(kept)}")
             return {"healed": healed}
 
-        return self.invoke("heal", fault_id or "all", act)
+        return self.invoke("heal", fault_id or "all", undo_faults)
 
     def _heal_one(self, fault: dict, states: dict[str, str]) -> None:
         """Undo one fault. Its node may have been killed, stopped or scaled away since: what lived in its
@@ -828,7 +837,7 @@ class Nemesis:
                 "netem: --rate and --delay/--jitter/--duplicate/--corrupt both replace the root qdisc; use one"
             )
 
-        def act() -> dict:
+        def shape_link() -> dict:
             name = self.resolve(target)
             argvs: list[list[str]] = []
             if loss_pct is not None:
@@ -869,7 +878,7 @@ class Nemesis:
                 "commands": [shlex.join(a) if isinstance(a, list) else a for a in argvs],
             }
 
-        return self.invoke("link", target, act, loss_pct=loss_pct, rate_bps=rate_bps, netem=netem)
+        return self.invoke("link", target, shape_link, loss_pct=loss_pct, rate_bps=rate_bps, netem=netem)
 
     def _clear_link(self, node: str, quiet: bool = False) -> None:
         lines = [
