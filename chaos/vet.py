@@ -28,6 +28,7 @@ from sim.checkers import CHECKS_FOR
 from sim.diagnose import Diagnosis, diagnose
 from sim.errors import UsageError
 from sim.history import FILE_NAME, FaultRecord, History
+from sim.pitfalls import mixed_sources, resume_sources
 from sim.recovery import Recovery, recoveries
 from sim.runmodel import RunModel
 from sim.runreport import ENDING_CHECKS, saved_logs
@@ -365,23 +366,14 @@ def _restarts_in(run: RunModel, begin: float, end: float) -> int | None:
 
 
 def resumed_apart(run: RunModel, begin: float, end: float) -> str | None:
-    """The ranks of a group started in (begin, end) resumed from different points: some loaded a checkpoint and
-    some did not, or they loaded different files (the instrumentation's load records, per rank)."""
-    starts = [s for s in run.starts if begin < s.t < end]
-    if not starts:
+    """The ranks of a group started in (begin, end) resumed from different points (sim/pitfalls.py)."""
+    mixed = [g for g in resume_sources(run, begin, end) if mixed_sources(g)]
+    if not mixed:
         return None
-    loads: dict[object, str | None] = {}
-    worker_loads = [r for r in run.records if getattr(r, "event", None) == "load" and begin < r.t < end]
-    for start in starts:
-        loaded = [r.path for r in worker_loads if r.node == start.node and r.rank == start.rank and r.t >= start.t]
-        loads[start.rank] = loaded[-1] if loaded else None
-    if len(set(loads.values())) <= 1 or not any(loads.values()):
-        return None
-    detail = "; ".join(
-        f"rank {rank} {'loaded ' + path if path else 'loaded nothing (started afresh)'}"
-        for rank, path in sorted(loads.items(), key=lambda kv: (kv[0] is None, kv[0]))
+    ranks = sorted(mixed[0]["ranks"], key=lambda item: item[0].rank)
+    return "the ranks resumed from different points: " + "; ".join(
+        f"rank {start.rank} {'loaded ' + path if path else 'loaded nothing (started afresh)'}" for start, path in ranks
     )
-    return f"the ranks resumed from different points: {detail}"
 
 
 def _score(planned: PlannedFault, outcome: str, why: str, **extra: Any) -> FaultScore:

@@ -27,6 +27,7 @@ from .agentlog import NodeLogParser, parse_docker_timestamp
 from .checkers import CHECKPOINT_DAMAGING_FAULTS, stale_writes
 from .history import AgentRecord, DockerRecord, FaultRecord, Record, RunRecord, TrainerRecord, WorkerRecord
 from .nodes import node_order
+from .pitfalls import PITFALLS, Finding
 from .recovery import LOSS_JUMP_TOLERANCE, loss_across_resumes
 from .runmodel import AGENT_CONTAINER, RunModel
 
@@ -1135,7 +1136,20 @@ def _died_after(run: RunModel, record: Record) -> bool:
 
 
 # Most fundamental first: a cause before the budget it burned, the budget before what followed.
+def _pitfall(rule: Callable[[RunModel], Finding | None]) -> Callable[[RunModel], Diagnosis | None]:
+    """A pitfall of the job's own (sim/pitfalls.py) as a diagnosis."""
+
+    def diagnosis(run: RunModel) -> Diagnosis | None:
+        found = rule(run)
+        return found and Diagnosis(found.code, found.title, found.cause, found.evidence, found.fix)
+
+    diagnosis.__name__ = rule.__name__
+    return diagnosis
+
+
+# The job's own pitfalls first: a script that resumes its ranks from different points fails whatever else happened.
 DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
+    *map(_pitfall, PITFALLS),
     engine_lost,
     name_resolution,
     etcd_without_v2,
