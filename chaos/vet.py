@@ -18,6 +18,7 @@ import html
 import json
 import re
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -32,7 +33,7 @@ from sim.pitfalls import mixed_sources, resume_sources
 from sim.recovery import Recovery, recoveries
 from sim.runmodel import RunModel
 from sim.runreport import ENDING_CHECKS, saved_logs
-from sim.spec import ClusterSpec, node_name
+from sim.spec import ClusterSpec, node_name, spec_from_options
 
 from .faults import FAULTS, PROVOCATIONS, Provocation
 from .runner import ScenarioResult, ScenarioRunner
@@ -110,6 +111,25 @@ def parse_faults(text: str | None, quick: bool) -> tuple[str, ...]:
     if len(set(kinds)) != len(kinds):
         raise UsageError(f"--faults {text!r}: a kind named twice; name each once")
     return kinds
+
+
+VET_DEFAULTS = {"nodes": 3, "nproc_per_node": 1}
+
+
+def prepare(
+    options: Mapping[str, Any], script_args: Sequence[str] | None, faults: str | None, quick: bool = False
+) -> tuple[ClusterSpec, tuple[str, ...]]:
+    """The job's spec and the kinds to run, from `sim up`-style options: every input checked (one line each)
+    before anything starts. Shared by `sim vet` and the pytest plugin's sim_vet fixture."""
+    kinds = parse_faults(faults, quick)
+    options = dict(options)
+    for key, default in VET_DEFAULTS.items():
+        if options.get(key) is None:
+            options[key] = default
+    spec = spec_from_options(options, script_args)
+    spec = vet_spec(spec, kinds, restarts_given=options.get("max_restarts") is not None)
+    plan_vet(spec, kinds, chosen=faults is not None)
+    return spec, kinds
 
 
 def vet_spec(spec: ClusterSpec, kinds: Sequence[str], restarts_given: bool) -> ClusterSpec:
@@ -235,6 +255,10 @@ class VetResult:
     @property
     def passed(self) -> bool:
         return all(f.ok for f in self.faults)
+
+    @property
+    def scorecard(self) -> str:
+        return scorecard(self)
 
     def as_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -512,7 +536,7 @@ def scorecard(vet: VetResult, width: int = 118) -> str:
         lost = "-" if f.steps_lost is None else str(f.steps_lost)
         note = f.why
         if f.outcome == "failed" and f.diagnoses:
-            note = f"{f.diagnoses[0]['title']}: {f.diagnoses[0]['fix']}"
+            note = " / ".join(d["title"] for d in f.diagnoses[:3])
         elif f.outcome == "failed" and not f.diagnoses:
             note = f"unexplained: {f.why}"
         if f.solo and f.outcome == "survived":
@@ -528,7 +552,8 @@ def scorecard(vet: VetResult, width: int = 118) -> str:
     )
     for f in failed:
         for d in f.diagnoses[:2]:
-            lines.append(f"  {f.label}: {d['title']}. Fix: {d['fix']}"[:width])
+            lines.append(f"  {f.label}: {d['title']}.")
+            lines += textwrap.wrap(f"Fix: {d['fix']}", width, initial_indent="    ", subsequent_indent="      ")
     return "\n".join(lines)
 
 

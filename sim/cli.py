@@ -307,34 +307,23 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
 
 
 def cmd_vet(args: argparse.Namespace, script_args: list[str] | None) -> int:
-    from chaos.vet import DEFAULT_GAUNTLET, parse_faults, run_vet, scorecard, vet_spec, write_outputs
+    from chaos.vet import DEFAULT_GAUNTLET, prepare, run_vet, scorecard, write_outputs
 
-    options, script_args, faults = vet_options(vars(args), script_args, read_tool_config(Path.cwd()))
-    kinds = parse_faults(faults, args.quick)
-    spec = vet_spec(
-        spec_from_options(options, script_args), kinds, restarts_given=options.get("max_restarts") is not None
-    )
-    if spec.engine == "swarm" or args.placement != "spread" or args.ckpt_nfs:
+    if args.engine == "swarm" or args.placement != "spread" or args.ckpt_nfs:
         raise UsageError(
             "sim vet runs its clusters on this machine's engine; drop --engine swarm, --placement, --ckpt-nfs"
         )
-    from chaos.vet import plan_vet
-
-    plan_vet(spec, kinds, chosen=faults is not None)  # every input checked before anything starts
-    junit = Path(args.junit) if args.junit else None
-    print(
-        f"sim vet: {len(kinds)} fault kind(s): {', '.join(kinds)}"
-        + (" (the whole gauntlet)" if kinds == DEFAULT_GAUNTLET else ""),
-        flush=True,
-    )
+    options, script_args, faults = vet_options(vars(args), script_args, read_tool_config(Path.cwd()))
+    spec, kinds = prepare(options, script_args, faults, args.quick)  # every input checked before anything starts
+    whole = " (the whole gauntlet)" if kinds == DEFAULT_GAUNTLET else ""
+    print(f"sim vet: {len(kinds)} fault kind(s){whole}: {', '.join(kinds)}", flush=True)
     vet, _ = run_vet(spec, kinds, chosen=faults is not None, docker=_docker(), keep=args.keep)
-    files = write_outputs(vet, Path(args.out), junit)
+    files = write_outputs(vet, Path(args.out), Path(args.junit) if args.junit else None)
     print(scorecard(vet))
     print("  " + "   ".join(f"{kind}: {path}" for kind, path in files.items()))
     return 0 if vet.passed else 1
 
 
-VET_DEFAULTS = {"nodes": 3, "nproc_per_node": 1}
 TOOL_KEYS = ("script", "args", "nodes", "faults")
 
 
@@ -378,9 +367,8 @@ def vet_options(
     merged["script"] = options.get("vet_script") or options.get("script") or tool.get("script")
     if not merged["script"]:
         raise UsageError("sim vet: no script; give one (`sim vet train.py`) or set script in [tool.elastic-sim]")
-    for key, default in VET_DEFAULTS.items():
-        if merged.get(key) is None:
-            merged[key] = tool.get(key, default)
+    if merged.get("nodes") is None and "nodes" in tool:
+        merged["nodes"] = tool["nodes"]
     if script_args is None and "args" in tool:
         script_args = list(tool["args"])
     faults = options.get("faults")
