@@ -95,7 +95,9 @@ def load_train_objs():
 
 
 def prepare_dataloader(dataset, batch_size):
-    return DataLoader(dataset, batch_size=batch_size, pin_memory=False, shuffle=False, sampler=DistributedSampler(dataset))
+    return DataLoader(
+        dataset, batch_size=batch_size, pin_memory=False, shuffle=False, sampler=DistributedSampler(dataset)
+    )
 
 
 def main(save_every, total_epochs, batch_size, step_time, snapshot_path="snapshot.pt"):
