@@ -29,7 +29,7 @@ from sim.checkers import CHECKS_FOR
 from sim.diagnose import Diagnosis, diagnose
 from sim.errors import UsageError
 from sim.history import FILE_NAME, FaultRecord, History
-from sim.pitfalls import mixed_sources, resume_sources
+from sim.pitfalls import PITFALL_CODES, mixed_sources, resume_sources
 from sim.recovery import Recovery, recoveries
 from sim.runmodel import RunModel
 from sim.runreport import ENDING_CHECKS, saved_logs
@@ -342,13 +342,13 @@ def score_gauntlet(plan: Plan, result: ScenarioResult) -> list[FaultScore]:
         used = _restarts_in(run, run.t_begin, t_end)
         if budget is not None and used is not None and used > budget:
             problems.append(f"the restart budget ({budget}) ran out")
-        attributed = [
-            _diagnosis_dict(d)
-            for d in found
-            if (t := _evidence_time(d, invoke.t)) is not None and invoke.t <= t < t_end
-        ]
-        if problems and not attributed:
-            attributed = [_diagnosis_dict(d) for d in found if _evidence_time(d, invoke.t) is None]
+        in_window = [_diagnosis_dict(d) for d in found if invoke.t <= (_evidence_time(d, invoke.t) or 0) < t_end]
+        attributed = []
+        if problems:
+            # The job's own pitfalls first, wherever their evidence is (a node-local save long before the fault).
+            own = [_diagnosis_dict(d) for d in found if d.code in PITFALL_CODES]
+            timeless = [_diagnosis_dict(d) for d in found if _evidence_time(d, invoke.t) is None]
+            attributed = _unique(own + [d for d in in_window + timeless if d["code"] not in PITFALL_CODES])
         scores.append(
             FaultScore(
                 planned.kind,
@@ -372,6 +372,11 @@ def score_gauntlet(plan: Plan, result: ScenarioResult) -> list[FaultScore]:
             )
         )
     return scores
+
+
+def _unique(diagnoses: list[dict]) -> list[dict]:
+    seen: set[str] = set()
+    return [d for d in diagnoses if not (d["code"] in seen or seen.add(d["code"]))]
 
 
 def _recovery_s(recovery: Recovery | None) -> float | None:

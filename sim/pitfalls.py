@@ -85,14 +85,15 @@ def resume_sources(run: RunModel, begin: float = float("-inf"), end: float = flo
     (started afresh). A worker's loads are matched to its start by node and process."""
     loads = [r for r in run.records if isinstance(r, WorkerRecord) and r.event == "load"]
     groups = []
-    for cohort in run.cohorts:
+    for index, cohort in enumerate(run.cohorts):
         if not begin < cohort.t < end:
             continue
+        until = run.cohorts[index + 1].t if index + 1 < len(run.cohorts) else float("inf")  # a pid is reused later
         ranks = []
         for start in cohort.starts:
             if not isinstance(start, WorkerRecord) or start.rank is None:
                 continue
-            mine = [r for r in loads if r.node == start.node and r.pid == start.pid and r.t >= start.t]
+            mine = [r for r in loads if r.node == start.node and r.pid == start.pid and start.t <= r.t < until]
             ranks.append((start, mine[-1].path if mine else None))
         groups.append({"t": cohort.t, "ranks": ranks})
     return groups
@@ -154,4 +155,6 @@ def missing_state(run: RunModel) -> Finding | None:
     )
 
 
-PITFALLS = (resumed_apart, node_local_checkpoint, missing_state)
+PITFALLS = (node_local_checkpoint, resumed_apart, missing_state)
+# Their codes: a job's own pitfall explains a failed fault wherever its evidence is (the first save, say).
+PITFALL_CODES = ("node-local-checkpoint", "resumed-apart", "missing-optimizer-state")

@@ -1,0 +1,74 @@
+"""The job's own pitfalls (sim/pitfalls.py) and `sim vet`'s scoring, on captured real runs (tests/data/runs/)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from chaos.runner import ScenarioResult
+from chaos.vet import plan_vet, score_gauntlet, vet_spec
+from sim.diagnose import diagnose
+from sim.runmodel import RunModel
+from sim.spec import spec_from_options
+
+RUNS = Path(__file__).resolve().parents[1] / "data" / "runs"
+NODE_DIR = Path(__file__).resolve().parents[2] / "images" / "node"
+sys.path.insert(0, str(NODE_DIR))
+import elastic_sim_instrument as instrument  # noqa: E402
+
+
+def _history(case: str) -> list[dict]:
+    return [json.loads(line) for line in (RUNS / case / "history.jsonl").read_text().splitlines()]
+
+
+def test_the_tutorial_snapshot_is_node_local_and_the_joiner_resumed_from_nothing():
+    """`sim vet tests/scripts/tutorial_snapshot.py --faults kill-worker,scale-up -- 100000 5` (etcd-v2, 3 nodes):
+    each node's local rank 0 saved /home/sim/snapshot.pt; node2, removed and added again, found none."""
+    found = diagnose(_history("vet_tutorial_scale_up"), {})
+    codes = [d.code for d in found]
+    assert codes[:3] == ["node-local-checkpoint", "resumed-apart", "missing-optimizer-state"]
+    local, apart, missing = found[:3]
+    assert "/home/sim/snapshot.pt" in local.cause and len(local.evidence) == 3
+    assert [e.split()[0] for e in local.evidence] == ["node0", "node1", "node2"]
+    assert apart.evidence[0].endswith("rank 0 loaded /home/sim/snapshot.pt")
+    assert apart.evidence[2].startswith("node2") and apart.evidence[2].endswith("loaded nothing: it started afresh")
+    assert "MODEL_STATE: OrderedDict" in missing.evidence[0] and "optimizer.state_dict()" in missing.fix
+
+
+def test_a_shared_checkpoint_with_optimizer_state_has_none_of_these_pitfalls():
+    """fixed_name_ckpt.py (rank 0 saves model + optimizer to /ckpt) through kill-worker and restart-node."""
+    codes = [d.code for d in diagnose(_history("vet_fixed_name"), {})]
+    assert not {"node-local-checkpoint", "resumed-apart", "missing-optimizer-state"} & set(codes)
+
+
+def test_the_vet_fails_the_scale_up_naming_the_pitfalls_first_and_passes_the_worker_crash():
+    spec = spec_from_options({"nodes": 3, "nproc_per_node": 1, "script": "tests/scripts/tutorial_snapshot.py"}, None)
+    kinds = ("kill-worker", "scale-up")
+    plan = plan_vet(vet_spec(spec, kinds, restarts_given=False), kinds, chosen=True)
+    result = ScenarioResult("vet", "etcd-v2", "recovers", None, "", RUNS / "vet_tutorial_scale_up", 0)
+    worker, scale = score_gauntlet(plan, result)
+    assert worker.outcome == "survived" and worker.recovery_s and worker.restarts == 1
+    assert scale.outcome == "failed" and "rank 2 loaded nothing (started afresh)" in scale.why
+    assert [d["code"] for d in scale.diagnoses][:2] == ["node-local-checkpoint", "resumed-apart"]
+    assert worker.phases["detection_s"] is not None
+
+
+def test_ranks_that_loaded_the_same_files_did_not_resume_apart():
+    run = RunModel(_history("vet_fixed_name"))
+    from sim.pitfalls import mixed_sources, resume_sources
+
+    assert not any(mixed_sources(g) for g in resume_sources(run))
+
+
+def test_the_first_save_describes_what_the_checkpoint_holds():
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    full = instrument.saved_content({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 3})
+    assert full["model_state"] and full["optimizer_state"]
+    assert full["keys"] == {"model": "OrderedDict", "optimizer": "dict", "step": "int"}
+    only_model = instrument.saved_content(model.state_dict())
+    assert only_model["model_state"] and not only_model["optimizer_state"]
+    assert instrument.saved_content([1, 2]) == {"type": "list"}
