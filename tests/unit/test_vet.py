@@ -215,3 +215,30 @@ def test_html_has_the_scorecard_on_top_and_a_section_per_fault():
     assert page.index("<table>") < page.index("<h2>")
     assert page.count("<h2>") == 3 and "data:image/png;base64," in page
     assert "detection 0.7s" in page
+
+
+def test_the_recovered_trigger_waits_for_every_rank_and_five_distinct_steps(tmp_path):
+    import json
+
+    from chaos.runner import HistoryState
+    from chaos.scenario import parse_scenario
+
+    text = "name: r\ndescription: d\ncluster: {nodes: 3}\nsteps:\n  - fault: kill-worker\n    at: {recovered: 3}\n"
+    text += "expect: {outcome: recovers}\n"
+    assert parse_scenario(text).steps[0].trigger == Trigger("recovered", 3)
+    with pytest.raises(UsageError, match="7 is never reached"):
+        parse_scenario(text.replace("recovered: 3", "recovered: 7"))
+    path = tmp_path / "history.jsonl"
+
+    def step(t, rank, n, world=3):
+        record = {"t": t, "type": "worker", "node": f"node{rank}", "event": "step", "rank": rank}
+        return json.dumps({**record, "world_size": world, "n": n}) + "\n"
+
+    path.write_text("".join(step(100 + n, 0, n) for n in range(1, 7)))
+    state = HistoryState(path)
+    state.update()
+    assert not state.steady(3, 0.0)  # one rank only
+    with path.open("a") as f:
+        f.write(step(107, 1, 1) + step(107, 2, 1) + step(108, 2, 2, world=2))
+    state.update()
+    assert state.steady(3, 0.0) and not state.steady(3, 103.0) and not state.steady(2, 0.0)
