@@ -16,7 +16,8 @@ def _rows(stdout: str) -> dict[str, str]:
     """Scorecard rows by label (the lines after the header)."""
     lines = stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("fault") or " fault " in line)
-    return {line[5:39].strip(): line for line in lines[header + 1 :] if line[:4] in ("PASS", "FAIL", "n/a ", "MISS")}
+    rows = [line for line in lines[header + 1 :] if line[:5] in ("PASS ", "FAIL ", "n/a  ", "MISS ")]
+    return {line[5:39].strip(): line for line in rows}
 
 
 @pytest.mark.full
