@@ -127,6 +127,11 @@ def prepare(
         if options.get(key) is None:
             options[key] = default
     spec = spec_from_options(options, script_args)
+    if not spec.instrument and not spec.progress_regex and spec.script:
+        raise UsageError(
+            "--no-instrument: the vet must see training steps to know the job is steady; drop it, "
+            "or give --progress-regex to read steps from the script's log lines"
+        )
     spec = vet_spec(spec, kinds, restarts_given=options.get("max_restarts") is not None)
     plan_vet(spec, kinds, chosen=faults is not None)
     return spec, kinds

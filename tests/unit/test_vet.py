@@ -147,6 +147,8 @@ def test_defaults_come_from_pyproject_and_the_command_line_wins(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[tool.elastic-sim]\nnodes = "three"\n')
     with pytest.raises(UsageError, match="use e.g. nodes = 3"):
         read_tool_config(tmp_path)
+    with pytest.raises(UsageError, match="--no-instrument: the vet must see training steps"):
+        prepare({"script": SCRIPT, "instrument": False}, None, None)
     with pytest.raises(UsageError, match="no script"):
         vet_options({"vet_script": None}, None, {})
 
