@@ -256,6 +256,9 @@ class VetResult:
     run_dirs: tuple[str, ...]
     wall_s: float
     job_ended_early: str | None = None  # why the gauntlet was cut short
+    # The job's own pitfalls (sim/pitfalls.py) the shared run showed, whatever the faults' outcomes: a model-only
+    # checkpoint is named from its first save even when every fault was survived.
+    pitfalls: tuple[dict, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -379,6 +382,11 @@ def score_gauntlet(plan: Plan, result: ScenarioResult) -> list[FaultScore]:
     return scores
 
 
+def job_pitfalls(run_dir: Path) -> list[dict]:
+    run = RunModel(History(run_dir / FILE_NAME).read().records)
+    return [_diagnosis_dict(d) for d in diagnose(run, saved_logs(run_dir)) if d.code in PITFALL_CODES]
+
+
 def _unique(diagnoses: list[dict]) -> list[dict]:
     seen: set[str] = set()
     return [d for d in diagnoses if not (d["code"] in seen or seen.add(d["code"]))]
@@ -455,6 +463,7 @@ def run_vet(
     scores: list[FaultScore] = []
     run_dirs: list[str] = []
     ended_early = None
+    pitfalls: list[dict] = []
     checkers = tuple(c for c in CHECKS_FOR["recovers"] if c not in ENDING_CHECKS)
     if plan.scored:
         scenario = Scenario(
@@ -481,6 +490,7 @@ def run_vet(
         run_dirs.append(str(result.run_dir))
         ended_early = result.unfired
         scores += score_gauntlet(plan, result)
+        pitfalls = job_pitfalls(result.run_dir)
     else:
         scores += [_score(f, "not applicable", f.why_not or "") for f in plan.faults if f.step is None]
     for planned in plan.faults:
@@ -513,6 +523,7 @@ def run_vet(
         tuple(run_dirs),
         round(time.monotonic() - started, 1),
         ended_early,
+        tuple(pitfalls),
     )
     return vet, plan
 
@@ -560,6 +571,13 @@ def scorecard(vet: VetResult, width: int = 118) -> str:
         f"{'PASS' if vet.passed else 'FAIL'}: {survived} survived, {len(failed)} failed or not reached, "
         f"{sum(f.outcome == 'not applicable' for f in vet.faults)} not applicable"
     )
+    failed_codes = {d["code"] for f in failed for d in f.diagnoses[:2]}
+    for d in vet.pitfalls:
+        if d["code"] not in failed_codes:
+            lines.append(f"  pitfall of the job: {d['title']}.")
+            lines += textwrap.wrap(f"Fix: {d['fix']}", width, initial_indent="    ", subsequent_indent="      ")
+    if vet.job_ended_early:
+        lines.append(f"  the gauntlet was cut short: {vet.job_ended_early}"[:width])
     for f in failed:
         for d in f.diagnoses[:2]:
             lines.append(f"  {f.label}: {d['title']}.")
@@ -659,6 +677,14 @@ def render_html(vet: VetResult, pictures: Mapping[str, bytes]) -> str:
             data = base64.b64encode(pictures[f.kind]).decode()
             parts.append(f'<img alt="timeline of {esc(f.label)}" src="data:image/png;base64,{data}">')
         sections.append("\n".join(parts))
+    if vet.pitfalls:
+        items = "".join(
+            f"<div class=diag><b>{esc(d['title'])}</b><p>{esc(d['cause'])}</p>"
+            f"<ul>{''.join(f'<li><code>{esc(e)}</code></li>' for e in d['evidence'])}</ul>"
+            f"<p><b>Fix:</b> {esc(d['fix'])}</p></div>"
+            for d in vet.pitfalls
+        )
+        sections.insert(0, f"<h2>Pitfalls of the job</h2>{items}")
     head = "<tr>" + "".join(
         f"<th>{h}</th>"
         for h in ("", "fault", "recovery", "phases", "steps lost", "restarts (used/budget)", "steps/s", "note")

@@ -72,3 +72,12 @@ def test_the_first_save_describes_what_the_checkpoint_holds():
     only_model = instrument.saved_content(model.state_dict())
     assert only_model["model_state"] and not only_model["optimizer_state"]
     assert instrument.saved_content([1, 2]) == {"type": "list"}
+
+
+def test_the_vet_names_the_jobs_pitfalls_whatever_the_outcomes():
+    from chaos.vet import VetResult, job_pitfalls, scorecard
+
+    pitfalls = job_pitfalls(RUNS / "vet_tutorial_scale_up")
+    assert [d["code"] for d in pitfalls] == ["node-local-checkpoint", "resumed-apart", "missing-optimizer-state"]
+    text = scorecard(VetResult("t.py", "etcd-v2", 3, 1, (), (), 1.0, None, tuple(pitfalls)))
+    assert "pitfall of the job: Checkpoint without optimizer state." in text
