@@ -81,3 +81,15 @@ def test_the_vet_names_the_jobs_pitfalls_whatever_the_outcomes():
     assert [d["code"] for d in pitfalls] == ["node-local-checkpoint", "resumed-apart", "missing-optimizer-state"]
     text = scorecard(VetResult("t.py", "etcd-v2", 3, 1, (), (), 1.0, None, tuple(pitfalls)))
     assert "pitfall of the job: Checkpoint without optimizer state." in text
+
+
+def test_a_job_that_ends_before_the_gauntlet_is_done_is_reported_with_the_faults_it_never_reached():
+    spec = spec_from_options({"nodes": 3, "nproc_per_node": 1, "script": "tests/scripts/tutorial_snapshot.py"}, None)
+    kinds = ("kill-worker", "scale-up", "restart-node")
+    plan = plan_vet(vet_spec(spec, kinds, restarts_given=False), kinds, chosen=True)
+    why = "the job ended before the trigger recovered=3 of step 'restart-node' (line 0) was reached"
+    result = ScenarioResult("vet", "etcd-v2", "recovers", None, "", RUNS / "vet_tutorial_scale_up", 0, why)
+    worker, scale, restart = score_gauntlet(plan, result)
+    assert worker.outcome == "survived"
+    assert scale.outcome == "failed" and "not steady again after it" in scale.why
+    assert restart.outcome == "not reached" and restart.why == why and not restart.ok
