@@ -142,6 +142,7 @@ class ScenarioRunner:
         self.stop_after = stop_after
         self.step_timeout_s = step_timeout_s
         self._undo_timers: list[threading.Timer] = []
+        self._hold_end = 0.0  # when the newest held fault (a step's duration) is undone
 
     def run(self) -> ScenarioResult:
         scenario, expected = self.scenario, self.scenario.expect.outcome(self.backend)
@@ -270,7 +271,8 @@ class ScenarioRunner:
                 return
             if kind == "round" and state.max_round >= value:
                 return
-            if kind == "recovered" and state.steady(value, previous_done):
+            # A held fault (a lossy link, a straggler) acts until it is undone: steady counts from then.
+            if kind == "recovered" and now > self._hold_end and state.steady(value, max(previous_done, self._hold_end)):
                 return
             if time.monotonic() > deadline:
                 limit = "step" if self.step_timeout_s else "scenario"
@@ -289,6 +291,7 @@ class ScenarioRunner:
             timer = threading.Timer(step.duration_s, _quietly(lambda: fault.end_hold(nemesis, result)))
             timer.daemon = True
             timer.start()
+            self._hold_end = max(self._hold_end, time.time() + step.duration_s)
             self._undo_timers.append(timer)
 
     @staticmethod
