@@ -883,3 +883,20 @@ PROVOCATIONS: dict[str, Provocation] = {
         survival="the half-written file is never loaded: the job resumes from the previous checkpoint",
     ),
 }
+
+# The name a fault's records carry in the history (the Nemesis operation it runs), where it is not the catalog's.
+RECORDED_AS = {
+    "netem": "link",
+    "etcd-kill": "kill-node",
+    "etcd-start": "start-node",
+    "etcd-restart": "restart-node",
+    "etcd-wipe": "wipe-etcd",
+    "etcd-pause": "pause",
+    "etcd-unpause": "unpause",
+    "etcd-isolate": "partition",
+}
+
+
+def recorded_as(fault: str) -> str:
+    """The `fault` field of the history records a catalog fault writes."""
+    return RECORDED_AS.get(fault, fault)

@@ -35,7 +35,7 @@ from sim.runmodel import RunModel
 from sim.runreport import ENDING_CHECKS, saved_logs
 from sim.spec import ClusterSpec, node_name, spec_from_options
 
-from .faults import FAULTS, PROVOCATIONS, Provocation
+from .faults import FAULTS, PROVOCATIONS, Provocation, recorded_as
 from .runner import ScenarioResult, ScenarioRunner
 from .scenario import PROFILES, Expectation, Scenario, Step, Trigger
 
@@ -306,7 +306,8 @@ def score_gauntlet(plan: Plan, result: ScenarioResult) -> list[FaultScore]:
     fired: list[FaultRecord | None] = []
     cursor = 0.0
     for step in plan.gauntlet:
-        invoke = next((r for r in records if r.fault == step.fault and r.phase == "invoke" and r.t > cursor), None)
+        name = recorded_as(step.fault)
+        invoke = next((r for r in records if r.fault == name and r.phase == "invoke" and r.t > cursor), None)
         fired.append(invoke)
         cursor = invoke.t if invoke else float("inf")
     ends = [r.t for r in fired if r is not None][1:] + [run.t_end]

@@ -93,3 +93,23 @@ def test_a_job_that_ends_before_the_gauntlet_is_done_is_reported_with_the_faults
     assert worker.outcome == "survived"
     assert scale.outcome == "failed" and "not steady again after it" in scale.why
     assert restart.outcome == "not reached" and restart.why == why and not restart.ok
+
+
+def test_the_default_gauntlet_of_a_real_run_is_scored_fault_by_fault():
+    """bench/vet_time.py's gauntlet: fixed_name_ckpt.py (0.1 s step, 10 s process-group timeout), 3 nodes x 1,
+    etcd-v2; every fault fired once the job was steady again (etcd-restart ran on a cluster of its own)."""
+    from chaos.vet import DEFAULT_GAUNTLET, prepare
+
+    options = {"script": "tests/scripts/fixed_name_ckpt.py", "rdzv_backend": "etcd-v2"}
+    spec, kinds = prepare(options, ["--pg-timeout", "10"], None)
+    plan = plan_vet(spec, kinds, chosen=False)
+    scores = score_gauntlet(plan, ScenarioResult("vet", "etcd-v2", "recovers", None, "", RUNS / "vet_gauntlet", 0))
+    by_kind = {s.kind: s for s in scores}
+    assert set(by_kind) == set(DEFAULT_GAUNTLET) - {"etcd-restart"}
+    assert by_kind["store-host-loss"].outcome == "not applicable"
+    survived = [k for k, s in by_kind.items() if s.outcome == "survived"]
+    assert len(survived) == 14, {k: (s.outcome, s.why) for k, s in by_kind.items()}
+    # The lossy link is recorded as the nemesis' "link"; it slows training, nothing to recover from.
+    assert by_kind["netem"].recovery_s is None and by_kind["netem"].steps_lost == 0
+    assert by_kind["pause"].recovery_s > 10 and by_kind["kill-worker"].phases["detection_s"] is not None
+    assert by_kind["scale-up"].restarts == 0 and by_kind["fill-disk"].restarts == 1
