@@ -504,7 +504,8 @@ def run_vet(
             backends=(spec.rdzv_backend,),
             profile=VET_PROFILE,
             steps=(planned.step,),
-            expect=Expectation({spec.rdzv_backend: "fails"}, fail_fast_s=SOLO_FAIL_FAST_S),
+            # What surviving means here: the job ends fast and cleanly (restart_budget runs with every check).
+            expect=Expectation({spec.rdzv_backend: "fails"}, fail_fast_s=SOLO_FAIL_FAST_S, checkers=("fails_cleanly",)),
             timeout_s=STEP_BUDGET_S * 3,
         )
         solo_spec = dataclasses.replace(spec, name=f"{spec.name[:33]}-solo")
@@ -626,7 +627,7 @@ def fault_timelines(vet: VetResult) -> dict[str, bytes]:
         if f.run_dir not in models:
             run = RunModel(History(Path(f.run_dir) / FILE_NAME).read().records)
             expected = "fails" if f.solo else "recovers"
-            only = None if f.solo else tuple(c for c in CHECKS_FOR["recovers"] if c not in ENDING_CHECKS)
+            only = ("fails_cleanly",) if f.solo else tuple(c for c in CHECKS_FOR["recovers"] if c not in ENDING_CHECKS)
             verdict = check_all(run, RunSpec.from_run(run, expected=expected), only=only)
             models[f.run_dir] = (run, verdict, build_timeline(run, verdict))
         run, verdict, timeline = models[f.run_dir]
