@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
-import pytest
-
 from tests.conftest import ROOT, run_sim, unique_name
 
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -20,7 +18,6 @@ def _rows(stdout: str) -> dict[str, str]:
     return {line[5:39].strip(): line for line in rows}
 
 
-@pytest.mark.full
 def test_quick_vet_of_a_plain_ddp_script_passes_and_writes_its_files(images, tmp_path):
     """fixed_name_ckpt.py (plain DDP, rank 0 saves model + optimizer to /ckpt, a 10 s process-group timeout)
     through the five most telling faults: every one survived, exit 0, vet.json, vet.html and JUnit written."""
