@@ -762,3 +762,144 @@ _CATALOG = (
     ),
 )
 FAULTS: dict[str, FaultEntry] = {fault.name: fault for fault in _CATALOG}
+
+
+# ---------------------------------------------------------------- what `sim vet` does with each kind
+
+# Node-count changes a vetted fault makes: "same", "less" (a node leaves), "more" (a node joins).
+NODE_EFFECTS = ("same", "less", "more")
+
+
+@dataclass(frozen=True)
+class Provocation:
+    """How `sim vet` provokes one kind of fault (chaos/vet.py builds a scenario from these), when the job counts
+    as recovered from it and what surviving it means. `fault` names the catalog's entry; `options` are its
+    options, with "{victim}" standing for the node it strikes (never node0: on c10d it hosts the store)."""
+
+    label: str  # what the scorecard calls it: "worker crash"
+    fault: str  # a FAULTS name
+    options: Mapping[str, Any] = field(default_factory=dict)
+    duration_s: float | None = None  # reversible faults: undone after this long
+    nodes: str = "same"  # NODE_EFFECTS: the node count it leaves
+    survival: str = "the job recovers: every rank trains again at the world size it should have"
+    # Backends where the job ends by design: there it gets a cluster of its own, checked to end fast and cleanly.
+    ends_job_on: tuple[str, ...] = ()
+    hosted_on: tuple[str, ...] | None = None  # None: every backend
+    needs_ckpt_disk: bool = False  # a size-limited /ckpt (ckpt_size)
+    quick: bool = False  # one of `--quick`'s five most telling
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(f"provocation {self.label!r}: no fault {self.fault!r} in the catalog")
+        if self.nodes not in NODE_EFFECTS:
+            raise ValueError(f"provocation {self.label!r}: nodes {self.nodes!r} is not one of {NODE_EFFECTS}")
+
+
+_ETCD = ("etcd-v2", "etcd-v3")
+# Keyed by the kind `sim vet --faults` names: the catalog's fault name where one provocation is enough.
+PROVOCATIONS: dict[str, Provocation] = {
+    "kill-worker": Provocation("worker crash", "kill-worker", {"target": "{victim}"}, quick=True),
+    "kill-agent": Provocation(
+        "agent crash",
+        "kill-agent",
+        {"target": "{victim}"},
+        nodes="less",
+        survival="the others regroup without the node and train on",
+    ),
+    "kill-node": Provocation(
+        "node crash",
+        "kill-node",
+        {"target": "{victim}"},
+        nodes="less",
+        survival="the others regroup without the node and train on",
+        quick=True,
+    ),
+    "stop-node": Provocation(
+        "preemption (SIGTERM, 5 s grace)",
+        "stop-node",
+        {"target": "{victim}", "grace": 5.0},
+        nodes="less",
+        survival="the others regroup without the node and train on",
+    ),
+    "restart-node": Provocation("node rejoin (restart)", "restart-node", {"target": "{victim}"}, quick=True),
+    "scale-down": Provocation(
+        "a node leaving (scale down)",
+        "scale",
+        {"nodes": "{less}"},
+        nodes="less",
+        survival="the others regroup smaller and train on",
+    ),
+    "scale-up": Provocation(
+        "a node joining (scale up)",
+        "scale",
+        {"nodes": "{more}"},
+        nodes="more",
+        survival="the new node joins at the next round and every rank trains from the same point",
+        quick=True,
+    ),
+    "pause": Provocation(
+        "freeze past the keep-alive (25 s)",
+        "pause",
+        {"target": "{victim}"},
+        duration_s=25.0,
+        survival="the others time out, regroup, and the thawed node rejoins",
+    ),
+    "partition": Provocation(
+        "one node partitioned (20 s)",
+        "partition",
+        {"isolate": ("{victim}",)},
+        duration_s=20.0,
+        survival="the others time out and regroup; the node rejoins once healed",
+        hosted_on=_ETCD,
+    ),
+    "netem": Provocation(
+        "lossy link (10% loss, 10 s)",
+        "netem",
+        {"target": "{victim}", "loss": 10.0},
+        duration_s=10.0,
+        survival="training slows but carries on: no restart is needed, steps go on",
+    ),
+    "etcd-restart": Provocation(
+        "etcd restart (10 s down)",
+        "etcd-restart",
+        {"downtime": 10.0},
+        survival="the agents ride out etcd's downtime and train on",
+        ends_job_on=("etcd-v2",),
+        hosted_on=_ETCD,
+    ),
+    "store-host-loss": Provocation(
+        "c10d store host lost",
+        "kill-node",
+        {"target": "store-host"},
+        survival="torch cannot survive it: every agent must end fast and cleanly",
+        ends_job_on=("c10d",),
+        hosted_on=("c10d",),
+    ),
+    "slow-node": Provocation(
+        "straggler (0.05 CPU, 5 s)",
+        "slow-node",
+        {"target": "{victim}", "cpus": 0.05},
+        duration_s=5.0,
+        survival="every synchronous step slows, nothing fails: steps go on",
+    ),
+    "hang-collectives": Provocation(
+        "hung collective",
+        "hang-collectives",
+        {"target": "{victim}"},
+        survival="the process-group timeout fires and the agents restart the group",
+        quick=True,
+    ),
+    "fill-disk": Provocation(
+        "full checkpoint disk (5 s)",
+        "fill-disk",
+        duration_s=5.0,
+        survival="a failed write does not lose the last good checkpoint: training goes on or resumes from it",
+        needs_ckpt_disk=True,
+    ),
+    "kill-during-checkpoint": Provocation(
+        "kill during a checkpoint write",
+        "kill-during-checkpoint",
+        {"target": "rank0", "within": 30.0},
+        survival="the half-written file is never loaded: the job resumes from the previous checkpoint",
+    ),
+}

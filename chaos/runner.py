@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sim.core.errors import SimError, UsageError
 from sim.core.history import FILE_NAME, AgentRecord, History, HistoryTail
-from sim.core.spec import spec_from_options
+from sim.core.spec import ClusterSpec, spec_from_options
 from sim.engines import swarm
 from sim.engines.cluster import DEFAULT_START_TIMEOUT, Cluster, JobFinished, up
 from sim.engines.docker import Docker
@@ -29,7 +29,7 @@ from sim.verdict.runreport import report_run
 
 from .faults import FAULTS
 from .nemesis import Nemesis
-from .scenario import Scenario, Step, scenario_spec_options
+from .scenario import RECOVERED_STEPS, Scenario, Step, Trigger, scenario_spec_options
 
 Progress = Callable[[str], None]
 POLL_S = 0.5
@@ -79,6 +79,7 @@ class HistoryState:
         self.last_progress_t = 0.0
         self.max_round = -1
         self.last_beat_t: float | None = None  # the newest training step seen, at any world size
+        self.beats: list[tuple[float, int | None, int, object]] = []  # (t, world size, step, rank) of each step
 
     def update(self) -> None:
         for r in self.tail.poll():
@@ -88,10 +89,19 @@ class HistoryState:
                     self.first_step_t = r.t
                 self.max_step = max(self.max_step, step)
                 self.last_beat_t = max(self.last_beat_t or r.t, r.t)
+                self.beats.append((r.t, r.world_size, step, getattr(r, "rank", None)))
                 if r.t >= self.last_progress_t and isinstance(r.world_size, int):
                     self.world_size, self.last_progress_t = r.world_size, r.t
             elif isinstance(r, AgentRecord) and r.event == "rdzv_joined":
                 self.max_round = max(self.max_round, -1 if r.round is None else r.round)
+
+    def steady(self, world_size: int, since: float) -> bool:
+        """Training is steady at `world_size` since `since`: every rank of it stepped (where ranks are told),
+        and it took RECOVERED_STEPS distinct steps."""
+        beats = [b for b in self.beats if b[0] > since and b[1] == world_size]
+        ranks = {b[3] for b in beats if b[3] is not None}
+        ranked = any(b[3] is not None for b in beats)
+        return len({b[2] for b in beats}) >= RECOVERED_STEPS and (not ranked or len(ranks) >= world_size)
 
 
 class ScenarioRunner:
@@ -107,7 +117,14 @@ class ScenarioRunner:
         cluster_name: str | None = None,
         engine: str | None = None,
         progress: Progress = print,
+        spec: ClusterSpec | None = None,
+        stop_after: Trigger | None = None,
+        step_timeout_s: float | None = None,
     ):
+        """`spec`: the cluster to make instead of the scenario's (`sim vet` builds it from `sim up`'s options).
+        `stop_after`: once the last step fired, wait for this trigger and end the run there instead of
+        waiting for the job to end (the vet's gauntlet need not see the job finish). `step_timeout_s`: the
+        longest one trigger is waited for (a job that never recovers from one fault must not eat the rest)."""
         if backend not in scenario.backends:
             raise UsageError(f"backend '{backend}': scenario '{scenario.name}' runs on {', '.join(scenario.backends)}")
         self.scenario = scenario
@@ -123,8 +140,12 @@ class ScenarioRunner:
         self.cluster_name = cluster_name
         self.engine = engine  # compose or swarm; None: the scenario's (compose unless it says)
         self.progress = progress
+        self.spec = spec
+        self.stop_after = stop_after
+        self.step_timeout_s = step_timeout_s
         self._undo_timers: list[tuple[threading.Timer, _Once]] = []
         self._made: list[str] = []  # the ids of the faults this run put in force
+        self._hold_end = 0.0  # when the newest held fault (a step's duration) is undone
 
     def run(self) -> ScenarioResult:
         scenario, expected = self.scenario, self.scenario.expect.outcome(self.backend)
@@ -155,7 +176,17 @@ class ScenarioRunner:
                 unfired = str(why)
                 history.append({"type": "run", "event": "step_not_fired", "why": unfired})
                 self.progress(f"[chaos] {unfired}")
-            if expected == "hangs":
+            if self.stop_after is not None and unfired is None:
+                try:
+                    self._wait_trigger(nemesis, self.stop_after, "the end of the run", state, time.time(), deadline)
+                    self.progress("[chaos] steady after the last step: ending the run")
+                except StepNotFired as why:
+                    unfired = str(why)
+                    history.append({"type": "run", "event": "step_not_fired", "why": unfired})
+                    self.progress(f"[chaos] {unfired}")
+            elif self.stop_after is not None:
+                pass  # the job ended, or the timeout came, before the schedule was done
+            elif expected == "hangs":
                 self.progress(f"[chaos] waiting for {self._quiet_s:g} s without progress (a hang expected)")
                 self._wait_quiet(cluster, state, deadline)
             else:
@@ -201,11 +232,14 @@ class ScenarioRunner:
             cluster = Cluster(self.cluster_name, swarm.provider_for(self.cluster_name, self.docker))
             cluster.require_running()
             return cluster
-        options = scenario_spec_options(self.scenario, self.backend)
-        options.setdefault("name", default_cluster_name(self.scenario.name, self.backend))
-        if self.engine:
-            options["engine"] = self.engine
-        spec = spec_from_options(options, options.pop("script_args", None))
+        if self.spec is not None:
+            spec = self.spec
+        else:
+            options = scenario_spec_options(self.scenario, self.backend)
+            options.setdefault("name", default_cluster_name(self.scenario.name, self.backend))
+            if self.engine:
+                options["engine"] = self.engine
+            spec = spec_from_options(options, options.pop("script_args", None))
         self.progress(
             f"[chaos] {self.scenario.name} on {self.backend}: cluster {spec.name}, {spec.nodes} nodes, seed {self.seed}"
         )
@@ -223,7 +257,8 @@ class ScenarioRunner:
         previous_done = time.time()
         for step in self.scenario.steps:
             for _ in range(max(step.repeat_times, 1)):
-                self._wait_trigger(nemesis, step, state, previous_done, deadline)
+                what = f"step '{step.fault}' (line {step.line})"
+                self._wait_trigger(nemesis, step.trigger, what, state, previous_done, deadline)
                 self.progress(f"[chaos] {step.fault} {getattr(step.options, 'target', '')}".rstrip())
                 self._fire(nemesis, step)
                 previous_done = time.time()
@@ -233,18 +268,17 @@ class ScenarioRunner:
                     )
 
     def _wait_trigger(
-        self, nemesis: Nemesis, step: Step, state: HistoryState, previous_done: float, deadline: float
+        self, nemesis: Nemesis, trigger: Trigger, what: str, state: HistoryState, previous_done: float, deadline: float
     ) -> None:
-        kind, value = step.trigger.kind, step.trigger.value
+        kind, value = trigger.kind, trigger.value
+        if self.step_timeout_s is not None:
+            deadline = min(deadline, time.monotonic() + self.step_timeout_s)
         next_liveness_check = time.monotonic()
         while True:
             if time.monotonic() >= next_liveness_check:  # first: a short `after` must not fire into an ended job
                 next_liveness_check = time.monotonic() + 2.0
                 if self._job_ended(nemesis.cluster):
-                    raise StepNotFired(
-                        f"the job ended before the trigger {kind}={value} of step "
-                        f"'{step.fault}' (line {step.line}) was reached"
-                    )
+                    raise StepNotFired(f"the job ended before the trigger {kind}={value} of {what} was reached")
             state.update()
             now = time.time()
             if kind == "step" and state.max_step >= value:
@@ -258,11 +292,12 @@ class ScenarioRunner:
                 return
             if kind == "round" and state.max_round >= value:
                 return
+            # A held fault (a lossy link, a straggler) acts until it is undone: steady counts from then.
+            if kind == "recovered" and now > self._hold_end and state.steady(value, max(previous_done, self._hold_end)):
+                return
             if time.monotonic() > deadline:
-                raise StepNotFired(
-                    f"trigger {kind}={value} of step '{step.fault}' (line {step.line}) "
-                    f"not reached before the scenario timeout"
-                )
+                limit = "step" if self.step_timeout_s else "scenario"
+                raise StepNotFired(f"trigger {kind}={value} of {what} not reached before the {limit} timeout")
             time.sleep(POLL_S)
 
     def _fire(self, nemesis: Nemesis, step: Step) -> None:
@@ -280,6 +315,7 @@ class ScenarioRunner:
             timer = threading.Timer(step.duration_s, undo)
             timer.daemon = True
             timer.start()
+            self._hold_end = max(self._hold_end, time.time() + step.duration_s)
             self._undo_timers.append((timer, undo))
 
     @staticmethod

@@ -40,7 +40,10 @@ from .parse import parse_duration
 from .targets import ETCD, ROLE_TARGETS
 
 OUTCOMES = ("recovers", "fails", "hangs")  # as sim.verdict.checkers.RunSpec.expected
-TRIGGER_KINDS = ("time", "step", "after", "world_size", "round")
+TRIGGER_KINDS = ("time", "step", "after", "world_size", "round", "recovered")
+# `recovered: N`: every rank of a world of N took a step, and N's training took this many distinct steps,
+# since the previous step acted (the job is steady again: `sim vet` waits for it between faults).
+RECOVERED_STEPS = 5
 DEFAULT_PROFILE = "fast"
 DEFAULT_TIMEOUT_S = 600.0
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
@@ -79,7 +82,7 @@ class Trigger:
         if self.kind not in TRIGGER_KINDS:
             raise UsageError(f"trigger {self.kind!r}: unknown; use one of {', '.join(TRIGGER_KINDS)}")
         seconds = self.kind in ("time", "after")
-        least = 1 if self.kind == "world_size" else 0
+        least = 1 if self.kind in ("world_size", "recovered") else 0
         if (
             isinstance(self.value, bool)
             or not isinstance(self.value, (int, float) if seconds else int)
@@ -464,7 +467,7 @@ _TRAINER_BASE = {
     for flag, value in zip(DEFAULT_TRAINER_ARGS[::2], DEFAULT_TRAINER_ARGS[1::2], strict=True)
 }
 _STEP_KEYS = ("fault", "at", "duration", "repeat")
-_TRIGGER_EXAMPLES = {"step": 30, "world_size": 4, "round": 1}
+_TRIGGER_EXAMPLES = {"step": 30, "world_size": 4, "round": 1, "recovered": 3}
 _EXPECT_KEYS = ("outcome", "checkers", "max_recovery_s", "max_steps_lost", "hang_s", "fail_fast_s")
 
 
@@ -647,7 +650,7 @@ def _read_trigger(f: _Field, where: _Where) -> Trigger:
     if kind in ("time", "after"):
         return value.checked(Trigger, kind, value.seconds())
     trigger = value.checked(Trigger, kind, value.whole(0, _TRIGGER_EXAMPLES[kind]))
-    if kind == "world_size" and trigger.value > where.max_world:
+    if kind in ("world_size", "recovered") and trigger.value > where.max_world:
         raise value.error(f"{trigger.value} is never reached: at most max_nodes x nproc_per_node = {where.max_world}")
     if kind == "step" and where.last_step is not None and trigger.value > where.last_step:
         raise value.error(f"{trigger.value} is never reached: the trainer runs {where.last_step} steps (trainer.steps)")

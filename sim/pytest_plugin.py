@@ -4,6 +4,10 @@
         cluster = sim_cluster(nodes=3, script="train.py", max_restarts=3)
         ...
 
+    def test_my_job_survives_the_gauntlet(sim_vet):
+        result = sim_vet("train.py", quick=True, script_args=["--epochs", "1000"])   # chaos.vet.VetResult
+        assert result.passed, result.scorecard
+
     def test_worker_crash(sim_scenario):
         for result in sim_scenario("worker-crash"):      # a shipped name or a YAML path
             assert_verdict(result)
@@ -79,5 +83,26 @@ def sim_scenario(sim_docker) -> Callable[..., list]:
 
     def run(name_or_path: str, *, backend: str | None = None, seed: int | None = None) -> list:
         return run_scenario(load_scenario(find_scenario(name_or_path)), backend, docker=sim_docker, seed=seed)
+
+    return run
+
+
+@pytest.fixture
+def sim_vet(sim_docker) -> Callable[..., object]:
+    """`sim vet` from a test: `sim_vet(script, faults=None | "a,b" | [...], quick=False, script_args=None,
+    out_dir=None, **up_options)` runs the gauntlet and returns its chaos.vet.VetResult (the object vet.json holds);
+    with out_dir it also writes vet.json and vet.html there."""
+    from pathlib import Path
+
+    from chaos.vet import prepare, run_vet, write_outputs
+
+    def run(script, *, faults=None, quick=False, script_args=None, out_dir=None, **options):
+        if faults is not None and not isinstance(faults, str):
+            faults = ",".join(faults)
+        spec, kinds = prepare({**options, "script": str(script)}, script_args, faults, quick)
+        result, _ = run_vet(spec, kinds, chosen=faults is not None, docker=sim_docker)
+        if out_dir is not None:
+            write_outputs(result, Path(out_dir))
+        return result
 
     return run

@@ -123,6 +123,7 @@ class WorkerProbe:
         self._load_path = None  # the last file a checkpoint load read
         self._in_save = threading.local()
         self._saved = None  # (path, began, step, n) of the last file saved: an atomic write renames it
+        self._described = False  # the first torch.save's object was described (saved_content)
         try:  # in a node: the kernel's clock, not a clock the skew-clock fault has moved
             from elastic_sim_clock import wall_clock
         except ImportError:
@@ -367,17 +368,21 @@ class WorkerProbe:
             if probe.off or getattr(nested, "inside", False):
                 return save(*args, **kwargs)  # dcp.save's own torch.save
             nested.inside = True
+            content = None
+            if not probe._described and op == "torch.save":
+                probe._described = True  # the first save's object only: what a checkpoint of this script holds
+                content = saved_content(kwargs["obj"] if "obj" in kwargs else args[0] if args else None)
             began = wall()
             try:
                 result = save(*args, **kwargs)
             finally:
                 nested.inside = False
-            probe.on_save(op, checkpoint_path(op, args, kwargs), began, wall())
+            probe.on_save(op, checkpoint_path(op, args, kwargs), began, wall(), content)
             return result  # a save that raised is no checkpoint: not recorded
 
         return recorded
 
-    def on_save(self, op: str, path, began: float, ended: float) -> None:
+    def on_save(self, op: str, path, began: float, ended: float, content=None) -> None:
         """A "save" record: the file, when the save began and its seconds (the record's time is its end),
         and the step this worker was at (the optimizer's, where it holds one; n: steps this process took)."""
         if path is None:
@@ -394,6 +399,7 @@ class WorkerProbe:
                 seconds=round(ended - began, 6),
                 step=step,
                 n=self._steps,
+                **({"content": content} if content else {}),
             )
         except Exception:
             self.disable()
@@ -450,6 +456,32 @@ class WorkerProbe:
             self.write("exit", code=self.exit_code)
         except Exception:
             self.disable()
+
+
+def saved_content(obj):
+    """What a saved object holds, at its top level: its keys and their value types (at most 30), and
+    whether a model's state (a mapping of tensors) and an optimizer's (state and param_groups) are in it.
+    None when it cannot tell (never raises: a probe must not break the save)."""
+    try:
+        import torch
+
+        def is_tensors(value):
+            return isinstance(value, dict) and bool(value) and all(isinstance(v, torch.Tensor) for v in value.values())
+
+        def is_optimizer(value):
+            return isinstance(value, dict) and "param_groups" in value and "state" in value
+
+        if not isinstance(obj, dict):
+            return {"type": type(obj).__name__}
+        values = list(obj.values())
+        return {
+            "type": type(obj).__name__,
+            "keys": {str(k): type(v).__name__ for k, v in list(obj.items())[:30]},
+            "model_state": is_tensors(obj) or any(is_tensors(v) for v in values),
+            "optimizer_state": is_optimizer(obj) or any(is_optimizer(v) for v in values),
+        }
+    except Exception:
+        return None
 
 
 def checkpoint_path(op, args, kwargs):

@@ -30,6 +30,65 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def add_job_options(parser: argparse.ArgumentParser) -> None:
+    """The options that shape the job, one definition shared by `sim up` and `sim vet`: nodes, backend,
+    devices, environment. A new job option is added here, and both commands take it."""
+    parser.add_argument("--nodes", type=int, default=4, help="node containers to start (default 4)")
+    parser.add_argument("--min-nodes", type=int, help="torchrun --nnodes MIN (default 1)")
+    parser.add_argument("--max-nodes", type=int, help="torchrun --nnodes :MAX (default --nodes)")
+    parser.add_argument("--nproc-per-node", type=int, help="workers per node (default 2)")
+    parser.add_argument("--max-restarts", type=int, help="torchrun --max-restarts, per agent (default 3)")
+    parser.add_argument(
+        "--monitor-interval", type=float, help="torchrun --monitor-interval in seconds (default torch's)"
+    )
+    parser.add_argument(
+        "--rdzv-backend",
+        help=f"one of {', '.join(RDZV_BACKENDS)} (default etcd-v2; c10d uses node0 as "
+        "the endpoint; etcd-v3 is rendezvous-etcd-v3/, on an etcd without the v2 API)",
+    )
+    parser.add_argument(
+        "--etcd-version",
+        help="the etcd server: 3.4 (with the v2 API torch's etcd backends need) or 3.5 "
+        "(without it); default 3.5 for etcd-v3, else 3.4",
+    )
+    parser.add_argument("--rdzv-conf", help="torchrun --rdzv-conf, passed unchanged: k=v,k2=v2")
+    parser.add_argument("--script", help="a torchrun training script on this machine (default: the shipped trainer)")
+    parser.add_argument(
+        "--env",
+        action="append",
+        metavar="KEY=VALUE",
+        help="extra environment for every node's agent and workers (repeatable)",
+    )
+    parser.add_argument("--gpus", help="GPUs per node: none, all or a number (default none)")
+    parser.add_argument("--memory", help="each node's memory limit, e.g. 2g (no swap; the oom-worker fault needs none)")
+    parser.add_argument(
+        "--ckpt-size", help="make /ckpt a shared tmpfs of this size, e.g. 64m (a disk fill-disk can fill)"
+    )
+    parser.add_argument(
+        "--no-instrument",
+        dest="instrument",
+        action="store_false",
+        help="no optimizer-step and collective hooks in the workers (they record progress of any script)",
+    )
+    parser.add_argument(
+        "--progress-regex",
+        metavar="REGEX",
+        help=r"read step and loss from the script's own log lines, e.g. 'step (?P<step>\d+) loss (?P<loss>[\d.]+)'",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        help="compose (default: this machine) or swarm (a Swarm stack; made here if the engine is in none)",
+    )
+    parser.add_argument(
+        "--placement",
+        choices=["spread", "packed"],
+        default="spread",
+        help="swarm: node i on host i mod H (spread, default) or hosts filled in order (packed)",
+    )
+    parser.add_argument("--ckpt-nfs", metavar="SERVER:/EXPORT", help="swarm: the checkpoint volume on NFS (many hosts)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sim", description="elastic-sim: a local cluster simulator for PyTorch elastic training.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -42,56 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Script arguments go after `--`, e.g. `sim up -- --steps 50` (the shipped "
         "trainer keeps its other defaults).",
     )
-    up.add_argument("--nodes", type=int, default=4, help="node containers to start (default 4)")
-    up.add_argument("--min-nodes", type=int, help="torchrun --nnodes MIN (default 1)")
-    up.add_argument("--max-nodes", type=int, help="torchrun --nnodes :MAX (default --nodes)")
-    up.add_argument("--nproc-per-node", type=int, help="workers per node (default 2)")
-    up.add_argument("--max-restarts", type=int, help="torchrun --max-restarts, per agent (default 3)")
-    up.add_argument("--monitor-interval", type=float, help="torchrun --monitor-interval in seconds (default torch's)")
-    up.add_argument(
-        "--rdzv-backend",
-        help=f"one of {', '.join(RDZV_BACKENDS)} (default etcd-v2; c10d uses node0 as "
-        "the endpoint; etcd-v3 is rendezvous-etcd-v3/, on an etcd without the v2 API)",
-    )
-    up.add_argument(
-        "--etcd-version",
-        help="the etcd server: 3.4 (with the v2 API torch's etcd backends need) or 3.5 "
-        "(without it); default 3.5 for etcd-v3, else 3.4",
-    )
-    up.add_argument("--rdzv-conf", help="torchrun --rdzv-conf, passed unchanged: k=v,k2=v2")
-    up.add_argument("--script", help="a torchrun training script on this machine (default: the shipped trainer)")
-    up.add_argument(
-        "--env",
-        action="append",
-        metavar="KEY=VALUE",
-        help="extra environment for every node's agent and workers (repeatable)",
-    )
-    up.add_argument("--gpus", help="GPUs per node: none, all or a number (default none)")
-    up.add_argument("--memory", help="each node's memory limit, e.g. 2g (no swap; the oom-worker fault needs none)")
-    up.add_argument("--ckpt-size", help="make /ckpt a shared tmpfs of this size, e.g. 64m (a disk fill-disk can fill)")
-    up.add_argument(
-        "--no-instrument",
-        dest="instrument",
-        action="store_false",
-        help="no optimizer-step and collective hooks in the workers (they record progress of any script)",
-    )
-    up.add_argument(
-        "--progress-regex",
-        metavar="REGEX",
-        help=r"read step and loss from the script's own log lines, e.g. 'step (?P<step>\d+) loss (?P<loss>[\d.]+)'",
-    )
-    up.add_argument(
-        "--engine",
-        choices=ENGINES,
-        help="compose (default: this machine) or swarm (a Swarm stack; made here if the engine is in none)",
-    )
-    up.add_argument(
-        "--placement",
-        choices=["spread", "packed"],
-        default="spread",
-        help="swarm: node i on host i mod H (spread, default) or hosts filled in order (packed)",
-    )
-    up.add_argument("--ckpt-nfs", metavar="SERVER:/EXPORT", help="swarm: the checkpoint volume on NFS (many hosts)")
+    add_job_options(up)
     up.add_argument("--name", default=DEFAULT_NAME, help=f"cluster name (default {DEFAULT_NAME})")
     up.add_argument("--detach", action="store_true", help="return once training has started instead of following it")
     up.add_argument(
@@ -111,6 +121,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=cluster_mod.DEFAULT_START_TIMEOUT,
         help="seconds to wait for the first training step (default 300)",
     )
+
+    vet = sub.add_parser(
+        "vet",
+        help="put your job through a gauntlet of faults, one after another, and score each (a scorecard)",
+        description="Start the job, wait until it trains steadily, then strike it with one fault after another, "
+        "each once it has recovered from the one before, and score each: survived, failed (with the diagnosis and "
+        "its fix) or not applicable. Takes `sim up`'s job options (defaults here: 3 nodes x 1 worker, the fast "
+        "rendezvous profile, 30 restarts). Writes vet.json and vet.html; exits 0 only when every fault that "
+        "should be survived was. Defaults may live in pyproject.toml [tool.elastic-sim]: script, args, nodes, "
+        "faults. Script arguments go after `--`.",
+    )
+    vet.add_argument("vet_script", nargs="?", metavar="SCRIPT", help="your torchrun training script")
+    add_job_options(vet)
+    vet.set_defaults(nodes=None)
+    vet.add_argument("--faults", metavar="A,B,C", help="the kinds to run, in order (default: the whole gauntlet)")
+    vet.add_argument("--quick", action="store_true", help="the five most telling kinds only")
+    vet.add_argument("--junit", metavar="FILE", help="also write JUnit XML: one test case per fault")
+    vet.add_argument("--out", metavar="DIR", default=".", help="where vet.json and vet.html go (default .)")
+    vet.add_argument("--name", default="vet", help="cluster name (default vet)")
+    vet.add_argument("--keep", action="store_true", help="keep the clusters for debugging instead of removing them")
 
     down = sub.add_parser("down", help="remove a cluster (containers, network, volumes), keeping its logs")
     _cluster_name(down, default=None)
@@ -197,9 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cut = argv.index("--")
         argv, script_args = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
-    if script_args is not None and args.command not in ("up", "export"):
+    if script_args is not None and args.command not in ("up", "export", "vet"):
         print(
-            f"sim {args.command}: error: arguments after `--` are only for `sim up` and `sim export`", file=sys.stderr
+            f"sim {args.command}: error: arguments after `--` are only for `sim up`, `sim vet` and `sim export`",
+            file=sys.stderr,
         )
         return 2
     interrupt_on_termination()
@@ -325,6 +356,78 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
     print(summary)
     print(f"the stopped cluster stays for `sim report` and `sim logs`; `python -m sim down{flag}` removes it")
     return 0 if verdict.valid else 1
+
+
+def cmd_vet(args: argparse.Namespace, script_args: list[str] | None) -> int:
+    from chaos.vet import DEFAULT_GAUNTLET, prepare, run_vet, scorecard, write_outputs
+
+    if args.engine == "swarm" or args.placement != "spread" or args.ckpt_nfs:
+        raise UsageError(
+            "sim vet runs its clusters on this machine's engine; drop --engine swarm, --placement, --ckpt-nfs"
+        )
+    options, script_args, faults = vet_options(vars(args), script_args, read_tool_config(Path.cwd()))
+    spec, kinds = prepare(options, script_args, faults, args.quick)  # every input checked before anything starts
+    whole = " (the whole gauntlet)" if kinds == DEFAULT_GAUNTLET else ""
+    print(f"sim vet: {len(kinds)} fault kind(s){whole}: {', '.join(kinds)}", flush=True)
+    vet, _ = run_vet(spec, kinds, chosen=faults is not None, docker=_docker(), keep=args.keep)
+    files = write_outputs(vet, Path(args.out), Path(args.junit) if args.junit else None)
+    print(scorecard(vet))
+    print("  " + "   ".join(f"{kind}: {path}" for kind, path in files.items()))
+    return 0 if vet.passed else 1
+
+
+TOOL_KEYS = ("script", "args", "nodes", "faults")
+
+
+def read_tool_config(folder: Path) -> dict:
+    """`[tool.elastic-sim]` of the pyproject.toml in `folder` (none: empty), its keys checked."""
+    import tomllib
+
+    path = folder / "pyproject.toml"
+    if not path.is_file():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise UsageError(f"{path}: not valid TOML ({error}); fix the file or move it aside") from None
+    table = data.get("tool", {}).get("elastic-sim", {})
+    if not isinstance(table, dict):
+        raise UsageError(f"{path}: [tool.elastic-sim] must be a table of {', '.join(TOOL_KEYS)}")
+    for key, value in table.items():
+        if key not in TOOL_KEYS:
+            raise UsageError(f"{path}: [tool.elastic-sim] {key}: unknown key; use some of {', '.join(TOOL_KEYS)}")
+        ok = {
+            "script": isinstance(value, str),
+            "args": isinstance(value, list) and all(isinstance(v, str) for v in value),
+            "nodes": isinstance(value, int) and not isinstance(value, bool),
+            "faults": isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value)),
+        }[key]
+        if not ok:
+            example = {"script": '"train.py"', "args": '["--epochs", "5"]', "nodes": "3", "faults": '["kill-worker"]'}
+            raise UsageError(f"{path}: [tool.elastic-sim] {key} = {value!r}: use e.g. {key} = {example[key]}")
+    if "script" in table:
+        table["script"] = str(folder / table["script"])
+    return table
+
+
+def vet_options(
+    options: Mapping[str, object], script_args: list[str] | None, tool: Mapping[str, object]
+) -> tuple[dict, list[str] | None, str | None]:
+    """The job options, script args and --faults of `sim vet`: the command line over pyproject.toml's
+    [tool.elastic-sim] over the vet's defaults."""
+    merged = dict(options)
+    merged["script"] = options.get("vet_script") or options.get("script") or tool.get("script")
+    if not merged["script"]:
+        raise UsageError("sim vet: no script; give one (`sim vet train.py`) or set script in [tool.elastic-sim]")
+    if merged.get("nodes") is None and "nodes" in tool:
+        merged["nodes"] = tool["nodes"]
+    if script_args is None and "args" in tool:
+        script_args = list(tool["args"])
+    faults = options.get("faults")
+    if faults is None and "faults" in tool and not options.get("quick"):
+        value = tool["faults"]
+        faults = value if isinstance(value, str) else ",".join(value)
+    return merged, script_args, faults
 
 
 def cmd_down(args: argparse.Namespace, _: list[str] | None) -> int:
@@ -567,6 +670,7 @@ COMMANDS = {
     "export": cmd_export,
     "swarm": cmd_swarm,
     "up": cmd_up,
+    "vet": cmd_vet,
     "down": cmd_down,
     "ls": cmd_ls,
     "status": cmd_status,

@@ -27,6 +27,7 @@ from sim.core.faultkinds import kind_of, names_where
 from sim.core.history import AgentRecord, DockerRecord, FaultRecord, Record, RunRecord, TrainerRecord, WorkerRecord
 from sim.core.nodes import node_order
 from sim.verdict.checkers import stale_writes
+from sim.verdict.pitfalls import PITFALLS, Finding
 from sim.verdict.recovery import LOSS_JUMP_TOLERANCE, loss_across_resumes
 from sim.verdict.runmodel import AGENT_CONTAINER, RunModel
 
@@ -1555,8 +1556,21 @@ def _script_error_fix(failure: _ScriptFailure) -> tuple[str, str]:
 
 
 # Most fundamental first: a cause before the budget it burned, the budget before what followed.
+def _pitfall(rule: Callable[[RunModel], Finding | None]) -> Callable[[RunModel], Diagnosis | None]:
+    """A pitfall of the job's own (sim/verdict/pitfalls.py) as a diagnosis."""
+
+    def diagnosis(run: RunModel) -> Diagnosis | None:
+        found = rule(run)
+        return found and Diagnosis(found.code, found.title, found.cause, found.evidence, found.fix)
+
+    diagnosis.__name__ = rule.__name__
+    return diagnosis
+
+
+# The job's own pitfalls first: a script that resumes its ranks from different points fails whatever else happened.
 DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
     script_error,
+    *map(_pitfall, PITFALLS),
     engine_lost,
     name_resolution,
     etcd_without_v2,

@@ -32,7 +32,16 @@ NO_PROGRESS_COLOR = "#ececec"
 FAULT_COLOR = "#d62728"
 
 
-def draw_timeline(timeline: Timeline, path: Path, *, title: str, verdict: Verdict, profile: str) -> None:
+def draw_timeline(
+    timeline: Timeline,
+    path: Path,
+    *,
+    title: str,
+    verdict: Verdict,
+    profile: str,
+    window: tuple[float, float] | None = None,
+) -> None:
+    """`window`: draw only these seconds since the run's start (`sim vet`'s picture of one fault)."""
     # Imported here: the summary and JSON need no matplotlib; Figure + Agg canvas, no pyplot, no display.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -50,7 +59,7 @@ def draw_timeline(timeline: Timeline, path: Path, *, title: str, verdict: Verdic
     _draw_world(world_ax, timeline)
     _draw_lanes(lanes_ax, timeline, names)
     for ax in (step_ax, world_ax, lanes_ax):
-        ax.set_xlim(0, x_max)
+        ax.set_xlim(*(window or (0, x_max)))
         _shade_faults(ax, timeline.faults, x_max)
         for t, _ in timeline.rounds:
             ax.axvline(t, color="#555555", linestyle=":", linewidth=1.0, zorder=1)

@@ -235,7 +235,7 @@ def error_of(text: str) -> str:
             "  - fault: pause\n    target: node0\n    at: {step: 3, time: 5s}\n",
             8,
             "steps[0].at",
-            "exactly one of time, step, after, world_size, round; got step and time",
+            "exactly one of time, step, after, world_size, round, recovered; got step and time",
         ),
         (
             "  - fault: pause\n    target: node0\n    at:\n      step: ten\n",

@@ -1,0 +1,720 @@
+"""`sim vet`: a job put through what clusters do to it, one fault after another, with a scorecard.
+
+A generator over the fault catalog, not a new runner: each kind's Provocation (chaos/faults.py)
+says how to provoke it, what survival means and what node count it leaves. The vet builds one
+scenario from them (each step fires once training is steady again: the `recovered` trigger) and
+hands it to the scenario runner, which ends the run once the job is steady after the last fault.
+A fault that ends the job by design (losing c10d's store host) gets a short cluster of its own,
+judged on ending fast and cleanly. Then each fault is scored from the run's history: the
+recovery (sim.verdict.recovery), the checkpoint loads of each rank, and the diagnoses the verdict
+computes, each attributed to the fault whose window its evidence falls in.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import json
+import re
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+from sim.core.errors import UsageError
+from sim.core.history import FILE_NAME, FaultRecord, History
+from sim.core.spec import ClusterSpec, node_name, spec_from_options
+from sim.verdict.checkers import CHECKS_FOR
+from sim.verdict.diagnose import Diagnosis, diagnose
+from sim.verdict.pitfalls import PITFALL_CODES, mixed_sources, resume_sources
+from sim.verdict.recovery import Recovery, recoveries
+from sim.verdict.runmodel import RunModel
+from sim.verdict.runreport import ENDING_CHECKS, saved_logs
+
+from .faults import FAULTS, PROVOCATIONS, Provocation
+from .runner import ScenarioResult, ScenarioRunner
+from .scenario import PROFILES, Expectation, Scenario, Step, Trigger
+
+DEFAULT_GAUNTLET = (
+    "kill-worker",
+    "kill-agent",
+    "kill-node",
+    "stop-node",
+    "restart-node",
+    "scale-down",
+    "scale-up",
+    "pause",
+    "partition",
+    "netem",
+    "etcd-restart",
+    "store-host-loss",
+    "slow-node",
+    "hang-collectives",
+    "fill-disk",
+    "kill-during-checkpoint",
+)
+QUICK_GAUNTLET = tuple(kind for kind in DEFAULT_GAUNTLET if PROVOCATIONS[kind].quick)
+VET_PROFILE = "fast"
+DEFAULT_MAX_RESTARTS = 30  # the gauntlet's faults, each up to two restarts, when the user sets no budget
+STEP_BUDGET_S = 90.0  # how long one fault may take to recover before the job counts as not steady
+SOLO_FAIL_FAST_S = 60.0
+CKPT_DISK = "16m"  # a size-limited /ckpt for fill-disk, when the user gave none
+_CLOCK = re.compile(r"\b(\d\d):(\d\d):(\d\d(?:\.\d+)?)\b")
+
+Progress = Callable[[str], None]
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedFault:
+    """One row of the scorecard: a kind, the step that provokes it (None: not applicable) and where it runs."""
+
+    kind: str
+    provocation: Provocation
+    step: Step | None
+    solo: bool = False  # on a cluster of its own: it ends the job by design
+    why_not: str | None = None  # not applicable: why, and what to do
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    spec: ClusterSpec
+    faults: tuple[PlannedFault, ...]
+    gauntlet: tuple[Step, ...]  # the steps of the shared run, restoring steps among them
+    restores: frozenset[int]  # indexes of the steps that only restore the node count (not scored)
+    final_world: int
+
+    @property
+    def scored(self) -> list[PlannedFault]:
+        return [f for f in self.faults if f.step is not None and not f.solo]
+
+
+def parse_faults(text: str | None, quick: bool) -> tuple[str, ...]:
+    """The kinds `--faults a,b,c` names (checked), or the quick or the default gauntlet."""
+    if text is None:
+        return QUICK_GAUNTLET if quick else DEFAULT_GAUNTLET
+    if quick:
+        raise UsageError("--faults and --quick both choose the faults; give one")
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    if not kinds:
+        raise UsageError(f"--faults {text!r}: names no fault; give some of: {', '.join(PROVOCATIONS)}")
+    for kind in kinds:
+        if kind not in PROVOCATIONS:
+            catalog = " (a catalog fault the vet has no provocation for)" if kind in FAULTS else ""
+            raise UsageError(f"--faults: unknown kind {kind!r}{catalog}; use some of: {', '.join(PROVOCATIONS)}")
+    if len(set(kinds)) != len(kinds):
+        raise UsageError(f"--faults {text!r}: a kind named twice; name each once")
+    return kinds
+
+
+VET_DEFAULTS = {"nodes": 3, "nproc_per_node": 1}
+
+
+def prepare(
+    options: Mapping[str, Any], script_args: Sequence[str] | None, faults: str | None, quick: bool = False
+) -> tuple[ClusterSpec, tuple[str, ...]]:
+    """The job's spec and the kinds to run, from `sim up`-style options: every input checked (one line each)
+    before anything starts. Shared by `sim vet` and the pytest plugin's sim_vet fixture."""
+    kinds = parse_faults(faults, quick)
+    options = dict(options)
+    for key, default in VET_DEFAULTS.items():
+        if options.get(key) is None:
+            options[key] = default
+    spec = spec_from_options(options, script_args)
+    if not spec.instrument and not spec.progress_regex and spec.script:
+        raise UsageError(
+            "--no-instrument: the vet must see training steps to know the job is steady; drop it, "
+            "or give --progress-regex to read steps from the script's log lines"
+        )
+    spec = vet_spec(spec, kinds, restarts_given=options.get("max_restarts") is not None)
+    plan_vet(spec, kinds, chosen=faults is not None)
+    return spec, kinds
+
+
+def vet_spec(spec: ClusterSpec, kinds: Sequence[str], restarts_given: bool) -> ClusterSpec:
+    """The job's spec as the vet runs it: the fast profile's rendezvous timeouts under the user's own, a restart
+    budget for the gauntlet unless the user set one, a size-limited /ckpt when a fault fills it."""
+    profile = PROFILES[VET_PROFILE]
+    conf = {**{k: str(v) for k, v in profile["rdzv_conf"].items()}, **dict(spec.rdzv_conf)}
+    env = {**profile.get("env", {}), **dict(spec.env)}
+    changes: dict[str, Any] = {"rdzv_conf": tuple(conf.items()), "env": tuple(env.items())}
+    if not restarts_given:
+        changes["max_restarts"] = DEFAULT_MAX_RESTARTS
+    if spec.ckpt_size is None and any(PROVOCATIONS[k].needs_ckpt_disk for k in kinds):
+        changes["ckpt_size"] = CKPT_DISK
+    return dataclasses.replace(spec, **changes)
+
+
+def _not_hosted(provocation: Provocation, backend: str) -> str | None:
+    hosts = provocation.hosted_on
+    if hosts is None or backend in hosts:
+        return None
+    return f"needs the {' or '.join(hosts)} backend, not {backend}; vet with --rdzv-backend {hosts[0]} to run it"
+
+
+def plan_vet(spec: ClusterSpec, kinds: Sequence[str], *, chosen: bool) -> Plan:
+    """The scenario steps for `kinds` on `spec`. `chosen`: the user named the kinds, so one the backend cannot
+    host is refused (one line) instead of scored not applicable."""
+    backend, nodes = spec.rdzv_backend, spec.nodes
+    max_nodes = spec.max_nodes or nodes
+    if nodes < 2:
+        raise UsageError(f"--nodes {nodes}: the vet needs at least 2 nodes (a fault strikes one, others survive it)")
+    faults: list[PlannedFault] = []
+    steps: list[Step] = []
+    restores: set[int] = set()
+    current = nodes
+
+    def add(fault: str, options: Mapping[str, Any], duration: float | None, world: int) -> Step:
+        step = Step(fault, options, Trigger("recovered", world * spec.nproc_per_node), duration)
+        steps.append(step)
+        return step
+
+    for kind in kinds:
+        provocation = PROVOCATIONS[kind]
+        why_not = _not_hosted(provocation, backend)
+        if why_not and chosen:
+            raise UsageError(f"--faults {kind}: {why_not}")
+        if why_not:
+            faults.append(PlannedFault(kind, provocation, None, why_not=why_not))
+            continue
+        if backend in provocation.ends_job_on:
+            world = nodes * spec.nproc_per_node
+            step = Step(provocation.fault, _fill(provocation.options, nodes), Trigger("recovered", world))
+            faults.append(PlannedFault(kind, provocation, step, solo=True))
+            continue
+        # Each fault strikes the job at its full size; a node can join only one below its maximum.
+        if provocation.nodes == "more":
+            wanted = current if current < max_nodes else current - 1
+        else:
+            wanted = nodes
+        if current != wanted:
+            restores.add(len(steps))
+            add("scale", {"nodes": wanted}, None, current)
+            current = wanted
+        options = _fill(provocation.options, current)
+        faults.append(PlannedFault(kind, provocation, add(provocation.fault, options, provocation.duration_s, current)))
+        current += {"same": 0, "less": -1, "more": 1}[provocation.nodes]
+    return Plan(spec, tuple(faults), tuple(steps), frozenset(restores), current * spec.nproc_per_node)
+
+
+def _fill(options: Mapping[str, Any], current: int) -> dict[str, Any]:
+    """Placeholders: {victim} the highest node now (never node0, c10d's store host), {less}/{more} a node count."""
+    words = {"{victim}": node_name(current - 1), "{less}": current - 1, "{more}": current + 1}
+
+    def fill(value: Any) -> Any:
+        if isinstance(value, tuple):
+            return tuple(map(fill, value))
+        return words.get(value, value) if isinstance(value, str) else value
+
+    return {name: fill(value) for name, value in options.items()}
+
+
+# ---------------------------------------------------------------- the result
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultScore:
+    kind: str
+    label: str
+    outcome: str  # "survived" | "failed" | "not applicable" | "not reached"
+    survival: str  # what surviving means for this kind
+    why: str = ""  # not applicable or not reached: why; failed: the checks that failed
+    target: str | None = None
+    t_fault: float | None = None
+    t_end: float | None = None  # the end of its window: the next fault, or the run's end
+    recovery_s: float | None = None
+    phases: dict = dataclasses.field(default_factory=dict)
+    steps_lost: int | None = None
+    restarts: int | None = None  # restarts the fault cost (the most on one agent)
+    restarts_used: int | None = None  # by the end of its window, of...
+    restart_budget: int | None = None
+    throughput_before: float | None = None
+    throughput_after: float | None = None
+    diagnoses: tuple[dict, ...] = ()
+    run_dir: str | None = None
+    solo: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """It does not fail the vet: survived or not applicable."""
+        return self.outcome in ("survived", "not applicable")
+
+
+@dataclasses.dataclass(frozen=True)
+class VetResult:
+    script: str | None
+    backend: str
+    nodes: int
+    nproc_per_node: int
+    faults: tuple[FaultScore, ...]
+    run_dirs: tuple[str, ...]
+    wall_s: float
+    job_ended_early: str | None = None  # why the gauntlet was cut short
+    # The job's own pitfalls (sim/verdict/pitfalls.py) the shared run showed, whatever the faults' outcomes: a
+    # model-only checkpoint is named from its first save even when every fault was survived.
+    pitfalls: tuple[dict, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return all(f.ok for f in self.faults)
+
+    @property
+    def scorecard(self) -> str:
+        return scorecard(self)
+
+    def as_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["passed"] = self.passed
+        return data
+
+
+def _diagnosis_dict(diagnosis: Diagnosis) -> dict:
+    return dataclasses.asdict(diagnosis)
+
+
+def _evidence_time(diagnosis: Diagnosis, day_of: float) -> float | None:
+    """The first evidence line's time as unix seconds (the evidence says only the time of day)."""
+    for line in diagnosis.evidence:
+        found = _CLOCK.search(line)
+        if found:
+            hours, minutes, seconds = int(found[1]), int(found[2]), float(found[3])
+            midnight = day_of - (day_of % 86400)
+            t = midnight + hours * 3600 + minutes * 60 + seconds
+            return t + 86400 if t < day_of - 43200 else t
+    return None
+
+
+def _fault_records(run_dir: Path) -> list[FaultRecord]:
+    return [r for r in History(run_dir / FILE_NAME).read().records if isinstance(r, FaultRecord)]
+
+
+def score_gauntlet(plan: Plan, result: ScenarioResult) -> list[FaultScore]:
+    """Each planned fault of the shared run, scored from its history."""
+    run_dir = result.run_dir
+    contents = History(run_dir / FILE_NAME).read()
+    run = RunModel(contents.records)
+    found = diagnose(run, saved_logs(run_dir))
+    by_op = {r.fault.op: r for r in recoveries(run)}
+    records = [r for r in contents.records if isinstance(r, FaultRecord)]
+    # The steps in the order they fired: each one's first invoke record of its fault after the one before.
+    fired: list[FaultRecord | None] = []
+    cursor = 0.0
+    for step in plan.gauntlet:
+        name = FAULTS[step.fault].kind.name  # as the history records it (netem is link)
+        invoke = next((r for r in records if r.fault == name and r.phase == "invoke" and r.t > cursor), None)
+        fired.append(invoke)
+        cursor = invoke.t if invoke else float("inf")
+    ends = [r.t for r in fired if r is not None][1:] + [run.t_end]
+    scores = []
+    budget = plan.spec.max_restarts
+    for planned in plan.faults:
+        if planned.step is None:
+            scores.append(_score(planned, "not applicable", planned.why_not or ""))
+            continue
+        if planned.solo:
+            continue  # scored from its own run
+        index = next(i for i, s in enumerate(plan.gauntlet) if s is planned.step)
+        invoke = fired[index]
+        if invoke is None:
+            why = result.unfired or "the job ended before it"
+            scores.append(_score(planned, "not reached", why))
+            continue
+        t_end = ends[[r for r in fired if r is not None].index(invoke)]
+        outcome_record = next(
+            (r for r in records if r.op == invoke.op and r.phase in ("ok", "fail", "info") and r.t >= invoke.t), None
+        )
+        if outcome_record is not None and outcome_record.phase == "fail":
+            why = f"the fault could not act: {outcome_record.error}"
+            if planned.step.fault == "kill-during-checkpoint":
+                why += (
+                    "; write checkpoints under /ckpt (the disk every node shares), "
+                    "e.g. torch.save(state, '/ckpt/snapshot.pt')"
+                )
+            scores.append(_score(planned, "not applicable", why, run_dir=str(run_dir)))
+            continue
+        recovery = by_op.get(invoke.op)
+        steady_after = index + 1 < len(plan.gauntlet) and fired[index + 1] is not None
+        steady_after = steady_after or (index + 1 == len(plan.gauntlet) and result.unfired is None)
+        problems = []
+        if not steady_after:
+            problems.append(f"the job was not steady again after it: {result.unfired or 'it ended'}")
+        mixed = resumed_apart(run, invoke.t, t_end)
+        if mixed:
+            problems.append(mixed)
+        restarts = _restarts_in(run, invoke.t, t_end)
+        used = _restarts_in(run, run.t_begin, t_end)
+        if budget is not None and used is not None and used > budget:
+            problems.append(f"the restart budget ({budget}) ran out")
+        in_window = [_diagnosis_dict(d) for d in found if invoke.t <= (_evidence_time(d, invoke.t) or 0) < t_end]
+        attributed = []
+        if problems:
+            # The job's own pitfalls first, wherever their evidence is (a node-local save long before the fault).
+            own = [_diagnosis_dict(d) for d in found if d.code in PITFALL_CODES]
+            timeless = [_diagnosis_dict(d) for d in found if _evidence_time(d, invoke.t) is None]
+            attributed = _unique(own + [d for d in in_window + timeless if d["code"] not in PITFALL_CODES])
+        scores.append(
+            FaultScore(
+                planned.kind,
+                planned.provocation.label,
+                "failed" if problems else "survived",
+                planned.provocation.survival,
+                "; ".join(problems),
+                target=str(planned.step.options.given().get("target") or "") or None,
+                t_fault=invoke.t,
+                t_end=t_end,
+                recovery_s=_recovery_s(recovery),
+                phases=recovery.phases.as_dict() if recovery else {},
+                steps_lost=recovery.steps_lost if recovery else None,
+                restarts=restarts,
+                restarts_used=used,
+                restart_budget=budget,
+                throughput_before=recovery.throughput_before if recovery else None,
+                throughput_after=recovery.throughput_after if recovery else None,
+                diagnoses=tuple(attributed),
+                run_dir=str(run_dir),
+            )
+        )
+    return scores
+
+
+def job_pitfalls(run_dir: Path) -> list[dict]:
+    run = RunModel(History(run_dir / FILE_NAME).read().records)
+    return [_diagnosis_dict(d) for d in diagnose(run, saved_logs(run_dir)) if d.code in PITFALL_CODES]
+
+
+def _unique(diagnoses: list[dict]) -> list[dict]:
+    seen: set[str] = set()
+    return [d for d in diagnoses if not (d["code"] in seen or seen.add(d["code"]))]
+
+
+def _recovery_s(recovery: Recovery | None) -> float | None:
+    if recovery is None or recovery.t_recovered is None or recovery.degraded:
+        return None
+    return round(recovery.t_recovered - recovery.fault.t_ok, 1)
+
+
+def _restarts_in(run: RunModel, begin: float, end: float) -> int | None:
+    """Restarts torch counted in (begin, end]: the most on one agent (torch's budget is per agent)."""
+    per_node: dict[str, int] = {}
+    for r in run.agent_events("group_failed"):
+        if begin < r.t <= end:
+            per_node[r.node] = per_node.get(r.node, 0) + 1
+    return max(per_node.values(), default=0)
+
+
+def resumed_apart(run: RunModel, begin: float, end: float) -> str | None:
+    """The ranks of a group started in (begin, end) resumed from different points (sim/verdict/pitfalls.py)."""
+    mixed = [g for g in resume_sources(run, begin, end) if mixed_sources(g)]
+    if not mixed:
+        return None
+    ranks = sorted(mixed[0]["ranks"], key=lambda item: item[0].rank)
+    return "the ranks resumed from different points: " + "; ".join(
+        f"rank {start.rank} {'loaded ' + path if path else 'loaded nothing (started afresh)'}" for start, path in ranks
+    )
+
+
+def _score(planned: PlannedFault, outcome: str, why: str, **extra: Any) -> FaultScore:
+    p = planned.provocation
+    return FaultScore(planned.kind, p.label, outcome, p.survival, why, **extra)
+
+
+def score_solo(planned: PlannedFault, result: ScenarioResult) -> FaultScore:
+    run = RunModel(History(result.run_dir / FILE_NAME).read().records)
+    found = [_diagnosis_dict(d) for d in diagnose(run, saved_logs(result.run_dir))]
+    failing = [f"{r.name}: {'; '.join(r.reasons)}" for r in result.verdict.results if not r.valid]
+    invoke = next((r for r in _fault_records(result.run_dir) if r.phase == "invoke"), None)
+    if invoke is None:
+        return _score(planned, "not reached", result.unfired or "the job ended first", solo=True)
+    return FaultScore(
+        planned.kind,
+        planned.provocation.label,
+        "survived" if result.verdict.valid else "failed",
+        planned.provocation.survival,
+        "; ".join(failing),
+        target=str(planned.step.options.given().get("target") or "") or None,
+        t_fault=invoke.t,
+        t_end=run.t_end,
+        diagnoses=tuple(found) if failing else (),
+        run_dir=str(result.run_dir),
+        solo=True,
+    )
+
+
+# ---------------------------------------------------------------- running it
+
+
+def run_vet(
+    spec: ClusterSpec,
+    kinds: Sequence[str],
+    *,
+    chosen: bool = False,
+    docker=None,
+    progress: Progress = print,
+    keep: bool = False,
+) -> tuple[VetResult, Plan]:
+    """Plan, run the gauntlet and each solo fault, score them. `spec` is the job as vet_spec made it."""
+    started = time.monotonic()
+    plan = plan_vet(spec, kinds, chosen=chosen)
+    scores: list[FaultScore] = []
+    run_dirs: list[str] = []
+    ended_early = None
+    pitfalls: list[dict] = []
+    checkers = tuple(c for c in CHECKS_FOR["recovers"] if c not in ENDING_CHECKS)
+    if plan.scored:
+        scenario = Scenario(
+            "vet",
+            "sim vet: the gauntlet",
+            cluster={},
+            backends=(spec.rdzv_backend,),
+            profile=VET_PROFILE,
+            steps=plan.gauntlet,
+            expect=Expectation({spec.rdzv_backend: "recovers"}, checkers=checkers),
+            timeout_s=STEP_BUDGET_S * (len(plan.gauntlet) + 1),
+        )
+        runner = ScenarioRunner(
+            scenario,
+            spec.rdzv_backend,
+            docker=docker,
+            progress=progress,
+            keep=keep,
+            spec=spec,
+            stop_after=Trigger("recovered", plan.final_world),
+            step_timeout_s=STEP_BUDGET_S,
+        )
+        result = runner.run()
+        run_dirs.append(str(result.run_dir))
+        ended_early = result.unfired
+        scores += score_gauntlet(plan, result)
+        pitfalls = job_pitfalls(result.run_dir)
+    else:
+        scores += [_score(f, "not applicable", f.why_not or "") for f in plan.faults if f.step is None]
+    for planned in plan.faults:
+        if not planned.solo:
+            continue
+        progress(f"[vet] {planned.kind}: it ends the job by design, so it gets a cluster of its own")
+        solo = Scenario(
+            "vet-solo",
+            f"sim vet: {planned.kind}",
+            backends=(spec.rdzv_backend,),
+            profile=VET_PROFILE,
+            steps=(planned.step,),
+            # What surviving means here: the job ends fast and cleanly (restart_budget runs with every check).
+            expect=Expectation({spec.rdzv_backend: "fails"}, fail_fast_s=SOLO_FAIL_FAST_S, checkers=("fails_cleanly",)),
+            timeout_s=STEP_BUDGET_S * 3,
+        )
+        solo_spec = dataclasses.replace(spec, name=f"{spec.name[:33]}-solo")
+        result = ScenarioRunner(
+            solo, spec.rdzv_backend, docker=docker, progress=progress, keep=keep, spec=solo_spec
+        ).run()
+        run_dirs.append(str(result.run_dir))
+        scores.append(score_solo(planned, result))
+    order = {kind: i for i, kind in enumerate(kinds)}
+    scores.sort(key=lambda s: order[s.kind])
+    vet = VetResult(
+        str(spec.script) if spec.script else None,
+        spec.rdzv_backend,
+        spec.nodes,
+        spec.nproc_per_node,
+        tuple(scores),
+        tuple(run_dirs),
+        round(time.monotonic() - started, 1),
+        ended_early,
+        tuple(pitfalls),
+    )
+    return vet, plan
+
+
+# ---------------------------------------------------------------- the outputs
+
+_MARK = {"survived": "PASS", "failed": "FAIL", "not applicable": "n/a", "not reached": "MISS"}
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def _rate(before: float | None, after: float | None) -> str:
+    if before is None and after is None:
+        return "-"
+    show = lambda v: "?" if v is None else f"{v:.1f}"  # noqa: E731
+    return f"{show(before)}->{show(after)}"
+
+
+def scorecard(vet: VetResult, width: int = 118) -> str:
+    """One row per fault, one screen."""
+    head = f"{'':4} {'fault':34} {'recovery':>8} {'lost':>5} {'restarts':>9} {'steps/s':>11}  note"
+    lines = [
+        f"sim vet: {vet.script or 'the shipped trainer'} on {vet.nodes} nodes x {vet.nproc_per_node}, "
+        f"{vet.backend}, {vet.wall_s:.0f} s",
+        head,
+    ]
+    for f in vet.faults:
+        restarts = "-" if f.restarts is None else f"{f.restarts} ({f.restarts_used}/{f.restart_budget})"
+        lost = "-" if f.steps_lost is None else str(f.steps_lost)
+        note = f.why
+        if f.outcome == "failed" and f.diagnoses:
+            note = " / ".join(d["title"] for d in f.diagnoses[:3])
+        elif f.outcome == "failed" and not f.diagnoses:
+            note = f"unexplained: {f.why}"
+        if f.solo and f.outcome == "survived":
+            note = "ended fast and cleanly (own cluster)"
+        row = f"{_MARK[f.outcome]:4} {f.label[:34]:34} {_s(f.recovery_s):>8} {lost:>5} {restarts:>9} "
+        row += f"{_rate(f.throughput_before, f.throughput_after):>11}  "
+        lines.append((row + note)[:width])
+    survived = sum(f.outcome == "survived" for f in vet.faults)
+    failed = [f for f in vet.faults if not f.ok]
+    lines.append(
+        f"{'PASS' if vet.passed else 'FAIL'}: {survived} survived, {len(failed)} failed or not reached, "
+        f"{sum(f.outcome == 'not applicable' for f in vet.faults)} not applicable"
+    )
+    failed_codes = {d["code"] for f in failed for d in f.diagnoses[:2]}
+    for d in vet.pitfalls:
+        if d["code"] not in failed_codes:
+            lines.append(f"  pitfall of the job: {d['title']}.")
+            lines += textwrap.wrap(f"Fix: {d['fix']}", width, initial_indent="    ", subsequent_indent="      ")
+    if vet.job_ended_early:
+        lines.append(f"  the gauntlet was cut short: {vet.job_ended_early}"[:width])
+    for f in failed:
+        for d in f.diagnoses[:2]:
+            lines.append(f"  {f.label}: {d['title']}.")
+            lines += textwrap.wrap(f"Fix: {d['fix']}", width, initial_indent="    ", subsequent_indent="      ")
+    return "\n".join(lines)
+
+
+def junit_xml(vet: VetResult) -> str:
+    """One testcase per fault: a failure carries the diagnosis, a not-applicable one is skipped with why."""
+    cases = []
+    for f in vet.faults:
+        name = quoteattr(f"{f.kind}: {f.label}")
+        body = ""
+        if f.outcome in ("failed", "not reached"):
+            first = f.diagnoses[0] if f.diagnoses else None
+            message = f"{first['title']}. Fix: {first['fix']}" if first else f"unexplained: {f.why}"
+            detail = "\n".join(
+                [f.why, *(f"{d['title']}\n  cause: {d['cause']}\n  fix: {d['fix']}" for d in f.diagnoses)]
+            )
+            body = f"<failure message={quoteattr(message)}>{escape(detail)}</failure>"
+        elif f.outcome == "not applicable":
+            body = f"<skipped message={quoteattr(f.why)}/>"
+        seconds = (f.t_end - f.t_fault) if f.t_fault and f.t_end else 0.0
+        cases.append(f'  <testcase classname="sim.vet" name={name} time="{seconds:.1f}">{body}</testcase>')
+    failures = sum(f.outcome in ("failed", "not reached") for f in vet.faults)
+    skipped = sum(f.outcome == "not applicable" for f in vet.faults)
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<testsuite name="sim vet" tests="{len(vet.faults)}" failures="{failures}" skipped="{skipped}" '
+        f'time="{vet.wall_s:.1f}">\n' + "\n".join(cases) + "\n</testsuite>\n"
+    )
+
+
+def fault_timelines(vet: VetResult) -> dict[str, bytes]:
+    """Per fault: the run's timeline picture (sim/verdict/plot.py) cropped to its window, as PNG bytes."""
+    from sim.verdict.checkers import RunSpec, check_all
+    from sim.verdict.plot import draw_timeline
+    from sim.verdict.timeline import build_timeline, run_origin
+
+    pictures: dict[str, bytes] = {}
+    models: dict[str, tuple] = {}
+    for f in vet.faults:
+        if f.run_dir is None or f.t_fault is None:
+            continue
+        if f.run_dir not in models:
+            run = RunModel(History(Path(f.run_dir) / FILE_NAME).read().records)
+            expected = "fails" if f.solo else "recovers"
+            only = ("fails_cleanly",) if f.solo else tuple(c for c in CHECKS_FOR["recovers"] if c not in ENDING_CHECKS)
+            verdict = check_all(run, RunSpec.from_run(run, expected=expected), only=only)
+            models[f.run_dir] = (run, verdict, build_timeline(run, verdict))
+        run, verdict, timeline = models[f.run_dir]
+        origin = run_origin(run) or 0.0
+        begin = max(0.0, f.t_fault - origin - 10.0)
+        end = (f.t_end or run.t_end) - origin + 5.0
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "t.png"
+            draw_timeline(timeline, path, title=f"{f.label}", verdict=verdict, profile=VET_PROFILE, window=(begin, end))
+            pictures[f.kind] = path.read_bytes()
+    return pictures
+
+
+def render_html(vet: VetResult, pictures: Mapping[str, bytes]) -> str:
+    esc = html.escape
+    rows = []
+    for f in vet.faults:
+        phases = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in f.phases.items() if v is not None)
+        rows.append(
+            "<tr>"
+            + "".join(
+                f"<td>{esc(str(cell))}</td>"
+                for cell in (
+                    _MARK[f.outcome],
+                    f.label,
+                    _s(f.recovery_s),
+                    phases or "-",
+                    "-" if f.steps_lost is None else f.steps_lost,
+                    "-" if f.restarts is None else f"{f.restarts} ({f.restarts_used}/{f.restart_budget})",
+                    _rate(f.throughput_before, f.throughput_after),
+                    f.why or f.survival,
+                )
+            )
+            + "</tr>"
+        )
+    sections = []
+    for f in vet.faults:
+        parts = [f"<h2>{esc(_MARK[f.outcome])} {esc(f.label)} <small>({esc(f.kind)})</small></h2>"]
+        parts.append(f"<p><b>Survival means:</b> {esc(f.survival)}</p>")
+        if f.why:
+            parts.append(f"<p><b>{esc(f.outcome.capitalize())}:</b> {esc(f.why)}</p>")
+        for d in f.diagnoses:
+            evidence = "".join(f"<li><code>{esc(e)}</code></li>" for e in d["evidence"])
+            parts.append(
+                f"<div class=diag><b>{esc(d['title'])}</b><p>{esc(d['cause'])}</p><ul>{evidence}</ul>"
+                f"<p><b>Fix:</b> {esc(d['fix'])}</p></div>"
+            )
+        if f.kind in pictures:
+            data = base64.b64encode(pictures[f.kind]).decode()
+            parts.append(f'<img alt="timeline of {esc(f.label)}" src="data:image/png;base64,{data}">')
+        sections.append("\n".join(parts))
+    if vet.pitfalls:
+        items = "".join(
+            f"<div class=diag><b>{esc(d['title'])}</b><p>{esc(d['cause'])}</p>"
+            f"<ul>{''.join(f'<li><code>{esc(e)}</code></li>' for e in d['evidence'])}</ul>"
+            f"<p><b>Fix:</b> {esc(d['fix'])}</p></div>"
+            for d in vet.pitfalls
+        )
+        sections.insert(0, f"<h2>Pitfalls of the job</h2>{items}")
+    head = "<tr>" + "".join(
+        f"<th>{h}</th>"
+        for h in ("", "fault", "recovery", "phases", "steps lost", "restarts (used/budget)", "steps/s", "note")
+    )
+    verdict = "PASS" if vet.passed else "FAIL"
+    return (
+        "<!doctype html><html><head><meta charset=utf-8><title>sim vet</title><style>"
+        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+        "padding:3px 6px;font-size:13px}img{max-width:100%}.diag{background:#fff3f3;padding:6px;margin:6px 0}"
+        "</style></head><body>"
+        f"<h1>sim vet: {verdict}</h1><p>{esc(vet.script or 'the shipped trainer')} on {vet.nodes} nodes x "
+        f"{vet.nproc_per_node} workers, {esc(vet.backend)}, {vet.wall_s:.0f} s</p>"
+        f"<table>{head}</tr>{''.join(rows)}</table>" + "".join(sections) + "</body></html>\n"
+    )
+
+
+def write_outputs(vet: VetResult, out_dir: Path, junit: Path | None = None) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"json": out_dir / "vet.json", "html": out_dir / "vet.html"}
+    files["json"].write_text(json.dumps(vet.as_dict(), indent=2, default=str) + "\n", encoding="utf-8")
+    try:
+        pictures = fault_timelines(vet)
+    except Exception as error:  # noqa: BLE001 (a picture that cannot be drawn must not lose the scorecard)
+        pictures = {}
+        print(f"[vet] timelines not drawn: {error}")
+    files["html"].write_text(render_html(vet, pictures), encoding="utf-8")
+    if junit is not None:
+        junit.parent.mkdir(parents=True, exist_ok=True)
+        junit.write_text(junit_xml(vet), encoding="utf-8")
+        files["junit"] = junit
+    return files

@@ -1,0 +1,116 @@
+"""The job's own pitfalls (sim/verdict/pitfalls.py) and `sim vet`'s scoring, on captured real runs
+(tests/data/runs/)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from chaos.runner import ScenarioResult
+from chaos.vet import plan_vet, score_gauntlet, vet_spec
+from sim.core.spec import spec_from_options
+from sim.verdict.diagnose import diagnose
+from sim.verdict.runmodel import RunModel
+
+RUNS = Path(__file__).resolve().parents[1] / "data" / "runs"
+NODE_DIR = Path(__file__).resolve().parents[2] / "images" / "node"
+sys.path.insert(0, str(NODE_DIR))
+import elastic_sim_instrument as instrument  # noqa: E402
+
+
+def _history(case: str) -> list[dict]:
+    return [json.loads(line) for line in (RUNS / case / "history.jsonl").read_text().splitlines()]
+
+
+def test_the_tutorial_snapshot_is_node_local_and_the_joiner_resumed_from_nothing():
+    """`sim vet tests/scripts/tutorial_snapshot.py --faults kill-worker,scale-up -- 100000 5` (etcd-v2, 3 nodes):
+    each node's local rank 0 saved /home/sim/snapshot.pt; node2, removed and added again, found none."""
+    found = diagnose(_history("vet_tutorial_scale_up"), {})
+    codes = [d.code for d in found]
+    assert codes[:3] == ["node-local-checkpoint", "resumed-apart", "missing-optimizer-state"]
+    local, apart, missing = found[:3]
+    assert "/home/sim/snapshot.pt" in local.cause and len(local.evidence) == 3
+    assert [e.split()[0] for e in local.evidence] == ["node0", "node1", "node2"]
+    assert apart.evidence[0].endswith("rank 0 loaded /home/sim/snapshot.pt")
+    assert apart.evidence[2].startswith("node2") and apart.evidence[2].endswith("loaded nothing: it started afresh")
+    assert "MODEL_STATE: OrderedDict" in missing.evidence[0] and "optimizer.state_dict()" in missing.fix
+
+
+def test_a_shared_checkpoint_with_optimizer_state_has_none_of_these_pitfalls():
+    """fixed_name_ckpt.py (rank 0 saves model + optimizer to /ckpt) through kill-worker and restart-node."""
+    codes = [d.code for d in diagnose(_history("vet_fixed_name"), {})]
+    assert not {"node-local-checkpoint", "resumed-apart", "missing-optimizer-state"} & set(codes)
+
+
+def test_the_vet_fails_the_scale_up_naming_the_pitfalls_first_and_passes_the_worker_crash():
+    spec = spec_from_options({"nodes": 3, "nproc_per_node": 1, "script": "tests/scripts/tutorial_snapshot.py"}, None)
+    kinds = ("kill-worker", "scale-up")
+    plan = plan_vet(vet_spec(spec, kinds, restarts_given=False), kinds, chosen=True)
+    result = ScenarioResult("vet", "etcd-v2", "recovers", None, "", RUNS / "vet_tutorial_scale_up", 0)
+    worker, scale = score_gauntlet(plan, result)
+    assert worker.outcome == "survived" and worker.recovery_s and worker.restarts == 1
+    assert scale.outcome == "failed" and "rank 2 loaded nothing (started afresh)" in scale.why
+    assert [d["code"] for d in scale.diagnoses][:2] == ["node-local-checkpoint", "resumed-apart"]
+    assert worker.phases["detection_s"] is not None
+
+
+def test_ranks_that_loaded_the_same_files_did_not_resume_apart():
+    run = RunModel(_history("vet_fixed_name"))
+    from sim.verdict.pitfalls import mixed_sources, resume_sources
+
+    assert not any(mixed_sources(g) for g in resume_sources(run))
+
+
+def test_the_first_save_describes_what_the_checkpoint_holds():
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    full = instrument.saved_content({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 3})
+    assert full["model_state"] and full["optimizer_state"]
+    assert full["keys"] == {"model": "OrderedDict", "optimizer": "dict", "step": "int"}
+    only_model = instrument.saved_content(model.state_dict())
+    assert only_model["model_state"] and not only_model["optimizer_state"]
+    assert instrument.saved_content([1, 2]) == {"type": "list"}
+
+
+def test_the_vet_names_the_jobs_pitfalls_whatever_the_outcomes():
+    from chaos.vet import VetResult, job_pitfalls, scorecard
+
+    pitfalls = job_pitfalls(RUNS / "vet_tutorial_scale_up")
+    assert [d["code"] for d in pitfalls] == ["node-local-checkpoint", "resumed-apart", "missing-optimizer-state"]
+    text = scorecard(VetResult("t.py", "etcd-v2", 3, 1, (), (), 1.0, None, tuple(pitfalls)))
+    assert "pitfall of the job: Checkpoint without optimizer state." in text
+
+
+def test_a_job_that_ends_before_the_gauntlet_is_done_is_reported_with_the_faults_it_never_reached():
+    spec = spec_from_options({"nodes": 3, "nproc_per_node": 1, "script": "tests/scripts/tutorial_snapshot.py"}, None)
+    kinds = ("kill-worker", "scale-up", "restart-node")
+    plan = plan_vet(vet_spec(spec, kinds, restarts_given=False), kinds, chosen=True)
+    why = "the job ended before the trigger recovered=3 of step 'restart-node' (line 0) was reached"
+    result = ScenarioResult("vet", "etcd-v2", "recovers", None, "", RUNS / "vet_tutorial_scale_up", 0, why)
+    worker, scale, restart = score_gauntlet(plan, result)
+    assert worker.outcome == "survived"
+    assert scale.outcome == "failed" and "not steady again after it" in scale.why
+    assert restart.outcome == "not reached" and restart.why == why and not restart.ok
+
+
+def test_the_default_gauntlet_of_a_real_run_is_scored_fault_by_fault():
+    """bench/vet_time.py's gauntlet: fixed_name_ckpt.py (0.1 s step, 10 s process-group timeout), 3 nodes x 1,
+    etcd-v2; every fault fired once the job was steady again (etcd-restart ran on a cluster of its own)."""
+    from chaos.vet import DEFAULT_GAUNTLET, prepare
+
+    options = {"script": "tests/scripts/fixed_name_ckpt.py", "rdzv_backend": "etcd-v2"}
+    spec, kinds = prepare(options, ["--pg-timeout", "10"], None)
+    plan = plan_vet(spec, kinds, chosen=False)
+    scores = score_gauntlet(plan, ScenarioResult("vet", "etcd-v2", "recovers", None, "", RUNS / "vet_gauntlet", 0))
+    by_kind = {s.kind: s for s in scores}
+    assert set(by_kind) == set(DEFAULT_GAUNTLET) - {"etcd-restart"}
+    assert by_kind["store-host-loss"].outcome == "not applicable"
+    survived = [k for k, s in by_kind.items() if s.outcome == "survived"]
+    assert len(survived) == 14, {k: (s.outcome, s.why) for k, s in by_kind.items()}
+    # The lossy link is recorded as the nemesis' "link"; it slows training, nothing to recover from.
+    assert by_kind["netem"].recovery_s is None and by_kind["netem"].steps_lost == 0
+    assert by_kind["pause"].recovery_s > 10 and by_kind["kill-worker"].phases["detection_s"] is not None
+    assert by_kind["scale-up"].restarts == 0 and by_kind["fill-disk"].restarts == 1

@@ -1,0 +1,246 @@
+"""`sim vet`: the plan built from the fault catalog's provocations, its inputs, and its outputs (pure parts)."""
+
+from __future__ import annotations
+
+import dataclasses
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from chaos.faults import FAULTS, PROVOCATIONS
+from chaos.scenario import Trigger
+from chaos.vet import (
+    DEFAULT_GAUNTLET,
+    QUICK_GAUNTLET,
+    FaultScore,
+    VetResult,
+    junit_xml,
+    parse_faults,
+    plan_vet,
+    prepare,
+    render_html,
+    scorecard,
+    vet_spec,
+)
+from sim.cli.main import build_parser, main, read_tool_config, vet_options
+from sim.core.errors import UsageError
+from sim.core.spec import spec_from_options
+
+SCRIPT = "tests/scripts/ddp_sgd.py"
+
+
+def _spec(backend="etcd-v2", **options):
+    options = {"nodes": 3, "nproc_per_node": 1, "script": SCRIPT, "rdzv_backend": backend, **options}
+    return vet_spec(spec_from_options(options, None), DEFAULT_GAUNTLET, restarts_given=False)
+
+
+def test_every_provocation_names_a_catalog_fault_and_the_issue_gauntlet_is_the_default():
+    assert all(p.fault in FAULTS for p in PROVOCATIONS.values())
+    assert set(DEFAULT_GAUNTLET) == set(PROVOCATIONS)
+    assert len(QUICK_GAUNTLET) == 5
+
+
+def test_each_fault_fires_once_the_job_is_steady_again_at_the_size_it_should_have():
+    plan = plan_vet(_spec(), DEFAULT_GAUNTLET, chosen=False)
+    steps = plan.gauntlet
+    assert all(step.trigger.kind == "recovered" for step in steps)
+    # A node that a fault took away is brought back (a restoring scale, not scored) before the next fault.
+    kill_node = next(i for i, s in enumerate(steps) if s.fault == "kill-node")
+    assert steps[kill_node].trigger == Trigger("recovered", 3)
+    assert steps[kill_node + 1].fault == "scale" and kill_node + 1 in plan.restores
+    assert steps[kill_node + 1].trigger == Trigger("recovered", 2)
+    # Scale down then up: the node that left joins again; nothing strikes node0 (c10d's store host).
+    scored = [s.options.nodes for i, s in enumerate(steps) if s.fault == "scale" and i not in plan.restores]
+    assert scored == [2, 3]
+    assert all(getattr(s.options, "target", "node2") != "node0" for s in steps)
+    assert plan.final_world == 3
+    durations = {s.fault: s.duration_s for s in steps if s.duration_s}
+    assert durations["pause"] == 25.0 and durations["partition"] == 20.0
+
+
+def test_a_job_ending_fault_gets_a_cluster_of_its_own_and_others_are_scored_not_applicable():
+    plan = plan_vet(_spec("etcd-v2"), DEFAULT_GAUNTLET, chosen=False)
+    by_kind = {f.kind: f for f in plan.faults}
+    assert by_kind["etcd-restart"].solo  # torch's etcd-v2 agents end on etcd's downtime
+    assert by_kind["store-host-loss"].step is None and "c10d" in by_kind["store-host-loss"].why_not
+    c10d = {f.kind: f for f in plan_vet(_spec("c10d"), DEFAULT_GAUNTLET, chosen=False).faults}
+    assert c10d["store-host-loss"].solo and c10d["store-host-loss"].step.options.target == "store-host"
+    assert c10d["partition"].step is None and "--rdzv-backend etcd-v2" in c10d["partition"].why_not
+    v3 = {f.kind: f for f in plan_vet(_spec("etcd-v3"), DEFAULT_GAUNTLET, chosen=False).faults}
+    assert not v3["etcd-restart"].solo and v3["etcd-restart"].step is not None
+
+
+def test_a_scale_up_on_a_job_at_its_maximum_first_makes_room():
+    plan = plan_vet(_spec(), ("scale-up",), chosen=True)
+    assert [(s.fault, s.options.nodes) for s in plan.gauntlet] == [("scale", 2), ("scale", 3)]
+    assert plan.restores == {0}
+
+
+def test_the_vet_spec_has_the_fast_profile_under_the_users_own_rendezvous_settings():
+    spec = vet_spec(
+        spec_from_options({"nodes": 3, "script": SCRIPT, "rdzv_conf": "last_call_timeout=7"}, None),
+        ("fill-disk",),
+        restarts_given=False,
+    )
+    conf = dict(spec.rdzv_conf)
+    assert conf["last_call_timeout"] == "7" and conf["keep_alive_interval"] == "1"
+    assert spec.max_restarts == 30 and spec.ckpt_size == "16m"
+    assert dict(spec.env)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    given = vet_spec(spec_from_options({"script": SCRIPT, "max_restarts": 2}, None), (), restarts_given=True)
+    assert given.max_restarts == 2 and given.ckpt_size is None
+
+
+@pytest.mark.parametrize(
+    ("faults", "quick", "says"),
+    [
+        ("bogus", False, "unknown kind 'bogus'; use some of: kill-worker"),
+        ("oom-worker", False, "a catalog fault the vet has no provocation for"),
+        ("kill-worker,kill-worker", False, "named twice"),
+        ("kill-worker", True, "--faults and --quick both choose"),
+        (" , ", False, "names no fault"),
+    ],
+)
+def test_bad_faults_are_refused_in_one_line(faults, quick, says):
+    with pytest.raises(UsageError, match=says):
+        parse_faults(faults, quick)
+
+
+def test_a_fault_the_backend_cannot_host_is_refused_when_named():
+    with pytest.raises(UsageError, match="--faults partition: needs the etcd-v2 or etcd-v3 backend, not c10d"):
+        plan_vet(_spec("c10d"), ("partition",), chosen=True)
+
+
+def test_vet_takes_every_job_option_of_up(capsys):
+    """One definition of the job options: whatever `sim up` takes to shape the job, `sim vet` takes too."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices
+    up = {o for a in sub["up"]._actions for o in a.option_strings}
+    vet = {o for a in sub["vet"]._actions for o in a.option_strings}
+    up_only = {"--detach", "--verbose", "--timeout", "--replace"}  # how up runs, not what the job is
+    assert up - up_only <= vet
+
+
+def test_bad_input_is_one_line_before_anything_starts(capsys):
+    assert main(["vet", SCRIPT, "--faults", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown kind 'nope'" in err
+    assert main(["vet", "no-such-script.py"]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_defaults_come_from_pyproject_and_the_command_line_wins(tmp_path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.elastic-sim]\nscript = "train.py"\nargs = ["--epochs", "5"]\nnodes = 4\nfaults = ["kill-worker"]\n'
+    )
+    tool = read_tool_config(tmp_path)
+    options, args, faults = vet_options({"vet_script": None, "nodes": None}, None, tool)
+    assert options["script"] == str(tmp_path / "train.py") and options["nodes"] == 4
+    assert args == ["--epochs", "5"] and faults == "kill-worker"
+    spec, kinds = prepare(options, args, faults)
+    assert (spec.nodes, spec.nproc_per_node, kinds) == (4, 1, ("kill-worker",))
+    options, args, faults = vet_options({"vet_script": SCRIPT, "nodes": 2, "faults": "pause"}, ["-x"], tool)
+    assert options["script"] == SCRIPT and options["nodes"] == 2 and args == ["-x"] and faults == "pause"
+    (tmp_path / "pyproject.toml").write_text("[tool.elastic-sim]\nnodez = 3\n")
+    with pytest.raises(UsageError, match="nodez: unknown key"):
+        read_tool_config(tmp_path)
+    (tmp_path / "pyproject.toml").write_text('[tool.elastic-sim]\nnodes = "three"\n')
+    with pytest.raises(UsageError, match="use e.g. nodes = 3"):
+        read_tool_config(tmp_path)
+    with pytest.raises(UsageError, match="--no-instrument: the vet must see training steps"):
+        prepare({"script": SCRIPT, "instrument": False}, None, None)
+    with pytest.raises(UsageError, match="no script"):
+        vet_options({"vet_script": None}, None, {})
+
+
+def _result() -> VetResult:
+    survived = FaultScore(
+        "kill-worker",
+        "worker crash",
+        "survived",
+        "the job recovers",
+        target="node2",
+        t_fault=100.0,
+        t_end=110.0,
+        recovery_s=5.7,
+        phases={"detection_s": 0.7, "rendezvous_s": 1.5},
+        steps_lost=5,
+        restarts=1,
+        restarts_used=1,
+        restart_budget=30,
+        throughput_before=9.1,
+        throughput_after=8.7,
+    )
+    diagnosis = {
+        "code": "resumed-apart",
+        "title": "Ranks resumed from different points",
+        "cause": "c",
+        "evidence": ("node2 04:40:01.1  rank 2 loaded nothing",),
+        "fix": "every rank must load the same checkpoint",
+    }
+    failed = dataclasses.replace(
+        survived,
+        kind="scale-up",
+        label="a node joining (scale up)",
+        outcome="failed",
+        why="the ranks resumed from different points",
+        diagnoses=(diagnosis,),
+    )
+    na = FaultScore("partition", "one node partitioned", "not applicable", "s", "needs the etcd-v2 backend")
+    return VetResult("train.py", "etcd-v2", 3, 1, (survived, failed, na), ("/runs/x",), 60.0)
+
+
+def test_scorecard_is_one_row_per_fault_and_names_the_fix_of_a_failed_one():
+    vet = _result()
+    text = scorecard(vet)
+    lines = text.splitlines()
+    assert lines[2].startswith("PASS worker crash") and "5.7s" in lines[2] and "1 (1/30)" in lines[2]
+    assert lines[3].startswith("FAIL a node joining") and lines[3].endswith("Ranks resumed from different points")
+    assert "    Fix: every rank must load the same checkpoint" in lines
+    assert lines[4].startswith("n/a") and "needs the etcd-v2 backend" in lines[4]
+    assert "FAIL: 1 survived, 1 failed" in text and not vet.passed
+    assert max(map(len, lines)) <= 118
+
+
+def test_junit_has_one_testcase_per_fault_with_the_diagnosis_as_the_failure_message():
+    suite = ET.fromstring(junit_xml(_result()))
+    assert suite.get("tests") == "3" and suite.get("failures") == "1" and suite.get("skipped") == "1"
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases][0] == "kill-worker: worker crash"
+    failure = cases[1].find("failure")
+    assert failure.get("message").startswith("Ranks resumed from different points. Fix: every rank")
+    assert cases[2].find("skipped") is not None
+
+
+def test_html_has_the_scorecard_on_top_and_a_section_per_fault():
+    page = render_html(_result(), {"kill-worker": b"\x89PNG fake"})
+    assert page.index("<table>") < page.index("<h2>")
+    assert page.count("<h2>") == 3 and "data:image/png;base64," in page
+    assert "detection 0.7s" in page
+
+
+def test_the_recovered_trigger_waits_for_every_rank_and_five_distinct_steps(tmp_path):
+    import json
+
+    from chaos.runner import HistoryState
+    from chaos.scenario import parse_scenario
+
+    text = "name: r\ndescription: d\ncluster: {nodes: 3}\nsteps:\n  - fault: kill-worker\n    at: {recovered: 3}\n"
+    text += "expect: {outcome: recovers}\n"
+    assert parse_scenario(text).steps[0].trigger == Trigger("recovered", 3)
+    with pytest.raises(UsageError, match="7 is never reached"):
+        parse_scenario(text.replace("recovered: 3", "recovered: 7"))
+    path = tmp_path / "history.jsonl"
+
+    def step(t, rank, n, world=3):
+        record = {"t": t, "type": "worker", "node": f"node{rank}", "event": "step", "rank": rank}
+        return json.dumps({**record, "world_size": world, "n": n}) + "\n"
+
+    path.write_text("".join(step(100 + n, 0, n) for n in range(1, 7)))
+    state = HistoryState(path)
+    state.update()
+    assert not state.steady(3, 0.0)  # one rank only
+    with path.open("a") as f:
+        f.write(step(107, 1, 1) + step(107, 2, 1) + step(108, 2, 2, world=2))
+    state.update()
+    assert state.steady(3, 0.0) and not state.steady(3, 103.0) and not state.steady(2, 0.0)
