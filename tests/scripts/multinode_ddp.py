@@ -1,0 +1,106 @@
+"""A multi-node DDP trainer in the shape of the public PyTorch tutorials (multinode.py): written for
+GPUs, run by torchrun, unchanged. NCCL backend, torch.cuda.set_device(LOCAL_RANK), the model moved
+with .to(local_rank), DDP(device_ids=[local_rank]), and a snapshot loaded with a cuda map_location.
+
+    torchrun --nnodes ... --nproc-per-node ... multinode_ddp.py TOTAL_EPOCHS SAVE_EVERY [--snapshot PATH]
+"""
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+class RandomPairs(Dataset):
+    def __init__(self, size):
+        generator = torch.Generator().manual_seed(0)
+        self.data = [(torch.rand(20, generator=generator), torch.rand(1, generator=generator)) for _ in range(size)]
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, index):
+        return self.data[index]
+
+
+def ddp_setup():
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(backend="nccl")
+
+
+class Trainer:
+    def __init__(self, model, train_data, optimizer, save_every, snapshot_path):
+        self.local_rank = int(os.environ["LOCAL_RANK"])
+        self.global_rank = int(os.environ["RANK"])
+        self.model = model.to(self.local_rank)
+        self.train_data = train_data
+        self.optimizer = optimizer
+        self.save_every = save_every
+        self.epochs_run = 0
+        self.snapshot_path = snapshot_path
+        if os.path.exists(snapshot_path):
+            print(f"[GPU{self.global_rank}] Loading snapshot")
+            self._load_snapshot(snapshot_path)
+        self.model = DDP(self.model, device_ids=[self.local_rank])
+
+    def _load_snapshot(self, snapshot_path):
+        snapshot = torch.load(snapshot_path, map_location=f"cuda:{self.local_rank}")
+        self.model.load_state_dict(snapshot["MODEL_STATE"])
+        self.epochs_run = snapshot["EPOCHS_RUN"]
+        print(f"[GPU{self.global_rank}] Resuming training from snapshot at Epoch {self.epochs_run}")
+
+    def _run_batch(self, source, targets):
+        self.optimizer.zero_grad()
+        loss = F.mse_loss(self.model(source), targets)
+        loss.backward()
+        self.optimizer.step()
+        return loss
+
+    def _run_epoch(self, epoch):
+        self.train_data.sampler.set_epoch(epoch)
+        for source, targets in self.train_data:
+            source, targets = source.to(self.local_rank), targets.to(self.local_rank)
+            loss = self._run_batch(source, targets)
+        print(f"[GPU{self.global_rank}] Epoch {epoch} | Steps: {len(self.train_data)} | loss {loss.item():.4f}", flush=True)
+
+    def _save_snapshot(self, epoch):
+        snapshot = {"MODEL_STATE": self.model.module.state_dict(), "EPOCHS_RUN": epoch}
+        tmp = self.snapshot_path + ".tmp"
+        torch.save(snapshot, tmp)
+        os.replace(tmp, self.snapshot_path)
+        print(f"Epoch {epoch} | Training snapshot saved at {self.snapshot_path}", flush=True)
+
+    def train(self, max_epochs):
+        for epoch in range(self.epochs_run, max_epochs):
+            self._run_epoch(epoch)
+            if self.global_rank == 0 and (epoch + 1) % self.save_every == 0:
+                self._save_snapshot(epoch + 1)
+
+
+def main(total_epochs, save_every, snapshot_path, batch_size, samples):
+    ddp_setup()
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    dataset = RandomPairs(samples)
+    train_data = DataLoader(
+        dataset, batch_size=batch_size, pin_memory=True, shuffle=False, sampler=DistributedSampler(dataset)
+    )
+    trainer = Trainer(model, train_data, optimizer, save_every, snapshot_path)
+    trainer.train(total_epochs)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="multi-node DDP, tutorial style")
+    parser.add_argument("total_epochs", type=int)
+    parser.add_argument("save_every", type=int)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=2048)
+    parser.add_argument("--snapshot", default=os.environ.get("SNAPSHOT_PATH", "/ckpt/snapshot.pt"))
+    args = parser.parse_args()
+    main(args.total_epochs, args.save_every, args.snapshot, args.batch_size, args.samples)
