@@ -17,7 +17,7 @@ from . import cluster as cluster_mod
 from .docker import Docker
 from .errors import DockerUnavailableError, SimError, UsageError
 from .paths import cache_home, state_home
-from .spec import DEFAULT_NAME, ENGINES, RDZV_BACKENDS, spec_from_options
+from .spec import DEFAULT_NAME, DEVICE_MODES, ENGINES, FAILURE_TIMINGS, RDZV_BACKENDS, spec_from_options
 from .wait import wait_for
 
 
@@ -66,6 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra environment for every node's agent and workers (repeatable)",
     )
     up.add_argument("--gpus", help="GPUs per node: none, all or a number (default none)")
+    up.add_argument(
+        "--devices",
+        choices=DEVICE_MODES,
+        help="emulated: CUDA code runs on CPU and NCCL as gloo in the workers (default without --gpus); "
+        "gpu: torch as it is (default with --gpus)",
+    )
+    up.add_argument(
+        "--failure-timing",
+        choices=FAILURE_TIMINGS,
+        help="under emulation, a collective whose peer is gone: nccl (default) blocks until the process "
+        "group's timeout, then aborts, as NCCL's watchdog does; gloo fails it at once",
+    )
     up.add_argument("--memory", help="each node's memory limit, e.g. 2g (no swap; the oom-worker fault needs none)")
     up.add_argument("--ckpt-size", help="make /ckpt a shared tmpfs of this size, e.g. 64m (a disk fill-disk can fill)")
     up.add_argument(
@@ -245,6 +257,7 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
         f"{spec.rdzv_backend} rendezvous{f' on etcd {spec.etcd_server_version}' if spec.uses_etcd else ''}, "
         f"nnodes {spec.min_nodes}:{spec.max_nodes}"
     )
+    print(f"  {spec.devices_line}")
     print(f"  compose file: {cluster.compose_file}")
     print(
         f"  logs:         `python -m sim logs{' --name ' + name if flag else ''} -f`; "
@@ -342,6 +355,9 @@ def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
         raise UsageError(f"cluster '{args.name}': not found; `python -m sim ls` lists clusters")
     if not args.watch:
         print(format_status(cluster_status(cluster)))
+        spec = cluster.spec
+        if spec is not None:
+            print(spec.devices_line)
         return 0
     try:
         wait_for(StatusWatch(cluster), timeout=None, interval=2.0)

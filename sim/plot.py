@@ -32,7 +32,10 @@ NO_PROGRESS_COLOR = "#ececec"
 FAULT_COLOR = "#d62728"
 
 
-def draw_timeline(timeline: Timeline, path: Path, *, title: str, verdict: Verdict, profile: str) -> None:
+def draw_timeline(
+    timeline: Timeline, path: Path, *, title: str, verdict: Verdict, profile: str, devices: str | None = None
+) -> None:
+    """`devices`: a line under the title on what ran the devices ("devices emulated on CPU ..."), if said."""
     # Imported here: the summary and JSON need no matplotlib; Figure + Agg canvas, no pyplot, no display.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -63,7 +66,7 @@ def draw_timeline(timeline: Timeline, path: Path, *, title: str, verdict: Verdic
     step_ax.set_title(
         f"expected: {EXPECTED_WORDS.get(verdict.expected, verdict.expected)}   ·   "
         f"profile: {profile}   ·   {len(timeline.faults)} fault(s)   ·   "
-        f"{verdict.rounds} rendezvous round(s)   ·   {timeline.end:.1f} s",
+        f"{verdict.rounds} rendezvous round(s)   ·   {timeline.end:.1f} s" + (f"\n{devices}" if devices else ""),
         loc="left",
         fontsize=9,
         color="#444444",

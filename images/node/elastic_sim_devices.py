@@ -153,7 +153,10 @@ def watchdog_lines(rank: int, seq: int, op_type: str, numel, timeout_ms: int, ra
     (WorkNCCL::checkTimeout, then the watchdog thread's exception; torch 2.13)."""
     sizes = f"NumelIn={numel}, NumelOut={numel}, " if numel is not None else ""
     work = f"WorkNCCL(SeqNum={seq}, OpType={op_type}, {sizes}Timeout(ms)={timeout_ms})"
-    caught = f"[Rank {rank}] Watchdog caught collective operation timeout: {work} ran for {ran_ms} milliseconds before timing out."
+    caught = (
+        f"[Rank {rank}] Watchdog caught collective operation timeout: {work} "
+        f"ran for {ran_ms} milliseconds before timing out."
+    )
     head = f"[rank{rank}]:[E ProcessGroupNCCL.cpp]"
     return [
         f"{head} {caught}",

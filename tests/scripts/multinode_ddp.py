@@ -66,7 +66,8 @@ class Trainer:
         for source, targets in self.train_data:
             source, targets = source.to(self.local_rank), targets.to(self.local_rank)
             loss = self._run_batch(source, targets)
-        print(f"[GPU{self.global_rank}] Epoch {epoch} | Steps: {len(self.train_data)} | loss {loss.item():.4f}", flush=True)
+        steps = len(self.train_data)
+        print(f"[GPU{self.global_rank}] Epoch {epoch} | Steps: {steps} | loss {loss.item():.4f}", flush=True)
 
     def _save_snapshot(self, epoch):
         snapshot = {"MODEL_STATE": self.model.module.state_dict(), "EPOCHS_RUN": epoch}
