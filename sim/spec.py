@@ -226,12 +226,6 @@ class ClusterSpec:
             return f"devices: GPUs ({self.gpus} per node)" if self.gpus.enabled else "devices: CPU, not emulated"
         return emulated_devices_line(self.nproc_per_node, self.failure_timing)
 
-
-def emulated_devices_line(per_node: object, failure_timing: str) -> str:
-    """The one wording of device emulation: the `up` banner, `sim status`, the report and its picture."""
-    timing = "NCCL's (a dead peer blocks until the timeout)" if failure_timing == "nccl" else "gloo's (at once)"
-    return f"devices emulated on CPU ({per_node} per node), NCCL → gloo; failure timing {timing}"
-
     def _check_etcd_version(self) -> None:
         if self.etcd_version is None:
             return
@@ -446,3 +440,9 @@ def over_trainer_defaults(given: Sequence[str]) -> tuple[str, ...]:
     ]
     # The given args come last: argparse keeps the last value, so they win even if abbreviated.
     return (*kept, *split)
+
+
+def emulated_devices_line(per_node: object, failure_timing: str) -> str:
+    """The one wording of device emulation: the `up` banner, `sim status`, the report and its picture."""
+    timing = "NCCL's (a dead peer blocks until the timeout)" if failure_timing == "nccl" else "gloo's (at once)"
+    return f"devices emulated on CPU ({per_node} per node), NCCL → gloo; failure timing {timing}"

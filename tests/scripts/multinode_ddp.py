@@ -3,10 +3,15 @@ GPUs, run by torchrun, unchanged. NCCL backend, torch.cuda.set_device(LOCAL_RANK
 with .to(local_rank), DDP(device_ids=[local_rank]), and a snapshot loaded with a cuda map_location.
 
     torchrun --nnodes ... --nproc-per-node ... multinode_ddp.py TOTAL_EPOCHS SAVE_EVERY [--snapshot PATH]
+
+--batch-time stands in for a real model's step time (a tiny model steps in a millisecond); --pg-timeout
+gives init_process_group a timeout= (seconds), as a script tuned for node loss does (none: torch's default).
 """
 
 import argparse
+import datetime
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -28,13 +33,15 @@ class RandomPairs(Dataset):
         return self.data[index]
 
 
-def ddp_setup():
+def ddp_setup(pg_timeout):
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group(backend="nccl")
+    timeout = datetime.timedelta(seconds=pg_timeout) if pg_timeout else None
+    dist.init_process_group(backend="nccl", timeout=timeout)
 
 
 class Trainer:
-    def __init__(self, model, train_data, optimizer, save_every, snapshot_path):
+    def __init__(self, model, train_data, optimizer, save_every, snapshot_path, batch_time=0.0):
+        self.batch_time = batch_time
         self.local_rank = int(os.environ["LOCAL_RANK"])
         self.global_rank = int(os.environ["RANK"])
         self.model = model.to(self.local_rank)
@@ -66,6 +73,7 @@ class Trainer:
         for source, targets in self.train_data:
             source, targets = source.to(self.local_rank), targets.to(self.local_rank)
             loss = self._run_batch(source, targets)
+            time.sleep(self.batch_time)
         steps = len(self.train_data)
         print(f"[GPU{self.global_rank}] Epoch {epoch} | Steps: {steps} | loss {loss.item():.4f}", flush=True)
 
@@ -83,15 +91,15 @@ class Trainer:
                 self._save_snapshot(epoch + 1)
 
 
-def main(total_epochs, save_every, snapshot_path, batch_size, samples):
-    ddp_setup()
+def main(total_epochs, save_every, snapshot_path, batch_size, samples, batch_time=0.0, pg_timeout=None):
+    ddp_setup(pg_timeout)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     dataset = RandomPairs(samples)
     train_data = DataLoader(
         dataset, batch_size=batch_size, pin_memory=True, shuffle=False, sampler=DistributedSampler(dataset)
     )
-    trainer = Trainer(model, train_data, optimizer, save_every, snapshot_path)
+    trainer = Trainer(model, train_data, optimizer, save_every, snapshot_path, batch_time)
     trainer.train(total_epochs)
     dist.destroy_process_group()
 
@@ -102,6 +110,10 @@ if __name__ == "__main__":
     parser.add_argument("save_every", type=int)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--samples", type=int, default=2048)
+    parser.add_argument("--batch-time", type=float, default=0.0, help="seconds each batch takes on top")
+    parser.add_argument("--pg-timeout", type=float, help="init_process_group's timeout= in seconds")
     parser.add_argument("--snapshot", default=os.environ.get("SNAPSHOT_PATH", "/ckpt/snapshot.pt"))
     args = parser.parse_args()
-    main(args.total_epochs, args.save_every, args.snapshot, args.batch_size, args.samples)
+    main(
+        args.total_epochs, args.save_every, args.snapshot, args.batch_size, args.samples, args.batch_time, args.pg_timeout
+    )
