@@ -57,6 +57,9 @@ FAKE_DEVICE_NAME = "NVIDIA A100-SXM4-80GB (elastic-sim: emulated on CPU)"
 FAKE_TOTAL_MEMORY = 80 * 2**30
 # gloo's words when the other end of a pair is gone (a peer process died or its node went away).
 PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "socket closed")
+# gloo's words when the peer's node is gone without a word (no reset): its own timeout ran out, the
+# process group's too. NCCL's watchdog would have said so in its words and taken the process down.
+GLOO_TIMED_OUT = ("timed out waiting",)
 # How NCCL names the collectives in its watchdog's WorkNCCL(... OpType=...).
 OP_TYPES = {
     "all_reduce": "ALLREDUCE",
@@ -132,7 +135,7 @@ def failure_timing(env=os.environ) -> str:
 
 
 def mapped_backend(backend):
-    """The process-group backend gloo stands in for: nccl -> gloo, "cpu:gloo,cuda:nccl" -> "cpu:gloo"."""
+    """The process-group backend gloo stands in for: nccl -> gloo, "cpu:gloo,cuda:nccl" -> "gloo"."""
     if backend is None:
         return None
     text = str(backend).lower()
@@ -141,7 +144,9 @@ def mapped_backend(backend):
     if ":" not in text:
         return "gloo"
     kept = [part for part in text.split(",") if "nccl" not in part]
-    return ",".join(kept) if kept else "gloo"
+    if all(part.partition(":")[2] == "gloo" for part in kept):
+        return "gloo"  # every device type on gloo: the plain name, as get_backend() then says
+    return ",".join(kept)
 
 
 def unsupported(what: str, way_out: str = "run it on GPUs with --gpus") -> RuntimeError:
@@ -168,8 +173,10 @@ def watchdog_lines(rank: int, seq: int, op_type: str, numel, timeout_ms: int, ra
 
 
 def peer_gone(error: BaseException) -> bool:
+    """gloo's error for a collective whose peer is gone (it closed the connection, or never answered
+    until the timeout)."""
     text = str(error).lower()
-    return isinstance(error, RuntimeError) and any(words in text for words in PEER_GONE)
+    return isinstance(error, RuntimeError) and any(words in text for words in (*PEER_GONE, *GLOO_TIMED_OUT))
 
 
 class Emulator:
@@ -278,7 +285,7 @@ class Emulator:
                 timeout_s=self.timeout(),
             )
             print(
-                f"{PREFIX}NCCL failure timing: gloo saw the {op_type} peer gone after {gone_after:.1f} s; "
+                f"{PREFIX}NCCL failure timing: gloo failed the {op_type} after {gone_after:.1f} s (its peer gone); "
                 f"held it until the process group's timeout ({self.timeout():g} s), as NCCL would",
                 file=sys.stderr,
             )
@@ -897,6 +904,7 @@ def activate():
     os.register_at_fork(after_in_child=lambda: setattr(emu, "_write", None))
 
     def after_torch(torch):
+        emu._base_rss = _rss()  # the fake "allocated" memory: what the process grew by after torch's import
         emu.announce()
         install(torch, emu)
 

@@ -115,5 +115,11 @@ if __name__ == "__main__":
     parser.add_argument("--snapshot", default=os.environ.get("SNAPSHOT_PATH", "/ckpt/snapshot.pt"))
     args = parser.parse_args()
     main(
-        args.total_epochs, args.save_every, args.snapshot, args.batch_size, args.samples, args.batch_time, args.pg_timeout
+        args.total_epochs,
+        args.save_every,
+        args.snapshot,
+        args.batch_size,
+        args.samples,
+        args.batch_time,
+        args.pg_timeout,
     )

@@ -596,3 +596,20 @@ def test_a_worker_that_exits_or_is_taken_out_is_not_stuck():
     end = next(r for r in history if r.get("type") == "run" and r.get("event") == "end")
     early = [r for r in history if r["t"] < node1["t"] + 30] + [{**end, "t": node1["t"] + 30}]
     assert "stuck-at-exit" not in codes(diagnose(early, {}))  # not silent long enough yet
+
+
+def test_nccl_dead_peer_when_survivors_wait_out_the_timeout_after_a_node_loss():
+    """tests/scripts/multinode-ddp-node-loss.yaml: multinode_ddp.py (nccl, emulated on CPU, timeout= 20 s); node2
+    killed: node1's worker held its all-reduce 20 s, then aborted with the watchdog's words (node0's hit
+    gloo's own 20 s timeout); both regrouped. The diagnosis names it and the timeout= fix with its trade-off."""
+    found = diagnose(*captured_run("nccl_dead_peer"))
+    assert "nccl-dead-peer" in codes(found)
+    dead = next(d for d in found if d.code == "nccl-dead-peer")
+    assert dead.title == "Survivors blocked 20 s in a collective after a peer died"
+    assert "fault kill-node on node2" in dead.evidence[0]
+    assert "rank 1 blocked in ALLREDUCE for 20.0 s (timeout 20 s)" in dead.evidence[1]
+    assert "timeout= to init_process_group" in dead.fix and "too short" in dead.fix and "too long" in dead.fix
+
+
+def test_no_nccl_dead_peer_without_a_held_collective():
+    assert "nccl-dead-peer" not in codes(diagnose(*captured_run("oom_worker")))
