@@ -243,3 +243,54 @@ def test_a_dead_peer_holds_the_survivor_until_the_timeout_under_nccl_timing(tmp_
     assert "OpType=ALLREDUCE" in survivor[1] and "Timeout(ms)=4000" in survivor[1]
     [held] = [r for r in records(tmp_path) if r["event"] == "nccl_watchdog" and r["rank"] == 0]
     assert held["timeout_s"] == 4.0 and held["seconds"] >= 4.0 and held["op"] == "ALLREDUCE"
+
+
+# --- the switch: spec, scenario, render, report -----------------------------------------------
+
+
+def test_devices_default_to_emulated_without_gpus_and_refuse_both():
+    from sim.errors import UsageError
+    from sim.spec import ClusterSpec, spec_from_options
+
+    assert ClusterSpec().devices == "emulated" and ClusterSpec().failure_timing == "nccl"
+    assert ClusterSpec(gpus="1").devices == "gpu" and not ClusterSpec(gpus="1").emulated
+    assert ClusterSpec.from_json(ClusterSpec(failure_timing="gloo").to_json()).failure_timing == "gloo"
+    with pytest.raises(UsageError, match="--devices emulated with --gpus 1: .*drop --gpus"):
+        spec_from_options({"devices": "emulated", "gpus": "1"}, None)
+    with pytest.raises(UsageError, match="--devices 'tpu': unknown"):
+        ClusterSpec(devices="tpu")
+    with pytest.raises(UsageError, match="--failure-timing 'mpi': unknown"):
+        ClusterSpec(failure_timing="mpi")
+    assert ClusterSpec(nproc_per_node=3).devices_line.startswith("devices emulated on CPU (3 per node), NCCL → gloo")
+
+
+def test_render_switches_the_workers_emulation():
+    from sim.render import device_env
+    from sim.spec import ClusterSpec
+
+    script = str(Path(__file__).resolve().parents[1] / "scripts" / "multinode_ddp.py")
+    emulated = device_env(ClusterSpec(script=script, nproc_per_node=2, failure_timing="gloo"))
+    assert emulated == {"SIM_DEVICES": "emulated", "SIM_DEVICES_PER_NODE": "2", "SIM_FAILURE_TIMING": "gloo"}
+    assert device_env(ClusterSpec())["SIM_BACKEND"] == "gloo"  # the shipped trainer keeps its gloo path
+    assert device_env(ClusterSpec(gpus="1")) == {} and device_env(ClusterSpec(devices="gpu")) == {}
+
+
+def test_a_scenario_sets_devices_and_failure_timing():
+    from chaos.scenario import load_scenario
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "multinode-ddp-node-loss.yaml"
+    cluster = load_scenario(path).cluster
+    assert (cluster["devices"], cluster["failure_timing"]) == ("emulated", "nccl")
+
+
+def test_the_report_says_the_devices_were_emulated_and_counts_the_calls():
+    from sim.report import device_facts
+    from sim.runmodel import RunModel
+
+    folder = Path(__file__).resolve().parents[1] / "data" / "runs" / "nccl_dead_peer"
+    run = RunModel([json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()])
+    facts = device_facts(run)
+    assert facts["line"].startswith("devices emulated on CPU (1 per node), NCCL → gloo; failure timing NCCL's")
+    assert facts["calls"]["init_process_group(nccl)"] == 8  # every start of every worker
+    assert facts["calls"]["torch.load(map_location=cuda)"] == 4 and facts["watchdog_aborts"] == 1
+    assert device_facts(RunModel([{"t": 1.0, "type": "run", "event": "start", "spec": {"devices": "gpu"}}])) is None
