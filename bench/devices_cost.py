@@ -57,10 +57,9 @@ def main() -> int:
     parser.add_argument("--control", action="store_true")
     args = parser.parse_args()
 
+    import elastic_sim_devices as devices
     import torch
     import torch.distributed as dist
-
-    import elastic_sim_devices as devices
 
     os.environ.setdefault("LOCAL_RANK", "0")
     spaces = _namespaces(torch)
