@@ -199,7 +199,7 @@ class Emulator:
         self._said: set[str] = set()
         self.device = _int(env.get("LOCAL_RANK"), 0) % self.per_node
         self.timeout_s: float | None = None  # the script's timeout= to init_process_group
-        self.pg_ready = False
+        self.pg_ready = False  # an NCCL process group (emulated) is up: its collectives take NCCL's timing
         self.seq = 0  # collectives so far (SeqNum in the watchdog's words)
         self._inside = threading.local()
         self._peak = 0
@@ -727,6 +727,9 @@ def _patch_distributed(torch, emu: Emulator) -> None:
     init = c10d.init_process_group
 
     def init_process_group(backend=None, *args, **kwargs):
+        # NCCL's timing for a group the script meant for NCCL: named, or torch's default (nccl for CUDA
+        # tensors on a GPU machine). A script that asks for gloo keeps gloo's timing, as it would on GPUs.
+        nccl = backend is None or mapped_backend(backend) != backend
         if mapped_backend(backend) != backend:
             emu.count("init_process_group(nccl)")
             backend = mapped_backend(backend)
@@ -736,7 +739,7 @@ def _patch_distributed(torch, emu: Emulator) -> None:
         timeout = kwargs.get("timeout", args[1] if len(args) > 1 else None)
         result = init(backend, *args, **kwargs)
         emu.timeout_s = timeout.total_seconds() if timeout is not None else None
-        emu.pg_ready = True
+        emu.pg_ready = nccl
         return result
 
     new = c10d.new_group
