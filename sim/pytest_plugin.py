@@ -4,6 +4,9 @@
         cluster = sim_cluster(nodes=3, script="train.py", max_restarts=3)
         ...
 
+    A GPU script runs with CUDA and NCCL emulated on CPU unless told otherwise:
+    sim_cluster(script="train.py", devices="emulated", failure_timing="gloo") (or devices="gpu", gpus="1").
+
     def test_worker_crash(sim_scenario):
         for result in sim_scenario("worker-crash"):      # a shipped name or a YAML path
             assert_verdict(result)
