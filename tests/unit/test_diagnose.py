@@ -600,8 +600,8 @@ def test_a_worker_that_exits_or_is_taken_out_is_not_stuck():
 
 def test_nccl_dead_peer_when_survivors_wait_out_the_timeout_after_a_node_loss():
     """tests/scripts/multinode-ddp-node-loss.yaml: multinode_ddp.py (nccl, emulated on CPU, timeout= 20 s); node2
-    killed: node1's worker held its all-reduce 20 s, then aborted with the watchdog's words (node0's hit
-    gloo's own 20 s timeout); both regrouped. The diagnosis names it and the timeout= fix with its trade-off."""
+    killed: node0's and node1's workers held their all-reduce 20 s, then aborted with the watchdog's words;
+    both regrouped. The diagnosis names it and the timeout= fix with its trade-off."""
     found = diagnose(*captured_run("nccl_dead_peer"))
     assert codes(found) == ["nccl-dead-peer"]  # not process-group-timeout: no peer froze, one died
     dead = found[0]
@@ -613,3 +613,13 @@ def test_nccl_dead_peer_when_survivors_wait_out_the_timeout_after_a_node_loss():
 
 def test_no_nccl_dead_peer_without_a_held_collective():
     assert "nccl-dead-peer" not in codes(diagnose(*captured_run("oom_worker")))
+
+
+def test_nccl_dead_peer_from_the_watchdog_lines_alone():
+    """A real NCCL run writes no emulation records: the watchdog's own lines after the node loss say it."""
+    history, logs = captured_run("nccl_dead_peer")
+    history = [r for r in history if r.get("event") != "nccl_watchdog"]
+    found = diagnose(history, logs)
+    assert codes(found) == ["nccl-dead-peer"]
+    assert found[0].title == "Survivors blocked 20 s in a collective after a peer died"
+    assert "Watchdog caught collective operation timeout" in found[0].evidence[1]
