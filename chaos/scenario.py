@@ -23,7 +23,9 @@ from sim.core.errors import UsageError
 from sim.core.sidechannel import compile_progress_regex
 from sim.core.spec import (
     DEFAULT_TRAINER_ARGS,
+    DEVICE_MODES,
     ETCD_BACKENDS,
+    FAILURE_TIMINGS,
     RDZV_BACKENDS,
     ClusterSpec,
     GpuRequest,
@@ -452,6 +454,8 @@ _CLUSTER_KEYS = (
     "instrument",
     "memory",
     "ckpt_size",
+    "devices",
+    "failure_timing",
 )
 _TRAINER_READERS: dict[str, Callable[[_Field], Any]] = {
     "steps": lambda f: f.whole(1, 120),
@@ -586,6 +590,10 @@ def _read_cluster(f: _Field, base_dir: Path) -> tuple[dict, tuple[str, ...]]:
         cluster["progress_regex"] = pattern
     if "instrument" in fields:
         cluster["instrument"] = fields["instrument"].flag()
+    if "devices" in fields:
+        cluster["devices"] = fields["devices"].choice(DEVICE_MODES, "a device mode")
+    if "failure_timing" in fields:
+        cluster["failure_timing"] = fields["failure_timing"].choice(FAILURE_TIMINGS, "a failure timing")
     for key in ("memory", "ckpt_size"):  # sizes: 2g, 64m
         if key in fields:
             cluster[key] = fields[key].text()

@@ -8,6 +8,9 @@
         result = sim_vet("train.py", quick=True, script_args=["--epochs", "1000"])   # chaos.vet.VetResult
         assert result.passed, result.scorecard
 
+    A GPU script runs with CUDA and NCCL emulated on CPU unless told otherwise:
+    sim_cluster(script="train.py", devices="emulated", failure_timing="gloo") (or devices="gpu", gpus="1").
+
     def test_worker_crash(sim_scenario):
         for result in sim_scenario("worker-crash"):      # a shipped name or a YAML path
             assert_verdict(result)

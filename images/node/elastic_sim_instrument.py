@@ -509,6 +509,7 @@ class AfterImport:
     def __init__(self, callbacks, on_error):
         self.callbacks = dict(callbacks)
         self.on_error = on_error
+        self._searching = set()
 
     def install(self) -> None:
         import sys
@@ -520,18 +521,24 @@ class AfterImport:
             sys.meta_path.insert(0, self)
 
     def find_spec(self, name, path=None, target=None):
-        if name not in self.callbacks:
+        # Another AfterImport (elastic_sim_devices has its own) asks every finder in turn, this one too:
+        # a search already under way for the name answers None, so neither recurses into the other.
+        if name not in self.callbacks or name in self._searching:
             return None
         import sys
 
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
+        self._searching.add(name)
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._searching.discard(name)
         try:
             exec_module = spec.loader.exec_module
 

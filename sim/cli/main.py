@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sim.core.errors import DockerUnavailableError, SimError, UsageError
 from sim.core.paths import cache_home, state_home
-from sim.core.spec import DEFAULT_NAME, ENGINES, RDZV_BACKENDS, spec_from_options
+from sim.core.spec import DEFAULT_NAME, DEVICE_MODES, ENGINES, FAILURE_TIMINGS, RDZV_BACKENDS, spec_from_options
 from sim.core.wait import wait_for
 from sim.engines import cluster as cluster_mod
 from sim.engines.docker import Docker
@@ -60,6 +60,18 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
         help="extra environment for every node's agent and workers (repeatable)",
     )
     parser.add_argument("--gpus", help="GPUs per node: none, all or a number (default none)")
+    parser.add_argument(
+        "--devices",
+        choices=DEVICE_MODES,
+        help="emulated: CUDA code runs on CPU and NCCL as gloo in the workers (default without --gpus); "
+        "gpu: torch as it is (default with --gpus)",
+    )
+    parser.add_argument(
+        "--failure-timing",
+        choices=FAILURE_TIMINGS,
+        help="under emulation, a collective whose peer is gone: nccl (default) blocks until the process "
+        "group's timeout, then aborts, as NCCL's watchdog does; gloo fails it at once",
+    )
     parser.add_argument("--memory", help="each node's memory limit, e.g. 2g (no swap; the oom-worker fault needs none)")
     parser.add_argument(
         "--ckpt-size", help="make /ckpt a shared tmpfs of this size, e.g. 64m (a disk fill-disk can fill)"
@@ -327,6 +339,7 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
         f"{spec.rdzv_backend} rendezvous{f' on etcd {spec.etcd_server_version}' if spec.uses_etcd else ''}, "
         f"nnodes {spec.min_nodes}:{spec.max_nodes}"
     )
+    print(f"  {spec.devices_line}")
     print(f"  compose file: {cluster.compose_file}")
     print(
         f"  logs:         `python -m sim logs{' --name ' + name if flag else ''} -f`; "
@@ -512,6 +525,9 @@ def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
         raise UsageError(f"cluster '{args.name}': not found; `python -m sim ls` lists clusters")
     if not args.watch:
         print(format_status(cluster_status(cluster)))
+        spec = cluster.spec
+        if spec is not None:
+            print(spec.devices_line)
         return 0
     try:
         wait_for(StatusWatch(cluster), timeout=None, interval=2.0)

@@ -38,7 +38,14 @@ FAULT_PHASES = ("invoke", "ok", "fail", "info")
 # "imported" (torch imported), "pg_ready" (init_process_group returned) and "load" (checkpoint
 # loads so far) time a start's way to its first step; histories before them lack them. "save" is one
 # checkpoint written to a named file (torch.save, torch.distributed.checkpoint's save) by any script.
-WORKER_EVENTS = ("start", "step", "activity", "progress", "exit", "imported", "pg_ready", "load", "save")
+# Device emulation (images/node/elastic_sim_devices.py): "emulated" (what: devices, per_node, failure_timing),
+# "emulated_calls" (calls: the emulated calls this process made so far, with counts) and "nccl_watchdog" (a
+# collective whose peer was gone, held `seconds` from `began` until the process group's timeout, then aborted).
+DEVICE_EVENTS = ("emulated", "emulated_calls", "nccl_watchdog")
+WORKER_EVENTS = (
+    *("start", "step", "activity", "progress", "exit", "imported", "pg_ready", "load", "save"),
+    *DEVICE_EVENTS,
+)
 
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
@@ -219,7 +226,13 @@ class WorkerRecord(_WorkerFacts):
     code: int | None = None  # exit
     seconds: float | None = None  # pg_ready: the init call's duration; load: all loads' so far; save: its own
     path: str | None = None  # load: the last file loaded; save: the file (or DCP directory) written
-    began: float | None = None  # save: when it began (the record's time is when it returned)
+    # save: when it began (the record's time is when it returned); nccl_watchdog: when the collective began
+    began: float | None = None
+    devices: str | None = None  # emulated: "emulated"
+    per_node: int | None = None  # emulated: devices per node
+    failure_timing: str | None = None  # emulated: "nccl" | "gloo"
+    calls: dict | None = None  # emulated_calls: call name -> count, this process so far
+    timeout_s: float | None = None  # nccl_watchdog: the process group's timeout
 
 
 RECORD_TYPES: dict[str, type[Record]] = {

@@ -47,6 +47,11 @@ NODE_AGENT_MIB = 132
 NODE_WORKER_MIB = 234
 HOST_RESERVE_MIB = 1024
 MAX_GPUS_PER_NODE = 64
+# --devices: "emulated" runs CUDA code on CPU and NCCL as gloo in every worker (images/node/elastic_sim_devices.py);
+# "gpu" leaves torch as it is (real GPUs with --gpus). --failure-timing: how a collective fails when a peer
+# is gone under emulation: "nccl" blocks until the process group's timeout, then aborts; "gloo" fails at once.
+DEVICE_MODES = ("emulated", "gpu")
+FAILURE_TIMINGS = ("nccl", "gloo")
 
 DEFAULT_NAME = "sim"
 # Inside the node image; the shipped trainer is baked in (see images/node).
@@ -128,6 +133,8 @@ class ClusterSpec:
         None  # /ckpt as a tmpfs of this size, e.g. "64m" (a disk that can fill); None: a plain volume
     )
     engine: str = "compose"
+    devices: str | None = None  # DEVICE_MODES; None: emulated without --gpus, gpu with them
+    failure_timing: str = "nccl"  # FAILURE_TIMINGS, under emulation
 
     def __post_init__(self) -> None:
         check_name(self.name)  # the one validator of a name that becomes a path (sim/core/paths.py)
@@ -184,6 +191,35 @@ class ClusterSpec:
         for flag, size in (("--memory", self.memory), ("--ckpt-size", self.ckpt_size)):
             if size is not None:
                 parse_size(flag, size)
+        self._check_devices()
+
+    def _check_devices(self) -> None:
+        if self.devices is not None and self.devices not in DEVICE_MODES:
+            raise UsageError(f"--devices {self.devices!r}: unknown; use emulated (CUDA on CPU) or gpu")
+        if self.failure_timing not in FAILURE_TIMINGS:
+            raise UsageError(
+                f"--failure-timing {self.failure_timing!r}: unknown; "
+                "use nccl (block until the timeout) or gloo (fail at once)"
+            )
+        if self.devices == "emulated" and self.gpus.enabled:
+            raise UsageError(
+                f"--devices emulated with --gpus {self.gpus}: emulation is for nodes without GPUs; "
+                "drop --devices emulated to use the GPUs, or drop --gpus"
+            )
+        if self.devices is None:
+            object.__setattr__(self, "devices", "gpu" if self.gpus.enabled else "emulated")
+
+    @property
+    def emulated(self) -> bool:
+        """CUDA and NCCL emulated on CPU in the workers."""
+        return self.devices == "emulated"
+
+    @property
+    def devices_line(self) -> str:
+        """What the banner, status and report say about the devices."""
+        if not self.emulated:
+            return f"devices: GPUs ({self.gpus} per node)" if self.gpus.enabled else "devices: CPU, not emulated"
+        return emulated_devices_line(self.nproc_per_node, self.failure_timing)
 
     def _check_etcd_version(self) -> None:
         if self.etcd_version is None:
@@ -418,3 +454,9 @@ def over_trainer_defaults(given: Sequence[str]) -> tuple[str, ...]:
     ]
     # The given args come last: argparse keeps the last value, so they win even if abbreviated.
     return (*kept, *split)
+
+
+def emulated_devices_line(per_node: object, failure_timing: str) -> str:
+    """The one wording of device emulation: the `up` banner, `sim status`, the report and its picture."""
+    timing = "NCCL's (a dead peer blocks until the timeout)" if failure_timing == "nccl" else "gloo's (at once)"
+    return f"devices emulated on CPU ({per_node} per node), NCCL → gloo; failure timing {timing}"

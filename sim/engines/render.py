@@ -104,6 +104,7 @@ def render_node(
     env["SIM_NODE"] = name
     env["SIM_INSTRUMENT"] = "1" if spec.instrument else "0"
     env.update(CLOCK_ENV)
+    env.update(device_env(spec))
     if events_dir is not None:
         node["volumes"].append({"type": "bind", "source": str(events_dir), "target": env["SIM_EVENTS_DIR"]})
     else:
@@ -137,6 +138,17 @@ def render_node(
         node["shm_size"] = "1gb"
         env["SIM_BACKEND"] = "nccl"
     return node
+
+
+def device_env(spec: ClusterSpec) -> dict[str, str]:
+    """The switch of the workers' device emulation (images/node/elastic_sim_devices.py)."""
+    if not spec.emulated:
+        return {}
+    env = {"SIM_DEVICES": "emulated", "SIM_DEVICES_PER_NODE": str(spec.nproc_per_node)}
+    env["SIM_FAILURE_TIMING"] = spec.failure_timing
+    if spec.script is None:
+        env["SIM_BACKEND"] = "gloo"  # the shipped trainer's auto would take the (emulated) nccl path
+    return env
 
 
 def container_name(cluster: str, service: str) -> str:

@@ -61,6 +61,16 @@ AGENT_NEWS = (
 # victim (the agent notices within its monitor interval); the slack covers the two clocks' order.
 OOM_EXIT_S = 30.0
 OOM_CLOCK_SLACK_S = 1.0
+# torch's default NCCL process-group timeout (kProcessGroupNCCLDefaultTimeout, ProcessGroupNCCL.hpp, torch 2.13);
+# images/node/elastic_sim_devices.py holds it too (a unit test keeps them equal).
+NCCL_DEFAULT_TIMEOUT_S = 600.0
+NCCL_DEAD_PEER_FIX = (
+    "Pass timeout= to init_process_group to bound it, e.g. "
+    'dist.init_process_group("nccl", timeout=timedelta(seconds=120)). The trade-off: too short kills '
+    "collectives that are slow for good reasons (a checkpoint save, a long first compile or data load, a "
+    "straggler); too long wastes the whole timeout each time a node is lost. Choose it above the slowest "
+    "healthy collective (under emulation, --failure-timing gloo shows the run without the wait)."
+)
 NODE_LOSS_DOCKER = ("die", "kill", "stop", "pause", "network_disconnect")
 
 
@@ -562,6 +572,8 @@ def process_group_timeout(run: RunModel) -> Diagnosis | None:
     frozen = _frozen_stalls(run)
     if not timeouts and not frozen:
         return None
+    if not frozen and nccl_dead_peer(run) is not None:
+        return None  # NCCL's watchdog after a peer died, not a frozen peer: nccl-dead-peer says it
     evidence = [
         _line(
             pause,
@@ -591,6 +603,66 @@ def process_group_timeout(run: RunModel) -> Diagnosis | None:
         "Pass a timeout to init_process_group that suits the job, e.g. "
         'dist.init_process_group("gloo", timeout=timedelta(seconds=60)): the blocked collective then fails, the '
         "worker exits and torchrun regroups without the frozen node.",
+    )
+
+
+def nccl_dead_peer(run: RunModel) -> Diagnosis | None:
+    """Survivors blocked in a collective until the process group's timeout after a peer died: NCCL's
+    failure timing (real, or emulated on CPU by images/node/elastic_sim_devices.py, whose "nccl_watchdog"
+    record each such worker writes before it aborts as ProcessGroupNCCL's watchdog does)."""
+    held = [r for r in run.records if isinstance(r, WorkerRecord) and r.event == "nccl_watchdog"]
+    if not held:
+        return _nccl_watchdog_logged(run)
+    first = min(held, key=lambda r: r.t)
+    began = first.began if first.began is not None else first.t - (first.seconds or 0.0)
+    losses = [
+        f
+        for f in _fault_records(run, *names_where(lambda kind: kind.loses_node or kind.ends_workers))
+        if f.t <= began + 5.0
+    ]
+    loss = losses[-1] if losses else None
+    timeouts = sorted({r.timeout_s for r in held if r.timeout_s is not None})
+    timeout = timeouts[-1] if timeouts else None
+    waited = f"{timeout:g} s" if timeout is not None else "the process group's timeout"
+    evidence = [_line(loss, f"{_describe(loss)}: a peer of the job gone")] if loss else []
+    evidence += [
+        _line(
+            r,
+            f"rank {r.rank} blocked in {r.op or 'a collective'} for {r.seconds or 0:.1f} s "
+            f"(timeout {r.timeout_s:g} s), then aborted by the watchdog (SIGABRT)",
+        )
+        for r in _first_per_node(held)
+    ]
+    default = " (torch's default for NCCL: 10 minutes)" if timeout == NCCL_DEFAULT_TIMEOUT_S else ""
+    return Diagnosis(
+        "nccl-dead-peer",
+        f"Survivors blocked {waited} in a collective after a peer died",
+        "A peer process died while the others were inside a collective. NCCL does not notice a dead peer: "
+        f"the collective blocks until the process group's timeout ({waited}{default}), then ProcessGroupNCCL's "
+        "watchdog aborts the process and only then does torchrun regroup. The whole timeout is lost per node "
+        f"loss, on {', '.join(sorted({r.node for r in held if r.node}, key=node_order))}.",
+        evidence,
+        NCCL_DEAD_PEER_FIX,
+    )
+
+
+def _nccl_watchdog_logged(run: RunModel) -> Diagnosis | None:
+    """A real NCCL run (no emulation records): the watchdog's own lines after a peer's node or process died."""
+    words = "Watchdog caught collective operation timeout"
+    logged = [r for r in run.agent_events("worker_error") if words in (r.message or "")]
+    lost = _fault_records(run, *names_where(lambda kind: kind.loses_node or kind.ends_workers))
+    if not logged or not lost or lost[0].t > logged[0].t:
+        return None
+    ran = [int(m.group(1)) for r in logged if (m := re.search(r"ran for (\d+) milliseconds", r.message or ""))]
+    waited = f"{max(ran) / 1000:.0f} s" if ran else "the process group's timeout"
+    return Diagnosis(
+        "nccl-dead-peer",
+        f"Survivors blocked {waited} in a collective after a peer died",
+        "A peer process died while the others were inside a collective. NCCL does not notice a dead peer: "
+        "the collective blocks until the process group's timeout, then ProcessGroupNCCL's watchdog aborts the "
+        "process and only then does torchrun regroup.",
+        [_line(lost[-1] if lost[-1].t <= logged[0].t else lost[0]), *(_line(r) for r in _first_per_node(logged))],
+        NCCL_DEAD_PEER_FIX,
     )
 
 
@@ -1584,6 +1656,7 @@ DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
     superseded_round_checkpoint,
     init_peer_lost,
     process_group_timeout,
+    nccl_dead_peer,
     loss_jump,
     restart_budget,
     waiting_for_nodes,

@@ -40,8 +40,10 @@ def draw_timeline(
     verdict: Verdict,
     profile: str,
     window: tuple[float, float] | None = None,
+    devices: str | None = None,
 ) -> None:
-    """`window`: draw only these seconds since the run's start (`sim vet`'s picture of one fault)."""
+    """`window`: draw only these seconds since the run's start (`sim vet`'s picture of one fault). `devices`: a
+    line under the title on what ran the devices ("devices emulated on CPU ..."), if said."""
     # Imported here: the summary and JSON need no matplotlib; Figure + Agg canvas, no pyplot, no display.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -72,7 +74,7 @@ def draw_timeline(
     step_ax.set_title(
         f"expected: {EXPECTED_WORDS.get(verdict.expected, verdict.expected)}   ·   "
         f"profile: {profile}   ·   {len(timeline.faults)} fault(s)   ·   "
-        f"{verdict.rounds} rendezvous round(s)   ·   {timeline.end:.1f} s",
+        f"{verdict.rounds} rendezvous round(s)   ·   {timeline.end:.1f} s" + (f"\n{devices}" if devices else ""),
         loc="left",
         fontsize=9,
         color="#444444",

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from sim.core.history import DEVICE_EVENTS, WorkerRecord
 from sim.core.nodes import node_order
+from sim.core.spec import emulated_devices_line
 from sim.verdict import EXPECTED_WORDS, CheckResult, Verdict
 from sim.verdict.diagnose import Diagnosis, format_diagnoses
 from sim.verdict.plot import draw_timeline
@@ -51,8 +53,14 @@ def write_report(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = ReportFiles.in_folder(out_dir)
+    devices = device_facts(run)
     draw_timeline(
-        build_timeline(run, verdict), files.png, title=title, verdict=verdict, profile=profile_label(profile, run)
+        build_timeline(run, verdict),
+        files.png,
+        title=title,
+        verdict=verdict,
+        profile=profile_label(profile, run),
+        devices=devices and devices["line"],
     )
     data = report_data(verdict, run, title=title, profile=profile, files=files, diagnoses=diagnoses)
     files.json.write_text(json.dumps(data, indent=2, default=_json_default) + "\n", encoding="utf-8")
@@ -65,6 +73,42 @@ def profile_label(profile: str | None, run: RunModel) -> str:
     if profile is None and run.start is not None:
         profile = run.start.profile
     return PROFILE_WORDS.get(profile, profile) if profile else "unknown"
+
+
+def device_facts(run: RunModel) -> dict | None:
+    """What ran the devices: the run's spec (devices, failure_timing) and its workers' emulation records
+    (images/node/elastic_sim_devices.py): the emulated calls summed over every worker process (each
+    process's last count), and the collectives NCCL's timing held. None for a run that says nothing of it."""
+    spec = run.start.spec_fields if run.start is not None else {}
+    records = [r for r in run.all_records if isinstance(r, WorkerRecord) and r.event in DEVICE_EVENTS]
+    announced = next((r for r in records if r.event == "emulated"), None)
+    if spec.get("devices") != "emulated" and announced is None:
+        return None
+    per_node = announced.per_node if announced and announced.per_node else spec.get("nproc_per_node")
+    timing = (announced.failure_timing if announced else None) or spec.get("failure_timing") or "nccl"
+    last: dict[tuple, dict] = {}
+    for r in records:
+        if r.event == "emulated_calls" and r.calls:
+            last[(r.node, r.pid, r.restart)] = r.calls
+    calls: dict[str, int] = {}
+    for counts in last.values():
+        for name, n in counts.items():
+            if isinstance(n, int):
+                calls[name] = calls.get(name, 0) + n
+    held = [r for r in records if r.event == "nccl_watchdog"]
+    return {
+        "emulated": True,
+        "per_node": per_node,
+        "failure_timing": timing,
+        "line": emulated_devices_line(per_node, timing),
+        "calls": dict(sorted(calls.items(), key=lambda item: (-item[1], item[0]))),
+        "watchdog_aborts": len(held),
+        "seen_by_workers": announced is not None,
+    }
+
+
+def _calls_words(calls: dict) -> str:
+    return ", ".join(f"{name} ×{n}" for name, n in calls.items()) or "none"
 
 
 # ---------------------------------------------------------------- summary, JSON, HTML
@@ -111,6 +155,7 @@ def report_data(
             "not_measured": [r.name for r in verdict.results if not r.measured],
         },
         "diagnoses": [dataclasses.asdict(d) for d in diagnoses],
+        "devices": device_facts(run),
         "history": {"skipped_lines": run.skipped_lines},  # lines that were not a record (torn writes)
         "files": {} if files is None else {kind: str(path) for kind, path in files._asdict().items()},
     }
@@ -283,6 +328,9 @@ def format_summary(
     lines.append(f"Rendezvous rounds: {verdict.rounds}")
     lines.append(f"Training seen through: {_training_words(data['training'])}")
     lines.append(f"Profile: {data['profile']}")
+    if data["devices"]:
+        lines.append(f"Devices: {data['devices']['line']}")
+        lines.append(f"Emulated calls (all workers, all starts): {_calls_words(data['devices']['calls'])}")
     if run.skipped_lines:
         lines.append(f"History: {run.skipped_lines} line(s) skipped, not a whole record (a torn write?)")
     if files is not None:
@@ -354,6 +402,9 @@ def render_html(data: dict, png: bytes) -> str:
     ]
     if data["run"]["duration_s"] is not None:
         facts.append([_cell("duration"), _cell(_seconds(data["run"]["duration_s"]))])
+    if data["devices"]:
+        facts.append([_cell("devices"), _cell(data["devices"]["line"])])
+        facts.append([_cell("emulated calls"), _cell(_calls_words(data["devices"]["calls"]))])
     checks = [_html_check_row(check) for check in data["checks"]]
     fault_headers, fault_rows = fault_table(data)
     faults = [[_cell(cell) for cell in row] for row in fault_rows]

@@ -862,3 +862,30 @@ def test_no_script_error_for_an_exception_that_did_not_end_its_start():
     history, node_logs = captured_run("script_error_nccl")
     no_failures = {n: "\n".join(x for x in t.splitlines() if "failed (exitcode" not in x) for n, t in node_logs.items()}
     assert "script-error" not in codes(diagnose(history, no_failures))
+
+
+def test_nccl_dead_peer_when_survivors_wait_out_the_timeout_after_a_node_loss():
+    """tests/scripts/multinode-ddp-node-loss.yaml: multinode_ddp.py (nccl, emulated on CPU, timeout= 20 s); node2
+    killed: node0's and node1's workers held their all-reduce 20 s, then aborted with the watchdog's words;
+    both regrouped. The diagnosis names it and the timeout= fix with its trade-off."""
+    found = diagnose(*captured_run("nccl_dead_peer"))
+    assert codes(found) == ["nccl-dead-peer"]  # not process-group-timeout: no peer froze, one died
+    dead = found[0]
+    assert dead.title == "Survivors blocked 20 s in a collective after a peer died"
+    assert "fault kill-node on node2" in dead.evidence[0]
+    assert "rank 1 blocked in ALLREDUCE for 20.0 s (timeout 20 s)" in dead.evidence[1]
+    assert "timeout= to init_process_group" in dead.fix and "too short" in dead.fix and "too long" in dead.fix
+
+
+def test_no_nccl_dead_peer_without_a_held_collective():
+    assert "nccl-dead-peer" not in codes(diagnose(*captured_run("oom_worker")))
+
+
+def test_nccl_dead_peer_from_the_watchdog_lines_alone():
+    """A real NCCL run writes no emulation records: the watchdog's own lines after the node loss say it."""
+    history, logs = captured_run("nccl_dead_peer")
+    history = [r for r in history if r.get("event") != "nccl_watchdog"]
+    found = diagnose(history, logs)
+    assert codes(found) == ["nccl-dead-peer"]
+    assert found[0].title == "Survivors blocked 20 s in a collective after a peer died"
+    assert "Watchdog caught collective operation timeout" in found[0].evidence[1]

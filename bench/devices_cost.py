@@ -1,0 +1,146 @@
+"""The cost of the device emulation (images/node/elastic_sim_devices.py) per training step, printed.
+
+One process on this machine's CPU trains a small DDP model (a one-process gloo group) the way a GPU
+script does: the batch moved with .to(device), the loss's backward (DDP's all-reduce), an optimizer
+step, one dist.all_reduce of the loss for logging and its .item(). The emulation is installed exactly
+as in a node (elastic_sim_devices.install), then switched per step by putting its wrappers in place or
+taking them out. Each pair of steps runs one step with it (device "cuda", emulated) and one without
+(device "cpu", torch's own functions), in a random order per pair, a few milliseconds apart in the
+same process. The figure is the trimmed mean (10 % off each end) of the paired differences over the
+median step time; --control runs both halves without the emulation (the bench's noise floor, ~0).
+
+Usage: .venv/bin/python bench/devices_cost.py [--pairs 2000] [--width 256] [--control]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "images" / "node"))
+
+
+def _namespaces(torch):
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader
+
+    return [
+        torch,
+        torch.Tensor,
+        torch.nn.Module,
+        torch.cuda,
+        torch.autograd,
+        dist,
+        distributed_c10d,
+        DistributedDataParallel,
+        DataLoader,
+        torch.amp,
+        torch.UntypedStorage,
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=2000)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--control", action="store_true")
+    args = parser.parse_args()
+
+    import elastic_sim_devices as devices
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("LOCAL_RANK", "0")
+    spaces = _namespaces(torch)
+    before = [dict(vars(space)) for space in spaces]
+    emulator = devices.Emulator(write=None, env={"LOCAL_RANK": "0", "SIM_DEVICES_PER_NODE": "1"})
+    devices.install(torch, emulator)
+    changed = [
+        (space, name, old[name], value)
+        for space, old in zip(spaces, before, strict=True)
+        for name, value in vars(space).items()
+        if name in old and old[name] is not value
+    ]
+
+    def emulate(on: bool) -> None:
+        for space, name, original, patched in changed:
+            setattr(space, name, patched if on else original)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    emulate(True)
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60)
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(args.width, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, 1)
+    )
+    ddp = torch.nn.parallel.DistributedDataParallel(model.to(0), device_ids=[0])
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    data = [(torch.randn(64, args.width), torch.randn(64, 1)) for _ in range(8)]
+
+    def step(i: int, device: str) -> float:
+        x, y = data[i % len(data)]
+        began = time.perf_counter()
+        x, y = x.to(device), y.to(device)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        logged = loss.detach().clone()
+        dist.all_reduce(logged)
+        logged.item()
+        return time.perf_counter() - began
+
+    for i in range(100):  # warm up both paths
+        emulate(i % 2 == 0)
+        step(i, "cuda" if i % 2 == 0 else "cpu")
+    on_times, off_times, diffs = [], [], []
+    rng = random.Random(0)
+    for i in range(args.pairs):
+        order = [True, False]
+        rng.shuffle(order)
+        times = {}
+        for on in order:
+            emulate(on and not args.control)
+            times[on] = step(i, "cuda" if on and not args.control else "cpu")
+        on_times.append(times[True])
+        off_times.append(times[False])
+        diffs.append(times[True] - times[False])
+    emulate(True)
+    dist.destroy_process_group()
+    diffs.sort()
+    cut = len(diffs) // 10
+    trimmed = diffs[cut : len(diffs) - cut]
+    median = statistics.median(off_times)
+    figure = {
+        "pairs": args.pairs,
+        "control": args.control,
+        "median_step_ms": round(median * 1000, 3),
+        "mean_added_us": round(statistics.fmean(trimmed) * 1e6, 2),
+        "overhead_pct": round(100 * statistics.fmean(trimmed) / median, 2),
+        "wrappers": len(changed),
+    }
+    print(json.dumps(figure))
+    print(
+        f"device emulation: {figure['overhead_pct']:+.2f} % of a {figure['median_step_ms']:.2f} ms step "
+        f"({figure['mean_added_us']:+.1f} us per step){' [control]' if args.control else ''}; target < 2 %"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""The node image's device emulation (images/node/elastic_sim_devices.py): pure parts in-process, then
+real torch in subprocesses with a fake torchrun environment: a GPU script's calls on a CPU-only torch,
+and NCCL's failure timing of a collective whose peer died, against gloo's."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from sim.verdict import diagnose
+
+NODE_DIR = Path(__file__).resolve().parents[2] / "images" / "node"
+sys.path.insert(0, str(NODE_DIR))
+
+import elastic_sim_devices as devices  # noqa: E402
+
+WITH_NODE_SITE = f"import site; site.addsitedir({str(NODE_DIR)!r}); "
+WORKER_ENV = {
+    "LOCAL_RANK": "0",
+    "RANK": "0",
+    "WORLD_SIZE": "1",
+    "LOCAL_WORLD_SIZE": "1",
+    "TORCHELASTIC_RUN_ID": "demo-r1",
+    "SIM_NODE": "node1",
+    "SIM_DEVICES": "emulated",
+    "SIM_DEVICES_PER_NODE": "4",
+}
+CLEAN = ("LOCAL_RANK", "RANK", "WORLD_SIZE", devices.OWNER_ENV, "SIM_INSTRUMENTED_PID", "SIM_DEVICES")
+
+
+def test_only_emulating_torchrun_workers_emulate():
+    assert devices.should_emulate(WORKER_ENV)
+    assert not devices.should_emulate({})
+    assert not devices.should_emulate({**WORKER_ENV, "SIM_DEVICES": "gpu"})
+    assert not devices.should_emulate({k: v for k, v in WORKER_ENV.items() if k != "TORCHELASTIC_RUN_ID"})
+    assert devices.devices_per_node(WORKER_ENV) == 4
+    assert devices.devices_per_node({"LOCAL_WORLD_SIZE": "2"}) == 2
+    assert devices.failure_timing({}) == "nccl" and devices.failure_timing({"SIM_FAILURE_TIMING": "gloo"}) == "gloo"
+
+
+def test_nccl_backends_become_gloo():
+    assert devices.mapped_backend("nccl") == "gloo"
+    assert devices.mapped_backend("NCCL") == "gloo"
+    assert devices.mapped_backend("cpu:gloo,cuda:nccl") == "gloo"
+    assert devices.mapped_backend("cpu:mpi,cuda:nccl") == "cpu:mpi"
+    assert devices.mapped_backend("gloo") == "gloo"
+    assert devices.mapped_backend(None) is None
+
+
+def test_watchdog_words_are_ncclS():
+    lines = devices.watchdog_lines(3, 78, "BROADCAST", 80, 600000, 600096)
+    assert lines[0].endswith(
+        "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=78, OpType=BROADCAST, "
+        "NumelIn=80, NumelOut=80, Timeout(ms)=600000) ran for 600096 milliseconds before timing out."
+    )
+    assert "we are taking the entire process down" in lines[2]
+
+
+def test_the_default_nccl_timeout_is_the_same_everywhere():
+    assert devices.NCCL_DEFAULT_TIMEOUT_S == diagnose.NCCL_DEFAULT_TIMEOUT_S == 600.0
+
+
+GPU_SCRIPT = textwrap.dedent("""
+    import datetime, os, sys, tempfile
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+
+    assert torch.cuda.is_available() and torch.cuda.device_count() == 4
+    torch.cuda.set_device(2); assert torch.cuda.current_device() == 2
+    props = torch.cuda.get_device_properties(0)
+    assert props.total_memory > 0 and props.major >= 7 and "emulated" in torch.cuda.get_device_name()
+    torch.cuda.manual_seed_all(0); torch.cuda.synchronize(); torch.cuda.empty_cache()
+    device = torch.device("cuda", 0)
+    model = torch.nn.Linear(4, 2).cuda().to(device).to("cuda:1").to(1)
+    x = torch.randn(3, 4, device="cuda") + torch.zeros(3, 4, device=device) + torch.ones(3, 4).cuda()
+    x = x.to("cuda").to(0).new_zeros((3, 4), device="cuda:0") + x
+    assert x.device.type == "cpu" and next(model.parameters()).device.type == "cpu"
+    with torch.device("cuda"):
+        assert torch.empty(2).device.type == "cpu"
+    path = os.path.join(tempfile.mkdtemp(), "ckpt.pt")
+    torch.save(model.state_dict(), path)
+    for where in ("cuda:0", device, {"cuda:0": "cuda:1"}, lambda storage, loc: storage.cuda(0), None):
+        model.load_state_dict(torch.load(path, map_location=where))
+    for _ in DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4, pin_memory=True):
+        pass
+    assert torch.cuda.memory_allocated() >= 0 and torch.cuda.max_memory_allocated() >= 0
+    free, total = torch.cuda.mem_get_info(); assert 0 < free <= total
+    torch.cuda.reset_peak_memory_stats(); torch.cuda.memory_reserved(); torch.cuda.max_memory_reserved()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    stream = torch.cuda.Stream()
+    start.record()
+    with torch.cuda.stream(stream):
+        torch.cuda.nvtx.range_push("fwd"); y = model(x); torch.cuda.nvtx.range_pop()
+    with torch.cuda.nvtx.range("bwd"):
+        pass
+    end.record(); end.synchronize(); assert start.elapsed_time(end) >= 0.0
+    torch.cuda.current_stream().wait_stream(stream)
+    scaler = torch.amp.GradScaler("cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        y = model(x)
+    assert y.dtype == torch.float32  # disabled: no float16 on the CPU emulation
+    with torch.cuda.amp.autocast():
+        pass
+    torch.cuda.amp.GradScaler()
+    dist.init_process_group("cpu:gloo,cuda:nccl", init_method="tcp://127.0.0.1:%s" % sys.argv[1], rank=0,
+                            world_size=1, timeout=datetime.timedelta(seconds=30), device_id=device)
+    assert dist.get_backend() == "gloo" and dist.is_nccl_available()
+    group = dist.new_group([0], backend="nccl")
+    t = torch.ones(2, device="cuda"); dist.all_reduce(t, group=group); dist.barrier(device_ids=[0])
+    ddp = DDP(model, device_ids=[0], output_device=0)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    scaler.scale(ddp(x).sum()).backward(); scaler.step(optimizer); scaler.update()
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cuda", (1,))
+    assert mesh.device_type == "cpu"
+    dist.destroy_process_group()
+    print("ran")
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_worker(tmp_path: Path, script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "train.py"
+    path.write_text(script)
+    code = WITH_NODE_SITE + f"import runpy, sys; sys.argv = {[str(path), *args]!r}; runpy.run_path(sys.argv[0])"
+    base = {k: v for k, v in os.environ.items() if k not in CLEAN}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={**base, **WORKER_ENV, **env}
+    )
+
+
+def records(events: Path) -> list[dict]:
+    return [json.loads(line) for path in events.glob("*.jsonl") for line in path.read_text().splitlines()]
+
+
+def test_a_gpu_script_runs_unchanged_and_its_emulated_calls_are_counted(tmp_path):
+    events = tmp_path / "events"
+    events.mkdir()
+    result = run_worker(tmp_path, GPU_SCRIPT, str(free_port()), SIM_EVENTS_DIR=str(events), SIM_INSTRUMENT="0")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout == "ran\n"
+    assert result.stderr.count("autocast and GradScaler for cuda run as disabled") == 1  # said once
+    written = records(events)
+    [announced] = [r for r in written if r["event"] == "emulated"]
+    assert (announced["devices"], announced["per_node"], announced["failure_timing"]) == ("emulated", 4, "nccl")
+    calls = [r for r in written if r["event"] == "emulated_calls"][-1]["calls"]
+    for name in (
+        "torch.cuda.set_device",
+        "Module.cuda()",
+        "Module.to(cuda)",
+        "Tensor.to(cuda)",
+        "factory(device=cuda)",
+        "torch.load(map_location=cuda)",
+        "torch.load(map_location=callable)",
+        "DataLoader(pin_memory=True)",
+        "torch.cuda.Event",
+        "torch.cuda.Stream",
+        "torch.cuda.nvtx",
+        "autocast(cuda)",
+        "GradScaler(cuda)",
+        "init_process_group(nccl)",
+        "init_process_group(device_id=)",
+        "new_group(backend=nccl)",
+        "barrier(device_ids=)",
+        "DDP(device_ids=)",
+        "init_device_mesh(cuda)",
+    ):
+        assert calls.get(name, 0) >= 1, (name, calls)
+
+
+def test_without_emulation_torch_is_left_alone(tmp_path):
+    result = run_worker(tmp_path, "import torch\nprint(torch.cuda.is_available())\n", SIM_DEVICES="gpu")
+    assert (result.returncode, result.stdout) == (0, "False\n"), result.stderr
+
+
+def test_a_cuda_extension_is_refused_with_the_way_out(tmp_path):
+    script = "from torch.utils.cpp_extension import load\nload('k', sources=['k.cu'])\n"
+    result = run_worker(tmp_path, script)
+    assert result.returncode == 1
+    assert "elastic-sim device emulation: a custom CUDA extension" in result.stderr and "--gpus" in result.stderr
+
+
+PEER_SCRIPT = textwrap.dedent("""
+    import datetime, os, sys, time
+    import torch, torch.distributed as dist
+    rank = int(os.environ["RANK"])
+    torch.cuda.set_device(rank)
+    dist.init_process_group(sys.argv[3], timeout=datetime.timedelta(seconds=float(sys.argv[2])))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1).cuda(), device_ids=[rank])
+    for i in range(200):
+        if rank == 1 and i == 3:
+            os._exit(9)
+        if sys.argv[1] == "all_reduce":
+            dist.all_reduce(torch.ones(3, device="cuda"))
+        else:
+            model(torch.randn(2, 4).cuda()).sum().backward()
+        time.sleep(0.05)
+""")
+
+
+@pytest.mark.parametrize(
+    "timing, where, backend",
+    [("nccl", "all_reduce", "nccl"), ("nccl", "ddp", "nccl"), ("gloo", "all_reduce", "nccl"), ("nccl", "ddp", "gloo")],
+)
+def test_a_dead_peer_holds_the_survivor_until_the_timeout_under_nccl_timing(tmp_path, timing, where, backend):
+    """NCCL's timing for an NCCL group; gloo's under --failure-timing gloo, and for a script that asks for gloo."""
+    path = tmp_path / "peer.py"
+    path.write_text(PEER_SCRIPT)
+    base = {k: v for k, v in os.environ.items() if k not in CLEAN}
+    env = {**base, **WORKER_ENV, "SIM_FAILURE_TIMING": timing, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), SIM_EVENTS_DIR=str(tmp_path))
+    code = (
+        WITH_NODE_SITE
+        + f"import runpy, sys; sys.argv = {[str(path), where, '4', backend]!r}; runpy.run_path(sys.argv[0])"
+    )
+    began = time.monotonic()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    survivor = procs[0].communicate(timeout=120)
+    procs[1].communicate(timeout=60)
+    elapsed = time.monotonic() - began
+    if timing == "gloo" or backend == "gloo":
+        assert elapsed < 30, elapsed
+        assert procs[0].returncode == 1 and "Watchdog" not in survivor[1], survivor[1][-3000:]
+        return
+    assert procs[0].returncode == -6, survivor[1][-3000:]  # SIGABRT, as NCCL's watchdog takes it down
+    assert elapsed >= 4.0, elapsed
+    assert "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=" in survivor[1]
+    assert "OpType=ALLREDUCE" in survivor[1] and "Timeout(ms)=4000" in survivor[1]
+    [held] = [r for r in records(tmp_path) if r["event"] == "nccl_watchdog" and r["rank"] == 0]
+    assert held["timeout_s"] == 4.0 and held["seconds"] >= 4.0 and held["op"] == "ALLREDUCE"
+
+
+# --- the switch: spec, scenario, render, report -----------------------------------------------
+
+
+def test_devices_default_to_emulated_without_gpus_and_refuse_both():
+    from sim.core.errors import UsageError
+    from sim.core.spec import ClusterSpec, spec_from_options
+
+    assert ClusterSpec().devices == "emulated" and ClusterSpec().failure_timing == "nccl"
+    assert ClusterSpec(gpus="1").devices == "gpu" and not ClusterSpec(gpus="1").emulated
+    assert ClusterSpec.from_json(ClusterSpec(failure_timing="gloo").to_json()).failure_timing == "gloo"
+    with pytest.raises(UsageError, match="--devices emulated with --gpus 1: .*drop --gpus"):
+        spec_from_options({"devices": "emulated", "gpus": "1"}, None)
+    with pytest.raises(UsageError, match="--devices 'tpu': unknown"):
+        ClusterSpec(devices="tpu")
+    with pytest.raises(UsageError, match="--failure-timing 'mpi': unknown"):
+        ClusterSpec(failure_timing="mpi")
+    assert ClusterSpec(nproc_per_node=3).devices_line.startswith("devices emulated on CPU (3 per node), NCCL → gloo")
+
+
+def test_render_switches_the_workers_emulation():
+    from sim.core.spec import ClusterSpec
+    from sim.engines.render import device_env
+
+    script = str(Path(__file__).resolve().parents[1] / "scripts" / "multinode_ddp.py")
+    emulated = device_env(ClusterSpec(script=script, nproc_per_node=2, failure_timing="gloo"))
+    assert emulated == {"SIM_DEVICES": "emulated", "SIM_DEVICES_PER_NODE": "2", "SIM_FAILURE_TIMING": "gloo"}
+    assert device_env(ClusterSpec())["SIM_BACKEND"] == "gloo"  # the shipped trainer keeps its gloo path
+    assert device_env(ClusterSpec(gpus="1")) == {} and device_env(ClusterSpec(devices="gpu")) == {}
+
+
+def test_a_scenario_sets_devices_and_failure_timing():
+    from chaos.scenario import load_scenario
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "multinode-ddp-node-loss.yaml"
+    cluster = load_scenario(path).cluster
+    assert (cluster["devices"], cluster["failure_timing"]) == ("emulated", "nccl")
+
+
+def test_the_report_says_the_devices_were_emulated_and_counts_the_calls():
+    from sim.verdict.report import device_facts
+    from sim.verdict.runmodel import RunModel
+
+    folder = Path(__file__).resolve().parents[1] / "data" / "runs" / "nccl_dead_peer"
+    run = RunModel([json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()])
+    facts = device_facts(run)
+    assert facts["line"].startswith("devices emulated on CPU (1 per node), NCCL → gloo; failure timing NCCL's")
+    assert facts["calls"]["init_process_group(nccl)"] == 8  # every start of every worker
+    assert facts["calls"]["torch.load(map_location=cuda)"] == 5 and facts["watchdog_aborts"] == 2
+    assert device_facts(RunModel([{"t": 1.0, "type": "run", "event": "start", "spec": {"devices": "gpu"}}])) is None
