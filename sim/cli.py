@@ -60,6 +60,30 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--rdzv-conf", help="torchrun --rdzv-conf, passed unchanged: k=v,k2=v2")
     up.add_argument("--script", help="a torchrun training script on this machine (default: the shipped trainer)")
     up.add_argument(
+        "--project-dir",
+        metavar="DIR",
+        help="the job's whole tree, copied into every node (writable, on PYTHONPATH, the working folder); "
+        "default: the script's git root, else its folder; --script may then be relative to it",
+    )
+    up.add_argument(
+        "--mount",
+        dest="mounts",
+        action="append",
+        metavar="HOST:CONTAINER[:rw]",
+        help="a host file or folder in every node, read-only unless :rw (repeatable), e.g. ./data:/data",
+    )
+    up.add_argument(
+        "--requirements",
+        metavar="FILE",
+        help="pip requirements installed in an image layer over the node image (cached by content; "
+        "default: [tool.elastic-sim] requirements in the project's pyproject.toml)",
+    )
+    up.add_argument(
+        "--image",
+        metavar="IMAGE",
+        help="run the nodes on your own image (with its own Python and torch); elastic-sim adds a thin layer",
+    )
+    up.add_argument(
         "--env",
         action="append",
         metavar="KEY=VALUE",
@@ -135,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and the privilege audit of a rendered (or a running) cluster",
     )
     doctor.add_argument("name", nargs="?", help="also audit this running cluster's containers")
+    doctor.add_argument("--image", metavar="IMAGE", help="which faults and checks your own image (--image) supports")
     sub.add_parser("build", help="build the node and etcd images (cached by content)")
     swarm = sub.add_parser("swarm", help="the engines of a multi-host swarm's hosts (add-host, remove-host, hosts)")
     swarm_sub = swarm.add_subparsers(dest="swarm_command", metavar="SUBCOMMAND", parser_class=_Parser)
@@ -394,10 +419,12 @@ def cmd_logs(args: argparse.Namespace, _: list[str] | None) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace, _: list[str] | None) -> int:
-    from .doctor import format_report, rendered_audit, run_checks, running_audit
+    from .doctor import format_report, image_checks, rendered_audit, run_checks, running_audit
 
     docker = _docker()
     checks = run_checks(docker) + rendered_audit() + (running_audit(docker, args.name) if args.name else [])
+    if args.image:
+        checks += image_checks(docker, args.image)
     print(format_report(checks))
     return 0 if all(c.ok or not c.required for c in checks) else 1
 
