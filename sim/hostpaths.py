@@ -168,7 +168,7 @@ def check_mount(host: str, target: str, writable: bool) -> tuple[str, str, bool]
     if not path.exists():
         raise UsageError(f"{shown}: no such file or folder {host!r} on this machine; give an existing path")
     resolved = _resolved(path)
-    check_exposure(shown, host, resolved, "mount only the folder the job needs (e.g. its data folder)")
+    check_exposure(f"{shown}: host path", host, resolved, "mount only the folder the job needs (e.g. its data folder)")
     if not target.startswith("/"):
         raise UsageError(f"{shown}: the node path {target!r} is not absolute; use e.g. /data")
     node_path = os.path.normpath(target)
