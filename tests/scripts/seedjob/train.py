@@ -15,7 +15,6 @@ import tqdm
 import yaml
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
-
 from trainer.model import Net
 
 
