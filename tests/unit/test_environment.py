@@ -10,7 +10,7 @@ import pytest
 
 from chaos.scenario import parse_scenario, scenario_spec_options
 from sim.errors import UsageError
-from sim.hostpaths import PROJECT_DIR_IN_NODE, PROJECT_STAGE_DIR, exposure, parse_mount, tree_summary
+from sim.hostpaths import PROJECT_DIR_IN_NODE, PROJECT_STAGE_DIR, exposure, tree_summary
 from sim.images import is_progress_line
 from sim.paths import IMAGES_DIR
 from sim.render import PROJECT_COPY, render
