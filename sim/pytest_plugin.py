@@ -4,6 +4,10 @@
         cluster = sim_cluster(nodes=3, script="train.py", max_restarts=3)
         ...
 
+    def test_my_package_job(sim_cluster):                 # the job's own environment (README)
+        cluster = sim_cluster(project_dir=".", script="train.py", requirements="requirements.txt",
+                              mounts=["./data:/data"], image=None)
+
     def test_worker_crash(sim_scenario):
         for result in sim_scenario("worker-crash"):      # a shipped name or a YAML path
             assert_verdict(result)

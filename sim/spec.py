@@ -208,6 +208,10 @@ class ClusterSpec:
         self._check_requirements()
         if self.image is not None and not _IMAGE_RE.fullmatch(str(self.image)):
             raise UsageError(f"--image {self.image!r}: not an image reference; use e.g. --image myteam/train:1.4")
+        if self.engine == "swarm" and (self.image is not None or self.requirements is not None):
+            raise UsageError(
+                "--image and --requirements build an image on this machine only; use them with --engine compose"
+            )
 
     def _check_project(self) -> None:
         """The script, and the project tree it runs in: checked, resolved, never a folder that exposes the host."""
