@@ -116,7 +116,7 @@ def test_corpus_script_runs_on_a_team_image(sim_scenario, docker, team_image, tm
     """ddp_sgd.py on the team's own image (system Python): a worker kill and a lossy link (tc, applied in
     the node), recovered; `sim doctor --image` names what that image supports."""
     scenario = tmp_path / "team-image.yaml"
-    scenario.write_text(f"""\\
+    scenario.write_text(f"""\
 name: env-team-image
 description: a corpus script on a team image with system Python, under a worker kill and a lossy link
 cluster:
