@@ -142,6 +142,7 @@ def bench_environment(docker: Docker, image: str | None) -> list[tuple[str, str]
             seconds, _ = timed(lambda spec=spec: UserImages(builder, docker).node_image(spec, node))
             rows.append((f"{name}, {attempt}", f"{seconds:6.2f} s  built {', '.join(builder.built) or 'nothing'}"))
     tree = Path(tempfile.mkdtemp(prefix="elastic-sim-bench-tree-"))
+    tree.chmod(0o755)  # the node's user reads it
     try:
         for i in range(300):  # a few hundred source files of 8 KiB: a typical project without its data
             folder = tree / f"pkg{i % 10}"
