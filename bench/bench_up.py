@@ -8,9 +8,13 @@
                           profile), c10d and etcd-v2, medians of interleaved repetitions, with the
                           sim's phases from its history; rows under "startup" in bench/results.json
                           (target ratio <= 1.05, issue 12)
+  own environment         (--environment) a requirements layer (tests/scripts/seedjob/requirements.txt) and an
+                          own image's thin layer (--image IMAGE), each built and then asked again: the second
+                          time must build nothing; and the node-start copy of a project tree of 300 files
 The image figures go under "images" in bench/results.json (--skip-cold keeps the last cold build's).
 
 Usage: .venv/bin/python bench/bench_up.py [--nodes 4] [--nproc-per-node 2] [--reps 3] [--skip-cold]
+       .venv/bin/python bench/bench_up.py --environment [--image IMAGE]
 """
 
 from __future__ import annotations
@@ -116,6 +120,48 @@ def bench_startup(docker: Docker, nodes: int, nproc: int, reps: int) -> list[dic
     return rows
 
 
+def bench_environment(docker: Docker, image: str | None) -> list[tuple[str, str]]:
+    """Seconds of the job-environment layers, first `up` and second `up` (what each built), and of the
+    project copy a node makes at its start."""
+    import subprocess
+
+    from sim.core.spec import ClusterSpec
+    from sim.engines.userimages import UserImages
+
+    builder = ImageBuilder(docker, progress=quiet)
+    node = builder.ensure().images.node
+    seedjob = ROOT / "tests" / "scripts" / "seedjob"
+    cases = [("requirements layer (pyyaml, tqdm)", {"requirements": str(seedjob / "requirements.txt")})]
+    if image:
+        cases.append((f"own image thin layer ({image})", {"image": image}))
+    rows = []
+    for name, options in cases:
+        spec = ClusterSpec(nodes=1, nproc_per_node=1, script=str(seedjob / "train.py"), **options)
+        for attempt in ("first up", "second up"):
+            builder.built = []
+            seconds, _ = timed(lambda spec=spec: UserImages(builder, docker).node_image(spec, node))
+            rows.append((f"{name}, {attempt}", f"{seconds:6.2f} s  built {', '.join(builder.built) or 'nothing'}"))
+    tree = Path(tempfile.mkdtemp(prefix="elastic-sim-bench-tree-"))
+    tree.chmod(0o755)  # the node's user reads it
+    try:
+        for i in range(300):  # a few hundred source files of 8 KiB: a typical project without its data
+            folder = tree / f"pkg{i % 10}"
+            folder.mkdir(exist_ok=True)
+            (folder / f"mod{i}.py").write_text("# module\n" + "x = 1\n" * 1350)
+        argv = ["docker", "run", "--rm", "--label", f"{labels.IMAGE}=bench", "--network", "none", "-v",
+                f"{tree}:/opt/sim/user:ro", node, "elastic-sim-project", "/opt/sim/user", "/opt/sim/project",
+                ".git", "--", "true"]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        copied = next((line for line in done.stderr.splitlines() if "project copied" in line), done.stderr.strip())
+        rows.append(("project copy at node start (300 files, 2.3 MiB)", copied.split(": ", 1)[-1]))
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=4)
@@ -123,9 +169,14 @@ def main() -> int:
     parser.add_argument("--skip-cold", action="store_true", help="skip the cold build (it takes minutes)")
     parser.add_argument("--reps", type=int, default=3, help="start-up repetitions per side (default 3)")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results file (default {RESULTS})")
+    parser.add_argument("--environment", action="store_true", help="only the own-environment figures")
+    parser.add_argument("--image", help="with --environment: also an own image's thin layer")
     args = parser.parse_args()
     docker = Docker()
     docker.ping()
+    if args.environment:
+        bench_environment(docker, args.image)
+        return 0
     images = bench_images(docker, args.skip_cold)
     print_images(images)
     now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from sim.core.errors import UsageError
+from sim.core.hostpaths import check_mount, parse_mount
 from sim.core.sidechannel import compile_progress_regex
 from sim.core.spec import (
     DEFAULT_TRAINER_ARGS,
@@ -456,6 +457,10 @@ _CLUSTER_KEYS = (
     "ckpt_size",
     "devices",
     "failure_timing",
+    "project_dir",
+    "mounts",
+    "requirements",
+    "image",
 )
 _TRAINER_READERS: dict[str, Callable[[_Field], Any]] = {
     "steps": lambda f: f.whole(1, 120),
@@ -573,6 +578,16 @@ def _read_cluster(f: _Field, base_dir: Path) -> tuple[dict, tuple[str, ...]]:
     for key in ("rdzv_conf", "env"):
         if key in fields:
             cluster[key] = tuple((name, value.text()) for name, value in fields[key].mapping(None).items())
+    for key in ("project_dir", "requirements"):  # host paths, relative to the scenario file
+        if key in fields and not fields[key].is_null():
+            path = base_dir / fields[key].text()
+            if not path.exists():
+                raise fields[key].error(f"no such path {str(path)!r}; give a path relative to the scenario file")
+            cluster[key] = str(path)
+    if "mounts" in fields:
+        cluster["mounts"] = tuple(_read_mount(item, base_dir) for item in fields["mounts"].items())
+    if "image" in fields and not fields["image"].is_null():
+        cluster["image"] = fields["image"].text()
     if "script" in fields and not fields["script"].is_null():
         script = base_dir / fields["script"].text()
         if not script.exists():
@@ -600,6 +615,12 @@ def _read_cluster(f: _Field, base_dir: Path) -> tuple[dict, tuple[str, ...]]:
             fields[key].checked(parse_size, key, cluster[key])
     backends = _read_backends(fields["rdzv_backend"]) if "rdzv_backend" in fields else (ClusterSpec.rdzv_backend,)
     return cluster, backends
+
+
+def _read_mount(f: _Field, base_dir: Path) -> tuple[str, str, bool]:
+    """One `cluster.mounts` item, `HOST:CONTAINER[:rw]`, the host path relative to the scenario file."""
+    host, target, writable = f.checked(parse_mount, f.text())
+    return f.checked(check_mount, str(base_dir / host), target, writable)
 
 
 def _read_backends(f: _Field) -> tuple[str, ...]:

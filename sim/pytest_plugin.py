@@ -11,6 +11,10 @@
     A GPU script runs with CUDA and NCCL emulated on CPU unless told otherwise:
     sim_cluster(script="train.py", devices="emulated", failure_timing="gloo") (or devices="gpu", gpus="1").
 
+    def test_my_package_job(sim_cluster):                 # the job's own environment (README)
+        cluster = sim_cluster(project_dir=".", script="train.py", requirements="requirements.txt",
+                              mounts=["./data:/data"], image=None)
+
     def test_worker_crash(sim_scenario):
         for result in sim_scenario("worker-crash"):      # a shipped name or a YAML path
             assert_verdict(result)

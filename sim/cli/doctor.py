@@ -247,6 +247,15 @@ def running_audit(docker: Docker, name: str) -> list[DoctorCheck]:
     return audit_checks(project, f"running cluster '{name}'")
 
 
+def image_checks(docker: Docker, image: str) -> list[DoctorCheck]:
+    """`sim doctor --image IMAGE`: which faults and checks the team's own image supports (sim/engines/userimages.py)."""
+    from sim.engines.userimages import doctor_lines
+
+    return [
+        DoctorCheck(f"--image {name}", ok, detail, required=False) for ok, name, detail in doctor_lines(docker, image)
+    ]
+
+
 def format_report(checks: list[DoctorCheck]) -> str:
     lines = []
     for check in checks:

@@ -54,6 +54,30 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rdzv-conf", help="torchrun --rdzv-conf, passed unchanged: k=v,k2=v2")
     parser.add_argument("--script", help="a torchrun training script on this machine (default: the shipped trainer)")
     parser.add_argument(
+        "--project-dir",
+        metavar="DIR",
+        help="the job's whole tree, copied into every node (writable, on PYTHONPATH, the working folder); "
+        "default: the script's git root, else its folder; --script may then be relative to it",
+    )
+    parser.add_argument(
+        "--mount",
+        dest="mounts",
+        action="append",
+        metavar="HOST:CONTAINER[:rw]",
+        help="a host file or folder in every node, read-only unless :rw (repeatable), e.g. ./data:/data",
+    )
+    parser.add_argument(
+        "--requirements",
+        metavar="FILE",
+        help="pip requirements installed in an image layer over the node image (cached by content; "
+        "default: [tool.elastic-sim] requirements in the project's pyproject.toml)",
+    )
+    parser.add_argument(
+        "--image",
+        metavar="IMAGE",
+        help="run the nodes on your own image (with its own Python and torch); elastic-sim adds a thin layer",
+    )
+    parser.add_argument(
         "--env",
         action="append",
         metavar="KEY=VALUE",
@@ -186,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and the privilege audit of a rendered (or a running) cluster",
     )
     _cluster_name(doctor, default=None, help="also audit this running cluster's containers")
+    doctor.add_argument("--image", metavar="IMAGE", help="which faults and checks your own image (--image) supports")
     sub.add_parser("build", help="build the node and etcd images (cached by content)")
     swarm = sub.add_parser("swarm", help="the engines of a multi-host swarm's hosts (add-host, remove-host, hosts)")
     swarm_sub = swarm.add_subparsers(dest="swarm_command", metavar="SUBCOMMAND", parser_class=_Parser)
@@ -580,10 +605,12 @@ def cmd_logs(args: argparse.Namespace, _: list[str] | None) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace, _: list[str] | None) -> int:
-    from sim.cli.doctor import format_report, rendered_audit, run_checks, running_audit
+    from sim.cli.doctor import format_report, image_checks, rendered_audit, run_checks, running_audit
 
     docker = _docker()
     checks = run_checks(docker) + rendered_audit() + (running_audit(docker, args.name) if args.name else [])
+    if args.image:
+        checks += image_checks(docker, args.image)
     print(format_report(checks))
     return 0 if all(c.ok or not c.required for c in checks) else 1
 
@@ -634,12 +661,12 @@ def _add_export(sub: argparse._SubParsersAction, up: argparse.ArgumentParser) ->
     k8s.add_argument("scenario", nargs="?", help="a scenario file or shipped name (default: the job options only)")
     k8s.add_argument("--backend", help="the scenario's backend to export (default: its first)")
     k8s.add_argument("-o", "--output", metavar="DIR", help="the folder to write (default: ./k8s-NAME)")
-    k8s.add_argument("--image", help="the worker image, in a registry the cluster pulls from")
     k8s.add_argument("--etcd-image", help="the etcd image (default: quay.io/coreos/etcd of the etcd version)")
     k8s.add_argument("--kubectl-image", help="the image of the Workflow's kubectl exec tasks")
     k8s.add_argument("--namespace", default="default", help="the namespace of every object (default: default)")
-    # The job options, exactly as `sim up` takes them.
-    job_options = {"engine", "placement", "ckpt_nfs", "detach", "verbose", "keep", "timeout", "help"}
+    # The job options, exactly as `sim up` takes them; --image is the worker image, in a registry the cluster
+    # pulls from (default: elastic-sim's node image, pushed there).
+    job_options = {"engine", "placement", "ckpt_nfs", "detach", "verbose", "keep", "timeout", "replace", "help"}
     for action in up._actions:
         if action.dest not in job_options:
             k8s._add_action(action)

@@ -16,7 +16,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sim.core.errors import UsageError
-from sim.core.paths import check_name
+from sim.core.hostpaths import (
+    PROJECT_DIR_IN_NODE,
+    check_exposure,
+    check_mount,
+    check_project_dir,
+    default_project_dir,
+    parse_mount,
+)
+from sim.core.paths import IMAGES_DIR, check_name
 from sim.core.sidechannel import compile_progress_regex
 
 RDZV_BACKENDS = ("etcd-v2", "etcd", "etcd-v3", "c10d", "static")
@@ -135,6 +143,13 @@ class ClusterSpec:
     engine: str = "compose"
     devices: str | None = None  # DEVICE_MODES; None: emulated without --gpus, gpu with them
     failure_timing: str = "nccl"  # FAILURE_TIMINGS, under emulation
+    # The job's own environment (README "Your own environment"): its project tree, copied into every node
+    # (None with a script: its git root, else its folder); host folders mounted as they are (host, node
+    # path, writable); a requirements file installed in a layer over the node image; the team's own image.
+    project_dir: str | None = None
+    mounts: tuple[tuple[str, str, bool], ...] = ()
+    requirements: str | None = None
+    image: str | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name)  # the one validator of a name that becomes a path (sim/core/paths.py)
@@ -180,8 +195,7 @@ class ClusterSpec:
             _check_text(f"--env {key}", value)
         for arg in self.script_args or ():
             _check_text("script argument", arg)
-        if self.script is not None:
-            object.__setattr__(self, "script", check_script_path("--script", self.script))
+        self._check_project()
         if not isinstance(self.gpus, GpuRequest):
             object.__setattr__(self, "gpus", GpuRequest.parse(self.gpus))
         if not isinstance(self.instrument, bool):
@@ -192,6 +206,69 @@ class ClusterSpec:
             if size is not None:
                 parse_size(flag, size)
         self._check_devices()
+        self._check_mounts()
+        self._check_requirements()
+        if self.image is not None and not _IMAGE_RE.fullmatch(str(self.image)):
+            raise UsageError(f"--image {self.image!r}: not an image reference; use e.g. --image myteam/train:1.4")
+        if self.engine == "swarm" and (self.image is not None or self.requirements is not None):
+            raise UsageError(
+                "--image and --requirements build an image on this machine only; use them with --engine compose"
+            )
+
+    def _check_project(self) -> None:
+        """The script, and the project tree it runs in: checked, resolved, never a folder that exposes the host."""
+        if self.project_dir is not None:
+            object.__setattr__(self, "project_dir", check_project_dir("--project-dir", self.project_dir))
+            if self.script is None:
+                raise UsageError(
+                    f"--project-dir '{self.project_dir}': needs --script, the job's script in it (e.g. train.py)"
+                )
+            in_project = Path(self.project_dir) / self.script
+            if not Path(self.script).is_absolute() and in_project.is_file():
+                object.__setattr__(self, "script", str(in_project))
+        if self.script is None:
+            return
+        object.__setattr__(self, "script", check_script_path("--script", self.script))
+        script = Path(self.script)
+        if self.project_dir is None:
+            folder, found = default_project_dir(script)
+            check_exposure(
+                f"--script '{self.script}': its project folder ({found})",
+                folder,
+                folder,
+                "pass --project-dir with the job's own folder",
+            )
+            object.__setattr__(self, "project_dir", str(folder))
+        elif Path(self.project_dir) not in script.parents:
+            raise UsageError(
+                f"--script '{self.script}': not inside --project-dir '{self.project_dir}'; "
+                "give a script in the project (a path relative to it works)"
+            )
+
+    def _check_mounts(self) -> None:
+        mounts = []
+        for item in self.mounts:
+            host, target, writable = parse_mount(item) if isinstance(item, str) else item
+            mounts.append(check_mount(str(host), str(target), bool(writable)))
+        targets = [target for _, target, _ in mounts]
+        for target in targets:
+            if targets.count(target) > 1:
+                raise UsageError(f"--mount: two mounts at {target} in the node; give each a node path of its own")
+        object.__setattr__(self, "mounts", tuple(mounts))
+
+    def _check_requirements(self) -> None:
+        if self.requirements is None and self.script is not None:
+            object.__setattr__(self, "requirements", pyproject_requirements(Path(self.script).parent, self.project_dir))
+        if self.requirements is None:
+            return
+        path = Path(self.requirements).expanduser()
+        if not path.is_file():
+            raise UsageError(f"--requirements '{self.requirements}': no such file; give a pip requirements file")
+        object.__setattr__(self, "requirements", str(path.resolve()))
+        if (
+            self.image is None
+        ):  # the team's own image: its torch is checked once it is probed (sim/engines/userimages.py)
+            check_torch_pin(self.requirements, image_torch_version(), "the node image")
 
     def _check_devices(self) -> None:
         if self.devices is not None and self.devices not in DEVICE_MODES:
@@ -262,6 +339,8 @@ class ClusterSpec:
     def script_in_node(self) -> str:
         if self.script is None:
             return SHIPPED_TRAINER
+        if self.project_dir is not None:
+            return f"{PROJECT_DIR_IN_NODE}/{Path(self.script).relative_to(self.project_dir).as_posix()}"
         return f"{USER_SCRIPT_DIR}/{Path(self.script).name}"
 
     @property
@@ -288,7 +367,89 @@ class ClusterSpec:
             data[key] = tuple(tuple(pair) for pair in data.get(key, ()))
         if data.get("script_args") is not None:
             data["script_args"] = tuple(data["script_args"])
+        data["mounts"] = tuple(tuple(mount) for mount in data.get("mounts", ()))
         return cls(**data)
+
+
+_IMAGE_RE = re.compile(
+    r"^[a-z0-9][a-z0-9._/-]*(:[0-9]+/[a-z0-9._/-]+)?(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+    r"|^sha256:[0-9a-f]{64}$"
+)
+_REQUIREMENT_NAME_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)$")
+
+
+def image_torch_version(images_dir: Path = IMAGES_DIR) -> str:
+    """The torch the node image holds: the runtime image's `torch==` line (images/runtime/requirements.txt)."""
+    for line in (images_dir / "runtime" / "requirements.txt").read_text().splitlines():
+        match = re.match(r"^\s*torch\s*==\s*([^\s;#]+)", line)
+        if match:
+            return match.group(1)
+    raise UsageError(f"{images_dir / 'runtime' / 'requirements.txt'}: no torch== line")
+
+
+def requirement_lines(path: str | Path) -> list[tuple[int, str, str]]:
+    """(line number, normalized name, the rest: version specifier and markers) of each requirement line;
+    options (-r, --index-url) and comments are left out."""
+    found = []
+    for number, raw in enumerate(Path(path).read_text().splitlines(), 1):
+        line = raw.split(" #")[0].strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        match = _REQUIREMENT_NAME_RE.match(line)
+        if match:
+            found.append((number, re.sub(r"[-_.]+", "-", match.group(1)).lower(), match.group(3).strip()))
+    return found
+
+
+def check_torch_pin(path: str, torch_version: str, image: str) -> None:
+    """Refuse a torch requirement the image's torch does not meet: installing another torch over it
+    is a different job (its own image, --image), not a layer of ours."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    for number, name, rest in requirement_lines(path):
+        if name != "torch":
+            continue
+        specifier = rest.split(";")[0].strip()
+        try:
+            ok = SpecifierSet(specifier).contains(torch_version, prereleases=True)
+        except InvalidSpecifier:
+            ok = False
+        if not ok:
+            raise UsageError(
+                f"--requirements '{path}' line {number}: torch{specifier} differs from the torch of {image} "
+                f"({torch_version}); drop the torch line to use {torch_version}, or bring your own torch in your "
+                "own image with --image IMAGE"
+            )
+
+
+def pyproject_requirements(*folders: str | Path | None) -> str | None:
+    """`[tool.elastic-sim] requirements = "..."` in the first pyproject.toml found in `folders`
+    (the script's, then the project's), as a path relative to that pyproject.toml."""
+    import tomllib
+
+    for folder in folders:
+        if folder is None:
+            continue
+        pyproject = Path(folder) / "pyproject.toml"
+        if not pyproject.is_file():
+            continue
+        try:
+            data = tomllib.loads(pyproject.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+            raise UsageError(f"{pyproject}: not valid TOML ({error}); fix it or pass --requirements") from None
+        value = data.get("tool", {}).get("elastic-sim", {}).get("requirements")
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise UsageError(f'{pyproject}: [tool.elastic-sim] requirements must be a path, e.g. "requirements.txt"')
+        path = pyproject.parent / value
+        if not path.is_file():
+            raise UsageError(
+                f"{pyproject}: [tool.elastic-sim] requirements = {value!r}: no such file; give a path "
+                "relative to this pyproject.toml"
+            )
+        return str(path.resolve())
+    return None
 
 
 def parse_size(flag: str, text: str, least: int = 2**20) -> int:
@@ -431,6 +592,8 @@ def spec_from_options(options: Mapping[str, object], script_args: Sequence[str] 
         values["gpus"] = GpuRequest.parse(values["gpus"])
     if "env" in values and isinstance(values["env"], list):
         values["env"] = tuple(parse_env_item(item) for item in values["env"])
+    if "mounts" in values:
+        values["mounts"] = tuple(parse_mount(m) if isinstance(m, str) else tuple(m) for m in values["mounts"])
     if script_args:
         given = tuple(str(arg) for arg in script_args)
         values["script_args"] = given if values.get("script") else over_trainer_defaults(given)

@@ -534,6 +534,11 @@ def _up(
 ) -> Cluster:
     builder = builder or ImageBuilder(docker, progress=progress)
     images = builder.ensure(need_etcd=spec.uses_etcd, etcd_version=spec.etcd_server_version).images
+    if spec.image is not None or spec.requirements is not None:
+        from sim.engines.userimages import UserImages
+
+        images = dataclasses.replace(images, node=UserImages(builder, docker).node_image(spec, images.node))
+    _say_what_it_brings(spec, progress)
 
     run_id = new_run_id()
     created = False
@@ -570,6 +575,19 @@ def _up(
         elif not created:
             shutil.rmtree(cluster.state_dir, ignore_errors=True)
         raise
+
+
+def _say_what_it_brings(spec: ClusterSpec, progress: Progress) -> None:
+    """What of this machine every node gets: the project tree (copied) and the mounts (shared)."""
+    from sim.core.hostpaths import PROJECT_DIR_IN_NODE, tree_summary
+
+    if spec.project_dir is not None and spec.script is not None:
+        progress(
+            f"[up] project {spec.project_dir} ({tree_summary(Path(spec.project_dir))}) -> {PROJECT_DIR_IN_NODE} "
+            f"in every node (a node-local writable copy, on PYTHONPATH); script {spec.script_in_node}"
+        )
+    for host, target, writable in spec.mounts:
+        progress(f"[up] mount {host} -> {target} in every node ({'writable' if writable else 'read-only'})")
 
 
 def run_start_record(spec: ClusterSpec, run_id: str, profile: str | None = None) -> dict:

@@ -523,6 +523,17 @@ class Docker:
     def image_exists(self, tag: str) -> bool:
         return self._call("image inspect", self.api.inspect_image, tag, missing_ok=True) is not None
 
+    def image_inspect(self, tag: str) -> dict | None:
+        """The engine's description of an image (its id, Config.User ...), None when there is none."""
+        return self._call("image inspect", self.api.inspect_image, tag, missing_ok=True)
+
+    def run_image(self, image: str, entrypoint: str, args: Sequence[str], timeout: float = 120) -> Completed:
+        """A throwaway container of `image` (no network, removed after) running `entrypoint args`: a probe."""
+        from sim.core import labels
+
+        argv = [self.docker_bin, "run", "--rm", "--network", "none", "--label", f"{labels.IMAGE}=probe"]
+        return self._run([*argv, "--entrypoint", entrypoint, image, *args], timeout=timeout)
+
     def image_tags(self, label: str) -> list[str]:
         """Every tag of the images carrying `label` (a key)."""
         rows = self._call("images", self.api.images, filters={"label": label})

@@ -19,6 +19,7 @@ import fcntl
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -258,26 +259,35 @@ class ImageBuilder:
                 shutil.copy(path, dest)
             self._docker_build("node", tags.node, ctx, {"RUNTIME_IMAGE": tags.runtime})
 
+    def build_log(self, name: str) -> Path:
+        """The full output of the last build of image `name` (the terminal shows a digest of it)."""
+        return self.cache_dir / "logs" / f"build-{name}.log"
+
     def _docker_build(self, name: str, tag: str, ctx: Path, build_args: dict[str, str]) -> None:
-        self.progress(f"[{name}] building {tag}")
+        log_path = self.build_log(name)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.progress(f"[{name}] building {tag} (full log: {log_path})")
         tail: list[str] = []
+        shown = self._relay(name)
 
         def relay(line: str) -> None:
             tail.append(line)
             del tail[:-20]
-            self._relay(name)(line)
+            log.write(line.rstrip("\n") + "\n")
+            shown(line)
 
         try:
-            code = self.docker.build_image(
-                tag, ctx, label=f"{labels.IMAGE}={name}", build_args=build_args, on_line=relay
-            )
+            with open(log_path, "w") as log:
+                code = self.docker.build_image(
+                    tag, ctx, label=f"{labels.IMAGE}={name}", build_args=build_args, on_line=relay
+                )
         except BaseException:  # Ctrl-C: the engine stops the build once it sees its client gone
             self._drop_dangling(wait=BUILD_LEFTOVERS_S)
             raise
         self._drop_dangling(wait=0 if code == 0 else BUILD_LEFTOVERS_S)
         if code != 0:
             last = next((line for line in reversed(tail) if line.strip()), f"exit {code}")
-            raise ImageBuildError(f"{name} image build failed: {last.strip()}")
+            raise ImageBuildError(f"{name} image build failed: {last.strip()} (full log: {log_path})")
         self.built.append(name)
 
     def _drop_dangling(self, wait: float) -> None:
@@ -292,8 +302,19 @@ class ImageBuilder:
         )
 
     def _relay(self, name: str) -> Progress:
+        updating = [False]  # a progress line is on the terminal, to be overwritten or ended
+
         def relay(line: str) -> None:
             text = line.strip()
+            if is_progress_line(text):  # apt's "(Reading database ... 5%": one line that updates, on a terminal
+                if sys.stderr.isatty():
+                    sys.stderr.write(f"\r[{name}] {text}\033[K")
+                    sys.stderr.flush()
+                    updating[0] = True
+                return
+            if updating[0]:
+                sys.stderr.write("\n")
+                updating[0] = False
             # Build chatter that tells a person nothing is dropped; steps and errors stay.
             if not text or text.startswith(("I: Retrieving", "I: Validating", "--->", "Removing intermediate")):
                 return
@@ -418,6 +439,14 @@ class ImageBuilder:
                 partial.chmod(0o755)
                 partial.rename(target)
         return target
+
+
+_PROGRESS_LINE = re.compile(r"^\(Reading database \.\.\. \d+%\)?$|^\d+%$|^Progress: \[\s*\d+%\]")
+
+
+def is_progress_line(text: str) -> bool:
+    """A line that only says how far a step is (apt/dpkg's percentages): shown as one updating line."""
+    return bool(_PROGRESS_LINE.match(text))
 
 
 def _requirement(requirements: Path, name: str) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from sim.core import labels
+from sim.core.hostpaths import PROJECT_DIR_IN_NODE, PROJECT_EXCLUDES, PROJECT_STAGE_DIR
 from sim.core.paths import COMPOSE_TEMPLATE
 from sim.core.spec import USER_SCRIPT_DIR, ClusterSpec, node_name, parse_size
 from sim.core.torchrun import rdzv_endpoint, torchrun_argv
@@ -18,6 +19,8 @@ from sim.core.torchrun import rdzv_endpoint, torchrun_argv
 # a condition variable's wait on it (without FORCE_MONOTONIC_FIX=0, 0.9.10 turns every such wait into a
 # busy loop on glibc >= 2.30), and file times are the kernel's (shared /ckpt).
 AWAIT_ETCD = "elastic-sim-await-etcd"  # images/node: runs the agent once etcd is healthy
+# images/node: copies the project tree into the node, then runs the agent from that copy.
+PROJECT_COPY = "elastic-sim-project"
 ETCD_READY_TIMEOUT_S = 120  # Compose's old health wait: 60 probes a second apart, under load longer
 FAKETIME_LIB = "/usr/local/lib/faketime/libfaketime.so.1"
 CLOCK_OFFSET_FILE = "/var/lib/elastic-sim/clock-offset"
@@ -114,10 +117,12 @@ def render_node(
     node["command"] = [_literal(arg) for arg in node["command"]]
     for key, value in env.items():
         env[key] = _literal(value)
-    if spec.script is not None:
+    if spec.script is not None and spec.project_dir is None:
         node["volumes"].append(
             {"type": "bind", "source": str(Path(spec.script).parent), "target": USER_SCRIPT_DIR, "read_only": True}
         )
+    for host, target, writable in spec.mounts:
+        node["volumes"].append({"type": "bind", "source": host, "target": target, "read_only": not writable})
     if spec.memory is not None:
         # No swap: a node over its limit meets the OOM killer, as on a training host without swap.
         node["mem_limit"] = node["memswap_limit"] = parse_size("--memory", spec.memory)
@@ -126,6 +131,22 @@ def render_node(
         # AWAIT_ETCD): sooner than Compose's `service_healthy`, and with no probe for the run's length.
         node["depends_on"] = {"etcd": {"condition": "service_started"}}
         node["command"] = [AWAIT_ETCD, rdzv_endpoint(spec), str(ETCD_READY_TIMEOUT_S), "--", *node["command"]]
+    if spec.project_dir is not None:
+        # The job's tree, read-only at the staging path, copied at the node's start into a node-local,
+        # writable folder that is the job's working folder and on PYTHONPATH, as if baked into the image:
+        # relative config paths resolve, relative writes stay on the node. A restarted node keeps its copy.
+        node["volumes"].append(
+            {"type": "bind", "source": spec.project_dir, "target": PROJECT_STAGE_DIR, "read_only": True}
+        )
+        node["command"] = [
+            PROJECT_COPY,
+            PROJECT_STAGE_DIR,
+            PROJECT_DIR_IN_NODE,
+            ",".join(PROJECT_EXCLUDES),
+            "--",
+            *node["command"],
+        ]
+        env.setdefault("PYTHONPATH", PROJECT_DIR_IN_NODE)
     if spec.gpus.enabled:
         device = {"driver": "nvidia", "capabilities": ["gpu"]}
         ids = spec.gpus.device_ids(index)

@@ -21,7 +21,8 @@ from sim.core.history import WorkerRecord
 from sim.core.nodes import node_order
 from sim.verdict.runmodel import RunModel
 
-# The storage every node of a sim cluster shares (the checkpoint volume); a save anywhere else is node-local.
+# The storage every node of a sim cluster shares (the checkpoint volume); with a writable --mount of one host
+# folder into every node, that too (_shared_dirs). A save anywhere else is node-local.
 SHARED_DIRS = ("/ckpt",)
 
 
@@ -53,10 +54,18 @@ def is_shared(path: str, shared: tuple[str, ...] = SHARED_DIRS) -> bool:
     return any(path == d or path.startswith(d.rstrip("/") + "/") for d in shared)
 
 
+def _shared_dirs(run: RunModel) -> tuple[str, ...]:
+    """/ckpt, and the node paths of the run's writable mounts (one host folder seen by every node)."""
+    mounts = run.spec_fields.get("mounts") or ()
+    writable = [str(m[1]) for m in mounts if isinstance(m, (list, tuple)) and len(m) == 3 and m[2] is True]
+    return (*SHARED_DIRS, *writable)
+
+
 def node_local_checkpoint(run: RunModel) -> Finding | None:
     """A checkpoint written outside storage every node shares, in a job of more than one node: a node that joins
     or replaces another finds none (or an old one of its own) and starts from another point than the others."""
-    local = [r for r in _saves(run) if not is_shared(r.path)]
+    shared = _shared_dirs(run)
+    local = [r for r in _saves(run) if not is_shared(r.path, shared)]
     if not local or len({r.node for r in run.starts} | {r.node for r in local}) < 2:
         return None
     first: dict[str, WorkerRecord] = {}

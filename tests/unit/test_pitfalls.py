@@ -114,3 +114,19 @@ def test_the_default_gauntlet_of_a_real_run_is_scored_fault_by_fault():
     assert by_kind["netem"].recovery_s is None and by_kind["netem"].steps_lost == 0
     assert by_kind["pause"].recovery_s > 10 and by_kind["kill-worker"].phases["detection_s"] is not None
     assert by_kind["scale-up"].restarts == 0 and by_kind["fill-disk"].restarts == 1
+
+
+def test_a_writable_mount_of_one_host_folder_counts_as_shared_storage():
+    """--mount HOST:/shared:rw puts one host folder in every node: a checkpoint there is not node-local."""
+    from sim.verdict.pitfalls import _shared_dirs
+    from sim.verdict.runmodel import RunModel
+
+    start = {
+        "t": 1.0,
+        "type": "run",
+        "event": "start",
+        "spec": {"mounts": [["/h/data", "/data", False], ["/h/shared", "/shared", True]]},
+    }
+    run = RunModel([start])
+    assert _shared_dirs(run) == ("/ckpt", "/shared")
+    assert _shared_dirs(RunModel([{"t": 1.0, "type": "run", "event": "start", "spec": {}}])) == ("/ckpt",)

@@ -137,7 +137,7 @@ def test_user_script_is_bind_mounted_read_only(tmp_path):
     assert {"type": "bind", "source": str(tmp_path.resolve()), "target": "/opt/sim/user", "read_only": True} in node[
         "volumes"
     ]
-    assert node["command"][-1] == "/opt/sim/user/train_mine.py"
+    assert node["command"][-1] == "/opt/sim/project/train_mine.py"  # the node-local copy of the folder
 
 
 def test_yaml_round_trips():

@@ -175,7 +175,7 @@ def test_user_script_is_relative_to_the_file(tmp_path):
     assert s.cluster["script"] == str((tmp_path / "train.py").resolve())
     options = scenario_spec_options(s, "etcd-v2")
     assert options["script_args"] == ("--foo", "1")
-    assert spec_from_options(options, None).script_in_node == "/opt/sim/user/train.py"
+    assert spec_from_options(options, None).script_in_node == "/opt/sim/project/train.py"
 
 
 def test_dataclasses_validate_themselves():

@@ -56,7 +56,7 @@ def test_user_script_is_resolved_and_mounted(tmp_path):
     script.write_text("print('hi')\n")
     spec = ClusterSpec(nodes=1, script=str(script))
     assert spec.script == str(script.resolve())
-    assert spec.script_in_node == "/opt/sim/user/mytrain.py"
+    assert spec.script_in_node == "/opt/sim/project/mytrain.py"
     assert spec.effective_script_args == ()
 
 

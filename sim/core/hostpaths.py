@@ -1,0 +1,200 @@
+"""Host files a cluster brings into its nodes: the job's project tree, `--mount`s, `--requirements`.
+
+Every node sees what is given here, so a folder that would expose the host is refused before
+anything starts, with the reason: `/`, a home folder (or one that holds home folders), a shared temp
+folder (other users' files and agent sockets), a folder holding `.ssh`, a Docker socket or any other
+socket. Pure: reads the host's file system, never Docker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import stat
+from pathlib import Path
+
+from sim.core.errors import UsageError
+
+# Where the project tree lands in a node (images/node/elastic-sim-project): the host tree read-only at
+# PROJECT_STAGE_DIR, copied at the node's start into PROJECT_DIR_IN_NODE, the job's writable working folder.
+PROJECT_STAGE_DIR = "/opt/sim/user"
+PROJECT_DIR_IN_NODE = "/opt/sim/project"
+# Not copied into the nodes (the node start script excludes the same names): version control, virtual
+# environments, caches. Data belongs in a --mount, not in the tree.
+PROJECT_EXCLUDES = (".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".tox")
+SHARED_TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
+# A mount may not cover what the harness puts in a node (ours), nor replace a system folder whole.
+OUR_NODE_PATHS = ("/opt/sim", "/opt/venv", "/ckpt", "/sim", "/var/lib/elastic-sim", "/usr/local/lib/faketime")
+SYSTEM_NODE_PATHS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/proc", "/sys", "/dev", "/var", "/run")
+_MOUNT_RE = re.compile(r"^(?P<host>[^:]+):(?P<target>[^:]+)(:(?P<mode>[a-z]+))?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeSummary:
+    files: int
+    size: int  # bytes
+
+    def __str__(self) -> str:
+        return f"{self.files} files, {_human(self.size)}"
+
+
+def home_folders() -> set[Path]:
+    """This user's home, root's, and every folder under /home."""
+    homes = {Path("/root")}
+    for variable in ("HOME",):
+        if os.environ.get(variable):
+            homes.add(Path(os.environ[variable]))
+    try:
+        homes.add(Path.home())
+    except RuntimeError:
+        pass
+    if Path("/home").is_dir():
+        homes.update(p for p in Path("/home").iterdir() if p.is_dir())
+    return {_resolved(p) for p in homes} - {Path("/")}
+
+
+def docker_sockets() -> set[Path]:
+    found = {Path(p) for p in DOCKER_SOCKETS}
+    host = os.environ.get("DOCKER_HOST", "")
+    if host.startswith("unix://"):
+        found.add(Path(host.removeprefix("unix://")))
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        found.add(Path(os.environ["XDG_RUNTIME_DIR"]) / "docker.sock")
+    return {_resolved(p) for p in found}
+
+
+def exposure(path: Path) -> str | None:
+    """Why bringing `path` (resolved) into every node would expose the host; None when it would not."""
+    if path == Path("/"):
+        return "the host's whole file system"
+    homes = home_folders()
+    if path in homes:
+        return "a home folder (its .ssh, shell history and agent sockets would be in every node)"
+    if any(_inside(path, home) for home in homes):
+        return "a folder that holds home folders"
+    if str(path) in SHARED_TEMP_DIRS:
+        return "the shared temp folder (other users' files and agent sockets)"
+    if ".ssh" in path.parts:
+        return "an SSH key folder"
+    for sock in docker_sockets():
+        if sock == path or _inside(path, sock):
+            return f"it holds the Docker socket {sock} (root on the host)"
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            return None
+        for entry in entries:
+            if entry.name == ".ssh":
+                return "it holds a .ssh folder"
+            try:
+                if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                    return f"it holds a socket ({entry.name})"
+            except OSError:
+                continue
+    return None
+
+
+def check_exposure(flag: str, given: str | Path, path: Path, fix: str) -> None:
+    why = exposure(path)
+    if why:
+        shown = f"'{given}'" if str(given) == str(path) else f"'{given}' ({path})"
+        raise UsageError(f"{flag} {shown}: refused, {why}; {fix}")
+
+
+def git_root(start: Path) -> Path | None:
+    """The nearest folder at or above `start` holding `.git` (a folder, or a worktree's file)."""
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
+def default_project_dir(script: Path) -> tuple[Path, str]:
+    """(the project folder of a script, how it was found): its git root if it has one, else its folder."""
+    root = git_root(script.parent)
+    return (root, "the script's git root") if root is not None else (script.parent, "the script's folder")
+
+
+def check_project_dir(flag: str, given: str | Path) -> str:
+    path = Path(given).expanduser()
+    if not path.exists():
+        raise UsageError(f"{flag} '{given}': no such folder; give the folder of your job's code")
+    if not path.is_dir():
+        raise UsageError(f"{flag} '{given}': not a folder; give the folder of your job's code (its root)")
+    resolved = _resolved(path)
+    check_exposure(flag, given, resolved, "give your job's own folder (keep data out of it; bring that with --mount)")
+    return str(resolved)
+
+
+def tree_summary(root: Path) -> TreeSummary:
+    """What the nodes copy of a project tree (PROJECT_EXCLUDES left out; symlinks counted, not followed)."""
+    files = size = 0
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in PROJECT_EXCLUDES]
+        for name in names:
+            try:
+                info = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            files += 1
+            size += info.st_size if stat.S_ISREG(info.st_mode) else 0
+    return TreeSummary(files, size)
+
+
+def parse_mount(text: str) -> tuple[str, str, bool]:
+    """`HOST:CONTAINER[:ro|rw]` -> (host, container, writable); read-only unless `:rw`."""
+    match = _MOUNT_RE.fullmatch(str(text).strip())
+    if not match:
+        raise UsageError(f"--mount '{text}': not HOST:CONTAINER[:rw]; use e.g. --mount ./data:/data")
+    mode = match["mode"] or "ro"
+    if mode not in ("ro", "rw"):
+        raise UsageError(f"--mount '{text}': mode '{mode}' is neither ro nor rw; use e.g. --mount ./data:/data:rw")
+    return match["host"], match["target"], mode == "rw"
+
+
+def check_mount(host: str, target: str, writable: bool) -> tuple[str, str, bool]:
+    """The mount with its host path resolved, after checking both ends."""
+    shown = f"--mount '{host}:{target}{':rw' if writable else ''}'"
+    path = Path(host).expanduser()
+    if not path.exists():
+        raise UsageError(f"{shown}: no such file or folder {host!r} on this machine; give an existing path")
+    resolved = _resolved(path)
+    check_exposure(f"{shown}: host path", host, resolved, "mount only the folder the job needs (e.g. its data folder)")
+    if not target.startswith("/"):
+        raise UsageError(f"{shown}: the node path {target!r} is not absolute; use e.g. /data")
+    node_path = os.path.normpath(target)
+    for ours in OUR_NODE_PATHS:
+        if node_path == ours or _inside(Path(node_path), Path(ours)) or _inside(Path(ours), Path(node_path)):
+            raise UsageError(f"{shown}: {node_path} would cover elastic-sim's {ours} in the node; use e.g. /data")
+    if node_path in ("/", *SYSTEM_NODE_PATHS) or any(_inside(Path(node_path), Path(p)) for p in SYSTEM_NODE_PATHS):
+        raise UsageError(f"{shown}: {node_path} would replace a system folder of the node; use e.g. /data")
+    return str(resolved), node_path, writable
+
+
+def _inside(outer: Path, inner: Path) -> bool:
+    """`inner` is strictly below `outer`."""
+    return inner != outer and outer in inner.parents
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except OSError:
+        return path.absolute()
+
+
+def _human(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size} B"
