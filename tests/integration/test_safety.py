@@ -60,7 +60,7 @@ def test_down_all_with_a_crafted_label_deletes_nothing_outside_the_state_folder(
 
 def run_sim_owner(env: dict) -> str:
     """The owner label value a `sim` process with this environment puts on what it makes."""
-    code = "from sim import labels; print(labels.owner())"
+    code = "from sim.core import labels; print(labels.owner())"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, check=True
     )

@@ -86,7 +86,8 @@ def test_vet_of_a_tutorial_node_local_snapshot_fails_its_scale_up_naming_why(ima
     codes = [d["code"] for d in scale["diagnoses"]]
     assert codes[:2] == ["node-local-checkpoint", "resumed-apart"], codes
     sources = scale["diagnoses"][1]["evidence"]
-    assert any("loaded /home/sim/snapshot.pt" in e for e in sources)
+    # snapshot.pt relative to the working folder: the node's own copy of the project (/opt/sim/project)
+    assert any("loaded /opt/sim/project/snapshot.pt" in e for e in sources), sources
     assert any("loaded nothing" in e for e in sources)
     failure = ET.parse(junit).getroot().find("testcase/failure")
     assert failure.get("message").startswith("Checkpoint on node-local storage. Fix:")
