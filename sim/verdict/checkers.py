@@ -131,17 +131,26 @@ def check_completed(run: RunModel, spec: RunSpec) -> CheckResult:
     if run.finished(spec.target_steps) is None:
         reasons.append(_not_finished_reason(run, spec))
     removed = run.removed_on_purpose()
+    # torch's own end for a node that came to join as the job finished (RendezvousClosedError, exit 1): the
+    # training completed without it, so its exit is not the job's (the late-join-at-end diagnosis says so).
+    refused = run.refused_at_end() if run.finished(spec.target_steps) is not None else {}
     for node in run.agent_nodes:
         if node in removed:
             continue
         last = run.lifecycle(node)
         if last is None or last.action != "die":
             reasons.append(f"{node}: no agent exit recorded (still running at the run end?)")
-        elif last.exit_code != 0:
+        elif last.exit_code != 0 and not (node in refused and last.exit_code == 1 and last.t >= refused[node].t):
             reasons.append(f"{node}'s agent exited {_exit_text(last)} at {clock(last.t)}")
     valid = not reasons
-    excused = [node for node in run.agent_nodes if node in removed]
-    reasons += [f"{node} excused: taken out by {removed[node].describe()}" for node in excused]
+    excused = [node for node in run.agent_nodes if node in removed or node in refused]
+    reasons += [
+        f"{node} excused: taken out by {removed[node].describe()}"
+        if node in removed
+        else f"{node} excused: it came to join at {clock(refused[node].t)}, after the others finished; torch's "
+        "join of a closed rendezvous ends its agent with RendezvousClosedError, exit 1 (late-join-at-end)"
+        for node in excused
+    ]
     return CheckResult("completed", valid, tuple(reasons), {"final_step": run.highest_step, "excused_nodes": excused})
 
 

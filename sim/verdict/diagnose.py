@@ -1355,18 +1355,13 @@ EXIT_BARRIER_S = 300
 
 def late_join_at_end(run: RunModel) -> Diagnosis | None:
     """(s) A node joined as the job finished: the finished agents closed the rendezvous under it, and its agent
-    ended with RendezvousClosedError (exit 1) without ever training."""
+    ended with RendezvousClosedError (exit 1) without training in the last round: a node added, or one back from
+    a fault (a thawed node whose old worker failed), came to join after the others had finished."""
     finished = run.agent_events("group_finished")
-    if not finished:
-        return None
-    late = []
-    for closed in _first_per_node(run.agent_events("rdzv_closed")):
-        node = closed.node
-        if run.agent_events("group_started", node=node) or node in {r.node for r in finished}:
-            continue  # it trained (or finished): its end is another story
-        done_before = [r for r in finished if r.node != node and r.t <= closed.t]
-        if done_before:
-            late.append((closed, done_before))
+    late = [
+        (closed, [r for r in finished if r.node != closed.node and r.t <= closed.t])
+        for closed in run.refused_at_end().values()
+    ]
     if not late:
         return None
     joiners = [closed.node for closed, _ in late]
@@ -1379,7 +1374,7 @@ def late_join_at_end(run: RunModel) -> Diagnosis | None:
         evidence += [_line(f, f"fault {f.fault} ({f.target}): {node} joined") for f in joined[-1:]]
         evidence += [_line(r, f"{node}'s container started") for r in started[-1:] if not joined]
         evidence += [_line(r, "worker group finished (the job's end)") for r in _first_per_node(done)]
-        evidence += [_line(r) for r in run.agent_events("rdzv_joining", node=node)[:1]]
+        evidence += [_line(r) for r in run.agent_events("rdzv_joining", node=node) if r.t <= closed.t][-1:]
         evidence.append(_line(closed, "RendezvousClosedError: the rendezvous was closed"))
         evidence += [_line(r) for r in run.docker if r.node == node and r.action == "die" and r.t >= closed.t][:1]
     waited = []
@@ -1408,7 +1403,7 @@ def late_join_at_end(run: RunModel) -> Diagnosis | None:
         f"{names} joined as the job ended: RendezvousClosedError, exit 1",
         f"{names} joined at the job's end: the other agents' worker groups finished at {_at(first_done)} and "
         f"they closed the rendezvous, so {names}'s agent found it closed (RendezvousClosedError) and exited 1 "
-        f"without training.{barrier}"
+        f"without training in the last round.{barrier}"
         + (" The training itself had finished: every worker group of the last round succeeded." if all_done else ""),
         evidence,
         "Harmless to the training, which had completed; the exit code 1 is the late node's. In a test, join nodes "
@@ -1500,8 +1495,8 @@ def script_failure(run: RunModel) -> _ScriptFailure | None:
         return None
     key, nodes = max(found, key=lambda item: (sum(item[1].values()), -firsts[item[0]].t))
     first = firsts[key]
-    if sum(nodes.values()) < 2 and not _job_ended_with(run, first):
-        return None  # one start, and the job went on: nothing says it fails every time
+    if sum(nodes.values()) < 2 and (not _job_ended_with(run, first) or run.agent_events("group_finished")):
+        return None  # one start, and the job went on (or finished elsewhere): nothing says it fails every time
     return _ScriptFailure(
         first.name or "", first.message or "", first.frame or "", first.source, nodes, first, key in resumed
     )

@@ -372,6 +372,23 @@ class RunModel:
         events = [r for r in self.docker if r.node == node and r.action in ("start", "die")]
         return events[-1] if events else None
 
+    def refused_at_end(self) -> dict[str, AgentRecord]:
+        """Nodes whose agent came to join a round after another node's worker group had finished: the finished
+        agents closed the rendezvous, so torch's join gave RendezvousClosedError and the agent exited 1 (a node
+        that joined, or came back from a fault, as the job ended). Node -> its rdzv_closed record."""
+        finished = [r for r in self.agent if r.event == "group_finished"]
+        refused: dict[str, AgentRecord] = {}
+        for closed in self.agent_events("rdzv_closed"):
+            node = closed.node
+            if node is None or node in refused or any(r.node == node for r in finished):
+                continue  # it finished: the closed rendezvous is its own end of the job
+            if not any(r.node != node and r.t <= closed.t for r in finished):
+                continue  # closed before anyone finished: not the job's end
+            if any(r.event == "group_started" and r.node == node and r.t > closed.t for r in self.agent):
+                continue  # it trained again afterwards
+            refused[node] = closed
+        return refused
+
     def removed_on_purpose(self) -> dict[str, FaultEvent]:
         """Nodes a fault took out (kill/stop, scale-down) and that never started again."""
         removed = {}

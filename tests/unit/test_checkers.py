@@ -1061,3 +1061,38 @@ def test_a_real_hang_under_the_default_timeout_is_stalled_and_diagnosed():
     assert "node1 stopped answering (fault hang-collectives on node1 (ok))" in found.evidence[0]
     # The same history judged as a run meant to recover fails: it never did.
     assert not check_all(run, RunSpec.from_run(run)).valid
+
+
+def test_completed_excuses_a_node_refused_by_the_closed_rendezvous_at_the_end():
+    """The old zombie-rank0 [etcd-v2] flake, made on purpose (chaos/scenarios/zombie-rank0-late-heal.yaml): rank 0's
+    node frozen in a checkpoint write, woken only once the others finished step 80. Its old worker's rename
+    failed, its agent came to join, found the rendezvous closed and exited 1. The training completed: the
+    old checker said `completed FAIL node0's agent exited 1`."""
+    run = captured("zombie_late_heal")
+    result = check_completed(run, RunSpec.from_run(run, expected="recovers"))
+    assert result.valid, result.reasons
+    assert result.metrics["excused_nodes"] == ["node0"]
+    assert_reason(result, "node0 excused: it came to join at 14:06:04, after the others finished")
+    assert check_all(run, RunSpec.from_run(run, expected="recovers")).valid
+
+    # The same late join by a node added at the end (sim scale at step 78 of 80).
+    late = captured("late_join_at_end")
+    assert check_completed(late, RunSpec.from_run(late, target_steps=None, expected="recovers")).valid
+
+
+def test_completed_still_fails_an_exit_1_that_is_not_a_refused_late_join():
+    """A RendezvousClosedError before any group finished, or an agent exit with another code, stays a failure."""
+    records = [json.loads(line) for line in (RUNS / "zombie_late_heal" / "history.jsonl").read_text().splitlines()]
+    unfinished = [r for r in records if not (r.get("type") == "agent" and r.get("event") == "group_finished")]
+    run = RunModel(unfinished)
+    assert run.refused_at_end() == {}
+    assert_reason(check_completed(run, RunSpec.from_run(run, expected="recovers")), "node0's agent exited 1 at")
+
+    killed = [
+        {**r, "exit_code": 137}
+        if r.get("type") == "docker" and r.get("node") == "node0" and r.get("action") == "die"
+        else r
+        for r in records
+    ]
+    run = RunModel(killed)
+    assert_reason(check_completed(run, RunSpec.from_run(run, expected="recovers")), "node0's agent exited 137")

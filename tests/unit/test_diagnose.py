@@ -889,3 +889,16 @@ def test_nccl_dead_peer_from_the_watchdog_lines_alone():
     assert codes(found) == ["nccl-dead-peer"]
     assert found[0].title == "Survivors blocked 20 s in a collective after a peer died"
     assert "Watchdog caught collective operation timeout" in found[0].evidence[1]
+
+
+def test_late_join_at_end_names_a_thawed_node_whose_rejoin_met_the_jobs_end():
+    """zombie-rank0-late-heal (the old zombie-rank0 flake, on purpose): node0 frozen in a checkpoint write and
+    woken once the others finished; it had trained in round 0, so it is named though not a new joiner, and its
+    one failed rename is not a script error (the others' groups finished: not "every start")."""
+    found = diagnose(*captured_run("zombie_late_heal"))
+    assert codes(found) == ["process-group-timeout", "late-join-at-end"]
+    late = found[1]
+    assert late.title == "node0 joined as the job ended: RendezvousClosedError, exit 1"
+    assert "without training in the last round" in late.cause
+    assert "node0 14:06:04.5  agent entered the rendezvous" in late.evidence
+    assert "node0 14:06:04.9  container die (exit code 1)" in late.evidence
