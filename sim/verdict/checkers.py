@@ -88,18 +88,18 @@ class RunSpec:
         values = {}
         if start is not None:
             cluster = start.spec_fields
-            min_nodes = cluster.get("min_nodes", 1)
-            max_nodes = cluster.get("max_nodes")
+            min_nodes = 1 if cluster.min_nodes is None else cluster.min_nodes
+            max_nodes = cluster.max_nodes
             if max_nodes is None:  # ClusterSpec's rule: max_nodes defaults to nodes
-                max_nodes = max(cluster.get("nodes", min_nodes), min_nodes)
+                max_nodes = max(min_nodes if cluster.nodes is None else cluster.nodes, min_nodes)
             values = {
                 "min_nodes": min_nodes,
                 "max_nodes": max_nodes,
-                "nproc_per_node": cluster.get("nproc_per_node"),
-                "max_restarts": cluster.get("max_restarts"),
+                "nproc_per_node": cluster.nproc_per_node,
+                "max_restarts": cluster.max_restarts,
                 "target_steps": start.target_steps,
                 "ckpt_interval": start.ckpt_interval,
-                "instrumented": cluster.get("instrument"),
+                "instrumented": cluster.instrument,
             }
             values = {k: v for k, v in values.items() if v is not None}
         values.update(overrides)
@@ -383,7 +383,7 @@ def check_checkpoint_integrity(run: RunModel, spec: RunSpec) -> CheckResult:
     for fault in run.faults:
         if not fault.kind.damages_checkpoint:
             continue
-        file = str(fault.result.get("file") or "")
+        file = fault.result.file or ""
         match = CHECKPOINT_FILE.match(posixpath.basename(file))
         if match is None:
             notes.append(
@@ -391,7 +391,7 @@ def check_checkpoint_integrity(run: RunModel, spec: RunSpec) -> CheckResult:
             )
             continue
         step = int(match.group(1))
-        if fault.fault == "kill-during-checkpoint" and match.group(2) and fault.result.get("size_at_kill", 0) is None:
+        if fault.fault == "kill-during-checkpoint" and match.group(2) and fault.result.gone_at_kill:
             # The temp file was gone right after the kill: the worker had renamed it into place, whole,
             # between the trigger seeing it open and the signal (seen under load); nothing was damaged.
             notes.append(f"{fault.describe()} landed just after the write of step {step} completed ({file} renamed)")
@@ -424,7 +424,7 @@ def _checkpoint_integrity_by_path(run: RunModel, loads: list[WorkerRecord]) -> C
     for fault in run.faults:
         if not fault.kind.damages_checkpoint:
             continue
-        file = str(fault.result.get("file") or "")
+        file = fault.result.file or ""
         if not file:
             notes.append(f"{fault.describe()} damaged a file it did not name")
             continue
@@ -608,7 +608,7 @@ def check_stale_checkpoint(run: RunModel, spec: RunSpec) -> CheckResult:
         restarted = min((s.t for s in run.starts if s.node == fault.node and s.t > fault.t_ok), default=math.inf)
         if not any(w.node == fault.node and fault.t_ok < w.t < restarted for w in run.checkpoint_writes):
             reasons.append(
-                f"{fault.describe()} held {fault.result.get('file')} open: that write never completed "
+                f"{fault.describe()} held {fault.result.file} open: that write never completed "
                 "(a superseded round's write that did not land)"
             )
     return CheckResult("stale_checkpoint", not lost, tuple(reasons), {"stale_writes": len(found), "lost": len(lost)})

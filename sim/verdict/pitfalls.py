@@ -56,7 +56,7 @@ def is_shared(path: str, shared: tuple[str, ...] = SHARED_DIRS) -> bool:
 
 def _shared_dirs(run: RunModel) -> tuple[str, ...]:
     """/ckpt, and the node paths of the run's writable mounts (one host folder seen by every node)."""
-    mounts = run.spec_fields.get("mounts") or ()
+    mounts = run.spec_fields.mounts or ()
     writable = [str(m[1]) for m in mounts if isinstance(m, (list, tuple)) and len(m) == 3 and m[2] is True]
     return (*SHARED_DIRS, *writable)
 

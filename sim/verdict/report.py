@@ -79,13 +79,13 @@ def device_facts(run: RunModel) -> dict | None:
     """What ran the devices: the run's spec (devices, failure_timing) and its workers' emulation records
     (images/node/elastic_sim_devices.py): the emulated calls summed over every worker process (each
     process's last count), and the collectives NCCL's timing held. None for a run that says nothing of it."""
-    spec = run.start.spec_fields if run.start is not None else {}
+    spec = run.spec_fields
     records = [r for r in run.all_records if isinstance(r, WorkerRecord) and r.event in DEVICE_EVENTS]
     announced = next((r for r in records if r.event == "emulated"), None)
-    if spec.get("devices") != "emulated" and announced is None:
+    if spec.devices != "emulated" and announced is None:
         return None
-    per_node = announced.per_node if announced and announced.per_node else spec.get("nproc_per_node")
-    timing = (announced.failure_timing if announced else None) or spec.get("failure_timing") or "nccl"
+    per_node = announced.per_node if announced and announced.per_node else spec.nproc_per_node
+    timing = (announced.failure_timing if announced else None) or spec.failure_timing or "nccl"
     last: dict[tuple, dict] = {}
     for r in records:
         if r.event == "emulated_calls" and r.calls:

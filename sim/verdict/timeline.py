@@ -341,7 +341,7 @@ def _partitions(run: RunModel, names: list[str], end: float) -> dict[str, Period
         if fault.fault != "partition":
             continue
         healed = run.healed_at(fault)
-        text = " ".join(str(part) for part in (fault.target, fault.result.get("partition")))
+        text = " ".join(str(part) for part in (fault.target, fault.result.partition))
         for name in names:
             if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text):
                 cut[name].append((fault.t_ok, end if healed is None else healed))

@@ -163,7 +163,7 @@ def test_kill_worker_by_rank_signals_that_pid_and_records_it(nemesis):
     assert ("exec", "id-node0", ["kill", "-TERM", "41"], "root") in fake.calls
     records = list(nem.history.records())
     assert [r.phase for r in records] == ["invoke", "ok"]
-    assert records[0].t <= records[1].t and records[1].result["pid"] == 41
+    assert records[0].t <= records[1].t and records[1].result.pid == 41
 
 
 def test_a_failed_fault_is_recorded_as_fail(nemesis):
@@ -267,9 +267,9 @@ def test_every_reversible_faults_ok_record_carries_its_id(nemesis):
     nem.link("node2", loss_pct=10)
     nem.partition(isolate(["node0"], ["node0", "node1", "node2"]))
     oks = [r for r in nem.history.records() if r.phase == "ok"]
-    assert [r.result["id"] for r in oks] == ["pause-node1", "link-node2", nem.active()[-1]["id"]]
+    assert [r.result.id for r in oks] == ["pause-node1", "link-node2", nem.active()[-1]["id"]]
     assert ("pause", "id-node1") in fake.calls
-    assert sorted(f["id"] for f in nem.active()) == sorted(r.result["id"] for r in oks)
+    assert sorted(f["id"] for f in nem.active()) == sorted(r.result.id for r in oks)
 
 
 def test_the_fault_store_loses_nothing_to_concurrent_writers(nemesis):
