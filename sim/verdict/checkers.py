@@ -694,7 +694,7 @@ def check_recovery(run: RunModel, spec: RunSpec) -> CheckResult:
                 f"not measurable here: no training was seen in the whole run ({why}), so no recovery can be timed; "
                 "to enable it, keep the instrumentation on or pass --progress-regex",
             ),
-            {"recoveries": [dataclasses.asdict(r.public()) for r in found]},
+            {"recoveries": tuple(r.public() for r in found)},
             measured=False,
         )
     problems, facts = [], []
@@ -723,7 +723,7 @@ def check_recovery(run: RunModel, spec: RunSpec) -> CheckResult:
         "recovery",
         not problems,
         tuple(problems + facts),
-        {"recoveries": [dataclasses.asdict(r.public()) for r in found]},
+        {"recoveries": tuple(r.public() for r in found)},  # FaultRecovery: report.json writes them as objects
     )
 
 
@@ -881,9 +881,7 @@ def check_all(run: RunModel, spec: RunSpec, only: Sequence[str] | None = None) -
     names = CHECKS_FOR[spec.expected] if only is None else tuple(dict.fromkeys([*only, "restart_budget"]))
     results = tuple(CHECKERS[name](run, spec) for name in names)
     by_name = {r.name: r for r in results}
-    recoveries = (
-        tuple(FaultRecovery(**d) for d in by_name["recovery"].metrics["recoveries"]) if "recovery" in by_name else ()
-    )
+    recoveries = by_name["recovery"].metrics["recoveries"] if "recovery" in by_name else ()
     return Verdict(
         valid=all(r.valid for r in results),
         expected=spec.expected,
