@@ -456,7 +456,7 @@ class FaultEntry:
         """Undo the fault `result` came from when its hold (`--for`, a step's `for`) ends; nothing to undo when
         it is no longer in force: healed by hand, or ended with its node (killed, restarted, scaled away)."""
         fault_id = FaultResult.parse(result).id
-        if fault_id is not None and all(f["id"] != fault_id for f in nemesis.active()):
+        if fault_id is not None and all(f.id != fault_id for f in nemesis.active()):
             return {"id": fault_id, "ended": "no longer in force"}
         return self.undo(nemesis, result)
 

@@ -220,7 +220,7 @@ class ScenarioRunner:
         try:
             active = nemesis.active()
             own = self.cluster_name is None
-            left = [f["id"] for f in active if own or f["id"] in self._made]
+            left = [f.id for f in active if own or f.id in self._made]
             for fault_id in left:
                 self.progress(f"[chaos] healing {fault_id} (the cluster stays; --keep-faults leaves faults)")
                 nemesis.heal(fault_id)
