@@ -405,15 +405,8 @@ def check_checkpoint_integrity(run: RunModel, spec: RunSpec) -> CheckResult:
                     f"rank {start.rank} on {start.node} resumed from step {step} at {clock(start.t)}, "
                     f"after {fault.describe()} damaged {file}, with no checkpoint of step {step} written since"
                 )
-    if not violations:
-        notes.append(
-            f"no start resumed from a damaged checkpoint ({_steps(sorted(set(damaged)))})"
-            if damaged
-            else "no checkpoint was damaged on purpose"
-        )
-    return CheckResult(
-        "checkpoint_integrity", not violations, tuple(violations[:MAX_EXAMPLES] + notes), {"damaged_steps": damaged}
-    )
+    listed = _steps(sorted(set(damaged))) if damaged else ""
+    return _integrity(violations, notes, "no start resumed from", listed, {"damaged_steps": damaged})
 
 
 def _checkpoint_integrity_by_path(run: RunModel, loads: list[WorkerRecord]) -> CheckResult:
@@ -435,15 +428,15 @@ def _checkpoint_integrity_by_path(run: RunModel, loads: list[WorkerRecord]) -> C
                     f"rank {load.rank} on {load.node} loaded {load.path} at {clock(load.t)}, after "
                     f"{fault.describe()} damaged {file}, with no save of it since"
                 )
+    listed = ", ".join(sorted(set(damaged)))
+    return _integrity(violations, notes, "no process loaded", listed, {"damaged_files": damaged})
+
+
+def _integrity(violations: list[str], notes: list[str], none: str, damaged: str, metrics: dict) -> CheckResult:
+    """checkpoint_integrity's result: the violations, else that none loaded what was `damaged` (listed)."""
     if not violations:
-        notes.append(
-            f"no process loaded a damaged checkpoint ({', '.join(sorted(set(damaged)))})"
-            if damaged
-            else "no checkpoint was damaged on purpose"
-        )
-    return CheckResult(
-        "checkpoint_integrity", not violations, tuple(violations[:MAX_EXAMPLES] + notes), {"damaged_files": damaged}
-    )
+        notes.append(f"{none} a damaged checkpoint ({damaged})" if damaged else "no checkpoint was damaged on purpose")
+    return CheckResult("checkpoint_integrity", not violations, tuple(violations[:MAX_EXAMPLES] + notes), metrics)
 
 
 def _holds(path: str | None, file: str) -> bool:
