@@ -35,13 +35,7 @@ class ProcessFaults:
         def signal_worker() -> dict:
             node, worker = self._pick_worker(target, rank, local_rank)
             self._signal(node, worker.pid, sig)
-            return {
-                "node": node,
-                "pid": worker.pid,
-                "rank": worker.rank,
-                "local_rank": worker.local_rank,
-                "signal": sig.name,
-            }
+            return {**_worker_facts(node, worker), "signal": sig.name}
 
         return self.invoke(
             "kill-worker",
@@ -63,13 +57,7 @@ class ProcessFaults:
             record = {"fault": "hang", "target": node, "pid": worker.pid, "detail": f"rank {worker.rank} stopped"}
             with self._claimed(fault_id, f"{node}: worker {worker.pid} is stopped already", lambda: record):
                 self._signal(node, worker.pid, signals.SIGSTOP)
-            return {
-                "id": fault_id,
-                "node": node,
-                "pid": worker.pid,
-                "rank": worker.rank,
-                "local_rank": worker.local_rank,
-            }
+            return {"id": fault_id, **_worker_facts(node, worker)}
 
         return self.invoke(
             "hang-worker", _worker_target(target, rank), stop_worker, rank=rank, local_rank=local_rank, seed=self.seed
@@ -95,14 +83,7 @@ class ProcessFaults:
                 touched = self.cluster.exec(node, "touch", path)
                 if not touched.ok:
                     raise FaultError(f"{node}: cannot create {path}: {_last(touched.stderr)}")
-            return {
-                "id": fault_id,
-                "node": node,
-                "pid": worker.pid,
-                "rank": worker.rank,
-                "local_rank": worker.local_rank,
-                "file": path,
-            }
+            return {"id": fault_id, **_worker_facts(node, worker), "file": path}
 
         return self.invoke(
             "hang-collectives",
@@ -178,10 +159,7 @@ class ProcessFaults:
                     f"allocated over a {limit >> 20} MiB limit"
                 )
             return {
-                "node": node,
-                "pid": worker.pid,
-                "rank": worker.rank,
-                "local_rank": worker.local_rank,
+                **_worker_facts(node, worker),
                 "limit": limit,
                 "allocated": done["allocated"],
                 "limit_kept": limit == before.memory,
@@ -324,3 +302,8 @@ class ProcessFaults:
             if info.state == "running" and self.processes(info.node).worker(rank=rank):
                 return info.node
         raise FaultError(f"rank {rank}: no running worker has it now (the world may be smaller, or restarting)")
+
+
+def _worker_facts(node: str, worker: Worker) -> dict:
+    """What a worker fault's result says of the worker it hit."""
+    return {"node": node, "pid": worker.pid, "rank": worker.rank, "local_rank": worker.local_rank}

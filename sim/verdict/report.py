@@ -373,17 +373,11 @@ def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> lis
     ]
 
 
-def format_summary(
-    verdict: Verdict,
-    run: RunModel,
-    *,
-    title: str,
-    profile: str | None,
-    files: ReportFiles | None = None,
-    diagnoses: Sequence[Diagnosis] = (),
-) -> str:
-    """The report for a terminal: verdict, checks, diagnoses, faults, restarts, rounds, profile, files."""
-    report = build_report(verdict, run, title=title, profile=profile, files=files, diagnoses=diagnoses)
+def format_summary(verdict: Verdict, run: RunModel, **options) -> str:
+    """The report for a terminal: verdict, checks, diagnoses, faults, restarts, rounds, profile, files.
+    `options`: build_report's (title, profile, files, diagnoses)."""
+    report = build_report(verdict, run, **options)
+    title, files, diagnoses = report.title, report.files, report.diagnoses
     expected = EXPECTED_WORDS.get(verdict.expected, verdict.expected)
     lines = [f"{title}: {report.word} (expected: {expected})", ""]
     lines.append("Checks:")
