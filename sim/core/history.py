@@ -133,6 +133,16 @@ class FaultResult(_Nested):
 
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class SavedContent(_Nested):
+    """What a worker's first saved object held at its top level (the node image's saved_content)."""
+
+    type: str | None = None  # its class name
+    keys: dict | None = None  # key -> the class name of its value
+    model_state: bool | None = None  # a model's state (a mapping of tensors) is in it
+    optimizer_state: bool | None = None  # an optimizer's (state and param_groups)
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
 class RecordedSpec(_Nested):
     """The cluster's spec as the run start record gives it (sim.core.spec.ClusterSpec's fields). A history
     written before a field existed lacks it: None."""
@@ -368,6 +378,7 @@ class WorkerRecord(_WorkerFacts):
     failure_timing: str | None = None  # emulated: "nccl" | "gloo"
     calls: dict | None = None  # emulated_calls: call name -> count, this process so far
     timeout_s: float | None = None  # nccl_watchdog: the process group's timeout
+    content: SavedContent | None = None  # save (the first of a process): what the saved object held
 
 
 RECORD_TYPES: dict[str, type[Record]] = {
@@ -395,9 +406,10 @@ def parse_record(data: Mapping | Record) -> Record:
             continue
         nested = next((a for a in accepted if isinstance(a, type) and issubclass(a, _Nested)), None)
         if nested is not None:
-            if not isinstance(value, (Mapping, nested)):
-                raise HistoryError(f"history record {_brief(data)}: {name} {str(value)[:40]!r} is not a JSON object")
-            values[name] = nested.parse(value)
+            if isinstance(value, (Mapping, nested)):
+                values[name] = nested.parse(value)
+            else:  # not an object: kept as written, unread (the record still counts)
+                values["extra"][name] = value
             continue
         if tuple in accepted and isinstance(value, list):
             value = tuple(value)

@@ -49,11 +49,22 @@ def test_a_record_without_result_reads_as_an_empty_one():
     assert invoke.result is None and invoke.outcome == FaultResult() and invoke.node is None
 
 
-def test_a_result_that_is_not_an_object_is_a_history_error():
-    from sim.core.errors import HistoryError
+def test_a_result_that_is_not_an_object_is_kept_unread_and_the_record_still_counts():
+    record = parse_record(_ok("node1"))
+    assert record.result is None and record.extra == {"result": "node1"} and record.node is None
+    assert record.to_dict()["result"] == "node1"
 
-    with pytest.raises(HistoryError, match="result 'node1' is not a JSON object"):
-        parse_record(_ok("node1"))
+
+def test_a_saved_objects_content_is_typed():
+    save = {"t": 2.0, "type": "worker", "event": "save", "path": "/ckpt/a.pt"}
+    content = {"type": "dict", "keys": {"model": "OrderedDict"}, "model_state": True, "optimizer_state": False}
+    record = parse_record({**save, "content": content})
+    assert (record.content.model_state, record.content.optimizer_state, record.content.keys) == (
+        True,
+        False,
+        {"model": "OrderedDict"},
+    )
+    assert record.to_dict()["content"] == content and parse_record({**save, "content": None}).content is None
 
 
 def test_the_recorded_spec_names_only_cluster_spec_fields_and_reads_a_real_one():
@@ -85,7 +96,7 @@ def test_an_undo_without_a_fault_id_is_refused_not_a_heal_of_everything():
 
 def test_no_reader_indexes_a_fault_result_or_the_spec_as_a_dict():
     """The parser (sim/core/history.py) is the one place a result or spec is a dict."""
-    pattern = re.compile(r"(\.result|\.outcome|spec_fields)\s*(\)|or \{\}\))?\s*(\.get\(|\[)")
+    pattern = re.compile(r"(\.result|\.outcome|spec_fields|\.extra)\s*(\)|or \{\}\))?\s*(\.get\(|\[)")
     found = [
         f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
         for folder in ("sim", "chaos")
