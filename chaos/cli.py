@@ -225,8 +225,8 @@ def cmd_faults(args, _):
         return 0
     print(f"{'ID':<20} {'FAULT':<10} {'TARGET':<30} SINCE")
     for fault in active:
-        since = time.strftime("%H:%M:%S", time.localtime(fault["since"]))
-        print(f"{fault['id']:<20} {fault['fault']:<10} {fault['target']:<30} {since}")
+        since = time.strftime("%H:%M:%S", time.localtime(fault.since))
+        print(f"{fault.id:<20} {fault.fault:<10} {fault.target:<30} {since}")
     return 0
 
 

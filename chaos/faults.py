@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from signal import SIGKILL, Signals
 from typing import TYPE_CHECKING, Any
 
-from sim.core.errors import UsageError
+from sim.core.errors import FaultError, UsageError
 from sim.core.faultkinds import KINDS, FaultKind
+from sim.core.history import FaultResult
 from sim.core.spec import parse_size
 
 from . import partition as partitions
@@ -454,8 +455,8 @@ class FaultEntry:
     def end_hold(self, nemesis: Nemesis, result: dict) -> dict:
         """Undo the fault `result` came from when its hold (`--for`, a step's `for`) ends; nothing to undo when
         it is no longer in force: healed by hand, or ended with its node (killed, restarted, scaled away)."""
-        fault_id = result.get("id")
-        if fault_id is not None and all(f["id"] != fault_id for f in nemesis.active()):
+        fault_id = FaultResult.parse(result).id
+        if fault_id is not None and all(f.id != fault_id for f in nemesis.active()):
             return {"id": fault_id, "ended": "no longer in force"}
         return self.undo(nemesis, result)
 
@@ -506,7 +507,10 @@ def _isolate_etcd(nemesis: Nemesis, options: NoOptions) -> dict:
 
 
 def _heal_result(nemesis: Nemesis, result: dict) -> dict:
-    return nemesis.heal(result["id"])
+    fault_id = FaultResult.parse(result).id
+    if fault_id is None:  # never heal(None): that heals every fault in force
+        raise FaultError(f"{result}: no fault id to heal; `sim faults` lists those in force")
+    return nemesis.heal(fault_id)
 
 
 _CATALOG = (
@@ -559,7 +563,7 @@ _CATALOG = (
         ("pause",),
         "freeze a node or etcd (every process stops; docker pause)",
         lambda n, o: n.pause(o.target),
-        undo=lambda n, result: n.unpause(result["node"]),
+        undo=lambda n, result: n.unpause(FaultResult.parse(result).node),
         undone_by="unpause",
     ),
     FaultEntry(
@@ -598,7 +602,7 @@ _CATALOG = (
                 "corrupt_pct": o.corrupt,
             },
         ),
-        undo=lambda n, result: n.heal(f"link-{result['node']}"),
+        undo=_heal_result,
         undone_by="heal",
         records="link",
     ),

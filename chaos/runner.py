@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sim.core.errors import SimError, UsageError
-from sim.core.history import FILE_NAME, AgentRecord, History, HistoryTail
+from sim.core.history import FILE_NAME, AgentRecord, FaultResult, History, HistoryTail
 from sim.core.spec import ClusterSpec, spec_from_options
 from sim.engines import swarm
 from sim.engines.cluster import DEFAULT_START_TIMEOUT, Cluster, JobFinished, up
@@ -220,7 +220,7 @@ class ScenarioRunner:
         try:
             active = nemesis.active()
             own = self.cluster_name is None
-            left = [f["id"] for f in active if own or f["id"] in self._made]
+            left = [f.id for f in active if own or f.id in self._made]
             for fault_id in left:
                 self.progress(f"[chaos] healing {fault_id} (the cluster stays; --keep-faults leaves faults)")
                 nemesis.heal(fault_id)
@@ -308,8 +308,9 @@ class ScenarioRunner:
             # Recorded as `fail` in the history; the checkers judge what followed.
             self.progress(f"[chaos] {step.fault} failed: {error}")
             return
-        if result.get("id"):
-            self._made.append(result["id"])
+        made = FaultResult.parse(result).id
+        if made:
+            self._made.append(made)
         if step.duration_s and fault.undo is not None:
             undo = _Once(_quietly(lambda: fault.end_hold(nemesis, result)))
             timer = threading.Timer(step.duration_s, undo)

@@ -52,45 +52,31 @@ def kernel_checks() -> list[DoctorCheck]:
                 required=False,
             )
         ]
-    checks = []
-    code, out = _in_scratch_netns("iptables -w -A OUTPUT -d 10.255.255.1 -j DROP")
-    checks.append(
-        DoctorCheck(
-            "iptables (partitions)",
-            code == 0,
-            "works" if code == 0 else out,
-            "apt-get install iptables",
-            required=False,
-        )
-    )
-    code, out = _in_scratch_netns("iptables -w -A OUTPUT -m statistic --mode random --probability 0.3 -j DROP")
-    checks.append(
-        DoctorCheck(
+    tries = [  # (check, the command that tries it in a scratch namespace, the fix, words before a failure)
+        ("iptables (partitions)", "iptables -w -A OUTPUT -d 10.255.255.1 -j DROP", "apt-get install iptables", ""),
+        (
             "iptables statistic (packet loss)",
-            code == 0,
-            "works" if code == 0 else out,
+            "iptables -w -A OUTPUT -m statistic --mode random --probability 0.3 -j DROP",
             "a kernel with xt_statistic",
-            required=False,
-        )
-    )
-    code, out = _in_scratch_netns(
-        "ip link set lo up && tc qdisc add dev lo root tbf rate 1mbit burst 32kbit latency 50ms"
-    )
-    checks.append(
-        DoctorCheck(
-            "tc tbf (bandwidth)", code == 0, "works" if code == 0 else out, "a kernel with sch_tbf", required=False
-        )
-    )
-    code, out = _in_scratch_netns("ip link set lo up && tc qdisc add dev lo root netem delay 10ms")
-    checks.append(
-        DoctorCheck(
+            "",
+        ),
+        (
+            "tc tbf (bandwidth)",
+            "ip link set lo up && tc qdisc add dev lo root tbf rate 1mbit burst 32kbit latency 50ms",
+            "a kernel with sch_tbf",
+            "",
+        ),
+        (
             "tc netem (delay, jitter, duplicate, corrupt)",
-            code == 0,
-            "works" if code == 0 else f"not available: {out}",
+            "ip link set lo up && tc qdisc add dev lo root netem delay 10ms",
             "a kernel with sch_netem (modprobe sch_netem); loss and bandwidth faults still work",
-            required=False,
-        )
-    )
+            "not available: ",
+        ),
+    ]
+    checks = []
+    for name, command, fix, failed in tries:
+        code, out = _in_scratch_netns(command)
+        checks.append(DoctorCheck(name, code == 0, "works" if code == 0 else failed + out, fix, required=False))
     return checks
 
 
@@ -113,29 +99,30 @@ def limits_checks(docker: Docker) -> list[DoctorCheck]:
         return [DoctorCheck("resource limits", False, str(error), required=False)]
     cgroup = f"cgroup v{support.cgroup_version}"
     controllers = "cpu and memory controllers" if support.cgroup_version == "2" else "cpu and memory hierarchies"
-    return [
-        DoctorCheck(
+    rows = [  # (check, supported, detail when it is, detail when not, fix)
+        (
             "CPU quota (slow-node)",
             support.cpu_quota,
-            f"{cgroup}, CFS quota" if support.cpu_quota else f"{cgroup}: the engine reports no CFS quota",
+            f"{cgroup}, CFS quota",
+            f"{cgroup}: the engine reports no CFS quota",
             f"a kernel and engine with the {controllers}",
-            required=False,
         ),
-        DoctorCheck(
+        (
             "memory limit (oom-worker, --memory)",
             support.memory_limit,
-            f"{cgroup}, memory limits" if support.memory_limit else f"{cgroup}: no memory limit support",
+            f"{cgroup}, memory limits",
+            f"{cgroup}: no memory limit support",
             f"a kernel with the memory controller enabled (cgroup_enable=memory); {controllers}",
-            required=False,
         ),
-        DoctorCheck(
+        (
             "tmpfs volumes (ckpt_size, fill-disk)",
             support.tmpfs_volumes,
-            "local volumes of type tmpfs with a size" if support.tmpfs_volumes else "not a Linux engine",
+            "local volumes of type tmpfs with a size",
+            "not a Linux engine",
             "a Linux Docker engine",
-            required=False,
         ),
     ]
+    return [DoctorCheck(name, ok, yes if ok else no, fix, required=False) for name, ok, yes, no, fix in rows]
 
 
 def faketime_check(docker: Docker) -> DoctorCheck:

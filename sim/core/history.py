@@ -49,6 +49,143 @@ WORKER_EVENTS = (
 
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class _Nested:
+    """A JSON object inside a record, typed: its fields where the value has the schema's type; the keys
+    this schema does not name, and a value of another type (its reader sees None), stay in `extra`.
+    `to_dict()` is the object as written."""
+
+    extra: Mapping = dataclasses.field(default_factory=dict, repr=False)
+    as_written: Mapping = dataclasses.field(default_factory=dict, repr=False)
+
+    @classmethod
+    def parse(cls, data: Mapping | None):
+        """The one way the object becomes typed (a record's parser calls it)."""
+        if isinstance(data, cls):
+            return data
+        data = dict(data or {})
+        values, extra, derived = {}, {}, cls._derived(data)
+        for name, value in data.items():
+            if name in derived:
+                continue
+            kinds = _field_kinds(cls).get(name)
+            if kinds is None or name in ("extra", "as_written"):
+                extra[name] = value
+                continue
+            typed = _typed(value, kinds[0])
+            if typed is _WRONG_TYPE:
+                extra[name] = value
+            elif typed is not None:
+                values[name] = typed
+        return cls(**values, **derived, extra=extra, as_written=data)
+
+    @classmethod
+    def _derived(cls, data: Mapping) -> dict:
+        """Fields read from the object as a whole, not one key each."""
+        return {}
+
+    def to_dict(self) -> dict:
+        return dict(self.as_written)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _Nested):
+            return type(self) is type(other) and self.to_dict() == other.to_dict()
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class FaultResult(_Nested):
+    """What a fault operation did, as its `ok` record says (the dict chaos/nemesis.py's verb returned).
+    Each verb writes the fields that apply to it; a field it does not write is None."""
+
+    node: str | None = None  # the node it acted on (a role such as "random" resolved)
+    id: str | None = None  # a fault in force: the id `sim faults` and `sim heal` use
+    pid: int | None = None  # the process it signalled or held
+    pids: tuple[int, ...] | None = None  # resume-worker: the workers continued
+    rank: int | None = None
+    local_rank: int | None = None
+    signal: str | None = None
+    file: str | None = None  # the checkpoint file damaged, written or held open; a filler; a hold file
+    size_at_kill: int | None = None  # kill-during-checkpoint: the file's size at the signal
+    # kill-during-checkpoint: the file was gone at the signal (its size recorded as None): renamed into
+    # place, whole, between the trigger seeing it open and the signal
+    gone_at_kill: bool = False
+    mode: str | None = None  # corrupt-checkpoint: bitflip | truncate
+    limit: int | None = None  # oom-worker: the memory limit it ran under
+    written: int | None = None  # fill-disk: the filler's bytes
+    by: float | None = None  # skew-clock: the offset asked for
+    seen: float | None = None  # skew-clock: the offset a new process saw
+    cpus: float | None = None  # slow-node
+    partition: str | None = None  # partition: its description
+    cuts: tuple[tuple[str, ...], ...] | None = None  # partition: each cut, the nodes on one side
+    healed: tuple[str, ...] | None = None  # heal, resume-worker: the ids undone
+    joined: tuple[str, ...] | None = None  # scale
+    left: tuple[str, ...] | None = None  # scale
+
+    @classmethod
+    def _derived(cls, data: Mapping) -> dict:
+        cuts = data.get("cuts")
+        derived: dict = {"gone_at_kill": "size_at_kill" in data and data["size_at_kill"] is None}
+        if isinstance(cuts, list) and all(isinstance(c, list) for c in cuts):
+            derived["cuts"] = tuple(tuple(str(n) for n in c) for c in cuts)
+        return derived
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class SavedContent(_Nested):
+    """What a worker's first saved object held at its top level (the node image's saved_content)."""
+
+    type: str | None = None  # its class name
+    keys: dict | None = None  # key -> the class name of its value
+    model_state: bool | None = None  # a model's state (a mapping of tensors) is in it
+    optimizer_state: bool | None = None  # an optimizer's (state and param_groups)
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class RecordedSpec(_Nested):
+    """The cluster's spec as the run start record gives it (sim.core.spec.ClusterSpec's fields). A history
+    written before a field existed lacks it: None."""
+
+    nodes: int | None = None
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+    nproc_per_node: int | None = None
+    max_restarts: int | None = None
+    rdzv_backend: str | None = None
+    rdzv_conf: tuple | None = None  # (key, value) pairs
+    env: tuple | None = None  # (key, value) pairs
+    mounts: tuple | None = None  # (host, container, writable)
+    devices: str | None = None
+    failure_timing: str | None = None
+    instrument: bool | None = None
+
+    @property
+    def pairs(self) -> dict[str, dict]:
+        """rdzv_conf and env as dicts (a pair that is not a pair is passed over)."""
+        return {
+            name: {str(p[0]): p[1] for p in (getattr(self, name) or ()) if isinstance(p, (list, tuple)) and len(p) == 2}
+            for name in ("rdzv_conf", "env")
+        }
+
+
+_WRONG_TYPE = object()
+
+
+def _typed(value: object, accepted: tuple[type, ...]) -> object:
+    """`value` as one of the accepted types (a JSON list as a tuple), None for None, else _WRONG_TYPE."""
+    if value is None:
+        return None
+    if tuple in accepted and isinstance(value, list):
+        value = tuple(value)
+    if isinstance(value, bool) and bool not in accepted:
+        return _WRONG_TYPE
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_WHOLE_NUMBER:
+        return _WRONG_TYPE
+    return value if isinstance(value, accepted) else _WRONG_TYPE
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
 class Record:
     """One history line, typed: read its fields by name (`record.node`); `to_dict()` is the line as
     written. Two records are equal when their lines are."""
@@ -67,7 +204,9 @@ class Record:
         data = {"t": self.t, "type": self.TYPE}
         for name in self.field_names()[1:]:
             value = getattr(self, name)
-            if value is not None:
+            if isinstance(value, _Nested):
+                data[name] = value.to_dict()
+            elif value is not None:
                 data[name] = list(value) if isinstance(value, tuple) else value
         data.update(self.extra)
         return data
@@ -90,7 +229,7 @@ class RunRecord(Record):
     schema: int | None = None  # start only: the history's schema version
     cluster: str | None = None
     run_id: str | None = None
-    spec: dict | None = None  # ClusterSpec's fields
+    spec: RecordedSpec | None = None  # ClusterSpec's fields, as the start record gives them
     profile: str | None = None
     target_steps: int | None = None
     ckpt_interval: int | None = None
@@ -102,8 +241,9 @@ class RunRecord(Record):
     why: str | None = None
 
     @property
-    def spec_fields(self) -> dict:
-        return self.spec or {}
+    def spec_fields(self) -> RecordedSpec:
+        """The spec it records; an empty one (every field None) where it records none."""
+        return self.spec or RecordedSpec()
 
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
@@ -116,13 +256,18 @@ class FaultRecord(Record):
     phase: str  # FAULT_PHASES
     target: str | None = None
     args: dict | None = None  # invoke
-    result: dict | None = None  # ok
+    result: FaultResult | None = None  # ok
     error: str | None = None  # fail, info
+
+    @property
+    def outcome(self) -> FaultResult:
+        """What it did (an empty result for an invoke, fail or info record)."""
+        return self.result or FaultResult()
 
     @property
     def node(self) -> str | None:
         """The node the fault resolved its target to ("random" -> node1), where it says."""
-        return (self.result or {}).get("node")
+        return self.outcome.node
 
     @property
     def where(self) -> str | None:
@@ -233,6 +378,7 @@ class WorkerRecord(_WorkerFacts):
     failure_timing: str | None = None  # emulated: "nccl" | "gloo"
     calls: dict | None = None  # emulated_calls: call name -> count, this process so far
     timeout_s: float | None = None  # nccl_watchdog: the process group's timeout
+    content: SavedContent | None = None  # save (the first of a process): what the saved object held
 
 
 RECORD_TYPES: dict[str, type[Record]] = {
@@ -257,6 +403,13 @@ def parse_record(data: Mapping | Record) -> Record:
         if value is None:
             if required:
                 raise HistoryError(f"history record {_brief(data)}: no {name!r}; every {kind.TYPE} record needs one")
+            continue
+        nested = next((a for a in accepted if isinstance(a, type) and issubclass(a, _Nested)), None)
+        if nested is not None:
+            if isinstance(value, (Mapping, nested)):
+                values[name] = nested.parse(value)
+            else:  # not an object: kept as written, unread (the record still counts)
+                values["extra"][name] = value
             continue
         if tuple in accepted and isinstance(value, list):
             value = tuple(value)
@@ -292,7 +445,7 @@ def as_records(history: Iterable[Mapping | Record]) -> list[Record]:
 
 
 @functools.cache
-def _field_kinds(kind: type[Record]) -> dict[str, tuple[tuple[type, ...], bool]]:
+def _field_kinds(kind: type) -> dict[str, tuple[tuple[type, ...], bool]]:
     """Field name -> (accepted Python types, required), from the class's annotations."""
     hints = typing.get_type_hints(kind)
     kinds = {}

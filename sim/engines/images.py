@@ -70,6 +70,26 @@ def _digest(*parts: bytes | str) -> str:
     return h.hexdigest()[:16]
 
 
+# The node image runs Debian 12's CPython.
+NODE_PYTHON = "3.11"
+
+
+def fill_once(target: Path, fill: Callable[[Path], None]) -> Path:
+    """`target`, a folder filled once by `fill(partial)`: in a `.partial` folder beside it, marked `.complete`
+    and renamed into place only when `fill` returns, so an interrupted fill never leaves a folder that looks
+    whole. A complete `target` is returned as it is."""
+    if (target / ".complete").exists():
+        return target
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    fill(partial)
+    (partial / ".complete").write_text("")
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return target
+
+
 def _tree_digest(root: Path) -> str:
     parts: list[bytes | str] = []
     for path in sorted(_tree_files(root)):
@@ -334,25 +354,24 @@ class ImageBuilder:
     def wheelhouse(self) -> Path:
         requirements = self.images_dir / "runtime" / "requirements.txt"
         target = self.cache_dir / f"wheelhouse-{self._wheelhouse_key()}"
-        if (target / ".complete").exists():
-            return target
-        self.progress(f"[runtime] preparing wheelhouse in {target} (pip download, once)")
-        tmp = target.with_name(target.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        pip = [sys.executable, "-m", "pip"]
-        # python-etcd is published as an sdist only: build its wheel once.
-        self._run_pip(pip + ["wheel", "--no-deps", "-w", str(tmp), _requirement(requirements, "python-etcd")])
-        # Ours, from its sources: the rendezvous-etcd-v3 line of the requirements finds it here.
-        self._run_pip(pip + ["wheel", "--no-deps", "-w", str(tmp), str(self.rendezvous_dir)])
-        self._run_pip(
-            pip
-            + ["download", "-d", str(tmp), "--find-links", str(tmp), *_target_platform_args(), "-r", str(requirements)]
-        )
-        shutil.copy(requirements, tmp / "requirements.txt")
-        (tmp / ".complete").write_text("")
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
+
+        def download(tmp: Path) -> None:
+            self.progress(f"[runtime] preparing wheelhouse in {target} (pip download, once)")
+            pip = [sys.executable, "-m", "pip"]
+            # python-etcd is published as an sdist only: build its wheel once.
+            self._run_pip(pip + ["wheel", "--no-deps", "-w", str(tmp), _requirement(requirements, "python-etcd")])
+            # Ours, from its sources: the rendezvous-etcd-v3 line of the requirements finds it here.
+            self._run_pip(pip + ["wheel", "--no-deps", "-w", str(tmp), str(self.rendezvous_dir)])
+            self._run_pip(
+                pip
+                + [
+                    *("download", "-d", str(tmp), "--find-links", str(tmp), *platform_args(NODE_PYTHON)),
+                    *("-r", str(requirements)),
+                ]
+            )
+            shutil.copy(requirements, tmp / "requirements.txt")
+
+        fill_once(target, download)
         # A wheelhouse for older requirements is dead weight (hundreds of MB): the images built
         # from it keep their own copy. Safe: ensure() holds the build lock.
         for old in self.cache_dir.glob("wheelhouse-*"):
@@ -457,20 +476,21 @@ def _requirement(requirements: Path, name: str) -> str:
     raise ImageBuildError(f"{requirements}: no line for {name}")
 
 
-def _target_platform_args() -> list[str]:
-    """The node image runs Debian 12's CPython 3.11: ask pip for wheels that fit it."""
-    if sys.version_info[:2] == (3, 11):
-        return []  # the host's own tags match the image's
+def platform_args(version: str) -> list[str]:
+    """Ask pip for wheels for an image's CPython `version` on Linux (none: the host's own tags match)."""
+    if f"{sys.version_info[0]}.{sys.version_info[1]}" == version:
+        return []
     machine = platform.machine()
+    abi = "cp" + version.replace(".", "")
     return [
         "--only-binary",
         ":all:",
         "--python-version",
-        "3.11",
+        version,
         "--implementation",
         "cp",
         "--abi",
-        "cp311",
+        abi,
         "--platform",
         f"manylinux_2_28_{machine}",
         "--platform",

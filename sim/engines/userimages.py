@@ -27,7 +27,7 @@ from pathlib import Path
 from sim.core.errors import ImageBuildError, UsageError
 from sim.core.spec import ClusterSpec, check_torch_pin, image_torch_version
 from sim.engines.docker import Docker, stream
-from sim.engines.images import FAKETIME_PACKAGE, ImageBuilder, _digest, _link_or_copy
+from sim.engines.images import FAKETIME_PACKAGE, ImageBuilder, _digest, _link_or_copy, fill_once, platform_args
 
 USER_REPO = "elastic-sim-user"
 # The oldest torch the agent-side pieces work with: the etcd-v3 backend is found through the
@@ -181,17 +181,17 @@ class UserImages:
         """The requirements' wheels, for a CPython `version` Linux image, fetched once by content. torch itself is
         the image's: pinned to it and never kept (a package that needs torch finds it installed)."""
         key = _digest(requirements.read_bytes(), version, torch, platform.machine())
-        target = self.builder.cache_dir / f"user-wheelhouse-{key}"
-        if (target / ".complete").exists():
-            return target
+        return fill_once(
+            self.builder.cache_dir / f"user-wheelhouse-{key}",
+            lambda partial: self._download(requirements, version, torch, partial),
+        )
+
+    def _download(self, requirements: Path, version: str, torch: str, partial: Path) -> None:
         self.progress(f"[requirements] pip download of {requirements} (once per content)")
-        partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
         constraints = partial / ".constraints.txt"
         constraints.write_text(f"torch=={torch}\n")
         pip = [sys.executable, "-m", "pip"]
-        argv = [*pip, "download", "-d", str(partial), "-c", str(constraints), *_platform_args(version)]
+        argv = [*pip, "download", "-d", str(partial), "-c", str(constraints), *platform_args(version)]
         runtime = next(self.builder.cache_dir.glob("wheelhouse-*"), None)
         if runtime is not None and (runtime / ".complete").exists():
             argv += ["--find-links", str(runtime)]  # torch and its dependencies: already on disk
@@ -203,10 +203,6 @@ class UserImages:
             if re.match(r"^(torch|nvidia_[a-z0-9_]+|triton)-", wheel.name):
                 wheel.unlink()
         constraints.unlink()
-        (partial / ".complete").write_text("")
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
-        return target
 
     def _pip(self, argv: list[str], requirements: Path) -> None:
         lines: list[str] = []
@@ -294,30 +290,6 @@ def pip_failure(lines: list[str], code: int) -> str:
         return f"pip failed: {errors[0]}"
     last = next((line for line in reversed(lines) if line.strip()), f"exit {code}")
     return f"pip failed (exit {code}): {last.strip()}"
-
-
-def _platform_args(version: str) -> list[str]:
-    """Wheels for the image's CPython `version` on Linux (the host's own tags when they match)."""
-    if f"{sys.version_info[0]}.{sys.version_info[1]}" == version:
-        return []
-    machine = platform.machine()
-    abi = "cp" + version.replace(".", "")
-    return [
-        "--only-binary",
-        ":all:",
-        "--python-version",
-        version,
-        "--implementation",
-        "cp",
-        "--abi",
-        abi,
-        "--platform",
-        f"manylinux_2_28_{machine}",
-        "--platform",
-        f"manylinux2014_{machine}",
-        "--platform",
-        f"linux_{machine}",
-    ]
 
 
 def _dist_name(wheel: Path) -> str:

@@ -88,18 +88,18 @@ class RunSpec:
         values = {}
         if start is not None:
             cluster = start.spec_fields
-            min_nodes = cluster.get("min_nodes", 1)
-            max_nodes = cluster.get("max_nodes")
+            min_nodes = 1 if cluster.min_nodes is None else cluster.min_nodes
+            max_nodes = cluster.max_nodes
             if max_nodes is None:  # ClusterSpec's rule: max_nodes defaults to nodes
-                max_nodes = max(cluster.get("nodes", min_nodes), min_nodes)
+                max_nodes = max(min_nodes if cluster.nodes is None else cluster.nodes, min_nodes)
             values = {
                 "min_nodes": min_nodes,
                 "max_nodes": max_nodes,
-                "nproc_per_node": cluster.get("nproc_per_node"),
-                "max_restarts": cluster.get("max_restarts"),
+                "nproc_per_node": cluster.nproc_per_node,
+                "max_restarts": cluster.max_restarts,
                 "target_steps": start.target_steps,
                 "ckpt_interval": start.ckpt_interval,
-                "instrumented": cluster.get("instrument"),
+                "instrumented": cluster.instrument,
             }
             values = {k: v for k, v in values.items() if v is not None}
         values.update(overrides)
@@ -392,7 +392,7 @@ def check_checkpoint_integrity(run: RunModel, spec: RunSpec) -> CheckResult:
     for fault in run.faults:
         if not fault.kind.damages_checkpoint:
             continue
-        file = str(fault.result.get("file") or "")
+        file = fault.result.file or ""
         match = CHECKPOINT_FILE.match(posixpath.basename(file))
         if match is None:
             notes.append(
@@ -400,7 +400,7 @@ def check_checkpoint_integrity(run: RunModel, spec: RunSpec) -> CheckResult:
             )
             continue
         step = int(match.group(1))
-        if fault.fault == "kill-during-checkpoint" and match.group(2) and fault.result.get("size_at_kill", 0) is None:
+        if fault.fault == "kill-during-checkpoint" and match.group(2) and fault.result.gone_at_kill:
             # The temp file was gone right after the kill: the worker had renamed it into place, whole,
             # between the trigger seeing it open and the signal (seen under load); nothing was damaged.
             notes.append(f"{fault.describe()} landed just after the write of step {step} completed ({file} renamed)")
@@ -414,15 +414,8 @@ def check_checkpoint_integrity(run: RunModel, spec: RunSpec) -> CheckResult:
                     f"rank {start.rank} on {start.node} resumed from step {step} at {clock(start.t)}, "
                     f"after {fault.describe()} damaged {file}, with no checkpoint of step {step} written since"
                 )
-    if not violations:
-        notes.append(
-            f"no start resumed from a damaged checkpoint ({_steps(sorted(set(damaged)))})"
-            if damaged
-            else "no checkpoint was damaged on purpose"
-        )
-    return CheckResult(
-        "checkpoint_integrity", not violations, tuple(violations[:MAX_EXAMPLES] + notes), {"damaged_steps": damaged}
-    )
+    listed = _steps(sorted(set(damaged))) if damaged else ""
+    return _integrity(violations, notes, "no start resumed from", listed, {"damaged_steps": damaged})
 
 
 def _checkpoint_integrity_by_path(run: RunModel, loads: list[WorkerRecord]) -> CheckResult:
@@ -433,7 +426,7 @@ def _checkpoint_integrity_by_path(run: RunModel, loads: list[WorkerRecord]) -> C
     for fault in run.faults:
         if not fault.kind.damages_checkpoint:
             continue
-        file = str(fault.result.get("file") or "")
+        file = fault.result.file or ""
         if not file:
             notes.append(f"{fault.describe()} damaged a file it did not name")
             continue
@@ -444,15 +437,15 @@ def _checkpoint_integrity_by_path(run: RunModel, loads: list[WorkerRecord]) -> C
                     f"rank {load.rank} on {load.node} loaded {load.path} at {clock(load.t)}, after "
                     f"{fault.describe()} damaged {file}, with no save of it since"
                 )
+    listed = ", ".join(sorted(set(damaged)))
+    return _integrity(violations, notes, "no process loaded", listed, {"damaged_files": damaged})
+
+
+def _integrity(violations: list[str], notes: list[str], none: str, damaged: str, metrics: dict) -> CheckResult:
+    """checkpoint_integrity's result: the violations, else that none loaded what was `damaged` (listed)."""
     if not violations:
-        notes.append(
-            f"no process loaded a damaged checkpoint ({', '.join(sorted(set(damaged)))})"
-            if damaged
-            else "no checkpoint was damaged on purpose"
-        )
-    return CheckResult(
-        "checkpoint_integrity", not violations, tuple(violations[:MAX_EXAMPLES] + notes), {"damaged_files": damaged}
-    )
+        notes.append(f"{none} a damaged checkpoint ({damaged})" if damaged else "no checkpoint was damaged on purpose")
+    return CheckResult("checkpoint_integrity", not violations, tuple(violations[:MAX_EXAMPLES] + notes), metrics)
 
 
 def _holds(path: str | None, file: str) -> bool:
@@ -617,7 +610,7 @@ def check_stale_checkpoint(run: RunModel, spec: RunSpec) -> CheckResult:
         restarted = min((s.t for s in run.starts if s.node == fault.node and s.t > fault.t_ok), default=math.inf)
         if not any(w.node == fault.node and fault.t_ok < w.t < restarted for w in run.checkpoint_writes):
             reasons.append(
-                f"{fault.describe()} held {fault.result.get('file')} open: that write never completed "
+                f"{fault.describe()} held {fault.result.file} open: that write never completed "
                 "(a superseded round's write that did not land)"
             )
     return CheckResult("stale_checkpoint", not lost, tuple(reasons), {"stale_writes": len(found), "lost": len(lost)})
@@ -703,7 +696,7 @@ def check_recovery(run: RunModel, spec: RunSpec) -> CheckResult:
                 f"not measurable here: no training was seen in the whole run ({why}), so no recovery can be timed; "
                 "to enable it, keep the instrumentation on or pass --progress-regex",
             ),
-            {"recoveries": [dataclasses.asdict(r.public()) for r in found]},
+            {"recoveries": tuple(r.public() for r in found)},
             measured=False,
         )
     problems, facts = [], []
@@ -732,7 +725,7 @@ def check_recovery(run: RunModel, spec: RunSpec) -> CheckResult:
         "recovery",
         not problems,
         tuple(problems + facts),
-        {"recoveries": [dataclasses.asdict(r.public()) for r in found]},
+        {"recoveries": tuple(r.public() for r in found)},  # FaultRecovery: report.json writes them as objects
     )
 
 
@@ -890,9 +883,7 @@ def check_all(run: RunModel, spec: RunSpec, only: Sequence[str] | None = None) -
     names = CHECKS_FOR[spec.expected] if only is None else tuple(dict.fromkeys([*only, "restart_budget"]))
     results = tuple(CHECKERS[name](run, spec) for name in names)
     by_name = {r.name: r for r in results}
-    recoveries = (
-        tuple(FaultRecovery(**d) for d in by_name["recovery"].metrics["recoveries"]) if "recovery" in by_name else ()
-    )
+    recoveries = by_name["recovery"].metrics["recoveries"] if "recovery" in by_name else ()
     return Verdict(
         valid=all(r.valid for r in results),
         expected=spec.expected,

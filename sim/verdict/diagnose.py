@@ -387,13 +387,13 @@ def restart_budget(run: RunModel) -> Diagnosis | None:
 def _budget(run: RunModel, node: str) -> tuple[list[AgentRecord], int | None]:
     """The restarts an agent used (its "Worker group FAILED. k/m attempts left" records) and its --max-restarts."""
     used = run.agent_events("group_failed", node=node)
-    most = used[-1].max_restarts if used else run.spec_fields.get("max_restarts")
+    most = used[-1].max_restarts if used else run.spec_fields.max_restarts
     return used, most
 
 
 def waiting_for_nodes(run: RunModel) -> Diagnosis | None:
     """(c) Agents wait in the rendezvous for more nodes than are live (or reachable)."""
-    min_nodes = run.spec_fields.get("min_nodes")
+    min_nodes = run.spec_fields.min_nodes
     timeouts = run.agent_events("rdzv_timeout")
     waiting = _waiting_now(run)
     if not timeouts and not waiting:
@@ -699,15 +699,13 @@ def _frozen_stalls(run: RunModel) -> list[tuple[FaultRecord | DockerRecord, floa
 def c10d_store_lost(run: RunModel) -> Diagnosis | None:
     """(f) The agent hosting the c10d rendezvous store is gone: every other agent exits."""
     lost_store = [r for r in run.agent_events("rdzv_error", "keepalive_failed") if "C10d store" in (r.message or "")]
-    if not lost_store and run.spec_fields.get("rdzv_backend") == "c10d":
+    if not lost_store and run.spec_fields.rdzv_backend == "c10d":
         lost_store = [r for r in run.agent_events("rdzv_error") if "RendezvousConnectionError" in (r.message or "")]
     finished = [r.t for r in run.agent_events("group_finished")]
     lost_store = [r for r in lost_store if not any(t < r.t for t in finished)]  # not the job's own end
     if not lost_store:
         return None
-    host = (
-        "node0" if run.spec_fields.get("rdzv_backend") == "c10d" else None
-    )  # sim's --rdzv-endpoint (sim/core/torchrun.py)
+    host = "node0" if run.spec_fields.rdzv_backend == "c10d" else None  # sim's --rdzv-endpoint (sim/core/torchrun.py)
     first = lost_store[0].t
     gone = [
         r
@@ -743,7 +741,7 @@ def etcd_lost(run: RunModel) -> Diagnosis | None:
     """(f2) etcd went away (restarted, killed, paused, cut off) while the agents called it: torch's etcd-v2
     agents end on their first failed call; rendezvous-etcd-v3's wait for etcd up to reconnect_timeout,
     then end on their next call. The job ends with the last agent."""
-    backend = run.spec_fields.get("rdzv_backend")
+    backend = run.spec_fields.rdzv_backend
     if backend not in ("etcd", "etcd-v2", "etcd-v3"):
         return None
     v3 = backend == "etcd-v3"
@@ -844,7 +842,7 @@ def engine_lost(run: RunModel) -> Diagnosis | None:
 
 def etcd_without_v2(run: RunModel) -> Diagnosis | None:
     """(g) etcd answers 404 on the v2 API that torch's etcd backends (python-etcd) speak."""
-    if run.spec_fields.get("rdzv_backend") not in (None, "etcd", "etcd-v2"):
+    if run.spec_fields.rdzv_backend not in (None, "etcd", "etcd-v2"):
         return None  # etcd-v3 speaks the v3 API; its connection errors are no sign of a missing v2
     found = [
         r
@@ -920,10 +918,9 @@ def disk_full(run: RunModel) -> Diagnosis | None:
 
 
 def _filled(fault: FaultRecord) -> str:
-    result = fault.result or {}
-    written = result.get("written")
-    size = f" of {written >> 20} MiB" if isinstance(written, int) else ""
-    return f"filler file {result.get('file', '?')}{size} written, the disk full"
+    written = fault.outcome.written
+    size = f" of {written >> 20} MiB" if written is not None else ""
+    return f"filler file {fault.outcome.file or '?'}{size} written, the disk full"
 
 
 def oom_kill(run: RunModel) -> Diagnosis | None:
@@ -952,8 +949,8 @@ def oom_kill(run: RunModel) -> Diagnosis | None:
         lines += [(r, f"{_describe(r)}: SIGKILL from the OOM killer") for r in exits]
         if fault is not None:
             injected = True
-            limit = (fault.result or {}).get("limit")
-            if isinstance(limit, int):
+            limit = fault.outcome.limit
+            if limit is not None:
                 limits.append(f"{limit >> 20} MiB on {oom.node}")
                 lines.append((fault, f"fault oom-worker: memory limit {limit >> 20} MiB, then memory pressure"))
         evidence += [_line(r, text) for r, text in sorted(lines, key=lambda line: line[0].t)]
@@ -989,7 +986,7 @@ def damaged_checkpoint_loaded(run: RunModel) -> Diagnosis | None:
     evidence += [_line(r) for r in unreadable]
     evidence += [_line(r) for r in run.agent_events("error_file")[:1]]
     nodes = ", ".join(sorted({r.node for r in unreadable}, key=node_order))
-    file = (before[-1].result or {}).get("file")
+    file = before[-1].outcome.file
     return Diagnosis(
         "damaged-checkpoint-loaded",
         f"The script loads a damaged checkpoint blindly ({nodes})",
@@ -1006,10 +1003,11 @@ def damaged_checkpoint_loaded(run: RunModel) -> Diagnosis | None:
 
 
 def _damage_words(fault: FaultRecord) -> str:
-    result = fault.result or {}
+    result = fault.outcome
     if fault.fault == "kill-during-checkpoint":
-        return f"fault kill-during-checkpoint: pid {result.get('pid', '?')} killed while it wrote {result.get('file')}"
-    return f"fault corrupt-checkpoint: {result.get('file')} damaged ({result.get('mode', '?')})"
+        pid = "?" if result.pid is None else result.pid
+        return f"fault kill-during-checkpoint: pid {pid} killed while it wrote {result.file}"
+    return f"fault corrupt-checkpoint: {result.file} damaged ({result.mode or '?'})"
 
 
 def superseded_round_checkpoint(run: RunModel) -> Diagnosis | None:
@@ -1137,7 +1135,7 @@ KEEP_ALIVE_MAX_ATTEMPT = 3
 
 
 def _keep_alive_window(run: RunModel) -> float:
-    conf = {str(k): v for k, v in (run.spec_fields.get("rdzv_conf") or ())}
+    conf = run.spec_fields.pairs["rdzv_conf"]
     try:
         return float(conf.get("keep_alive_interval", KEEP_ALIVE_INTERVAL_S)) * float(
             conf.get("keep_alive_max_attempt", KEEP_ALIVE_MAX_ATTEMPT)
@@ -1150,7 +1148,7 @@ def clock_skew(run: RunModel) -> Diagnosis | None:
     """(p) A node's clock was skewed past the keep-alive window, and then the agents disagreed on who was
     in a round: a round's size counted differently, or the skewed node in a round of its own (two groups)."""
     window = _keep_alive_window(run)
-    skews = [f for f in _fault_records(run, "skew-clock") if abs((f.result or {}).get("by") or 0) > window]
+    skews = [f for f in _fault_records(run, "skew-clock") if abs(f.outcome.by or 0) > window]
     if not skews:
         return None
     skew = skews[0]
@@ -1162,7 +1160,7 @@ def clock_skew(run: RunModel) -> Diagnosis | None:
     apart = [joined for joined in rounds.values() if {r.node for r in joined} == {skew.node} and joined[0].nodes == 1]
     if miscounted is None and not (apart and len(rounds) > 1):
         return None
-    by = (skew.result or {})["by"]
+    by = skew.outcome.by or 0
     ahead = by > 0
     shown = miscounted or [r for joined in rounds.values() for r in joined]
     finished = run.agent_events("group_finished") if miscounted else []
@@ -1369,7 +1367,11 @@ def late_join_at_end(run: RunModel) -> Diagnosis | None:
     evidence = []
     for closed, done in late:
         node = closed.node
-        joined = [f for f in _fault_records(run, "scale", "restart-node") if node in str(f.result or "")]
+        joined = [
+            f
+            for f in _fault_records(run, "scale", "restart-node")
+            if node in (*(f.outcome.joined or ()), f.outcome.node)
+        ]
         started = [r for r in run.docker if r.node == node and r.action == "start" and r.t <= closed.t]
         evidence += [_line(f, f"fault {f.fault} ({f.target}): {node} joined") for f in joined[-1:]]
         evidence += [_line(r, f"{node}'s container started") for r in started[-1:] if not joined]

@@ -56,7 +56,7 @@ def is_shared(path: str, shared: tuple[str, ...] = SHARED_DIRS) -> bool:
 
 def _shared_dirs(run: RunModel) -> tuple[str, ...]:
     """/ckpt, and the node paths of the run's writable mounts (one host folder seen by every node)."""
-    mounts = run.spec_fields.get("mounts") or ()
+    mounts = run.spec_fields.mounts or ()
     writable = [str(m[1]) for m in mounts if isinstance(m, (list, tuple)) and len(m) == 3 and m[2] is True]
     return (*SHARED_DIRS, *writable)
 
@@ -142,16 +142,16 @@ def resumed_apart(run: RunModel) -> Finding | None:
 def missing_state(run: RunModel) -> Finding | None:
     """The first save holds a model's state but no optimizer's, while the script steps an optimizer: a resume
     restarts the optimizer from scratch on trained weights (momentum, Adam's moments and step count lost)."""
-    described = [r for r in _saves(run) if isinstance(r.extra.get("content"), dict)]
+    described = [r for r in _saves(run) if r.content is not None]
     if not described:
         return None
     first = described[0]
-    content = first.extra["content"]
+    content = first.content
     stepping = any(isinstance(r, WorkerRecord) and r.event == "step" for r in run.records)
-    if not (content.get("model_state") and not content.get("optimizer_state") and stepping):
+    if not (content.model_state and not content.optimizer_state and stepping):
         return None
-    keys = content.get("keys") or {}
-    shown = ", ".join(f"{k}: {v}" for k, v in list(keys.items())[:8]) or content.get("type", "?")
+    keys = content.keys or {}
+    shown = ", ".join(f"{k}: {v}" for k, v in list(keys.items())[:8]) or content.type or "?"
     return Finding(
         "missing-optimizer-state",
         "Checkpoint without optimizer state",

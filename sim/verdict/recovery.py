@@ -267,7 +267,7 @@ def _silenced_nodes(fault: FaultEvent) -> set[str]:
     (their own node's agent is not the one that notices)."""
     nodes = {fault.where} if fault.kind.silences_node else set()
     if fault.fault == "scale":
-        nodes |= set(fault.result.get("joined") or ()) | set(fault.result.get("left") or ())
+        nodes |= set(fault.result.joined or ()) | set(fault.result.left or ())
     return nodes
 
 

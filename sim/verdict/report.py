@@ -17,12 +17,12 @@ from typing import NamedTuple
 from sim.core.history import DEVICE_EVENTS, WorkerRecord
 from sim.core.nodes import node_order
 from sim.core.spec import emulated_devices_line
-from sim.verdict import EXPECTED_WORDS, CheckResult, Verdict
+from sim.verdict import EXPECTED_WORDS, CheckResult, FaultRecovery, Verdict
 from sim.verdict.diagnose import Diagnosis, format_diagnoses
 from sim.verdict.plot import draw_timeline
 from sim.verdict.recovery import RecoveryPhases, recoveries
 from sim.verdict.runmodel import STEP_SOURCE_WORDS, RunModel
-from sim.verdict.timeline import build_timeline, job_end_after_faults, run_origin
+from sim.verdict.timeline import JobEnd, build_timeline, job_end_after_faults, run_origin
 
 RESTARTS_NOTE = "torch counts restarts per agent"
 PROFILE_WORDS = {"torch-defaults": "torch defaults"}
@@ -60,10 +60,10 @@ def write_report(
         title=title,
         verdict=verdict,
         profile=profile_label(profile, run),
-        devices=devices and devices["line"],
+        devices=devices and devices.line,
     )
-    data = report_data(verdict, run, title=title, profile=profile, files=files, diagnoses=diagnoses)
-    files.json.write_text(json.dumps(data, indent=2, default=_json_default) + "\n", encoding="utf-8")
+    data = build_report(verdict, run, title=title, profile=profile, files=files, diagnoses=diagnoses)
+    files.json.write_text(json.dumps(data.to_json(), indent=2, default=_json_default) + "\n", encoding="utf-8")
     files.html.write_text(render_html(data, files.png.read_bytes()), encoding="utf-8")
     return files
 
@@ -75,17 +75,30 @@ def profile_label(profile: str | None, run: RunModel) -> str:
     return PROFILE_WORDS.get(profile, profile) if profile else "unknown"
 
 
-def device_facts(run: RunModel) -> dict | None:
+@dataclasses.dataclass(frozen=True)
+class DeviceFacts:
+    """What ran the devices (report.json's "devices")."""
+
+    per_node: int | None
+    failure_timing: str
+    line: str  # how the report words it
+    calls: dict[str, int]  # emulated call -> count, over every worker process, most first
+    watchdog_aborts: int  # collectives NCCL's timing held, then aborted
+    seen_by_workers: bool  # the workers' own "emulated" record came (not just the spec)
+    emulated: bool = True
+
+
+def device_facts(run: RunModel) -> DeviceFacts | None:
     """What ran the devices: the run's spec (devices, failure_timing) and its workers' emulation records
     (images/node/elastic_sim_devices.py): the emulated calls summed over every worker process (each
     process's last count), and the collectives NCCL's timing held. None for a run that says nothing of it."""
-    spec = run.start.spec_fields if run.start is not None else {}
+    spec = run.spec_fields
     records = [r for r in run.all_records if isinstance(r, WorkerRecord) and r.event in DEVICE_EVENTS]
     announced = next((r for r in records if r.event == "emulated"), None)
-    if spec.get("devices") != "emulated" and announced is None:
+    if spec.devices != "emulated" and announced is None:
         return None
-    per_node = announced.per_node if announced and announced.per_node else spec.get("nproc_per_node")
-    timing = (announced.failure_timing if announced else None) or spec.get("failure_timing") or "nccl"
+    per_node = announced.per_node if announced and announced.per_node else spec.nproc_per_node
+    timing = (announced.failure_timing if announced else None) or spec.failure_timing or "nccl"
     last: dict[tuple, dict] = {}
     for r in records:
         if r.event == "emulated_calls" and r.calls:
@@ -96,15 +109,14 @@ def device_facts(run: RunModel) -> dict | None:
             if isinstance(n, int):
                 calls[name] = calls.get(name, 0) + n
     held = [r for r in records if r.event == "nccl_watchdog"]
-    return {
-        "emulated": True,
-        "per_node": per_node,
-        "failure_timing": timing,
-        "line": emulated_devices_line(per_node, timing),
-        "calls": dict(sorted(calls.items(), key=lambda item: (-item[1], item[0]))),
-        "watchdog_aborts": len(held),
-        "seen_by_workers": announced is not None,
-    }
+    return DeviceFacts(
+        per_node=per_node,
+        failure_timing=timing,
+        line=emulated_devices_line(per_node, timing),
+        calls=dict(sorted(calls.items(), key=lambda item: (-item[1], item[0]))),
+        watchdog_aborts=len(held),
+        seen_by_workers=announced is not None,
+    )
 
 
 def _calls_words(calls: dict) -> str:
@@ -114,7 +126,78 @@ def _calls_words(calls: dict) -> str:
 # ---------------------------------------------------------------- summary, JSON, HTML
 
 
-def report_data(
+@dataclasses.dataclass(frozen=True)
+class RecoveryRow:
+    """One fault's recovery as the report shows it: the checker's figures, when, and where the time went."""
+
+    recovery: FaultRecovery
+    since_start_s: float
+    phases: RecoveryPhases
+
+    def to_json(self) -> dict:
+        return {
+            **dataclasses.asdict(self.recovery),
+            "since_start_s": self.since_start_s,
+            "phases": self.phases.as_dict(),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingFacts:
+    step_source: str
+    seen_through: str  # the step source in words
+    highest_step: int | None  # None: steps not numbered across restarts
+    step_efficiency: float | None
+    zombie_records: int
+    not_measured: tuple[str, ...]  # checks that could not measure this run
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """Everything the report says, typed: the verdict the checkers handed over, and what the report adds to it
+    (recovery phases, job ends, training, devices). `to_json()` is report.json."""
+
+    title: str
+    verdict: Verdict
+    profile: str
+    start: float | None
+    duration_s: float | None
+    recoveries: tuple[RecoveryRow, ...]
+    job_end: tuple[JobEnd, ...]
+    training: TrainingFacts
+    diagnoses: tuple[Diagnosis, ...]
+    devices: DeviceFacts | None
+    skipped_lines: int  # history lines that were not a record (torn writes)
+    files: ReportFiles | None = None
+
+    @property
+    def word(self) -> str:
+        return "PASS" if self.verdict.valid else "FAIL"
+
+    def to_json(self) -> dict:
+        """The figures of the report as plain data (what report.json holds)."""
+        return {
+            "title": self.title,
+            "verdict": self.word,
+            "valid": self.verdict.valid,
+            "expected": self.verdict.expected,
+            "profile": self.profile,
+            "run": {"start": self.start, "duration_s": self.duration_s},
+            "checks": [dataclasses.asdict(result) for result in self.verdict.results],
+            "recoveries": [row.to_json() for row in self.recoveries],
+            "job_end": [dataclasses.asdict(row) for row in self.job_end],
+            "restarts_per_node": dict(self.verdict.restarts_per_node),
+            "restarts_note": RESTARTS_NOTE,
+            "rounds": self.verdict.rounds,
+            "training": {**dataclasses.asdict(self.training), "not_measured": list(self.training.not_measured)},
+            "diagnoses": [dataclasses.asdict(d) for d in self.diagnoses],
+            "devices": None if self.devices is None else dataclasses.asdict(self.devices),
+            "history": {"skipped_lines": self.skipped_lines},
+            "files": {} if self.files is None else {kind: str(path) for kind, path in self.files._asdict().items()},
+        }
+
+
+def build_report(
     verdict: Verdict,
     run: RunModel,
     *,
@@ -122,43 +205,39 @@ def report_data(
     profile: str | None,
     files: ReportFiles | None = None,
     diagnoses: Sequence[Diagnosis] = (),
-) -> dict:
-    """The figures of the report as plain data (what report.json holds)."""
+) -> Report:
+    """The report of a run, from its model and the verdict the checkers computed from it."""
     origin = run_origin(run)
     phases = {r.fault.op: r.phases for r in recoveries(run)}
-    return {
-        "title": title,
-        "verdict": "PASS" if verdict.valid else "FAIL",
-        "valid": verdict.valid,
-        "expected": verdict.expected,
-        "profile": profile_label(profile, run),
-        "run": {"start": origin, "duration_s": None if origin is None else round(run.all_records[-1].t - origin, 3)},
-        "checks": [dataclasses.asdict(result) for result in verdict.results],
-        "recoveries": [
-            {
-                **dataclasses.asdict(r),
-                "since_start_s": _since(r.t_fault, origin, verdict),
-                "phases": phases.get(r.op, RecoveryPhases()).as_dict(),
-            }
+    return Report(
+        title=title,
+        verdict=verdict,
+        profile=profile_label(profile, run),
+        start=origin,
+        duration_s=None if origin is None else round(run.all_records[-1].t - origin, 3),
+        recoveries=tuple(
+            RecoveryRow(r, _since(r.t_fault, origin, verdict), phases.get(r.op, RecoveryPhases()))
             for r in verdict.recoveries
-        ],
-        "job_end": job_end_after_faults(verdict, run),
-        "restarts_per_node": dict(verdict.restarts_per_node),
-        "restarts_note": RESTARTS_NOTE,
-        "rounds": verdict.rounds,
-        "training": {
-            "step_source": run.step_source,
-            "seen_through": STEP_SOURCE_WORDS[run.step_source],
-            "highest_step": run.highest_step if run.steps_known else None,
-            "step_efficiency": _step_efficiency(verdict),
-            "zombie_records": len(run.zombies),
-            "not_measured": [r.name for r in verdict.results if not r.measured],
-        },
-        "diagnoses": [dataclasses.asdict(d) for d in diagnoses],
-        "devices": device_facts(run),
-        "history": {"skipped_lines": run.skipped_lines},  # lines that were not a record (torn writes)
-        "files": {} if files is None else {kind: str(path) for kind, path in files._asdict().items()},
-    }
+        ),
+        job_end=tuple(job_end_after_faults(verdict, run)),
+        training=TrainingFacts(
+            step_source=run.step_source,
+            seen_through=STEP_SOURCE_WORDS[run.step_source],
+            highest_step=run.highest_step if run.steps_known else None,
+            step_efficiency=_step_efficiency(verdict),
+            zombie_records=len(run.zombies),
+            not_measured=tuple(r.name for r in verdict.results if not r.measured),
+        ),
+        diagnoses=tuple(diagnoses),
+        devices=device_facts(run),
+        skipped_lines=run.skipped_lines,
+        files=files,
+    )
+
+
+def report_data(verdict: Verdict, run: RunModel, **options) -> dict:
+    """report.json's data (build_report's, as plain data)."""
+    return build_report(verdict, run, **options).to_json()
 
 
 def _step_efficiency(verdict: Verdict) -> float | None:
@@ -200,45 +279,45 @@ def _result_word(result: CheckResult) -> str:
     return "ok" if result.valid else "FAIL"
 
 
-def _fault_row(recovery: dict, never: str = "never") -> list[str]:
-    """One row of the faults table, from a recovery as report_data gives it."""
-    steps_lost = recovery["steps_lost"]
-    after = recovery["throughput_after"]
-    if recovery.get("degraded") and after is None:
-        after = recovery.get("throughput_during")  # never healed: the rate it left training at
+def _fault_row(row: RecoveryRow, never: str = "never") -> list[str]:
+    """One row of the faults table."""
+    recovery = row.recovery
+    after = recovery.throughput_after
+    if recovery.degraded and after is None:
+        after = recovery.throughput_during  # never healed: the rate it left training at
     return [
-        f"+{recovery['since_start_s']:.1f} s",
-        recovery["fault"],
-        recovery["target"] or "-",
-        "no restart" if recovery.get("degraded") else _seconds(recovery["recovery_s"], never),
-        "-" if steps_lost is None else str(steps_lost),
-        _world_change(recovery["world_before"], recovery["world_after"]),
-        _rate_change(recovery["throughput_before"], after),
-        *_phase_cells(recovery),
+        f"+{row.since_start_s:.1f} s",
+        recovery.fault,
+        recovery.target or "-",
+        "no restart" if recovery.degraded else _seconds(recovery.recovery_s, never),
+        "-" if recovery.steps_lost is None else str(recovery.steps_lost),
+        _world_change(recovery.world_before, recovery.world_after),
+        _rate_change(recovery.throughput_before, after),
+        *_phase_cells(row),
     ]
 
 
-def _phase_cells(recovery: dict) -> list[str]:
+def _phase_cells(row: RecoveryRow) -> list[str]:
     """Where the recovery went, "0.1/2.2/3.0/0.8/0.4/0.9" ("?": not in the history), and the rendezvous'
     share of the recovery time; "-" where no phase is known."""
-    phases = recovery.get("phases") or {}
-    if not any(phases.get(key) is not None for key in PHASE_NAMES):
+    phases = [getattr(row.phases, name) for name in PHASE_NAMES]
+    if all(phase is None for phase in phases):
         return ["-", "-"]
-    total, rendezvous = recovery["recovery_s"], phases.get("rendezvous_s")
+    total, rendezvous = row.recovery.recovery_s, row.phases.rendezvous_s
     share = f"{rendezvous / total:.0%}" if rendezvous is not None and total else "-"
-    return ["/".join("?" if phases.get(key) is None else f"{phases[key]:.1f}" for key in PHASE_NAMES), share]
+    return ["/".join("?" if phase is None else f"{phase:.1f}" for phase in phases), share]
 
 
-def _training_words(training: dict) -> str:
-    words = [training["seen_through"]]
-    if training["highest_step"] is not None:
-        words.append(f"highest step {training['highest_step']}")
-    if training["step_efficiency"] is not None:
-        words.append(f"step efficiency {training['step_efficiency']:.0%} (steps kept / steps run)")
-    if training["zombie_records"]:
-        words.append(f"{training['zombie_records']} records from zombie workers of an old round, left out")
-    if training["not_measured"]:
-        words.append(f"not measurable: {', '.join(training['not_measured'])} (see the checks)")
+def _training_words(training: TrainingFacts) -> str:
+    words = [training.seen_through]
+    if training.highest_step is not None:
+        words.append(f"highest step {training.highest_step}")
+    if training.step_efficiency is not None:
+        words.append(f"step efficiency {training.step_efficiency:.0%} (steps kept / steps run)")
+    if training.zombie_records:
+        words.append(f"{training.zombie_records} records from zombie workers of an old round, left out")
+    if training.not_measured:
+        words.append(f"not measurable: {', '.join(training.not_measured)} (see the checks)")
     return "; ".join(words)
 
 
@@ -272,18 +351,18 @@ FAULT_HEADERS = [
 JOB_END_HEADERS = ["time", "fault", "target", "agents ended after it"]
 
 
-def _job_end_row(row: dict) -> list[str]:
-    when = "-" if row["since_start_s"] is None else f"+{row['since_start_s']:.1f} s"
-    ended = "-" if row["ended_after_s"] is None else f"{row['agents_ended']} within {row['ended_after_s']:.1f} s"
-    return [when, row["fault"], row["target"] or "-", ended]
+def _job_end_row(row: JobEnd) -> list[str]:
+    when = f"+{row.since_start_s:.1f} s"
+    ended = "-" if row.ended_after_s is None else f"{row.agents_ended} within {row.ended_after_s:.1f} s"
+    return [when, row.fault, row.target or "-", ended]
 
 
-def fault_table(data: dict) -> tuple[list[str], list[list[str]]]:
+def fault_table(report: Report) -> tuple[list[str], list[list[str]]]:
     """The faults table: recovery figures, or for a run meant to fail, how soon it ended."""
-    if data["job_end"]:
-        return JOB_END_HEADERS, [_job_end_row(row) for row in data["job_end"]]
-    unmeasured = "recovery" in data["training"]["not_measured"]
-    return FAULT_HEADERS, [_fault_row(r, never="n/a" if unmeasured else "never") for r in data["recoveries"]]
+    if report.job_end:
+        return JOB_END_HEADERS, [_job_end_row(row) for row in report.job_end]
+    unmeasured = "recovery" in report.training.not_measured
+    return FAULT_HEADERS, [_fault_row(r, never="n/a" if unmeasured else "never") for r in report.recoveries]
 
 
 def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
@@ -294,19 +373,13 @@ def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> lis
     ]
 
 
-def format_summary(
-    verdict: Verdict,
-    run: RunModel,
-    *,
-    title: str,
-    profile: str | None,
-    files: ReportFiles | None = None,
-    diagnoses: Sequence[Diagnosis] = (),
-) -> str:
-    """The report for a terminal: verdict, checks, diagnoses, faults, restarts, rounds, profile, files."""
-    data = report_data(verdict, run, title=title, profile=profile, files=files, diagnoses=diagnoses)
+def format_summary(verdict: Verdict, run: RunModel, **options) -> str:
+    """The report for a terminal: verdict, checks, diagnoses, faults, restarts, rounds, profile, files.
+    `options`: build_report's (title, profile, files, diagnoses)."""
+    report = build_report(verdict, run, **options)
+    title, files, diagnoses = report.title, report.files, report.diagnoses
     expected = EXPECTED_WORDS.get(verdict.expected, verdict.expected)
-    lines = [f"{title}: {data['verdict']} (expected: {expected})", ""]
+    lines = [f"{title}: {report.word} (expected: {expected})", ""]
     lines.append("Checks:")
     lines += (
         _table(["check", "result", "first reason"], [_check_row(r) for r in verdict.results])
@@ -317,7 +390,7 @@ def format_summary(
         lines += ["", "Why (known causes, with the evidence and the fix):", format_diagnoses(diagnoses)]
     lines.append("")
     lines.append("Faults:")
-    headers, rows = fault_table(data)
+    headers, rows = fault_table(report)
     lines += _table(headers, rows) if rows else ["  (none)"]
     lines.append("")
     restarts = ", ".join(
@@ -326,11 +399,11 @@ def format_summary(
     )
     lines.append(f"Restarts per node ({RESTARTS_NOTE}): {restarts or 'none'}")
     lines.append(f"Rendezvous rounds: {verdict.rounds}")
-    lines.append(f"Training seen through: {_training_words(data['training'])}")
-    lines.append(f"Profile: {data['profile']}")
-    if data["devices"]:
-        lines.append(f"Devices: {data['devices']['line']}")
-        lines.append(f"Emulated calls (all workers, all starts): {_calls_words(data['devices']['calls'])}")
+    lines.append(f"Training seen through: {_training_words(report.training)}")
+    lines.append(f"Profile: {report.profile}")
+    if report.devices:
+        lines.append(f"Devices: {report.devices.line}")
+        lines.append(f"Emulated calls (all workers, all starts): {_calls_words(report.devices.calls)}")
     if run.skipped_lines:
         lines.append(f"History: {run.skipped_lines} line(s) skipped, not a whole record (a torn write?)")
     if files is not None:
@@ -363,68 +436,69 @@ def _cell(text, css_class: str | None = None) -> str:
     return f"<td{attribute}>{html.escape(str(text))}</td>"
 
 
-def _html_check_row(check: dict) -> list[str]:
-    reasons = "<br>".join(html.escape(str(reason)) for reason in check["reasons"])
-    metrics = html.escape(json.dumps(check["metrics"], default=_json_default)) if check["metrics"] else ""
-    word = "n/a" if not check["measured"] else "ok" if check["valid"] else "FAIL"
+def _html_check_row(check: CheckResult) -> list[str]:
+    reasons = "<br>".join(html.escape(str(reason)) for reason in check.reasons)
+    metrics = html.escape(json.dumps(check.metrics, default=_json_default)) if check.metrics else ""
+    word = _result_word(check)
     return [
-        _cell(check["name"]),
+        _cell(check.name),
         _cell(word, {"ok": "ok", "FAIL": "fail"}.get(word, "")),
         f"<td>{reasons}</td>",
         f"<td><code>{metrics}</code></td>",
     ]
 
 
-def _html_diagnoses(diagnoses: list[dict]) -> list[str]:
+def _html_diagnoses(diagnoses: Sequence[Diagnosis]) -> list[str]:
     if not diagnoses:
         return []
     rows = [
         [
-            _cell(d["title"]),
-            _cell(d["cause"]),
-            "<td>" + "<br>".join(f"<code>{html.escape(e)}</code>" for e in d["evidence"]) + "</td>",
-            _cell(d["fix"]),
+            _cell(d.title),
+            _cell(d.cause),
+            "<td>" + "<br>".join(f"<code>{html.escape(e)}</code>" for e in d.evidence) + "</td>",
+            _cell(d.fix),
         ]
         for d in diagnoses
     ]
     return ["<h2>Why: known causes</h2>", _html_table(["diagnosis", "cause", "evidence", "fix"], rows)]
 
 
-def render_html(data: dict, png: bytes) -> str:
+def render_html(report: Report, png: bytes) -> str:
     """A self-contained page (no network): the timeline inline as base64, the figures as tables."""
-    verdict_class = "pass" if data["valid"] else "fail"
+    verdict = report.verdict
+    verdict_class = "pass" if verdict.valid else "fail"
     facts = [
-        [_cell("verdict"), _cell(data["verdict"], verdict_class)],
-        [_cell("expected"), _cell(EXPECTED_WORDS.get(data["expected"], data["expected"]))],
-        [_cell("profile"), _cell(data["profile"])],
-        [_cell("rendezvous rounds"), _cell(data["rounds"])],
-        [_cell("training seen through"), _cell(_training_words(data["training"]))],
+        [_cell("verdict"), _cell(report.word, verdict_class)],
+        [_cell("expected"), _cell(EXPECTED_WORDS.get(verdict.expected, verdict.expected))],
+        [_cell("profile"), _cell(report.profile)],
+        [_cell("rendezvous rounds"), _cell(verdict.rounds)],
+        [_cell("training seen through"), _cell(_training_words(report.training))],
     ]
-    if data["run"]["duration_s"] is not None:
-        facts.append([_cell("duration"), _cell(_seconds(data["run"]["duration_s"]))])
-    if data["devices"]:
-        facts.append([_cell("devices"), _cell(data["devices"]["line"])])
-        facts.append([_cell("emulated calls"), _cell(_calls_words(data["devices"]["calls"]))])
-    checks = [_html_check_row(check) for check in data["checks"]]
-    fault_headers, fault_rows = fault_table(data)
+    if report.duration_s is not None:
+        facts.append([_cell("duration"), _cell(_seconds(report.duration_s))])
+    if report.devices:
+        facts.append([_cell("devices"), _cell(report.devices.line)])
+        facts.append([_cell("emulated calls"), _cell(_calls_words(report.devices.calls))])
+    checks = [_html_check_row(check) for check in verdict.results]
+    fault_headers, fault_rows = fault_table(report)
     faults = [[_cell(cell) for cell in row] for row in fault_rows]
     restarts = [
         [_cell(node), _cell(count)]
-        for node, count in sorted(data["restarts_per_node"].items(), key=lambda item: node_order(item[0]))
+        for node, count in sorted(verdict.restarts_per_node.items(), key=lambda item: node_order(item[0]))
     ]
     image = base64.b64encode(png).decode("ascii")
-    title = html.escape(data["title"])
+    title = html.escape(report.title)
     return "\n".join(
         [
             "<!DOCTYPE html>",
-            f'<html lang="en"><head><meta charset="utf-8"><title>{title}: {data["verdict"]}</title>',
+            f'<html lang="en"><head><meta charset="utf-8"><title>{title}: {report.word}</title>',
             f"<style>{HTML_STYLE}</style></head><body>",
-            f'<h1>{title}: <span class="{verdict_class}">{data["verdict"]}</span></h1>',
+            f'<h1>{title}: <span class="{verdict_class}">{report.word}</span></h1>',
             _html_table([], facts),
             f'<img alt="timeline of the run" src="data:image/png;base64,{image}">',
             "<h2>Checks</h2>",
             _html_table(["check", "result", "reasons", "metrics"], checks) if checks else "<p>none</p>",
-            *_html_diagnoses(data["diagnoses"]),
+            *_html_diagnoses(report.diagnoses),
             "<h2>Faults</h2>",
             _html_table(fault_headers, faults) if faults else "<p>none</p>",
             f"<h2>Restarts per node</h2><p>{html.escape(RESTARTS_NOTE)}.</p>",

@@ -37,7 +37,9 @@ from sim.core.history import (
     AgentRecord,
     DockerRecord,
     FaultRecord,
+    FaultResult,
     Record,
+    RecordedSpec,
     RunRecord,
     TrainerRecord,
     WorkerRecord,
@@ -86,8 +88,12 @@ class FaultEvent:
     target: str | None
     t_invoke: float
     t_ok: float  # when its ok (or info) record was written
-    result: dict
+    result: FaultResult  # a dict (a hand-written event) is parsed
     outcome: str = "ok"  # "ok" | "info"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.result, FaultResult):
+            object.__setattr__(self, "result", FaultResult.parse(self.result))
 
     @property
     def kind(self) -> FaultKind:
@@ -96,7 +102,7 @@ class FaultEvent:
 
     @property
     def node(self) -> str | None:
-        return self.result.get("node")
+        return self.result.node
 
     @property
     def where(self) -> str | None:
@@ -115,7 +121,7 @@ class FaultEvent:
         container, or a partition that cuts no training node from another (history since cuts
         were recorded)."""
         if self.fault == "partition":
-            cuts = self.result.get("cuts")
+            cuts = self.result.cuts
             return cuts is not None and not any(all(AGENT_CONTAINER.match(str(n)) for n in cut) for cut in cuts)
         return self.node is not None and not AGENT_CONTAINER.match(self.node)
 
@@ -125,13 +131,13 @@ class FaultEvent:
         if not self.kind.reversible:
             return None
         # The id the nemesis gave; a pause or link fault of an older history has none: its node's.
-        return self.result.get("id") or (self.where and self.kind.in_force_id(self.where))
+        return self.result.id or (self.where and self.kind.in_force_id(self.where))
 
     def heals(self, fault: FaultEvent) -> bool:
         """Whether this heal operation undid `fault`."""
         if self.fault == "unpause":
             return fault.heal_id == f"pause-{self.where}"
-        return self.target in (fault.heal_id, "all") or fault.heal_id in (self.result.get("healed") or ())
+        return self.target in (fault.heal_id, "all") or fault.heal_id in (self.result.healed or ())
 
 
 Beat = TrainerRecord | WorkerRecord
@@ -252,21 +258,21 @@ class RunModel:
     # --- the run's own records ---
 
     @property
-    def spec_fields(self) -> dict:
-        """The ClusterSpec fields the run start record gives ({} without one)."""
-        return self.start.spec_fields if self.start else {}
+    def spec_fields(self) -> RecordedSpec:
+        """The ClusterSpec fields the run start record gives (every field None without one)."""
+        return self.start.spec_fields if self.start else RecordedSpec()
 
     @property
     def spec_nodes(self) -> int | None:
         """How many nodes the run started with, per its spec; None where the spec does not say
         (or says something no cluster could be, such as 10**30)."""
-        count = self.spec_fields.get("nodes")
+        count = self.spec_fields.nodes
         return count if isinstance(count, int) and 0 <= count <= MAX_SPEC_NODES else None
 
     @property
     def env(self) -> dict[str, str]:
         """The agents' extra environment (`up --env`)."""
-        return {str(k): str(v) for k, v in (self.spec_fields.get("env") or ())}
+        return {k: str(v) for k, v in self.spec_fields.pairs["env"].items()}
 
     # --- what could be measured ---
 
@@ -396,7 +402,7 @@ class RunModel:
             if fault.kind.removes_node:
                 nodes = [fault.where]
             elif fault.fault == "scale":
-                nodes = fault.result.get("left") or []
+                nodes = list(fault.result.left or ())
             else:
                 continue
             for node in nodes:
@@ -521,7 +527,7 @@ def _faults(records: list[Record]) -> tuple[list[FaultEvent], list[FaultEvent]]:
                 target=record.target,
                 t_invoke=invoked.get(record.op, record.t),
                 t_ok=record.t,
-                result=record.result or {},
+                result=record.outcome,
                 outcome=record.phase,
             )
             if not fault.kind.undoes:

@@ -31,6 +31,18 @@ Periods = list[tuple[float, float]]
 
 
 @dataclasses.dataclass(frozen=True)
+class JobEnd:
+    """For a run meant to fail (or hang): one fault, and how long after its invoke the agents it ended exited."""
+
+    op: str
+    fault: str
+    target: str | None
+    since_start_s: float
+    agents_ended: int
+    ended_after_s: float | None  # None: no agent's exit followed it
+
+
+@dataclasses.dataclass(frozen=True)
 class FaultSpan:
     start: float  # seconds since run start: the fault's invoke
     end: float  # its heal/unpause, or the end of its recovery
@@ -72,7 +84,7 @@ def build_timeline(run: RunModel, verdict: Verdict) -> Timeline:
     # Not measurable (no training seen at all): no recovery to draw, rather than "never recovered".
     recoveries = {r.op: r for r in verdict.recoveries} if recovery_check is None or recovery_check.measured else {}
     # A run meant to fail: each fault is shaded up to the agents' exits it caused, and says so.
-    job_end = {row["op"]: row for row in job_end_after_faults(verdict, run)}
+    job_end = {row.op: row for row in job_end_after_faults(verdict, run)}
     faults = tuple(
         _ending(_fault_span(run, fault, recoveries.get(fault.op), origin, end), job_end.get(fault.op))
         for fault in run.applied_faults
@@ -170,7 +182,7 @@ def _agent_records(run: RunModel) -> list[AgentRecord]:
 # ---------------------------------------------------------------- faults
 
 
-def job_end_after_faults(verdict: Verdict, run: RunModel) -> list[dict]:
+def job_end_after_faults(verdict: Verdict, run: RunModel) -> list[JobEnd]:
     """For a run meant to fail (or hang): each fault, and how long after its invoke the agents it ended
     exited (None: none followed it). Recovery figures say nothing there; this says how it ended."""
     ending = verdict.result("fails_cleanly") or verdict.result("stalled")
@@ -182,14 +194,14 @@ def job_end_after_faults(verdict: Verdict, run: RunModel) -> list[dict]:
     for fault in run.applied_faults:
         delays = [e["since_invoke_s"] for e in ended.values() if e["after_op"] == fault.op]
         rows.append(
-            {
-                "op": fault.op,
-                "fault": fault.fault,
-                "target": fault.target,
-                "since_start_s": round(fault.t_invoke - origin, 3),
-                "agents_ended": len(delays),
-                "ended_after_s": max(delays) if delays else None,
-            }
+            JobEnd(
+                op=fault.op,
+                fault=fault.fault,
+                target=fault.target,
+                since_start_s=round(fault.t_invoke - origin, 3),
+                agents_ended=len(delays),
+                ended_after_s=max(delays) if delays else None,
+            )
         )
     return rows
 
@@ -215,13 +227,13 @@ def _fault_span(
     )
 
 
-def _ending(span: FaultSpan, job_end: dict | None) -> FaultSpan:
-    if not job_end or job_end["ended_after_s"] is None:
+def _ending(span: FaultSpan, job_end: JobEnd | None) -> FaultSpan:
+    if job_end is None or job_end.ended_after_s is None:
         return span
     return dataclasses.replace(
         span,
-        end=max(span.end, span.start + job_end["ended_after_s"]),
-        outcome=f"agents ended {job_end['ended_after_s']:.1f} s later",
+        end=max(span.end, span.start + job_end.ended_after_s),
+        outcome=f"agents ended {job_end.ended_after_s:.1f} s later",
     )
 
 
@@ -341,7 +353,7 @@ def _partitions(run: RunModel, names: list[str], end: float) -> dict[str, Period
         if fault.fault != "partition":
             continue
         healed = run.healed_at(fault)
-        text = " ".join(str(part) for part in (fault.target, fault.result.get("partition")))
+        text = " ".join(str(part) for part in (fault.target, fault.result.partition))
         for name in names:
             if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text):
                 cut[name].append((fault.t_ok, end if healed is None else healed))

@@ -172,7 +172,7 @@ def test_pause_freezes_every_process_and_unpause_resumes(cluster):
     lines_before = cluster.logs("node1").count("\n")
     time.sleep(2)
     assert cluster.logs("node1").count("\n") == lines_before, "a frozen node prints nothing"
-    assert any(f["fault"] == "pause" for f in Nemesis(cluster).active())
+    assert any(f.fault == "pause" for f in Nemesis(cluster).active())
     sim(cluster, "unpause", "node1")
     states = process_states(cluster, "node1")
     assert any(stat[0] in "SR" for stat in states), states

@@ -206,7 +206,11 @@ def test_kill_during_checkpoint_lands_in_the_write_and_never_resumes_from_it(clu
     assert re.search(r"/ckpt/ckpt-\d+\.pt\.tmp\.\d+$", result["file"]), result
     killed_step = int(re.search(r"ckpt-(\d+)\.pt", result["file"]).group(1))
     starts = restarted(cluster, after=fault_time(cluster, result["op"]))
-    assert {r["resumed_from"] for r in starts} == {killed_step - 10}, "resumed from the previous, whole checkpoint"
+    # Under load the write can complete (renamed into place, whole) between the trigger seeing it open and the
+    # signal: the file is gone at the kill (size None, seen at 14:33 on a loaded 2-core machine) and training
+    # resumes from that step; checkpoint_integrity says "landed just after the write completed".
+    whole = killed_step if result["size_at_kill"] is None else killed_step - 10
+    assert {r["resumed_from"] for r in starts} == {whole}, "resumed from the newest whole checkpoint"
     training(cluster)
 
 

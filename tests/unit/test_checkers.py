@@ -539,7 +539,7 @@ def test_recovery_fails_for_a_fault_never_recovered():
     assert not result.valid
     assert_reason(result, "kill-node node1 at", "never recovered")
     (recovery,) = result.metrics["recoveries"]
-    assert recovery["t_recovered"] is None and recovery["world_before"] == 4
+    assert recovery.t_recovered is None and recovery.world_before == 4
 
 
 def test_recovery_fails_beyond_max_recovery_s():

@@ -298,7 +298,7 @@ def test_the_report_says_the_devices_were_emulated_and_counts_the_calls():
     folder = Path(__file__).resolve().parents[1] / "data" / "runs" / "nccl_dead_peer"
     run = RunModel([json.loads(line) for line in (folder / "history.jsonl").read_text().splitlines()])
     facts = device_facts(run)
-    assert facts["line"].startswith("devices emulated on CPU (1 per node), NCCL → gloo; failure timing NCCL's")
-    assert facts["calls"]["init_process_group(nccl)"] == 8  # every start of every worker
-    assert facts["calls"]["torch.load(map_location=cuda)"] == 5 and facts["watchdog_aborts"] == 2
+    assert facts.line.startswith("devices emulated on CPU (1 per node), NCCL → gloo; failure timing NCCL's")
+    assert facts.calls["init_process_group(nccl)"] == 8  # every start of every worker
+    assert facts.calls["torch.load(map_location=cuda)"] == 5 and facts.watchdog_aborts == 2
     assert device_facts(RunModel([{"t": 1.0, "type": "run", "event": "start", "spec": {"devices": "gpu"}}])) is None

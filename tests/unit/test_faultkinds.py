@@ -16,14 +16,19 @@ from chaos.faults import FAULTS
 from sim.core.faultkinds import FAULT_KINDS, KINDS, UNDO_OPS, FaultKind, kind_of
 from sim.verdict.runmodel import FaultEvent
 
-NEMESIS = Path(__file__).resolve().parents[2] / "chaos" / "nemesis.py"
+# The nemesis and its verb modules.
+NEMESIS = [
+    Path(__file__).resolve().parents[2] / "chaos" / f"{name}.py"
+    for name in ("nemesis", "processes", "containers", "disk", "network")
+]
 
 
 def _nemesis_calls() -> tuple[set[str], set[str]]:
     """The names the nemesis records (`self.invoke("NAME", ...)`) and the kinds its fault store lists
     (`{"fault": "KIND", ...}` records it remembers)."""
     recorded, in_force = set(), set()
-    for node in ast.walk(ast.parse(NEMESIS.read_text())):
+    trees = [ast.parse(path.read_text()) for path in NEMESIS]
+    for node in (node for tree in trees for node in ast.walk(tree)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "invoke":
             first = node.args[0] if node.args else None
             if isinstance(first, ast.Constant) and isinstance(first.value, str):

@@ -142,3 +142,26 @@ def test_ctrl_c_during_the_base_build_stops_the_fetch_beside_it(tmp_path):
         assert started.wait(5)
         raise KeyboardInterrupt
     assert time.monotonic() - t0 < 10 and pip_ended and pip_ended[0] != 0
+
+
+def test_a_folder_filled_once_is_whole_or_absent_and_not_filled_again(tmp_path):
+    from sim.engines.images import fill_once
+
+    target = tmp_path / "wheelhouse-abc"
+    calls = []
+
+    def broken(partial):
+        (partial / "half.whl").write_text("x")
+        raise ImageBuildError("pip download failed")
+
+    with pytest.raises(ImageBuildError):
+        fill_once(target, broken)
+    assert not target.exists()  # an interrupted fill leaves nothing that looks whole
+
+    def fill(partial):
+        calls.append(partial.name)
+        (partial / "a.whl").write_text("x")
+
+    assert fill_once(target, fill) == target and fill_once(target, fill) == target
+    assert calls == ["wheelhouse-abc.partial"] and (target / ".complete").exists() and (target / "a.whl").exists()
+    assert not (tmp_path / "wheelhouse-abc.partial").exists()

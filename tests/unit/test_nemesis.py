@@ -163,7 +163,7 @@ def test_kill_worker_by_rank_signals_that_pid_and_records_it(nemesis):
     assert ("exec", "id-node0", ["kill", "-TERM", "41"], "root") in fake.calls
     records = list(nem.history.records())
     assert [r.phase for r in records] == ["invoke", "ok"]
-    assert records[0].t <= records[1].t and records[1].result["pid"] == 41
+    assert records[0].t <= records[1].t and records[1].result.pid == 41
 
 
 def test_a_failed_fault_is_recorded_as_fail(nemesis):
@@ -195,7 +195,7 @@ def test_partition_rules_are_applied_in_every_namespace_and_healed(nemesis):
         assert f"iptables -w -A SIM-PARTITION -d {ip} -j DROP" in node2
     assert "-s 10.0.0.5 -j DROP" in fake.scripts("id-node0")[-1] and "-s 10.0.0.5" in fake.scripts("id-etcd")[-1]
     assert "-s 10.0.0.3" not in fake.scripts("id-node1")[-1], "node1 still talks to node0"
-    assert [f["fault"] for f in nem.active()] == ["partition"]
+    assert [f.fault for f in nem.active()] == ["partition"]
     nem.heal()
     assert nem.active() == []
     assert fake.scripts("id-node2")[-1].rstrip().endswith("iptables -w -F SIM-PARTITION")
@@ -217,7 +217,7 @@ def test_loss_installs_statistic_rules_on_the_node(nemesis):
     nem.link("node1", loss_pct=30)
     script = fake.scripts("id-node1")[-1]
     assert "iptables -w -A SIM-LOSS-IN '!' -i lo -m statistic --mode random --probability 0.3 -j DROP" in script
-    assert [f["id"] for f in nem.active()] == ["link-node1"]
+    assert [f.id for f in nem.active()] == ["link-node1"]
 
 
 def test_pause_twice_is_a_clear_error():
@@ -267,9 +267,9 @@ def test_every_reversible_faults_ok_record_carries_its_id(nemesis):
     nem.link("node2", loss_pct=10)
     nem.partition(isolate(["node0"], ["node0", "node1", "node2"]))
     oks = [r for r in nem.history.records() if r.phase == "ok"]
-    assert [r.result["id"] for r in oks] == ["pause-node1", "link-node2", nem.active()[-1]["id"]]
+    assert [r.result.id for r in oks] == ["pause-node1", "link-node2", nem.active()[-1].id]
     assert ("pause", "id-node1") in fake.calls
-    assert sorted(f["id"] for f in nem.active()) == sorted(r.result["id"] for r in oks)
+    assert sorted(f.id for f in nem.active()) == sorted(r.result.id for r in oks)
 
 
 def test_the_fault_store_loses_nothing_to_concurrent_writers(nemesis):
@@ -284,7 +284,7 @@ def test_the_fault_store_loses_nothing_to_concurrent_writers(nemesis):
         thread.start()
     for thread in threads:
         thread.join()
-    assert sorted(f["id"] for f in nem.active()) == sorted(f"f{i}" for i in range(20))
+    assert sorted(f.id for f in nem.active()) == sorted(f"f{i}" for i in range(20))
 
 
 # ---------------------------------------------------------------- faults inside a node
@@ -295,7 +295,7 @@ def test_hang_worker_stops_one_process_and_resume_continues_it(nemesis):
     result = nem.hang_worker("node0", local_rank=1)
     assert (result["id"], result["pid"]) == ("hang-node0-41", 41)
     assert ("exec", "id-node0", ["kill", "-STOP", "41"], "root") in fake.calls
-    assert [f["id"] for f in nem.active()] == ["hang-node0-41"]
+    assert [f.id for f in nem.active()] == ["hang-node0-41"]
     nem.heal("hang-node0-41")
     assert ("exec", "id-node0", ["kill", "-CONT", "41"], None) in fake.calls and nem.active() == []
     nem.hang_worker("node0", local_rank=0)
@@ -407,10 +407,10 @@ def test_an_in_write_fault_on_rank0_waits_for_the_restarted_groups_rank0(nemesis
         return "node1"
 
     monkeypatch.setattr(nem, "resolve", resolve)
-    monkeypatch.setattr("chaos.nemesis.time.sleep", lambda s: None)
+    monkeypatch.setattr("chaos.processes.time.sleep", lambda s: None)
     assert nem.kill_during_checkpoint("rank0", within=5)["node"] == "node1" and len(looked) == 3
     looked.clear()
-    monkeypatch.setattr("chaos.nemesis.time.monotonic", iter(range(0, 1000, 10)).__next__)  # past `within` at once
+    monkeypatch.setattr("chaos.processes.time.monotonic", iter(range(0, 1000, 10)).__next__)  # past `within` at once
     with pytest.raises(FaultError, match="no running node has a worker group of rank 0"):
         nem.kill_during_checkpoint("rank0", within=5)
 
@@ -555,7 +555,7 @@ def test_heal_keeps_in_force_what_a_stopped_node_still_holds_and_heals_the_rest(
     assert str(error.value) == (
         "healed link-node1; still in force: skew-node2 (node2 is exited; `sim start node2`, then `sim heal skew-node2`)"
     )
-    assert [f["id"] for f in nem.active()] == ["skew-node2"]
+    assert [f.id for f in nem.active()] == ["skew-node2"]
     fake.states = {}
     assert nem.heal("skew-node2")["healed"] == ["skew-node2"] and nem.active() == []
 
@@ -587,14 +587,14 @@ def test_faults_that_end_with_a_nodes_processes_are_forgotten_when_it_stops_rest
     nem.link("node1", loss_pct=10)
     nem.slow_node("node1", cpus=0.5)
     nem.kill_node("node1")
-    assert [f["id"] for f in nem.active()] == ["slow-node1"]  # a stopped container keeps its quota
+    assert [f.id for f in nem.active()] == ["slow-node1"]  # a stopped container keeps its quota
     nem.pause("node0")
     nem.restart_node("node0")
-    assert [f["id"] for f in nem.active()] == ["slow-node1"]
+    assert [f.id for f in nem.active()] == ["slow-node1"]
     nem.link("node2", loss_pct=10)
     nem.fill_disk("node2")
     nem.scale(2)  # node2 removed: its link went with it, the filler on the shared /ckpt did not
-    assert [f["id"] for f in nem.active()] == ["slow-node1", "fill-node2"]
+    assert [f.id for f in nem.active()] == ["slow-node1", "fill-node2"]
 
 
 def test_a_held_fault_that_ended_with_its_node_needs_no_undo_when_its_hold_ends(nemesis):
@@ -676,7 +676,7 @@ def test_two_slow_node_at_once_one_refused_and_the_limits_to_restore_are_the_nod
     assert sorted(type(o).__name__ for o in outcomes) == ["UsageError", "dict"]
     assert "already slowed" in str(next(o for o in outcomes if isinstance(o, UsageError)))
     (fault,) = nem.active()
-    assert (fault["cpu_quota"], fault["cpu_period"]) == (0, 0)  # the node's own, not the other's 10000
+    assert (fault.cpu_quota, fault.cpu_period) == (0, 0)  # the node's own, not the other's 10000
 
 
 def test_a_fault_is_in_the_store_before_it_acts_and_a_timed_out_exec_is_info(nemesis):
@@ -686,12 +686,12 @@ def test_a_fault_is_in_the_store_before_it_acts_and_a_timed_out_exec_is_info(nem
     seen = []
 
     def timing_out(container, argv, **_):
-        seen.append([f["id"] for f in nem.active()])
+        seen.append([f.id for f in nem.active()])
         raise ExecTimeout("`sh -c ...` in container id-node1 did not finish within 30s")
 
     fake.exec = timing_out
     with pytest.raises(ExecTimeout):
         nem.skew_clock("node1", by=5.0)
     assert seen == [["skew-node1"]]  # recorded before it acted
-    assert [f["id"] for f in nem.active()] == ["skew-node1"]  # outcome unknown: `heal --all` sees it
+    assert [f.id for f in nem.active()] == ["skew-node1"]  # outcome unknown: `heal --all` sees it
     assert [r.phase for r in nem.history.records()] == ["invoke", "info"]

@@ -301,3 +301,23 @@ def test_sparse_histories_still_produce_every_file(tmp_path, history):
     assert json.loads(files.json.read_text())["verdict"] == "FAIL"
     assert "data:image/png;base64," in files.html.read_text()
     assert "sparse: FAIL" in format_summary(verdict, run, title="sparse", profile=None)
+
+
+def test_the_verdict_hands_the_report_the_checkers_own_recoveries_and_the_report_is_typed(elastic):
+    """The seam is typed: the verdict's recoveries are the recovery checker's FaultRecovery objects (not
+    rebuilt from its metrics), the report reads them as fields, and report.json is the report's to_json()."""
+    from sim.verdict import FaultRecovery
+    from sim.verdict.report import build_report, render_html
+
+    run, verdict = elastic.model(), elastic.verdict()
+    assert verdict.recoveries == verdict.result("recovery").metrics["recoveries"]
+    assert all(isinstance(r, FaultRecovery) for r in verdict.recoveries)
+    typed = build_report(verdict, run, title="t", profile=None)
+    assert [row.recovery for row in typed.recoveries] == list(verdict.recoveries)
+    assert typed.training.highest_step == 60 and typed.word == "PASS" and typed.devices is None
+    data = typed.to_json()
+    assert json.loads(json.dumps(data, default=str))["recoveries"][1]["world_after"] == 4
+    assert data["checks"][[c["name"] for c in data["checks"]].index("recovery")]["metrics"]["recoveries"][0][
+        "fault"
+    ] == ("kill-worker")
+    assert "<td>kill-node</td>" in render_html(typed, b"png")

@@ -11,6 +11,7 @@ import pytest
 
 import chaos.cli
 from chaos.faults import FAULTS, PartitionOptions
+from chaos.faultstore import InForce
 from chaos.partition import cut_from, isolate, one_way, split
 from chaos.runner import HistoryState, ScenarioRunner, default_cluster_name
 from chaos.scenario import Step, parse_scenario
@@ -66,7 +67,8 @@ class RecordingNemesis:
         return target
 
     def active(self):
-        return [{"id": "partition-x"}, {"id": "link-node1"}]  # what it returns as ids: still in force
+        # what it returns as ids: still in force
+        return [InForce("partition-x", "partition", "node0 | node1"), InForce("link-node1", "link", "node1")]
 
     def __getattr__(self, name):
         def call(*args, **kwargs):
@@ -376,7 +378,7 @@ def test_a_kept_cluster_gets_its_pending_undos_and_faults_healed_unless_keep_fau
     class Healing(RecordingNemesis):
         def active(self):  # a healed fault is no longer in force
             healed = {c[1][0] for c in self.calls if c[0] == "heal" and c[1]}
-            return [f for f in super().active() if f["id"] not in healed]
+            return [f for f in super().active() if f.id not in healed]
 
     nemesis = Healing()
     runner._fire(nemesis, step)

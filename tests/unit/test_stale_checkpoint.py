@@ -40,7 +40,7 @@ def test_freeze_during_checkpoint_stops_the_writer_then_pauses_the_node_and_heal
     (watched,) = [i for i, c in enumerate(fake.calls) if c[0] == "exec" and nodescripts.KILL_IN_WRITE in c[2]]
     assert fake.calls[watched][2][-3:] == ["/ckpt", "5", str(int(signal.SIGSTOP))]  # stopped, not killed
     assert fake.calls.index(("pause", "id-node0")) > watched  # then the whole node freezes
-    assert [f["id"] for f in nem.active()] == ["freeze-node0"]
+    assert [f.id for f in nem.active()] == ["freeze-node0"]
     with pytest.raises(UsageError, match="already frozen"):
         nem.freeze_during_checkpoint("node0", within=5)
 

@@ -1,0 +1,213 @@
+"""Container faults: kill, stop, restart, start, pause, slow or skew a whole node (or etcd), wipe etcd, scale.
+
+The verbs of `Nemesis` (chaos/nemesis.py) that act on containers through the Docker provider.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sim.core.errors import FaultError, UnsupportedFaultError, UsageError
+from sim.core.nodes import node_order
+from sim.engines.render import CLOCK_OFFSET_FILE
+
+from .targets import ETCD
+from .verbbase import CPU_PERIOD_US, PROCESS_BOUND_FAULTS, _last
+
+# skew-clock: write the offset ($1) to the node's offset file ($2), then a new process measures its clock
+# against the kernel's (elastic_sim_clock.wall_clock). Exit CLOCK_NOT_PRELOADED: no libfaketime there.
+CLOCK_NOT_PRELOADED = 3
+CLOCK_SCRIPT = f"""case "$LD_PRELOAD" in *faketime*) ;; *) exit {CLOCK_NOT_PRELOADED} ;; esac
+printf '%s\\n' "$1" > "$2"
+exec python3 -c 'import time, elastic_sim_clock; print(time.time() - elastic_sim_clock.wall_clock())'"""
+
+
+class ContainerFaults:
+    def kill_node(self, target: str) -> dict:
+        """The whole node dies at once (SIGKILL to every process: `docker kill`)."""
+
+        def kill_container() -> dict:
+            name = self.resolve(target)
+            self.docker.kill(self._info(name).id, "SIGKILL")
+            self._forget_faults_of([name], PROCESS_BOUND_FAULTS)
+            return {"node": name}
+
+        return self.invoke("kill-node", target, kill_container, seed=self.seed)
+
+    def stop_node(self, target: str, *, grace: float = 10.0) -> dict:
+        """Preemption: SIGTERM, then SIGKILL after `grace` seconds (`docker stop -t`)."""
+
+        def stop_container() -> dict:
+            name = self.resolve(target)
+            started = time.monotonic()
+            self.docker.stop(self._info(name).id, grace)
+            self._forget_faults_of([name], PROCESS_BOUND_FAULTS)
+            return {"node": name, "grace": grace, "took": round(time.monotonic() - started, 2)}
+
+        return self.invoke("stop-node", target, stop_container, grace=grace, seed=self.seed)
+
+    def restart_node(self, target: str, *, grace: float = 0.0, downtime: float = 0.0) -> dict:
+        """The same node (same hostname) comes back: a quick rejoin, or after `downtime`
+        seconds down (a real restart takes seconds; whether a peer's call lands in the gap
+        decides what torch does, so a scenario can make the gap certain)."""
+
+        def restart_container() -> dict:
+            name = self.resolve(target)
+            cid = self._info(name).id
+            if downtime > 0:
+                self.docker.stop(cid, grace)
+                time.sleep(downtime)
+                self.docker.start(cid)
+            else:
+                self.docker.restart(cid, grace)
+            self._reapply_network(name)
+            return {"node": name, "grace": grace, "downtime": downtime}
+
+        return self.invoke("restart-node", target, restart_container, grace=grace, downtime=downtime, seed=self.seed)
+
+    def start_node(self, target: str) -> dict:
+        """Start a node (or etcd) that was killed or stopped, keeping its data."""
+
+        def start_container() -> dict:
+            name = self.resolve(target)
+            self.docker.start(self._info(name).id)
+            self._reapply_network(name)
+            return {"node": name}
+
+        return self.invoke("start-node", target, start_container)
+
+    def pause(self, target: str) -> dict:
+        """Freeze every process of a node (cgroup freezer: `docker pause`)."""
+
+        def pause_container() -> dict:
+            name = self.resolve(target)
+            info = self._info(name)
+            if info.state == "paused":
+                raise UsageError(f"{name}: already paused; `sim unpause {name}` resumes it")
+            self.docker.pause(info.id)
+            fault_id = f"pause-{name}"
+            self._remember({"id": fault_id, "fault": "pause", "target": name, "detail": "frozen"})
+            return {"id": fault_id, "node": name}
+
+        return self.invoke("pause", target, pause_container, seed=self.seed)
+
+    def unpause(self, target: str) -> dict:
+        def unpause_container() -> dict:
+            name = self.resolve(target)
+            info = self._info(name)
+            if info.state != "paused":
+                raise UsageError(f"{name}: not paused (it is {info.state})")
+            self.docker.unpause(info.id)
+            self._forget(f"pause-{name}")
+            return {"node": name}
+
+        return self.invoke("unpause", target, unpause_container)
+
+    def slow_node(self, target: str, *, cpus: float) -> dict:
+        """A straggler: the node (or etcd) gets `cpus` CPUs' worth of time (cgroup CPU quota,
+        `docker update --cpus`); its own limits come back with `heal`."""
+
+        def throttle_cpu() -> dict:
+            name = self.resolve(target)
+            cid = self._info(name).id
+            fault_id = f"slow-{name}"
+
+            def record() -> dict:  # the limits to restore, read under the store's lock
+                before = self.docker.resources(cid)
+                return {"fault": "slow", "target": name, "detail": f"{cpus:g} CPUs"} | {
+                    "cpu_quota": before.cpu_quota,
+                    "cpu_period": before.cpu_period,
+                }
+
+            quota = max(1000, round(cpus * CPU_PERIOD_US))  # the kernel's least quota is 1 ms
+            with self._claimed(fault_id, f"{name}: already slowed; `sim heal {fault_id}` first", record):
+                self.docker.update_resources(cid, cpu_quota=quota, cpu_period=CPU_PERIOD_US)
+            return {"id": fault_id, "node": name, "cpus": cpus, "cpu_quota": quota, "cpu_period": CPU_PERIOD_US}
+
+        return self.invoke("slow-node", target, throttle_cpu, cpus=cpus)
+
+    def skew_clock(self, target: str, *, by: float) -> dict:
+        """Clock skew: the node's wall clock runs `by` seconds ahead (or behind, < 0) of the others'. Every
+        process of a node preloads libfaketime, which reads the node's offset file (sim.engines.render): a new process
+        at once, a running one within 2 s. The monotonic clock stays, as on a real machine. `heal` sets it
+        back to 0. The result holds the offset a fresh process in the node then saw."""
+
+        def shift_clock() -> dict:
+            node = self.resolve(target, allow_etcd=False)
+            fault_id = f"skew-{node}"
+            refused = f"{node}: its clock is skewed already; `sim heal {fault_id}` first"
+            with self._claimed(
+                fault_id, refused, lambda: {"fault": "skew", "target": node, "detail": f"clock {by:+g} s"}
+            ):
+                seen = self._set_clock_offset(node, by)
+            return {"id": fault_id, "node": node, "by": by, "seen": seen}
+
+        return self.invoke("skew-clock", target, shift_clock, by=by)
+
+    def _set_clock_offset(self, node: str, seconds: float) -> float:
+        """Write the node's clock offset, then the offset a new process there sees (its clock minus the kernel's)."""
+        result = self.cluster.exec(node, "sh", "-c", CLOCK_SCRIPT, "sh", f"{seconds:+.3f}", CLOCK_OFFSET_FILE)
+        if result.exit_code == CLOCK_NOT_PRELOADED:
+            raise UnsupportedFaultError(
+                f"{node}: no libfaketime in its processes (a node image or cluster from before skew-clock); "
+                f"`sim down` and `sim up` again"
+            )
+        try:
+            return round(float(result.stdout.strip().splitlines()[-1]), 3)
+        except (ValueError, IndexError):
+            raise FaultError(f"{node}: setting its clock failed: {_last(result.stderr or result.stdout)}") from None
+
+    def wipe_etcd(self, *, downtime: float = 0.0) -> dict:
+        """Restart etcd with an empty data dir: every rendezvous key is gone. The data is
+        unlinked while etcd runs (it keeps its open files until it stops), so etcd is down
+        no longer than a plain restart, or for `downtime` seconds when given."""
+
+        def restart_etcd_empty() -> dict:
+            info = self._info(ETCD)
+            removed = self.cluster.exec(ETCD, "sh", "-c", "rm -rf /var/lib/etcd/data")
+            if not removed.ok:
+                raise FaultError(f"etcd: clearing its data failed: {_last(removed.stderr)}")
+            if downtime > 0:
+                self.docker.kill(info.id, "SIGKILL")
+                time.sleep(downtime)
+                self.docker.start(info.id)
+            else:
+                self.docker.restart(info.id, 0)
+            self._reapply_network(ETCD)
+            return {"node": ETCD, "downtime": downtime}
+
+        return self.invoke("wipe-etcd", ETCD, restart_etcd_empty, downtime=downtime)
+
+    def scale(self, nodes: int, *, abrupt: bool = False, grace: float = 10.0) -> dict:
+        """Run exactly node0..node{nodes-1}: new nodes join the running job (torch
+        decides whether now or as spares); the highest ones leave, gracefully
+        (`docker stop -t grace`) or abruptly (`docker kill`)."""
+        if not isinstance(nodes, int) or nodes < 0:
+            raise UsageError(f"scale --nodes {nodes!r}: must be a whole number >= 0")
+
+        def change_node_count() -> dict:
+            existing = {c.node: c for c in self.cluster.nodes()}
+            wanted = [f"node{i}" for i in range(nodes)]
+            leaving = sorted(
+                (n for n, c in existing.items() if n not in wanted and c.state in ("running", "paused")),
+                key=node_order,
+                reverse=True,
+            )
+            for name in leaving:
+                info = existing[name]
+                if info.state == "paused":
+                    self.docker.unpause(info.id)
+                if abrupt:
+                    self.docker.kill(info.id, "SIGKILL")
+                else:
+                    self.docker.stop(info.id, grace)
+                self.docker.remove("container", [info.id])
+                # Everything of the node went with its container, but a filler on the shared volume.
+                self._forget_faults_of([name], kinds=None, keep=lambda f: f.on_shared_volume)
+            joining = [n for n in wanted if n not in existing or existing[n].state not in ("running", "paused")]
+            if joining:
+                self.cluster.start_nodes(joining, nodes=nodes)
+                self._reapply_network(*joining)
+            return {"joined": joining, "left": leaving, "abrupt": abrupt}
+
+        return self.invoke("scale", f"nodes={nodes}", change_node_count, nodes=nodes, abrupt=abrupt, grace=grace)

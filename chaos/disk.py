@@ -1,0 +1,88 @@
+"""Checkpoint-volume faults: damage the newest checkpoint, fill the disk (and remove a file again).
+
+The verbs of `Nemesis` (chaos/nemesis.py) that act on the cluster's shared checkpoint storage.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from sim.core.errors import FaultError, UsageError
+
+from . import nodescripts
+from .verbbase import SHARED_CKPT_DIR, _last
+
+FILL_AT_MOST = 16 * 2**30  # fill-disk refuses a disk with more free than this: the host's own
+
+
+class DiskFaults:
+    def corrupt_checkpoint(
+        self, target: str = "random", *, mode: str = "bitflip", directory: str = SHARED_CKPT_DIR
+    ) -> dict:
+        """Damage the newest file under `directory` (shared by every node): flip bits, or truncate it."""
+
+        def damage_newest_checkpoint() -> dict:
+            node = self.resolve(target, allow_etcd=False)
+            done = self._node_script(
+                node, "corrupting a checkpoint", nodescripts.CORRUPT, directory, mode, self.rng.randrange(2**31)
+            )
+            return {"node": node, **done}
+
+        return self.invoke(
+            "corrupt-checkpoint", target, damage_newest_checkpoint, mode=mode, directory=directory, seed=self.seed
+        )
+
+    def fill_disk(self, target: str = "random", *, directory: str = SHARED_CKPT_DIR, leave: int = 0) -> dict:
+        """Fill the filesystem under `directory` with a filler file until `leave` bytes are free, so the
+        next write fails with ENOSPC; `heal` removes the filler. Only a size-limited disk (the spec's
+        `ckpt_size`): a larger one is refused, as filling it would fill the host's."""
+        self._require_own_ckpt_storage(directory)
+
+        def fill_checkpoint_disk() -> dict:
+            node = self.resolve(target, allow_etcd=False)
+            fault_id = f"fill-{node}"
+            refused = f"{node}: a filler is in place already; `sim heal {fault_id}` first"
+            # Recorded before it writes: the filler's path is the script's (the folder's .sim-filler).
+            planned = {"fault": "fill", "target": node, "file": posixpath.join(directory, ".sim-filler")}
+            with self._claimed(fault_id, refused, lambda: {**planned, "detail": "filler being written"}):
+                done = self._node_script(node, "filling the disk", nodescripts.FILL, directory, leave, FILL_AT_MOST)
+            self._remember(
+                {**planned, "id": fault_id, "file": done["file"], "detail": f"{done['written'] >> 20} MiB filler"}
+            )
+            return {"id": fault_id, "node": node, **done}
+
+        return self.invoke("fill-disk", target, fill_checkpoint_disk, directory=directory, leave=leave)
+
+    def _require_own_ckpt_storage(self, directory: str) -> None:
+        """A filler goes only on the cluster's own size-limited checkpoint storage: /ckpt (or a folder
+        in it) of a cluster started with ckpt_size. The node script checks the mount itself too."""
+        normal = posixpath.normpath(directory)
+        if (
+            not directory.startswith("/")
+            or ".." in directory.split("/")
+            or not (normal == SHARED_CKPT_DIR or normal.startswith(SHARED_CKPT_DIR + "/"))
+        ):
+            raise UsageError(
+                f"--dir {directory!r}: fill-disk fills only the cluster's checkpoint storage; "
+                f"give {SHARED_CKPT_DIR} or a folder in it"
+            )
+        spec = self.cluster.spec
+        if spec is not None and spec.ckpt_size is None:
+            raise UsageError(
+                f"fill-disk: cluster '{self.cluster.name}' has no size-limited checkpoint storage; "
+                "start it with --ckpt-size, e.g. --ckpt-size 64m"
+            )
+
+    def _node_script(self, node: str, what: str, script: str, *args: object) -> dict:
+        result = self.cluster.exec(node, *nodescripts.argv(script, *args), timeout=120)
+        if result.exit_code == nodescripts.WRONG_REQUEST:
+            hint = "; give the cluster a size-limited one (ckpt_size)" if script is nodescripts.FILL else ""
+            raise UsageError(f"{node}: {what}: {_last(result.stderr)}{hint}")
+        if not result.ok:
+            raise FaultError(f"{node}: {what} failed: {_last(result.stderr)}")
+        return nodescripts.parse_result(node, what, result.stdout)
+
+    def _remove_file(self, node: str, file: str) -> None:
+        removed = self.cluster.exec(node, "rm", "-f", file)
+        if not removed.ok:
+            raise FaultError(f"{node}: removing {file} failed: {_last(removed.stderr)}")

@@ -1,0 +1,145 @@
+"""Heal as a plan: what to undo, in which order, what to keep and why, computed as data from the faults in
+force and the containers' states; `Nemesis.heal` carries it out in one loop (like torch's rendezvous op
+executor: the state decides the action, the executor only acts). Nothing here touches Docker.
+
+A node may have been killed, stopped or scaled away since its fault: what lived in its processes or its
+network namespace went with them (a pause, a link fault, a held or frozen worker); what lives in the
+container's settings or files stays with a stopped container (a CPU quota, a clock offset, a filler file),
+and a filler on the shared checkpoint volume outlives the container.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from .faultstore import InForce
+from .targets import ETCD
+from .verbbase import CPU_PERIOD_US
+
+
+@dataclasses.dataclass(frozen=True)
+class Unpause:
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ClearLink:
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ContinueWorker:
+    node: str
+    pid: int | None  # the worker may be gone since: fine
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoreCpu:
+    node: str
+    cpu_quota: int  # -1: no quota
+    cpu_period: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ResetClock:
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoveFile:
+    node: str
+    file: str
+
+
+Action = Unpause | ClearLink | ContinueWorker | RestoreCpu | ResetClock | RemoveFile
+
+
+@dataclasses.dataclass(frozen=True)
+class Undo:
+    """One fault to undo by its actions, in order, then forget; no actions: it ended with its node."""
+
+    fault_id: str
+    actions: tuple[Action, ...]
+    why: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Keep:
+    """A fault that cannot be undone now: it stays in force, and why says what to do first."""
+
+    fault_id: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class HealPlan:
+    steps: tuple[Undo | Keep, ...]
+    # heal --all: also unpause every paused container and clear every running one's link faults, even if
+    # our record of them was lost
+    sweep: bool = False
+
+    @property
+    def undone(self) -> tuple[str, ...]:
+        return tuple(s.fault_id for s in self.steps if isinstance(s, Undo))
+
+    @property
+    def kept(self) -> tuple[Keep, ...]:
+        return tuple(s for s in self.steps if isinstance(s, Keep))
+
+
+def plan_heal(chosen: Sequence[InForce], states: Mapping[str, str], *, sweep: bool = False) -> HealPlan:
+    """The plan for undoing `chosen`, given each container's state now (node -> running, paused, exited...).
+    Pauses first: a paused node runs nothing, so its other faults are undone once it runs again."""
+    states = dict(states)
+    steps = []
+    for fault in sorted(chosen, key=lambda f: f.fault not in ("pause", "freeze")):
+        steps.append(_plan_one(fault, states))
+    return HealPlan(tuple(steps), sweep=sweep)
+
+
+def _plan_one(fault: InForce, states: dict[str, str]) -> Undo | Keep:
+    """One fault's undo; `states` is changed as the plan would change it (an unpaused node runs)."""
+    kind, node = fault.fault, fault.target
+    state = states.get(node)  # None: no such container (scaled away), or not a node (a partition)
+    actions: list[Action] = []
+    if kind in ("pause", "freeze") and state == "paused":
+        actions.append(Unpause(node))
+        state = states[node] = "running"
+    if kind == "link" and state == "running":
+        actions.append(ClearLink(node))
+    elif kind == "freeze" and state == "running":
+        actions.append(ContinueWorker(node, fault.pid))
+    elif kind == "slow" and state is not None:  # a stopped container's quota applies again at its start
+        actions.append(RestoreCpu(node, fault.cpu_quota or -1, fault.cpu_period or CPU_PERIOD_US))
+    elif kind == "skew" and state is not None:
+        refused = _not_running(fault, node, state)
+        if refused:
+            return Keep(fault.id, refused)
+        actions.append(ResetClock(node))
+    elif kind == "fill":
+        shared = fault.on_shared_volume
+        if shared and state != "running":  # any running node reaches the shared volume
+            node, state = next(((n, st) for n, st in states.items() if st == "running" and n != ETCD), (node, state))
+        if shared or state is not None:  # else: in the filesystem of a container removed since
+            refused = _not_running(fault, node, state)
+            if refused:
+                return Keep(fault.id, refused)
+            actions.append(RemoveFile(node, fault.file or ""))
+    elif kind in ("hang", "stall") and state == "running":
+        # The file that holds a worker (stall), or a SIGSTOPped worker (hang); gone with a stopped node.
+        actions.append(ContinueWorker(node, fault.pid) if kind == "hang" else RemoveFile(node, fault.file or ""))
+    if kind == "partition":
+        why = "its rules go as the partitions left in force are applied again"
+    else:
+        why = "" if actions else f"nothing left to undo: {node} is {state or 'gone'}"
+    return Undo(fault.id, tuple(actions), why)
+
+
+def _not_running(fault: InForce, node: str, state: str | None) -> str | None:
+    if state is None:
+        return f"no running node reaches {fault.file}; start one, then `sim heal {fault.id}`"
+    if state != "running":
+        wake = "unpause" if state == "paused" else "start"
+        return f"{node} is {state}; `sim {wake} {node}`, then `sim heal {fault.id}`"
+    return None

@@ -1,0 +1,309 @@
+"""Process faults: signal, stop, hold, starve or catch one training worker (or the agent) inside a node.
+
+The verbs of `Nemesis` (chaos/nemesis.py) that act on a node's processes; each goes through `self.invoke`.
+"""
+
+from __future__ import annotations
+
+import math
+import signal as signals
+import time
+
+from sim.core.errors import FaultError, SimError, UsageError
+from sim.engines.docker import NO_MEMORY_LIMIT
+from sim.engines.procs import Worker
+
+from . import nodescripts
+from .verbbase import SHARED_CKPT_DIR, _last, _worker_target
+
+OOM_HEADROOM = 64 * 2**20  # oom-worker: the node's limit, this much above its use
+OOM_WITHIN_S = 30.0  # oom-worker: how long the memory hog may take
+WRITER_POLL_S = 0.5  # in-write faults on rank0: how often to look for the restarted group's rank 0
+
+
+class ProcessFaults:
+    def kill_worker(
+        self,
+        target: str = "random",
+        *,
+        rank: int | None = None,
+        local_rank: int | None = None,
+        sig: signals.Signals = signals.SIGKILL,
+    ) -> dict:
+        """Signal one training worker: by global rank (anywhere), or by local rank / at random on a node."""
+
+        def signal_worker() -> dict:
+            node, worker = self._pick_worker(target, rank, local_rank)
+            self._signal(node, worker.pid, sig)
+            return {**_worker_facts(node, worker), "signal": sig.name}
+
+        return self.invoke(
+            "kill-worker",
+            _worker_target(target, rank),
+            signal_worker,
+            rank=rank,
+            local_rank=local_rank,
+            signal=sig.name,
+            seed=self.seed,
+        )
+
+    def hang_worker(self, target: str = "random", *, rank: int | None = None, local_rank: int | None = None) -> dict:
+        """SIGSTOP one worker process (not its node): its agent still sees it alive, and its peers
+        block in their next collective until the process group times out."""
+
+        def stop_worker() -> dict:
+            node, worker = self._pick_worker(target, rank, local_rank)
+            fault_id = f"hang-{node}-{worker.pid}"
+            record = {"fault": "hang", "target": node, "pid": worker.pid, "detail": f"rank {worker.rank} stopped"}
+            with self._claimed(fault_id, f"{node}: worker {worker.pid} is stopped already", lambda: record):
+                self._signal(node, worker.pid, signals.SIGSTOP)
+            return {"id": fault_id, **_worker_facts(node, worker)}
+
+        return self.invoke(
+            "hang-worker", _worker_target(target, rank), stop_worker, rank=rank, local_rank=local_rank, seed=self.seed
+        )
+
+    def hang_collectives(
+        self, target: str = "random", *, rank: int | None = None, local_rank: int | None = None
+    ) -> dict:
+        """One worker stops calling collectives while its process runs on (a hang inside the script):
+        the node image's instrumentation holds it before its next collective while a file exists."""
+
+        def hold_collectives() -> dict:
+            node, worker = self._pick_worker(target, rank, local_rank)
+            path = nodescripts.COLLECTIVE_HANG_FILE.format(pid=worker.pid)
+            fault_id = f"stall-{node}-{worker.pid}"
+            record = {
+                "fault": "stall",
+                "target": node,
+                "file": path,
+                "detail": f"rank {worker.rank} holds before its next collective",
+            }
+            with self._claimed(fault_id, f"{node}: worker {worker.pid} is held already", lambda: record):
+                touched = self.cluster.exec(node, "touch", path)
+                if not touched.ok:
+                    raise FaultError(f"{node}: cannot create {path}: {_last(touched.stderr)}")
+            return {"id": fault_id, **_worker_facts(node, worker), "file": path}
+
+        return self.invoke(
+            "hang-collectives",
+            _worker_target(target, rank),
+            hold_collectives,
+            rank=rank,
+            local_rank=local_rank,
+            seed=self.seed,
+        )
+
+    def resume_worker(self, target: str) -> dict:
+        """SIGCONT every worker of a node (those not stopped ignore it)."""
+
+        def continue_workers() -> dict:
+            node = self.resolve(target, allow_etcd=False)
+            pids = [w.pid for w in self.processes(node).workers]
+            for pid in pids:
+                self._signal(node, pid, signals.SIGCONT)
+            healed = []
+            for fault in self.active():
+                if fault.fault == "hang" and fault.target == node:
+                    self._forget(fault.id)
+                    healed.append(fault.id)
+            return {"node": node, "pids": pids, "healed": healed}
+
+        return self.invoke("resume-worker", target, continue_workers)
+
+    def oom_worker(
+        self,
+        target: str = "random",
+        *,
+        rank: int | None = None,
+        local_rank: int | None = None,
+        headroom: int = OOM_HEADROOM,
+    ) -> dict:
+        """The kernel's OOM killer kills one worker. Its node gets a memory limit `headroom` bytes
+        above what it uses now (kept if it has one already, e.g. from `memory` in the spec), the
+        worker is made the OOM killer's first choice (oom_score_adj 1000, which any process may raise
+        for its own user's), and a helper process in the node allocates until the worker is gone.
+        The script is untouched; the limit is lifted again at once."""
+
+        def exhaust_memory() -> dict:
+            node, worker = self._pick_worker(target, rank, local_rank)
+            cid = self._info(node).id
+            before = self.docker.resources(cid)
+            limit = before.memory if 0 < before.memory < NO_MEMORY_LIMIT else self._memory_used(node) + headroom
+            adjusted = self.cluster.exec(node, "sh", "-c", f"echo 1000 > /proc/{worker.pid}/oom_score_adj")
+            if not adjusted.ok:
+                raise FaultError(
+                    f"{node}: cannot make worker {worker.pid} the OOM killer's choice: {_last(adjusted.stderr)}"
+                )
+            if limit != before.memory:
+                self.docker.update_resources(cid, memory=limit)
+            try:
+                hog = self.cluster.exec(
+                    node,
+                    *nodescripts.argv(nodescripts.HOG, worker.pid, 2 * limit, OOM_WITHIN_S),
+                    timeout=OOM_WITHIN_S + 15,
+                )
+            finally:
+                if limit != before.memory:
+                    self.docker.update_resources(cid, memory=before.memory or NO_MEMORY_LIMIT)
+            if hog.stdout.strip():
+                done = nodescripts.parse_result(node, "memory hog", hog.stdout)
+            else:
+                # The hog was the kernel's second victim (a retry while the worker's memory was being
+                # freed; its oom_score_adj puts it before the agent): see for ourselves.
+                gone = all(w.pid != worker.pid for w in self.processes(node).workers)
+                done = {"worker_died": gone, "allocated": None, "hog_killed": True}
+            if not done.get("worker_died"):
+                raise FaultError(
+                    f"{node}: worker {worker.pid} survived {(done.get('allocated') or 0) >> 20} MiB "
+                    f"allocated over a {limit >> 20} MiB limit"
+                )
+            return {
+                **_worker_facts(node, worker),
+                "limit": limit,
+                "allocated": done["allocated"],
+                "limit_kept": limit == before.memory,
+                "oom_kills": done.get("oom_kills"),
+                "hog_killed": done.get("hog_killed", False),
+            }
+
+        return self.invoke(
+            "oom-worker", _worker_target(target, rank), exhaust_memory, rank=rank, local_rank=local_rank, seed=self.seed
+        )
+
+    def _memory_used(self, node: str) -> int:
+        """Bytes the node's cgroup uses now (cgroup v2's memory.current, or v1's usage_in_bytes)."""
+        read = self.cluster.exec(
+            node,
+            "sh",
+            "-c",
+            "cat /sys/fs/cgroup/memory.current 2>/dev/null || cat /sys/fs/cgroup/memory/memory.usage_in_bytes",
+        )
+        if not read.ok or not read.stdout.strip().isdigit():
+            raise FaultError(f"{node}: cannot read its memory use: {_last(read.stderr or read.stdout)}")
+        return int(read.stdout.strip())
+
+    def kill_during_checkpoint(
+        self,
+        target: str = "rank0",
+        *,
+        directory: str = SHARED_CKPT_DIR,
+        within: float = 60.0,
+        sig: signals.Signals = signals.SIGKILL,
+    ) -> dict:
+        """Signal the worker of a node that opens a file under `directory` for writing, the moment
+        it does (within `within` seconds): a kill inside a checkpoint write, by design, not by luck."""
+
+        def kill_the_writer() -> dict:
+            node, left = self._writer_node(target, within)
+            return {"node": node, "signal": sig.name, **self._signal_in_write(node, directory, left, sig)}
+
+        return self.invoke(
+            "kill-during-checkpoint", target, kill_the_writer, directory=directory, within=within, signal=sig.name
+        )
+
+    def _writer_node(self, target: str, within: float) -> tuple[str, int]:
+        """The node whose worker will write, and the seconds left of `within`: rank 0's node is waited
+        for while a restarted group has not started its workers yet (a fault right after a recovery)."""
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                node = self.resolve(target, allow_etcd=False)
+                return node, max(1, math.ceil(deadline - time.monotonic()))
+            except FaultError:
+                if target != "rank0" or time.monotonic() + WRITER_POLL_S >= deadline:
+                    raise
+            time.sleep(WRITER_POLL_S)
+
+    def _signal_in_write(self, node: str, directory: str, within: float, sig: signals.Signals) -> dict:
+        """Signal the first worker of `node` that opens a file under `directory` for writing, at once."""
+        watched = self.cluster.exec(
+            node, *nodescripts.argv(nodescripts.KILL_IN_WRITE, directory, within, int(sig)), timeout=within + 15
+        )
+        if watched.exit_code == nodescripts.NEVER_CAME:
+            raise FaultError(f"{node}: {_last(watched.stderr)}")
+        if not watched.ok:
+            raise FaultError(f"{node}: watching for a checkpoint write failed: {_last(watched.stderr)}")
+        return nodescripts.parse_result(node, "write watcher", watched.stdout)
+
+    def freeze_during_checkpoint(
+        self, target: str = "rank0", *, directory: str = SHARED_CKPT_DIR, within: float = 60.0
+    ) -> dict:
+        """Freeze a node in the middle of a checkpoint write: its worker is stopped (SIGSTOP) the moment it
+        opens a file under `directory` for writing, then the whole node, agent included (`docker pause`).
+        `heal` unpauses it and continues the worker (SIGCONT), which finishes its write as a worker of a
+        round the others may have left by then: a zombie's write, late on purpose, not by luck."""
+
+        def freeze_the_writer() -> dict:
+            node, left = self._writer_node(target, within)
+            fault_id = f"freeze-{node}"
+            if any(f.id == fault_id for f in self.active()):
+                raise UsageError(f"{node}: already frozen; `sim heal {fault_id}` first")
+            caught = self._signal_in_write(node, directory, left, signals.SIGSTOP)
+            try:
+                self.docker.pause(self._info(node).id)
+            except SimError:
+                self.cluster.exec(node, "kill", "-CONT", str(caught["pid"]))
+                raise
+            self._remember(
+                {
+                    "id": fault_id,
+                    "fault": "freeze",
+                    "target": node,
+                    "pid": caught["pid"],
+                    "detail": f"frozen while pid {caught['pid']} writes {caught['file']}",
+                }
+            )
+            return {"id": fault_id, "node": node, **caught}
+
+        return self.invoke("freeze-during-checkpoint", target, freeze_the_writer, directory=directory, within=within)
+
+    def _pick_worker(self, target: str, rank: int | None, local_rank: int | None) -> tuple[str, Worker]:
+        node = self._node_of_rank(rank) if rank is not None else self.resolve(target, allow_etcd=False)
+        procs = self.processes(node)
+        if rank is not None:
+            worker = procs.worker(rank=rank)
+        elif local_rank is not None:
+            worker = procs.worker(local_rank=local_rank)
+        else:
+            worker = self.rng.choice(procs.workers) if procs.workers else None
+        if worker is None:
+            which = (
+                f"rank {rank}"
+                if rank is not None
+                else (f"local rank {local_rank}" if local_rank is not None else "any worker")
+            )
+            raise FaultError(
+                f"{node}: no running worker with {which} (workers: "
+                f"{[w.rank for w in procs.workers] or 'none'}); is the job between restarts?"
+            )
+        return node, worker
+
+    def kill_agent(self, target: str, *, sig: signals.Signals = signals.SIGKILL) -> dict:
+        """Signal the torchrun agent itself. SIGKILL: abrupt; SIGTERM: torchrun's graceful path."""
+
+        def signal_agent() -> dict:
+            node = self.resolve(target, allow_etcd=False)
+            procs = self.processes(node)
+            if procs.agent_pid is None:
+                raise FaultError(f"{node}: no torchrun agent is running")
+            self._signal(node, procs.agent_pid, sig)
+            return {"node": node, "pid": procs.agent_pid, "signal": sig.name, "workers": [w.pid for w in procs.workers]}
+
+        return self.invoke("kill-agent", target, signal_agent, signal=sig.name, seed=self.seed)
+
+    def _signal(self, node: str, pid: int, sig: signals.Signals) -> None:
+        result = self.cluster.exec(node, "kill", f"-{sig.name.removeprefix('SIG')}", str(pid), user="root")
+        if not result.ok:
+            raise FaultError(f"{node}: kill -{sig.name} {pid} failed: {_last(result.stderr)}")
+
+    def _node_of_rank(self, rank: int) -> str:
+        for info in self.cluster.nodes():
+            if info.state == "running" and self.processes(info.node).worker(rank=rank):
+                return info.node
+        raise FaultError(f"rank {rank}: no running worker has it now (the world may be smaller, or restarting)")
+
+
+def _worker_facts(node: str, worker: Worker) -> dict:
+    """What a worker fault's result says of the worker it hit."""
+    return {"node": node, "pid": worker.pid, "rank": worker.rank, "local_rank": worker.local_rank}

@@ -1,0 +1,108 @@
+"""The fault result and the run's spec are typed by the history's one parser: readers use fields, never dict keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from chaos.faults import FAULTS
+from sim.core.errors import FaultError
+from sim.core.history import FaultResult, RecordedSpec, RunRecord, parse_record
+from sim.core.spec import ClusterSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _ok(result: dict) -> dict:
+    return {"t": 5.0, "type": "fault", "op": "a1", "fault": "partition", "phase": "ok", "result": result}
+
+
+def test_a_fault_result_is_typed_and_its_line_is_kept_as_written():
+    written = {"id": "partition-ab12", "partition": "node0 | node1", "cuts": [["node0"], ["node1"]], "rules": {}}
+    record = parse_record(_ok(written))
+    assert record.result.id == "partition-ab12" and record.result.cuts == (("node0",), ("node1",))
+    assert record.result.extra == {"rules": {}}  # a key the schema does not name
+    assert record.to_dict()["result"] == written and parse_record(record.to_dict()) == record
+
+
+def test_a_result_value_of_another_type_is_not_typed_and_the_record_still_counts():
+    record = parse_record(_ok({"node": "node1", "pid": "forty", "limit": 10**30, "healed": "x"}))
+    assert (record.result.node, record.result.pid, record.result.limit) == ("node1", None, None)
+    assert record.result.extra == {"pid": "forty", "limit": 10**30, "healed": "x"}
+    assert record.result.healed is None  # a string is not a tuple of ids: no id "x" healed by accident
+
+
+def test_a_file_gone_at_the_kill_differs_from_a_history_that_never_said():
+    gone = parse_record(_ok({"pid": 4, "file": "/ckpt/a.tmp", "size_at_kill": None})).result
+    sized = parse_record(_ok({"pid": 4, "file": "/ckpt/a.tmp", "size_at_kill": 100})).result
+    older = parse_record(_ok({"pid": 4, "file": "/ckpt/a.tmp"})).result
+    assert (gone.gone_at_kill, sized.gone_at_kill, older.gone_at_kill) == (True, False, False)
+    assert sized.size_at_kill == 100
+
+
+def test_a_record_without_result_reads_as_an_empty_one():
+    invoke = parse_record({**_ok({}), "phase": "invoke", "result": None})
+    assert invoke.result is None and invoke.outcome == FaultResult() and invoke.node is None
+
+
+def test_a_result_that_is_not_an_object_is_kept_unread_and_the_record_still_counts():
+    record = parse_record(_ok("node1"))
+    assert record.result is None and record.extra == {"result": "node1"} and record.node is None
+    assert record.to_dict()["result"] == "node1"
+
+
+def test_a_saved_objects_content_is_typed():
+    save = {"t": 2.0, "type": "worker", "event": "save", "path": "/ckpt/a.pt"}
+    content = {"type": "dict", "keys": {"model": "OrderedDict"}, "model_state": True, "optimizer_state": False}
+    record = parse_record({**save, "content": content})
+    assert (record.content.model_state, record.content.optimizer_state, record.content.keys) == (
+        True,
+        False,
+        {"model": "OrderedDict"},
+    )
+    assert record.to_dict()["content"] == content and parse_record({**save, "content": None}).content is None
+
+
+def test_the_recorded_spec_names_only_cluster_spec_fields_and_reads_a_real_one():
+    spec_fields = {f.name for f in dataclasses.fields(ClusterSpec)}
+    typed = {f.name for f in dataclasses.fields(RecordedSpec)} - {"extra", "as_written"}
+    assert typed <= spec_fields, typed - spec_fields
+    spec = ClusterSpec(nodes=3, max_nodes=4, env=(("A", "1"),), rdzv_conf=(("keep_alive_interval", "2"),))
+    start = parse_record({"t": 1.0, "type": "run", "event": "start", "spec": json.loads(spec.to_json())})
+    assert isinstance(start, RunRecord)
+    recorded = start.spec_fields
+    assert (recorded.nodes, recorded.max_nodes, recorded.min_nodes, recorded.instrument) == (3, 4, 1, True)
+    assert recorded.pairs == {"rdzv_conf": {"keep_alive_interval": "2"}, "env": {"A": "1"}}
+    assert parse_record({"t": 1.0, "type": "run", "event": "start"}).spec_fields == RecordedSpec()
+
+
+def test_an_out_of_range_spec_value_reads_as_unknown():
+    start = parse_record({"t": 1.0, "type": "run", "event": "start", "spec": {"nodes": 10**30, "min_nodes": 2}})
+    assert (start.spec_fields.nodes, start.spec_fields.min_nodes) == (None, 2)
+
+
+def test_an_undo_without_a_fault_id_is_refused_not_a_heal_of_everything():
+    class Nemesis:
+        def heal(self, fault_id):  # pragma: no cover - must not be reached
+            raise AssertionError(f"heal({fault_id!r})")
+
+    with pytest.raises(FaultError, match="no fault id to heal"):
+        FAULTS["partition"].undo(Nemesis(), {"op": "x1"})
+
+
+def test_no_reader_indexes_a_fault_result_or_the_spec_as_a_dict():
+    """The parser (sim/core/history.py) is the one place a result or spec is a dict."""
+    pattern = re.compile(r"(\.result|\.outcome|spec_fields|\.extra)\s*(\)|or \{\}\))?\s*(\.get\(|\[)")
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for folder in ("sim", "chaos")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path.name != "history.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, found
