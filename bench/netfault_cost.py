@@ -2,9 +2,10 @@
 
 Network faults run iptables/tc/ip in a short-lived helper container that joins the node's network
 namespace (sim.engines.cluster.Cluster.net_exec), so a team's image needs none of those tools. This
-times each fault's apply and its heal, through the helper and, for comparison, through `docker exec`
-in the node itself (the way before, which needs the tools in the node's image), interleaved, on a
-2-node etcd-v2 cluster of our images; medians of --reps repetitions per side.
+times each fault's apply and its heal (by id, as a scenario's duration ends it; and `heal --all`),
+through the helper and, for comparison, through `docker exec` in the node itself (the way before,
+which needs the tools in the node's image), interleaved, on a 2-node etcd-v2 cluster of our images;
+medians of --reps repetitions per side.
 
 Usage: .venv/bin/python bench/netfault_cost.py [--reps 5]
 """
@@ -32,7 +33,7 @@ from sim.engines.docker import Docker  # noqa: E402
 FAULTS = {
     "partition (isolate node1)": lambda nem: nem.partition(isolate(["node1"], ["node0", "node1", "etcd"])),
     "netem --loss 10%": lambda nem: nem.link("node1", loss_pct=10),
-    "netem --delay 50ms": lambda nem: nem.link("node1", netem={"delay_ms": 50}),
+    "netem --rate 1mbit": lambda nem: nem.link("node1", rate_bps=1_000_000),
 }
 
 
@@ -57,23 +58,26 @@ def main() -> int:
                 cluster_mod.Cluster.net_exec = method
                 for fault, act in FAULTS.items():
                     start = time.perf_counter()
-                    act(nem)
+                    done = act(nem)
                     applied = time.perf_counter()
-                    nem.heal()
+                    nem.heal(done["id"])  # as a scenario's duration ends it
                     healed = time.perf_counter()
                     times.setdefault((fault, way, "apply"), []).append(applied - start)
                     times.setdefault((fault, way, "heal"), []).append(healed - applied)
+                start = time.perf_counter()
+                nem.heal()  # `sim heal --all`: every container's chains and qdiscs cleared, known faults or not
+                times.setdefault(("heal --all, nothing in force", way, "heal"), []).append(time.perf_counter() - start)
     finally:
         cluster_mod.Cluster.net_exec = helper
         cluster.down(save_logs=False)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"{socket.gethostname()}, {when}, {args.reps} reps a side, interleaved; medians in ms")
     print(f"{'fault':<28} {'step':<6} {'helper':>8} {'exec':>8} {'added':>8}")
-    for fault in FAULTS:
-        for step in ("apply", "heal"):
-            ours = statistics.median(times[(fault, "helper", step)]) * 1000
-            before = statistics.median(times[(fault, "docker exec", step)]) * 1000
-            print(f"{fault:<28} {step:<6} {ours:8.0f} {before:8.0f} {ours - before:+8.0f}")
+    rows = [(fault, step) for fault in FAULTS for step in ("apply", "heal")]
+    for fault, step in [*rows, ("heal --all, nothing in force", "heal")]:
+        ours = statistics.median(times[(fault, "helper", step)]) * 1000
+        before = statistics.median(times[(fault, "docker exec", step)]) * 1000
+        print(f"{fault:<28} {step:<6} {ours:8.0f} {before:8.0f} {ours - before:+8.0f}")
     return 0
 
 

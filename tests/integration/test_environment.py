@@ -88,7 +88,7 @@ RUN python3 -m venv /tmp/pip && /tmp/pip/bin/pip install --no-cache-dir --no-ind
  && rm -rf /tmp/pip /wheels /usr/local/lib/python3.11/dist-packages/bin \\
  && printf '#!/usr/bin/python3\\nimport sys\\nfrom torch.distributed.run import main\\nsys.exit(main())\\n' \\
       > /usr/local/bin/torchrun && chmod 755 /usr/local/bin/torchrun \\
- && for tool in ip tc iptables; do rm -f "$(command -v $tool)"; done \\
+ && for tool in ip tc iptables; do for dir in /usr/sbin /usr/bin /sbin /bin; do rm -f $dir/$tool; done; done \\
  && ! command -v ip && ! command -v tc && ! command -v iptables
 """
 
