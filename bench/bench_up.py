@@ -10,7 +10,8 @@
                           (target ratio <= 1.05, issue 12)
   own environment         (--environment) a requirements layer (tests/scripts/seedjob/requirements.txt) and an
                           own image's thin layer (--image IMAGE), each built and then asked again: the second
-                          time must build nothing; and the node-start copy of a project tree of 300 files
+                          time must build nothing; and the node-start copy of a project tree of 5 files and of
+                          300 files (8 KiB each), 3 times each, in the same run
 The image figures go under "images" in bench/results.json (--skip-cold keeps the last cold build's).
 
 Usage: .venv/bin/python bench/bench_up.py [--nodes 4] [--nproc-per-node 2] [--reps 3] [--skip-cold]
@@ -122,9 +123,7 @@ def bench_startup(docker: Docker, nodes: int, nproc: int, reps: int) -> list[dic
 
 def bench_environment(docker: Docker, image: str | None) -> list[tuple[str, str]]:
     """Seconds of the job-environment layers, first `up` and second `up` (what each built), and of the
-    project copy a node makes at its start."""
-    import subprocess
-
+    project copy a node makes at its start (a 5-file tree and a 300-file one)."""
     from sim.core.spec import ClusterSpec
     from sim.engines.userimages import UserImages
 
@@ -141,25 +140,50 @@ def bench_environment(docker: Docker, image: str | None) -> list[tuple[str, str]
             builder.built = []
             seconds, _ = timed(lambda spec=spec: UserImages(builder, docker).node_image(spec, node))
             rows.append((f"{name}, {attempt}", f"{seconds:6.2f} s  built {', '.join(builder.built) or 'nothing'}"))
-    tree = Path(tempfile.mkdtemp(prefix="elastic-sim-bench-tree-"))
-    tree.chmod(0o755)  # the node's user reads it
-    try:
-        for i in range(300):  # a few hundred source files of 8 KiB: a typical project without its data
-            folder = tree / f"pkg{i % 10}"
-            folder.mkdir(exist_ok=True)
-            (folder / f"mod{i}.py").write_text("# module\n" + "x = 1\n" * 1350)
-        argv = ["docker", "run", "--rm", "--label", f"{labels.IMAGE}=bench", "--network", "none", "-v",
-                f"{tree}:/opt/sim/user:ro", node, "elastic-sim-project", "/opt/sim/user", "/opt/sim/project",
-                ".git", "--", "true"]  # fmt: skip
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-        copied = next((line for line in done.stderr.splitlines() if "project copied" in line), done.stderr.strip())
-        rows.append(("project copy at node start (300 files, 2.3 MiB)", copied.split(": ", 1)[-1]))
-    finally:
-        shutil.rmtree(tree, ignore_errors=True)
+    for files in COPY_TREES:  # the seed job's size, then a few hundred files: the same run, the same machine
+        copies = [copy_once(node, files) for _ in range(COPY_REPS)]
+        size = files * len(MODULE_TEXT) / 2**20
+        shown = ", ".join(f"{ms} ms" for ms in copies)
+        name = f"project copy at node start ({files} files, {size:.2g} MiB)"
+        rows.append((name, f"median {median(copies)} ms ({shown})"))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     return rows
+
+
+COPY_TREES = (5, 300)
+COPY_REPS = 3
+MODULE_TEXT = "# module\n" + "x = 1\n" * 1350  # 8 KiB: a source file of a typical project, without its data
+
+
+def copy_once(node: str, files: int) -> int:
+    """Milliseconds the node-start copy (images/node/elastic-sim-project, in a fresh container) of a tree of
+    `files` source files in 10 folders takes, as that script reports it."""
+    import re
+    import subprocess
+
+    tree = Path(tempfile.mkdtemp(prefix="elastic-sim-bench-tree-"))
+    tree.chmod(0o755)  # the node's user reads it
+    try:
+        for i in range(files):
+            folder = tree / f"pkg{i % 10}"
+            folder.mkdir(exist_ok=True)
+            (folder / f"mod{i}.py").write_text(MODULE_TEXT)
+        argv = ["docker", "run", "--rm", "--label", f"{labels.IMAGE}=bench", "--network", "none", "-v",
+                f"{tree}:/opt/sim/user:ro", node, "elastic-sim-project", "/opt/sim/user", "/opt/sim/project",
+                ".git", "--", "true"]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        found = re.search(rf"project copied .*: {files} files in (\d+) ms", done.stderr)
+        if found is None:
+            raise SystemExit(f"bench_up: the project copy of {files} files said {done.stderr.strip()[-300:]!r}")
+        return int(found.group(1))
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+
+
+def median(values: list[int]) -> int:
+    return sorted(values)[len(values) // 2]
 
 
 def main() -> int:

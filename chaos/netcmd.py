@@ -1,8 +1,10 @@
 """argv builders for the commands that fault a node's network, run inside its network namespace.
 
-Each command is a list of strings, never a shell line: the caller runs it as is (docker exec,
-nsenter), nothing needs quoting, and unit tests assert it exactly. Parsers for the output of
-`ip` live here too. Nothing here runs a command.
+Each command is a list of strings, never a shell line: the caller runs it as is, nothing needs
+quoting, and unit tests assert it exactly. The nemesis runs them through Cluster.net_exec: in a
+short-lived helper container of our base image that joins the node's network namespace (as Pumba
+and Chaos Mesh do), so the node's image, ours or the team's own (--image), needs no iptables, tc or
+ip. Parsers for the output of `ip` live here too. Nothing here runs a command.
 
 iptables rules go only into our own chains, hooked at the top of INPUT and OUTPUT, so healing
 is flushing our chain and Docker's own rules are never touched.

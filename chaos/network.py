@@ -113,7 +113,7 @@ class NetworkFaults:
         ]
         for iface in self._ifaces(node):
             lines.append(f"{shlex.join(netcmd.clear_qdisc(iface))} 2>/dev/null || true")
-        result = self.cluster.exec(node, "sh", "-c", "\n".join(lines), user="root")
+        result = self.cluster.net_exec(node, "sh", "-c", "\n".join(lines))
         if not result.ok and not quiet:
             raise FaultError(f"{node}: clearing link faults failed: {_last(result.stderr)}")
 
@@ -125,13 +125,13 @@ class NetworkFaults:
             if not ifaces:
                 raise FaultError(f"{node}: no network interface found")
             return ifaces[0]
-        result = self.cluster.exec(node, *netcmd.iface_lookup_argv(peer), user="root")
+        result = self.cluster.net_exec(node, *netcmd.iface_lookup_argv(peer))
         if not result.ok:
             raise FaultError(f"{node}: `ip route get {peer}` failed: {_last(result.stderr)}")
         return netcmd.parse_route_get(result.stdout)
 
     def _ifaces(self, node: str) -> tuple[str, ...]:
-        result = self.cluster.exec(node, "ip", "-o", "link", "show", user="root")
+        result = self.cluster.net_exec(node, "ip", "-o", "link", "show")
         return netcmd.parse_ip_link(result.stdout) if result.ok else ()
 
     def _ips(self) -> dict[str, str]:
@@ -173,7 +173,7 @@ class NetworkFaults:
         return applied
 
     def _has_chain(self, node: str) -> bool:
-        return self.cluster.exec(node, "iptables", "-w", "-S", netcmd.PARTITION_CHAIN, user="root").ok
+        return self.cluster.net_exec(node, "iptables", "-w", "-S", netcmd.PARTITION_CHAIN).ok
 
     def _reapply_network(self, *nodes: str) -> None:
         # A restarted or new container has a fresh network namespace: our rules are gone from it. With no
@@ -185,4 +185,4 @@ class NetworkFaults:
 
     def _run_script(self, node: str, argvs: Sequence[list[str] | str]) -> ExecResult:
         script = "set -e\n" + "\n".join(a if isinstance(a, str) else shlex.join(a) for a in argvs)
-        return self.cluster.exec(node, "sh", "-c", script, user="root")
+        return self.cluster.net_exec(node, "sh", "-c", script)

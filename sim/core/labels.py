@@ -10,7 +10,11 @@ import socket
 from sim.core.paths import state_home
 
 CLUSTER = "elastic-sim.cluster"
-ROLE = "elastic-sim.role"  # "node" | "etcd"
+ROLE = "elastic-sim.role"  # "node" | "etcd" | NETNS_HELPER
+# The role of the short-lived helper container that applies a network fault from inside a node's network
+# namespace (sim.engines.cluster.Cluster.net_exec): labelled like the cluster, so `down` sweeps it, and
+# never one of the cluster's containers (not listed, its events not in the history).
+NETNS_HELPER = "netns-helper"
 NODE = "elastic-sim.node"  # node0, node1, ... (also on etcd: "etcd")
 RUN = "elastic-sim.run"
 # A test session (or any caller) can tag everything it makes, then sweep by it.

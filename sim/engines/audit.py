@@ -16,10 +16,11 @@ from typing import Any
 from sim.core import labels
 from sim.core.spec import USER_SCRIPT_DIR
 
-# Network faults (partition, loss, bandwidth, netem) run iptables and tc inside node and etcd
-# containers: those roles need NET_ADMIN, and nothing needs any other capability.
+# Network faults (partition, loss, bandwidth, netem) run iptables and tc in node and etcd containers'
+# network namespaces, from a short-lived helper container that joins one (labels.NETNS_HELPER): those
+# roles may have NET_ADMIN, and nothing needs any other capability.
 NET_ADMIN = "NET_ADMIN"
-NET_ADMIN_ROLES = ("node", "etcd")
+NET_ADMIN_ROLES = ("node", "etcd", labels.NETNS_HELPER)
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 ROOT_USERS = ("root", "0")
 _HOST_NAMESPACES = ("network_mode", "pid", "ipc", "userns_mode")

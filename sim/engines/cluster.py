@@ -120,7 +120,8 @@ class Cluster:
     # --- inspection ------------------------------------------------------------
 
     def containers(self) -> list[ContainerInfo]:
-        infos = [ContainerInfo.of(c) for c in self.docker.containers(labels.cluster_filter(self.name))]
+        found = self.docker.containers(labels.cluster_filter(self.name))
+        infos = [ContainerInfo.of(c) for c in found if c.labels.get(labels.ROLE) != labels.NETNS_HELPER]
         return sorted(infos, key=lambda c: (c.role != "etcd", node_order(c.node)))
 
     def nodes(self) -> list[ContainerInfo]:
@@ -148,6 +149,22 @@ class Cluster:
 
     def exec(self, node: str, *argv: str, user: str | None = None, timeout: float = 30) -> ExecResult:
         return self.docker.exec(self.container(node).id, argv, user=user, timeout=timeout)
+
+    def net_exec(self, node: str, *argv: str, timeout: float = 30) -> ExecResult:
+        """argv (iptables, tc, ip) as root in the node's network namespace, from a short-lived helper container
+        of our base image: the node's own image (ours, or the team's from --image) needs none of these tools.
+        The helper carries the cluster's labels, so `down` sweeps one that a crash left behind."""
+        helper_labels = {**labels.cluster_labels(self.name, self.run_id), labels.ROLE: labels.NETNS_HELPER}
+        image = self.helper_image
+        return self.docker.net_exec(self.container(node).id, argv, image=image, labels=helper_labels, timeout=timeout)
+
+    @property
+    def helper_image(self) -> str:
+        """The network helper's image: the cluster's base image (iproute2, iptables), as `up` recorded it."""
+        path = self.state_dir / "images.json"
+        if path.exists():
+            return json.loads(path.read_text())["base"]
+        return ImageBuilder(self.docker).base_tag()
 
     # --- changing it ---------------------------------------------------------------
 

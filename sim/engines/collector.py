@@ -87,6 +87,8 @@ class Collector:
         kind, action = event.get("Type"), event.get("Action", "")
         attrs = (event.get("Actor") or {}).get("Attributes") or {}
         t = event.get("timeNano", 0) / 1e9 or float(event.get("time", time.time()))
+        if attrs.get(labels.ROLE) == labels.NETNS_HELPER:
+            return None  # a network fault's helper (Cluster.net_exec): not one of the cluster's containers
         if kind == "container" and action in CONTAINER_ACTIONS:
             cid = event.get("id") or event["Actor"]["ID"]
             node = attrs.get(labels.NODE) or self._nodes.get(cid) or attrs.get("name", "?")

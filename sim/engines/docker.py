@@ -10,6 +10,7 @@ Every engine failure becomes one clear SimError line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.util
@@ -189,6 +190,10 @@ class ContainerExec(Protocol):
     def exec(
         self, container: str, argv: Sequence[str], *, user: str | None = None, timeout: float = 30, detach: bool = False
     ) -> ExecResult: ...
+
+    def net_exec(
+        self, container: str, argv: Sequence[str], *, image: str, labels: Mapping[str, str], timeout: float = 30
+    ) -> ExecResult: ...  # in a helper container that joins the container's network namespace
 
 
 class ContainerLogs(Protocol):
@@ -454,6 +459,40 @@ class Docker:
             return ExecResult(EXEC_FAILED, "", str(getattr(error, "explanation", None) or error))
         stdout, stderr = got["output"]
         return ExecResult(got["code"], _text(stdout), _text(stderr))
+
+    def net_exec(
+        self, container: str, argv: Sequence[str], *, image: str, labels: Mapping[str, str], timeout: float = 30
+    ) -> ExecResult:
+        """Run argv as root in a short-lived helper container of `image` that joins `container`'s network
+        namespace (network_mode container:ID) with NET_ADMIN and no other added capability, then remove
+        it: a network fault needs no iptables, tc or ip in the node's own image (as Pumba and Chaos Mesh
+        apply them). A refusal (the node not running) is a failed result with the engine's reason, as `exec`."""
+        host_config = self.api.create_host_config(network_mode=f"container:{container}", cap_add=["NET_ADMIN"])
+        try:
+            helper = self.api.create_container(
+                image, command=list(argv), entrypoint=[], user="root", labels=dict(labels), host_config=host_config
+            )["Id"]
+        except sdk_errors.APIError as error:
+            return ExecResult(EXEC_FAILED, "", str(error.explanation or error))
+        except requests.exceptions.RequestException as error:
+            raise _unreachable("net exec", error) from None
+        try:
+            self.api.start(helper)
+            code = self.api.wait(helper, timeout=timeout)["StatusCode"]
+            stdout = self.api.logs(helper, stdout=True, stderr=False)
+            stderr = self.api.logs(helper, stdout=False, stderr=True)
+        except sdk_errors.APIError as error:
+            return ExecResult(EXEC_FAILED, "", str(error.explanation or error))
+        except requests.exceptions.ReadTimeout:
+            raise ExecTimeout(
+                f"`{' '.join(argv)[:60]}` for container {container[:12]} did not finish within {timeout:g}s"
+            ) from None
+        except requests.exceptions.RequestException as error:
+            raise _unreachable("net exec", error) from None
+        finally:
+            with contextlib.suppress(sdk_errors.APIError, requests.exceptions.RequestException):
+                self.api.remove_container(helper, force=True)
+        return ExecResult(code, _text(stdout), _text(stderr))
 
     def resources(self, container: str) -> Resources:
         host = self._call("inspect", self.api.inspect_container, container)["HostConfig"]

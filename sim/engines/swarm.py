@@ -190,6 +190,7 @@ class SwarmDocker(Docker):
     unpause = _routed("unpause")
     stop = _routed("stop")
     exec = _routed("exec")
+    net_exec = _routed("net_exec")
     resources = _routed("resources")
     update_resources = _routed("update_resources")
     logs = _routed("logs")

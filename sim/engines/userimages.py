@@ -43,9 +43,6 @@ BACKEND_WHEELS = ("python_etcd", "urllib3", "dnspython", "torch_rendezvous_etcd_
 TOOLS = {
     "python3": "process faults (kill-worker, hang, corrupt-checkpoint...) and `sim status`",
     "bash": "the etcd wait before the agent starts (etcd-v2, etcd-v3 backends)",
-    "ip": "network faults (partition, loss, delay...)",
-    "iptables": "network faults: partition, etcd-cut",
-    "tc": "network faults: loss, delay, lossy-link",
     "tar": "the project copy (falls back to cp without excludes)",
 }
 PROBE = r"""
@@ -311,6 +308,7 @@ def doctor_lines(docker: Docker, image: str) -> list[tuple[bool, str, str]]:
         found = probe.tools.get(tool, False)
         rows.append((found, tool, f"found ({needed_for})" if found else f"missing: {needed_for} need it in the image"))
     rows.append((probe.pip, "pip", "found: --requirements works" if probe.pip else "missing: --requirements needs pip"))
+    rows.append((True, "network faults", "applied from elastic-sim's helper container: no ip, iptables, tc needed"))
     rows.append((True, "clock faults", "libfaketime is added by elastic-sim's layer (glibc images)"))
     rows.append((True, "etcd-v3 backend", "added by elastic-sim's layer"))
     return rows

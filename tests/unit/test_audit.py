@@ -131,3 +131,13 @@ def test_doctor_prints_the_audit_of_a_rendered_and_of_a_running_cluster():
     assert [c.ok for c in failed] == [False] and "SYS_PTRACE" in failed[0].detail
     with pytest.raises(ClusterNotFoundError):
         running_audit(_FakeDocker({}), "gone")
+
+
+def test_the_network_faults_helper_keeps_the_rules():
+    """The helper that applies a network fault (Cluster.net_exec): NET_ADMIN only, in a node's namespace, not
+    the host's; seen while it runs, it breaks no rule. The same with SYS_ADMIN, or the host's network, does."""
+    helper = {"Name": "/h", "Config": {"Labels": {labels.ROLE: labels.NETNS_HELPER}, "User": "root"}}
+    ok = {**helper, "HostConfig": {"CapAdd": ["NET_ADMIN"], "NetworkMode": "container:abc123"}}
+    assert audit_project(project_from_inspect([ok])) == []
+    bad = {**helper, "HostConfig": {"CapAdd": ["NET_ADMIN", "SYS_ADMIN"], "NetworkMode": "host"}}
+    assert [f.rule for f in audit_project(project_from_inspect([bad]))] == ["cap_add", "host_namespace"]

@@ -85,3 +85,24 @@ def test_engine_lost_is_the_first_diagnosis():
     assert found[0].evidence == (f"host 00:00:30.5  {UNREACHABLE}",)
     assert "journalctl -u docker" in found[0].fix
     assert "engine-lost" not in [d.code for d in diagnose(history[:3], {})]
+
+
+def test_a_network_faults_helper_container_is_not_one_of_the_clusters_containers(tmp_path):
+    """The helper that applies a network fault (Cluster.net_exec) carries the cluster's labels, for `down`'s
+    sweep; its start and exit are no node's: not in the listing, not in the history."""
+    from sim.core import labels
+    from sim.engines.cluster import Cluster
+    from sim.engines.docker import Container
+
+    helper = {labels.CLUSTER: "demo", labels.ROLE: labels.NETNS_HELPER, labels.RUN: "r1"}
+    node = {labels.CLUSTER: "demo", labels.ROLE: "node", labels.NODE: "node1", labels.RUN: "r1"}
+    rows = [Container(id=f"id-{i}", name=f"c{i}", labels=tags, state="running", status="Up", exit_code=None,
+                      ips={})
+            for i, tags in enumerate((node, helper))]  # fmt: skip
+    docker = type("FakeDocker", (), {"containers": lambda self, flt: rows})()
+    assert [c.node for c in Cluster("demo", docker).containers()] == ["node1"]
+    collector = Collector(FakeCluster(tmp_path, []), History(tmp_path / "history.jsonl"))
+    event = {"Type": "container", "Action": "die", "id": "id-1", "timeNano": 1e18, "Actor": {"Attributes": helper}}
+    assert collector._docker_record(event) is None
+    died = {**event, "id": "id-0", "Actor": {"Attributes": {**node, "exitCode": "137"}}}
+    assert collector._docker_record(died)["node"] == "node1"

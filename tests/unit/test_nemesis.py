@@ -19,6 +19,7 @@ from chaos import nodescripts
 from chaos.nemesis import CLOCK_SCRIPT, Nemesis
 from chaos.partition import Partition, isolate, parse_partition_spec
 from sim.core import labels
+from sim.core import labels as labels_mod
 from sim.core.errors import FaultError, UsageError
 from sim.core.history import History
 from sim.engines.cluster import Cluster
@@ -88,6 +89,15 @@ class FakeProvider:
     def exec(self, container, argv, *, user=None, timeout=30, detach=False) -> ExecResult:
         argv = list(argv)
         self.calls.append(("exec", container, argv, user))
+        return self._answer(argv)
+
+    def net_exec(self, container, argv, *, image, labels, timeout=30) -> ExecResult:
+        argv = list(argv)
+        self.calls.append(("net_exec", container, argv, image))
+        assert labels[labels_mod.ROLE] == labels_mod.NETNS_HELPER and labels[labels_mod.CLUSTER] == "demo"
+        return self._answer(argv)
+
+    def _answer(self, argv: list[str]) -> ExecResult:
         if argv == PROBE_ARGV:
             return ExecResult(0, PROBE_OUTPUT, "")
         if argv[-2:] == ["link", "show"]:
@@ -136,11 +146,11 @@ class FakeProvider:
         return {"Id": container, "State": {"Status": "running"}}
 
     def scripts(self, container: str) -> list[str]:
-        """The shell scripts run as root in one container, in order."""
+        """The shell scripts run in one container's network namespace (by the helper), in order."""
         return [
             argv[-1]
-            for verb, cid, argv, user in (c for c in self.calls if c[0] == "exec")
-            if cid == container and argv[:2] == ["sh", "-c"] and user == "root"
+            for verb, cid, argv, image in (c for c in self.calls if c[0] == "net_exec")
+            if cid == container and argv[:2] == ["sh", "-c"]
         ]
 
 
@@ -199,6 +209,24 @@ def test_partition_rules_are_applied_in_every_namespace_and_healed(nemesis):
     nem.heal()
     assert nem.active() == []
     assert fake.scripts("id-node2")[-1].rstrip().endswith("iptables -w -F SIM-PARTITION")
+
+
+def test_network_commands_run_only_from_the_helper_never_in_the_node_image(nemesis):
+    """iptables, tc and ip run in the helper that joins the node's namespace (Cluster.net_exec, our base image):
+    the node's own image (a team's, from --image) needs none of them."""
+    nem, fake = nemesis
+    fake.answers["route"] = ExecResult(0, "10.0.0.3 dev eth1 src 10.0.0.2 uid 0\n    cache\n", "")
+    nem.partition(isolate(["node2"], ["node0", "node1", "node2", "etcd"]))
+    nem.link("node1", loss_pct=30)
+    nem.link("node0", netem={"delay_ms": 100})
+    nem.heal()
+    helper_calls = [c for c in fake.calls if c[0] == "net_exec"]
+    assert {c[1] for c in helper_calls} == {"id-node0", "id-node1", "id-node2", "id-etcd"}
+    assert {c[3] for c in helper_calls} == {nem.cluster.helper_image} and "/base:" in nem.cluster.helper_image
+    assert ("net_exec", "id-node0", ["ip", "-o", "route", "get", "10.0.0.2"], nem.cluster.helper_image) in fake.calls
+    assert any("tc qdisc replace dev eth1 root netem delay 100ms" in s for s in fake.scripts("id-node0"))
+    words = ("iptables", "tc ", "ip ")
+    assert not [c for c in fake.calls if c[0] == "exec" and any(w in " ".join(c[2]) for w in words)]
 
 
 def test_two_partitions_apply_as_their_union(nemesis):
@@ -571,7 +599,7 @@ def test_a_partition_outlives_its_cut_off_node_being_killed_and_names_must_exist
     nem.partition(isolate(["node1"], ["node0", "node1", "etcd"]))  # once: "no address for node2"
     node0 = fake.scripts("id-node0")[-1]
     assert "-s 10.0.0.4 -j DROP" in node0 and "10.0.0.5" not in node0
-    assert not any(c[1] == "id-node2" for c in fake.calls if c[0] == "exec")
+    assert not any(c[1] == "id-node2" for c in fake.calls if c[0] in ("exec", "net_exec"))
     fake.states = {}
     nem.start_node("node2")
     assert "-s 10.0.0.5 -j DROP" in fake.scripts("id-node0")[-1]
@@ -633,7 +661,7 @@ def test_fill_disk_goes_only_on_the_checkpoint_storage(nemesis, directory):
     nem, fake = nemesis
     with pytest.raises(UsageError, match=f"--dir '{re.escape(directory)}': fill-disk fills only"):
         nem.fill_disk("node1", directory=directory)
-    assert not any(c[0] == "exec" for c in fake.calls) and not list(nem.history.records())
+    assert not any(c[0] in ("exec", "net_exec") for c in fake.calls) and not list(nem.history.records())
 
 
 def test_fill_disk_refuses_a_cluster_without_ckpt_size(nemesis, monkeypatch):

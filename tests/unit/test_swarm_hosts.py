@@ -110,6 +110,9 @@ class FakeHost:
                 return answer
         return ExecResult(0, "", "")
 
+    def net_exec(self, cid, argv, *, image, labels, timeout=30) -> ExecResult:
+        return self.exec(cid, argv)  # the helper runs on the host of the container whose namespace it joins
+
     def resources(self, cid: str) -> Resources:
         self._own(cid)
         return Resources(0, 0, 0)
