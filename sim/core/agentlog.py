@@ -270,14 +270,60 @@ class NodeLogParser:
 
 
 def parse_node_log(node: str, text: str) -> list[Record]:
-    """A whole `docker logs --timestamps` text -> records (for logs saved on disk)."""
-    parser = NodeLogParser(node)
-    records = []
-    for line in text.splitlines():
-        t, body = parse_docker_timestamp(line)
+    """A whole node log (as saved on disk) -> its agent and trainer records.
+    A line without a `docker logs` timestamp
+    takes the time torch printed in it (month, day and time of day; the year is unknown, so such
+    times only order lines and show the time of day); a line with neither (a worker's own output,
+    a traceback) the time of the next line that has one, as the agent reports a worker's error
+    right after it, else of the last one."""
+    lines = [parse_docker_timestamp(line) for line in text.splitlines()]
+    times = [t if t is not None else _printed_time(body) for t, body in lines]
+    following = None
+    for index in reversed(range(len(times))):
+        if times[index] is None:
+            times[index] = following
+        following = times[index]
+    previous = 0.0
+    for index, t in enumerate(times):  # lines after the last timed one
+        if t is None:
+            times[index] = previous
+        previous = times[index]
+    parser, records = NodeLogParser(node), []
+    for t, (_, body) in zip(times, lines, strict=True):
         records.extend(parser.feed(t, body))
     records.extend(parser.close())
     return records
+
+
+# glog ("I1130 14:05:21.251000", "[E1130 14:09:46.849360398"), and the rendezvous hook's
+# logging format ("I2026-11-30 14:05:21,251").
+_PRINTED_TIME = (
+    re.compile(r"^\[?[IWEF](?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)\.(?P<f>\d{1,6})"),
+    re.compile(r"^[IWEF]\d{4}-(?P<mo>\d\d)-(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d),(?P<f>\d{1,6})"),
+)
+
+
+_YEAR_UNKNOWN = 2000  # a leap year, so that 29 February parses
+
+
+def _printed_time(text: str) -> float | None:
+    for pattern in _PRINTED_TIME:
+        m = pattern.match(text)
+        if m:
+            try:
+                stamp = datetime(
+                    _YEAR_UNKNOWN,
+                    int(m["mo"]),
+                    int(m["d"]),
+                    int(m["h"]),
+                    int(m["mi"]),
+                    int(m["s"]),
+                    tzinfo=timezone.utc,
+                )
+            except ValueError:
+                return None
+            return stamp.timestamp() + float("0." + m["f"])
+    return None
 
 
 @dataclasses.dataclass

@@ -10,7 +10,7 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYER_PACKAGES = ("sim.core", "sim.engines", "sim.verdict", "sim.cli")
+LAYER_PACKAGES = ("sim.core", "sim.engines", "sim.verdict", "sim.verdict.diagnoses", "sim.cli")
 
 
 def _contracts() -> list[dict]:
