@@ -42,6 +42,7 @@ report device "cpu".
 """
 
 import os
+import threading
 
 ENV = "SIM_DEVICES"  # "emulated": on; anything else: off
 PER_NODE_ENV = "SIM_DEVICES_PER_NODE"  # device_count(); else LOCAL_WORLD_SIZE
@@ -183,14 +184,13 @@ class Emulator:
     """The state of one emulating worker: what it was asked to emulate, counted."""
 
     def __init__(self, write=None, env=os.environ):
-        import threading
         import time
 
         self._write = write  # (event, **fields) -> bool; None: a child process, which records nothing
         self.per_node = devices_per_node(env)
         self.timing = failure_timing(env)
         self.rank = _int(env.get("RANK"), 0)
-        self.calls: dict[str, int] = {}
+        self._cells: dict[str, list[int]] = {}  # name -> [count]; `calls` reads them
         self._written: dict[str, int] = {}
         self._new_kind = False
         self._written_at = 0.0
@@ -201,7 +201,7 @@ class Emulator:
         self.timeout_s: float | None = None  # the script's timeout= to init_process_group
         self.pg_ready = False  # an NCCL process group (emulated) is up: its collectives take NCCL's timing
         self.seq = 0  # collectives so far (SeqNum in the watchdog's words)
-        self._inside = threading.local()
+        self._inside = _Inside()
         self._peak = 0
         self._base_rss = _rss()
         self.aborting = False
@@ -216,19 +216,34 @@ class Emulator:
         self.write("emulated", devices="emulated", per_node=self.per_node, failure_timing=self.timing)
 
     def count(self, name: str) -> None:
-        calls = self.calls
-        if name not in calls:
-            calls[name] = 1
-            self._new_kind = True
-        else:
-            calls[name] += 1
-        if self._new_kind and self._clock() - self._written_at >= CALLS_RECORD_GAP_S:
-            self.flush()
+        self.counter(name)()
+
+    def counter(self, name: str):
+        """A bump for `name`, made once per wrapper: the hot path is one list item's increment; the
+        clock is read only while a new kind of call waits to be written."""
+        cell = self._cells.get(name)
+        if cell is None:
+            cell = self._cells[name] = [0]
+        emulator = self
+
+        def bump() -> None:
+            cell[0] += 1
+            if cell[0] == 1:
+                emulator._new_kind = True
+            if emulator._new_kind and emulator._clock() - emulator._written_at >= CALLS_RECORD_GAP_S:
+                emulator.flush()
+
+        return bump
+
+    @property
+    def calls(self) -> dict[str, int]:
+        return {name: cell[0] for name, cell in self._cells.items() if cell[0]}
 
     def flush(self) -> None:
-        if self.calls != self._written:
-            self._written, self._new_kind, self._written_at = dict(self.calls), False, self._clock()
-            self.write("emulated_calls", calls=dict(self.calls))
+        calls = self.calls
+        if calls != self._written:
+            self._written, self._new_kind, self._written_at = calls, False, self._clock()
+            self.write("emulated_calls", calls=dict(calls))
 
     def say_once(self, what: str, text: str) -> None:
         if what in self._said:
@@ -296,14 +311,15 @@ class Emulator:
             os.abort()
 
     def guarded(self, function, op_type: str, numel_of=None, collective=False):
-        """`function`, whose gloo failure for a gone peer takes NCCL's timing."""
-        emulator, inside = self, self._inside
+        """`function`, whose gloo failure for a gone peer takes NCCL's timing. The hot path (every
+        collective, DDP's forward, every backward) is a thread-local flag, a clock read and a counter."""
+        emulator, inside, clock = self, self._inside, self._clock
 
         def call(*args, **kwargs):
-            if getattr(inside, "on", False):
+            if inside.on:
                 return function(*args, **kwargs)
             inside.on = True
-            began = emulator._clock()
+            began = clock()
             emulator.seq += 1
             try:
                 return function(*args, **kwargs)
@@ -323,6 +339,10 @@ class Emulator:
                 inside.on = False
 
         return call
+
+
+class _Inside(threading.local):
+    on = False  # a class default: reading it needs no getattr(..., default) per call
 
 
 def _int(text, default):
@@ -558,82 +578,80 @@ def _patch_cuda(torch, emu: Emulator) -> None:
 
 
 def _patch_placement(torch, emu: Emulator) -> None:
-    mapped = _device_mapper(torch)
-    count = emu.count
+    # The hot path: a batch's .to(device) every step. Its common arguments (a str, a torch.device, an
+    # index, a dtype) are told apart by their exact type inline, with no call, tuple or dict built
+    # unless a cuda device is really replaced.
+    device_type = torch.device
+    cpu = torch.device("cpu")
 
-    def placing(original, name, index_at_0=True):
+    def placing(original, name, bound):
+        bump = emu.counter(name)
+
         def call(*args, **kwargs):
-            if args and index_at_0:
-                first, changed = mapped(args[0])
-                if changed:
-                    count(name)
-                    args = (first, *args[1:])
-            if "device" in kwargs:
-                device, changed = mapped(kwargs["device"])
-                if changed:
-                    count(name)
-                    kwargs["device"] = device
+            if len(args) > bound:
+                first = args[bound]
+                kind = type(first)
+                if (
+                    (kind is str and first.startswith("cuda"))
+                    or (kind is device_type and first.type == "cuda")
+                    or kind is int
+                ):
+                    bump()
+                    args = (*args[:bound], "cpu" if kind is str else cpu, *args[bound + 1 :])
+            if kwargs and "device" in kwargs:
+                device = kwargs["device"]
+                kind = type(device)
+                if (
+                    (kind is str and device.startswith("cuda"))
+                    or (kind is device_type and device.type == "cuda")
+                    or kind is int
+                ):
+                    bump()
+                    kwargs["device"] = "cpu" if kind is str else cpu
             return original(*args, **kwargs)
-
-        return _wraps(original, call)
-
-    def method(original, name):
-        def call(self, *args, **kwargs):
-            if args:
-                first, changed = mapped(args[0])
-                if changed:
-                    count(name)
-                    args = (first, *args[1:])
-            if "device" in kwargs:
-                device, changed = mapped(kwargs["device"])
-                if changed:
-                    count(name)
-                    kwargs["device"] = device
-            return original(self, *args, **kwargs)
 
         return _wraps(original, call)
 
     tensor, module = torch.Tensor, torch.nn.Module
-    tensor.to = method(tensor.to, "Tensor.to(cuda)")
-    module.to = method(module.to, "Module.to(cuda)")
-    module.to_empty = method(module.to_empty, "Module.to_empty(cuda)")
-    tensor.cuda = _wraps(tensor.cuda, lambda self, *a, **k: (count("Tensor.cuda()"), self)[1])
-    module.cuda = _wraps(module.cuda, lambda self, *a, **k: (count("Module.cuda()"), self)[1])
+    tensor.to = placing(tensor.to, "Tensor.to(cuda)", 1)
+    module.to = placing(module.to, "Module.to(cuda)", 1)
+    module.to_empty = placing(module.to_empty, "Module.to_empty(cuda)", 1)
+    tensor_cuda, module_cuda = emu.counter("Tensor.cuda()"), emu.counter("Module.cuda()")
+    tensor.cuda = _wraps(tensor.cuda, lambda self, *a, **k: (tensor_cuda(), self)[1])
+    module.cuda = _wraps(module.cuda, lambda self, *a, **k: (module_cuda(), self)[1])
     for name in TENSOR_FACTORIES:
         original = getattr(tensor, name, None)
         if original is not None:
-            setattr(tensor, name, _kwarg_device(original, mapped, count, f"Tensor.{name}(device=cuda)", bound=True))
+            setattr(tensor, name, _kwarg_device(original, torch, emu.counter(f"Tensor.{name}(device=cuda)")))
+    factory = emu.counter("factory(device=cuda)")
     for name in FACTORIES:
         original = getattr(torch, name, None)
         if original is not None:
-            setattr(torch, name, _kwarg_device(original, mapped, count, "factory(device=cuda)"))
-    torch.set_default_device = placing(torch.set_default_device, "set_default_device(cuda)")
+            setattr(torch, name, _kwarg_device(original, torch, factory))
+    torch.set_default_device = placing(torch.set_default_device, "set_default_device(cuda)", 0)
     from torch.utils import _device
 
     context = _device.DeviceContext
-    context.__init__ = method(context.__init__, "with torch.device(cuda)")
+    context.__init__ = placing(context.__init__, "with torch.device(cuda)", 1)
 
 
-def _kwarg_device(original, mapped, count, name, bound=False):
-    if bound:
+def _kwarg_device(original, torch, bump):
+    """A factory whose device= may name cuda: a dict membership test when it does not."""
+    device_type = torch.device
+    cpu = torch.device("cpu")
 
-        def call(self, *args, **kwargs):
-            if "device" in kwargs:
-                device, changed = mapped(kwargs["device"])
-                if changed:
-                    count(name)
-                    kwargs["device"] = device
-            return original(self, *args, **kwargs)
-
-    else:
-
-        def call(*args, **kwargs):
-            if "device" in kwargs:
-                device, changed = mapped(kwargs["device"])
-                if changed:
-                    count(name)
-                    kwargs["device"] = device
-            return original(*args, **kwargs)
+    def call(*args, **kwargs):
+        if kwargs and "device" in kwargs:
+            device = kwargs["device"]
+            kind = type(device)
+            if (
+                (kind is str and device.startswith("cuda"))
+                or (kind is device_type and device.type == "cuda")
+                or kind is int
+            ):
+                bump()
+                kwargs["device"] = "cpu" if kind is str else cpu
+        return original(*args, **kwargs)
 
     return _wraps(original, call)
 
