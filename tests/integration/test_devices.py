@@ -69,12 +69,12 @@ def scenario(tmp_path: Path, name: str, script: str, script_args: list[str]) -> 
     return path
 
 
-@pytest.mark.full
+# In `make test`: the AMP and the device-mesh/FSDP2 scripts each under a worker kill and a node loss.
 @pytest.mark.parametrize(
     "script, args, calls",
     [
-        ("amp_memory.py", ["--steps", "400", "--step-time", "0.1"], ("autocast(cuda)", "GradScaler(cuda)")),
-        ("mesh_fsdp.py", ["--steps", "400", "--step-time", "0.1"], ("init_device_mesh(cuda)",)),
+        ("amp_memory.py", ["--steps", "250", "--step-time", "0.1"], ("autocast(cuda)", "GradScaler(cuda)")),
+        ("mesh_fsdp.py", ["--steps", "250", "--step-time", "0.1"], ("init_device_mesh(cuda)",)),
     ],
 )
 def test_gpu_script_survives_a_worker_kill_and_a_node_loss(sim_scenario, docker, images, tmp_path, script, args, calls):
