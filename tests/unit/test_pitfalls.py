@@ -130,3 +130,72 @@ def test_a_writable_mount_of_one_host_folder_counts_as_shared_storage():
     run = RunModel([start])
     assert _shared_dirs(run) == ("/ckpt", "/shared")
     assert _shared_dirs(RunModel([{"t": 1.0, "type": "run", "event": "start", "spec": {}}])) == ("/ckpt",)
+
+
+def _probe(records: list):
+    return instrument.WorkerProbe(lambda event, **fields: records.append({"event": event, **fields}) or True)
+
+
+def test_the_first_save_tells_scheduler_and_scaler_state_apart():
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)
+    scaler = torch.amp.GradScaler("cpu")
+    full = instrument.saved_content(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict(),
+        }
+    )
+    assert full["scheduler_state"] and full["scaler_state"]
+    bare = instrument.saved_content({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    assert not bare["scheduler_state"] and not bare["scaler_state"]
+
+
+def test_a_scheduler_and_a_scaler_constructed_are_recorded_once_each():
+    records: list = []
+    probe = _probe(records)
+
+    class Scheduler:
+        def __init__(self, optimizer):
+            self.optimizer = optimizer
+
+    class StepLike(Scheduler):
+        def __init__(self, optimizer):
+            super().__init__(optimizer)
+
+    probe.wrap_uses(Scheduler, "lr_scheduler")
+    StepLike(None), StepLike(None), Scheduler(None)
+    assert records == [{"event": "uses", "what": "lr_scheduler", "cls": "StepLike"}]
+
+
+def test_a_sampler_records_its_epoch_at_powers_of_two_and_when_it_changes():
+    from torch.utils.data.distributed import DistributedSampler
+
+    records: list = []
+    probe = _probe(records)
+    sampler = DistributedSampler(list(range(8)), num_replicas=2, rank=0, shuffle=True)
+    for _ in range(5):
+        probe.on_sampler_iter(sampler)  # set_epoch never called
+    sampler.set_epoch(1)
+    probe.on_sampler_iter(sampler)
+    assert [(r["iterations"], r["epoch"]) for r in records] == [(1, 0), (2, 0), (4, 0), (6, 1)]
+    assert all(r["shuffle"] and r["sampler"] == 0 for r in records)
+
+
+def test_replicas_fingerprint_equal_when_in_step_and_apart_when_not():
+    records: list = []
+    probe = _probe(records)
+    torch.manual_seed(0)
+    a = torch.nn.Linear(4, 2)
+    b = torch.nn.Linear(4, 2)
+    b.load_state_dict(a.state_dict())
+    probe.write_params(torch.optim.SGD(a.parameters(), lr=0.1))
+    probe.write_params(torch.optim.SGD(b.parameters(), lr=0.1))
+    with torch.no_grad():
+        b.weight[0, 0] += 1e-6
+    probe.write_params(torch.optim.SGD(b.parameters(), lr=0.1))
+    prints = [r["fingerprint"] for r in records]
+    assert prints[0] == prints[1] != prints[2] and records[0]["numel"] == 10 and not probe.off
