@@ -202,6 +202,8 @@ def _missing_schedule_state(what: str):
             return None  # no first save described, or by an instrumentation that did not look for this state
         first, content = described[0], described[0].extra["content"]
         used = [r for r in _worker_records(run, "uses") if r.extra.get("what") == what]
+        # The saver's own construction first, where it was seen (the evidence names one process).
+        used.sort(key=lambda r: (r.node != first.node or r.pid != first.pid, r.t))
         if content[key] or not used or not (content.get("model_state") or content.get("optimizer_state")):
             return None
         cls = used[0].extra.get("cls") or name
@@ -361,22 +363,25 @@ def _save_interval(run: RunModel) -> int | None:
 
 
 def no_save_on_sigterm(run: RunModel) -> Finding | None:
-    """A preempted node (SIGTERM, then SIGKILL after a grace period) saved nothing in its grace period and the
-    resume lost steps: the job does not checkpoint on SIGTERM, so every preemption costs up to an interval."""
+    """A preempted node that had saved checkpoints (SIGTERM, then SIGKILL after a grace period) saved nothing in
+    its grace period and the resume lost steps: the job does not checkpoint on SIGTERM, so every preemption
+    costs up to a checkpoint interval (a job that saves on SIGTERM loses none)."""
     saves = _saves(run)
     for recovery in recoveries(run):
         fault = recovery.fault
         if fault.fault != "stop-node" or not recovery.steps_lost or recovery.steps_lost <= 0:
             continue
         node = fault.node
+        if not any(s.node == node and s.t < fault.t_invoke for s in saves):
+            continue  # it never saved (rank 0 of another node does): its SIGTERM alone could not have saved
         if any(s.node == node and fault.t_invoke <= s.t <= fault.t_ok for s in saves):
             continue
         grace = fault.result.get("grace")
         interval = _save_interval(run)
         evidence = [
             f"{node} {_at(fault.t_invoke)}  preempted: SIGTERM, SIGKILL {grace} s later; it saved nothing in between",
-            f"the group resumed from step {recovery.resumed_from}, {recovery.steps_lost} steps before step "
-            f"{recovery.steps_before} reached",
+            f"step {recovery.steps_before} had been reached; the group resumed from step {recovery.resumed_from}: "
+            f"{recovery.steps_lost} steps lost",
         ]
         if interval:
             evidence.append(f"the job checkpoints every {interval} steps: up to {interval} lost per preemption")
