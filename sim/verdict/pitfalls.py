@@ -322,6 +322,18 @@ def _cohort_records(run: RunModel, event: str) -> list[tuple[float, list[tuple[W
     return groups
 
 
+# Fingerprints this close are one replica's: a sum's last bits may differ with the reduction's order (threads).
+FINGERPRINT_TOLERANCE = 1e-9
+
+
+def _close(a: str, b: str) -> bool:
+    try:
+        x, y = float(a), float(b)
+    except ValueError:
+        return a == b
+    return abs(x - y) <= FINGERPRINT_TOLERANCE * max(1.0, abs(x), abs(y))
+
+
 def replicas_diverged(run: RunModel) -> Finding | None:
     """After their first step, the ranks of one group hold different parameters (torchft's check, once per
     start): replicas that DDP keeps in step by their gradients alone stay apart for good."""
@@ -329,7 +341,9 @@ def replicas_diverged(run: RunModel) -> Finding | None:
         sizes = {r.extra.get("numel") for _, r in pairs}
         prints: dict[str, list[WorkerRecord]] = {}
         for start, r in pairs:
-            prints.setdefault(str(r.extra.get("fingerprint")), []).append(start)
+            fingerprint = str(r.extra.get("fingerprint"))
+            same = next((known for known in prints if _close(known, fingerprint)), fingerprint)
+            prints.setdefault(same, []).append(start)
         if len(pairs) < 2 or len(sizes) != 1 or len(prints) < 2:
             continue
         groups = sorted(prints.items(), key=lambda item: min(s.rank for s in item[1]))

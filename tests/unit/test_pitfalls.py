@@ -266,3 +266,10 @@ def test_the_vet_lists_the_new_pitfalls_among_the_jobs_own():
     for code in ("missing-scheduler-state", "sampler-epoch-fixed", "rank-derived-paths", "replicas-diverged"):
         assert code in codes
     assert "no-save-on-sigterm" in codes
+
+
+def test_fingerprints_a_reduction_order_apart_are_one_replicas():
+    from sim.verdict.pitfalls import _close
+
+    assert _close("-0.54358324222266674", "-0.54358324222266685")
+    assert not _close("0.033817836549133062", "-0.26746568828821182") and not _close("0.5", "0.5000001")
