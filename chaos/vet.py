@@ -27,6 +27,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from sim.core.errors import UsageError
 from sim.core.history import FILE_NAME, FaultRecord, History
+from sim.core.nodes import node_order
 from sim.core.spec import ClusterSpec, node_name, spec_from_options
 from sim.verdict.checkers import CHECKS_FOR
 from sim.verdict.diagnose import Diagnosis, diagnose
@@ -239,6 +240,9 @@ class FaultScore:
     diagnoses: tuple[dict, ...] = ()
     run_dir: str | None = None
     solo: bool = False
+    # A failed fault with no diagnosis ("unexplained"): what the history holds of it, the last records of each
+    # node in its window (last_records), so the user can see where it stopped.
+    evidence: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -378,9 +382,35 @@ def score_gauntlet(plan: Plan, result: ScenarioResult) -> list[FaultScore]:
                 throughput_after=recovery.throughput_after if recovery else None,
                 diagnoses=tuple(attributed),
                 run_dir=str(run_dir),
+                evidence=tuple(last_records(contents.records, invoke.t, t_end)) if problems and not attributed else (),
             )
         )
     return scores
+
+
+# The last records of each node an unexplained fault shows (a line each, at most this many characters).
+LAST_RECORDS_PER_NODE = 3
+_RECORD_WIDTH = 160
+_RECORD_SKIP = ("t", "type", "node", "event", "run_id", "world_size", "local_rank")
+
+
+def last_records(records: Sequence[Any], begin: float, end: float, per_node: int = LAST_RECORDS_PER_NODE) -> list[str]:
+    """Each node's last records in [begin, end), oldest first, nodes in order: "node1 14:31:20.4  agent
+    group_failed attempts_left=3 ...". What an unexplained fault's history said last, node by node."""
+    by_node: dict[str, list[Any]] = {}
+    for r in records:
+        node = getattr(r, "node", None)
+        if node and begin <= r.t < end:
+            by_node.setdefault(node, []).append(r)
+    lines = []
+    for node in sorted(by_node, key=node_order):
+        for r in by_node[node][-per_node:]:
+            data = r.to_dict()
+            what = " ".join(str(x) for x in (data.get("type"), data.get("event")) if x)
+            fields = " ".join(f"{k}={v}" for k, v in data.items() if k not in _RECORD_SKIP and v is not None)
+            clock = time.strftime("%H:%M:%S", time.gmtime(r.t)) + f".{int(r.t * 10) % 10}"
+            lines.append(f"{node} {clock}  {what} {fields}".rstrip()[:_RECORD_WIDTH])
+    return lines
 
 
 def job_pitfalls(run_dir: Path) -> list[dict]:
@@ -584,6 +614,9 @@ def scorecard(vet: VetResult, width: int = 118) -> str:
         for d in f.diagnoses[:2]:
             lines.append(f"  {f.label}: {d['title']}.")
             lines += textwrap.wrap(f"Fix: {d['fix']}", width, initial_indent="    ", subsequent_indent="      ")
+        if f.evidence:
+            lines.append(f"  {f.label}: unexplained; each node's last records:")
+            lines += [f"    {e}"[:width] for e in f.evidence]
     return "\n".join(lines)
 
 
@@ -598,6 +631,7 @@ def junit_xml(vet: VetResult) -> str:
             message = f"{first['title']}. Fix: {first['fix']}" if first else f"unexplained: {f.why}"
             detail = "\n".join(
                 [f.why, *(f"{d['title']}\n  cause: {d['cause']}\n  fix: {d['fix']}" for d in f.diagnoses)]
+                + (["each node's last records:", *f.evidence] if f.evidence else [])
             )
             body = f"<failure message={quoteattr(message)}>{escape(detail)}</failure>"
         elif f.outcome == "not applicable":
@@ -675,6 +709,9 @@ def render_html(vet: VetResult, pictures: Mapping[str, bytes]) -> str:
                 f"<div class=diag><b>{esc(d['title'])}</b><p>{esc(d['cause'])}</p><ul>{evidence}</ul>"
                 f"<p><b>Fix:</b> {esc(d['fix'])}</p></div>"
             )
+        if f.evidence:
+            items = "".join(f"<li><code>{esc(e)}</code></li>" for e in f.evidence)
+            parts.append(f"<div class=diag><b>Unexplained: each node's last records</b><ul>{items}</ul></div>")
         if f.kind in pictures:
             data = base64.b64encode(pictures[f.kind]).decode()
             parts.append(f'<img alt="timeline of {esc(f.label)}" src="data:image/png;base64,{data}">')

@@ -16,6 +16,12 @@ script to import torch:
     init_process_group a "pg_ready" record when it returns;
   - torch.distributed.checkpoint: its load and load_state_dict write "load" records too, and its
     save and save_state_dict "save" records;
+and, for the job's pitfalls (sim/verdict/pitfalls.py), cheaply:
+  - a "uses" record the first time an LR scheduler or an AMP GradScaler is constructed;
+  - a "sampler" record (its epoch) at a DistributedSampler's 1st, 2nd, 4th, 8th... iteration and
+    whenever its epoch changed: set_epoch never called shows as one epoch over many iterations;
+  - a "params" record after the process's first optimizer step: a fingerprint of the stepped
+    parameters (one float64 sum per tensor, one device sync), equal on every replica in step;
 and at exit it writes "exit". Records go to the side channel (elastic_sim_progress.write_record),
 never to the script's stdout or stderr. Any failure in here turns the instrumentation off
 silently: the user's script must behave exactly as without it.
@@ -44,6 +50,7 @@ HANG_CHECK_GAP_S = 0.2
 LOAD_RECORD_GAP_S = 0.5
 CHECKPOINT_LOADS = ("load", "load_state_dict")  # torch.distributed.checkpoint's
 CHECKPOINT_SAVES = ("save", "save_state_dict")  # torch.distributed.checkpoint's (async_save returns early)
+SHARDED_PARAMS = ("DTensor", "FlatParameter")  # a rank's shard: not a replica to fingerprint
 # Modules that hold init_process_group under its own name (device_mesh imported it by name).
 PG_INIT_HOLDERS = ("torch.distributed", "torch.distributed.distributed_c10d", "torch.distributed.device_mesh")
 COLLECTIVES = (
@@ -107,6 +114,7 @@ class WorkerProbe:
         self._steps_written = 0
         self._step_written_at = 0.0
         self._step_offset = None  # absolute step - n, for a step counter the CPU cannot read cheaply
+        self._last_step = None  # (n, absolute step) of the last step record that had one
         self._collectives = 0
         self._collectives_written = 0
         self._activity_written_at = 0.0
@@ -131,6 +139,8 @@ class WorkerProbe:
         self._wall = wall_clock
         self.exit_code = None
         self._in_state_init = False  # inside DCP's optimizer state init (not a training step)
+        self._uses = set()  # "lr_scheduler", "grad_scaler": recorded once each
+        self._samplers = {}  # id(sampler) -> [number, iterations, epoch last recorded]
 
     def write(self, event, **fields) -> None:
         if not self.off and not self._write(event, **fields):
@@ -183,6 +193,8 @@ class WorkerProbe:
                 self.flush_loads()
             if self._steps == 1 or now - self._step_written_at >= STEP_RECORD_GAP_S:
                 self._write_step(optimizer, now)
+            if self._steps == 1:
+                self.write_params(optimizer)
         except Exception:
             self.disable()
             return
@@ -197,7 +209,19 @@ class WorkerProbe:
 
     def _write_step(self, optimizer, now: float) -> None:
         self._step_written_at, self._steps_written = now, self._steps
-        self.write("step", n=self._steps, step=self._absolute_step(optimizer))
+        step = self._absolute_step(optimizer)
+        if step is not None:
+            self._last_step = (self._steps, step)
+        self.write("step", n=self._steps, step=step)
+
+    def _step_at_exit(self, optimizer):
+        """The absolute step at exit: the optimizer's, or (a script's optimizer is gone by atexit) counted on
+        from the last one read, so that an exit's step record does not turn the steps into per-process counts."""
+        step = self._absolute_step(optimizer)
+        if step is None and self._last_step is not None:
+            n, last = self._last_step
+            step = last + self._steps - n
+        return step
 
     def _absolute_step(self, optimizer):
         """The step the optimizer's state holds (Adam's state[p]["step"]: it survives a restore from
@@ -222,6 +246,83 @@ class WorkerProbe:
                     self._step_offset = step - self._steps
                 return step
         return None
+
+    # --- the job's pitfalls: schedulers and scalers used, sampler epochs, replica fingerprints ---
+
+    def write_params(self, optimizer) -> None:
+        """A fingerprint of the parameters the optimizer steps, after the first step: ranks of one group
+        whose replicas are in step hold the same (DDP's gradients are all-reduced). Sharded parameters
+        (DTensor, FSDP's flat ones) differ by design: not fingerprinted."""
+        try:
+            import torch
+
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            if not params or not all(isinstance(p, torch.Tensor) for p in params):
+                return
+            if any(type(p).__name__ in SHARDED_PARAMS or type(p.data).__name__ in SHARDED_PARAMS for p in params):
+                return
+            with torch.no_grad():  # one sum per tensor, one sync: a few ms even for a large model
+                total = torch.stack([p.detach().sum(dtype=torch.float64) for p in params]).sum().item()
+            numel = sum(p.numel() for p in params)
+        except Exception:
+            return  # parameters it cannot read (across devices, meta): no fingerprint, the rest stays on
+        self.write("params", fingerprint=f"{total:.17g}", tensors=len(params), numel=numel)
+
+    def wrap_uses(self, cls, what) -> None:
+        """cls.__init__ (a subclass's too, through super().__init__) writes a "uses" record, once."""
+        original = getattr(cls, "__init__", None)
+        if cls is None or original is None or hasattr(original, "__elastic_sim_op__"):
+            return
+        import functools
+
+        probe = self
+
+        def init(obj, *args, **kwargs):
+            original(obj, *args, **kwargs)
+            if what not in probe._uses and not probe.off:
+                probe._uses.add(what)
+                probe.write("uses", what=what, cls=type(obj).__name__)
+
+        wrapper = functools.wraps(original)(init)
+        wrapper.__elastic_sim_op__ = what
+        cls.__init__ = wrapper
+
+    def wrap_sampler(self, module) -> None:
+        cls = getattr(module, "DistributedSampler", None)
+        original = getattr(cls, "__iter__", None)
+        if original is None or hasattr(original, "__elastic_sim_op__"):
+            return
+        import functools
+
+        probe = self
+
+        def iterate(sampler):
+            if not probe.off:
+                probe.on_sampler_iter(sampler)
+            return original(sampler)
+
+        wrapper = functools.wraps(original)(iterate)
+        wrapper.__elastic_sim_op__ = "sampler"
+        cls.__iter__ = wrapper
+
+    def on_sampler_iter(self, sampler) -> None:
+        try:
+            seen = self._samplers.get(id(sampler))
+            if seen is None:
+                seen = self._samplers[id(sampler)] = [len(self._samplers), 0, None]
+            seen[1] += 1
+            epoch, iterations = getattr(sampler, "epoch", None), seen[1]
+            if epoch != seen[2] or iterations & (iterations - 1) == 0:  # changed, or a power of two
+                seen[2] = epoch
+                self.write(
+                    "sampler",
+                    sampler=seen[0],
+                    epoch=epoch,
+                    iterations=iterations,
+                    shuffle=bool(getattr(sampler, "shuffle", False)),
+                )
+        except Exception:
+            self.disable()
 
     # --- collectives -----------------------------------------------------------------------
 
@@ -450,7 +551,7 @@ class WorkerProbe:
             if self._steps > self._steps_written:
                 optimizer = self._optimizer() if self._optimizer is not None else None
                 self._steps_written = self._steps
-                self.write("step", n=self._steps, step=self._absolute_step(optimizer))
+                self.write("step", n=self._steps, step=self._step_at_exit(optimizer))
             if self._collectives > self._collectives_written:
                 self.write("activity", collectives=self._collectives, op=self._last_op)
             self.write("exit", code=self.exit_code)
@@ -471,6 +572,12 @@ def saved_content(obj):
         def is_optimizer(value):
             return isinstance(value, dict) and "param_groups" in value and "state" in value
 
+        def is_scheduler(value):  # an LRScheduler's state_dict()
+            return isinstance(value, dict) and "last_epoch" in value and ("base_lrs" in value or "_last_lr" in value)
+
+        def is_scaler(value):  # a GradScaler's state_dict()
+            return isinstance(value, dict) and "scale" in value and "growth_factor" in value
+
         if not isinstance(obj, dict):
             return {"type": type(obj).__name__}
         values = list(obj.values())
@@ -479,6 +586,8 @@ def saved_content(obj):
             "keys": {str(k): type(v).__name__ for k, v in list(obj.items())[:30]},
             "model_state": is_tensors(obj) or any(is_tensors(v) for v in values),
             "optimizer_state": is_optimizer(obj) or any(is_optimizer(v) for v in values),
+            "scheduler_state": any(is_scheduler(v) for v in values),
+            "scaler_state": any(is_scaler(v) for v in values),
         }
     except Exception:
         return None
@@ -584,6 +693,11 @@ def activate():
         probe.wrap_loads(torch, ("load",), "torch.")
         probe.wrap_saves(torch, ("save",), "torch.")
         probe.wrap_renames(os)
+        scheduler = getattr(getattr(getattr(torch, "optim", None), "lr_scheduler", None), "LRScheduler", None)
+        probe.wrap_uses(scheduler, "lr_scheduler")
+        probe.wrap_uses(
+            getattr(getattr(getattr(torch, "amp", None), "grad_scaler", None), "GradScaler", None), "grad_scaler"
+        )
 
     def after_distributed(dist):
         c10d = sys.modules.get("torch.distributed.distributed_c10d")
@@ -597,6 +711,7 @@ def activate():
             "torch.optim.optimizer": probe.install_step_hook,
             "torch.distributed": after_distributed,
             "torch.distributed.checkpoint.state_dict": probe.wrap_state_init,
+            "torch.utils.data.distributed": probe.wrap_sampler,
             "torch.distributed.checkpoint": lambda dcp: (
                 probe.wrap_loads(dcp, CHECKPOINT_LOADS, "dcp."),
                 probe.wrap_saves(dcp, CHECKPOINT_SAVES, "dcp."),

@@ -44,6 +44,7 @@ FAULT_PHASES = ("invoke", "ok", "fail", "info")
 DEVICE_EVENTS = ("emulated", "emulated_calls", "nccl_watchdog")
 WORKER_EVENTS = (
     *("start", "step", "activity", "progress", "exit", "imported", "pg_ready", "load", "save"),
+    *("uses", "sampler", "params"),  # the job's pitfalls (sim/verdict/pitfalls.py)
     *DEVICE_EVENTS,
 )
 

@@ -8,17 +8,29 @@ before its first step.
 - node-local checkpoint: a save outside the storage every node shares (the cluster's /ckpt);
 - ranks resumed from different points: in one group, some ranks loaded a checkpoint and some did
   not, or they loaded different files;
-- state missing from the checkpoint: the first save holds a model's state but no optimizer's.
+- state missing from the checkpoint: the first save holds a model's state but no optimizer's, or no LR
+  scheduler's or AMP scaler's while the script constructed one (a "uses" record);
+- DistributedSampler.set_epoch never called: a shuffling sampler's epoch stays the same over many
+  iterations ("sampler" records);
+- rank-derived checkpoint paths: after the ranks changed, a rank loaded a file named for a rank that
+  another node's worker wrote;
+- replicas diverged: the ranks of one group fingerprinted different parameters after their first step
+  ("params" records; after torchft's check);
+- no checkpoint on SIGTERM: a preempted node (SIGTERM, then a grace period) wrote nothing in its grace
+  period, and the resume lost steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import posixpath
+import re
+import statistics
 from datetime import datetime, timezone
 
 from sim.core.history import WorkerRecord
 from sim.core.nodes import node_order
+from sim.verdict.recovery import recoveries
 from sim.verdict.runmodel import RunModel
 
 # The storage every node of a sim cluster shares (the checkpoint volume); with a writable --mount of one host
@@ -164,6 +176,262 @@ def missing_state(run: RunModel) -> Finding | None:
     )
 
 
-PITFALLS = (node_local_checkpoint, resumed_apart, missing_state)
+def _worker_records(run: RunModel, event: str) -> list[WorkerRecord]:
+    return [r for r in run.records if isinstance(r, WorkerRecord) and r.event == event]
+
+
+# The state a "uses" record names, the key saved_content describes it by, and how the fix saves and loads it.
+_SCHEDULE_STATE = {
+    "lr_scheduler": ("scheduler_state", "missing-scheduler-state", "LR scheduler", "scheduler"),
+    "grad_scaler": ("scaler_state", "missing-scaler-state", "AMP GradScaler", "scaler"),
+}
+
+
+_AFTER_RESUME = {
+    "lr_scheduler": "learning rate schedule restarts from its first step",
+    "grad_scaler": "loss scale restarts from its initial value (and re-learns it over skipped steps)",
+}
+
+
+def _missing_schedule_state(what: str):
+    key, code, name, var = _SCHEDULE_STATE[what]
+
+    def rule(run: RunModel) -> Finding | None:
+        described = [r for r in _saves(run) if isinstance(r.extra.get("content"), dict)]
+        if not described or key not in described[0].extra["content"]:
+            return None  # no first save described, or by an instrumentation that did not look for this state
+        first, content = described[0], described[0].extra["content"]
+        used = [r for r in _worker_records(run, "uses") if r.extra.get("what") == what]
+        # The saver's own construction first, where it was seen (the evidence names one process).
+        used.sort(key=lambda r: (r.node != first.node or r.pid != first.pid, r.t))
+        if content[key] or not used or not (content.get("model_state") or content.get("optimizer_state")):
+            return None
+        cls = used[0].extra.get("cls") or name
+        keys = content.get("keys") or {}
+        shown = ", ".join(f"{k}: {v}" for k, v in list(keys.items())[:8]) or content.get("type", "?")
+        return Finding(
+            code,
+            f"Checkpoint without {name} state",
+            f"the script uses a {cls} but its checkpoint does not hold its state: after a resume the "
+            + _AFTER_RESUME[what],
+            (f"{_who(used[0])} constructed a {cls}", f"{_who(first)} first save {first.path}: {{{shown}}}"),
+            f"save it beside the model and optimizer and load it on resume: "
+            f"torch.save({{..., '{var}': {var}.state_dict()}}, path) and {var}.load_state_dict(checkpoint['{var}'])",
+        )
+
+    rule.__name__ = f"missing_{var}_state"
+    return rule
+
+
+missing_scheduler_state = _missing_schedule_state("lr_scheduler")
+missing_scaler_state = _missing_schedule_state("grad_scaler")
+
+# A sampler iterated this often with one epoch: set_epoch was never called (a few iterations in one epoch are
+# a script's own: the tutorial's `next(iter(loader))` for the batch size, a length check).
+SAMPLER_ITERATIONS = 4
+
+
+def sampler_epoch_fixed(run: RunModel) -> Finding | None:
+    """A shuffling DistributedSampler iterated SAMPLER_ITERATIONS times or more, its epoch never changed: every
+    epoch sees the same shard order (DistributedSampler seeds its shuffle with seed + epoch)."""
+    by_sampler: dict[tuple, list[WorkerRecord]] = {}
+    for r in _worker_records(run, "sampler"):
+        if r.extra.get("shuffle"):
+            by_sampler.setdefault((r.node, r.pid, r.extra.get("sampler")), []).append(r)
+    fixed: dict[int | None, tuple[WorkerRecord, int]] = {}  # per rank, its process that iterated most
+    for records in by_sampler.values():
+        epochs = {r.extra.get("epoch") for r in records}
+        iterations = max(int(r.extra.get("iterations") or 0) for r in records)
+        if len(epochs) == 1 and iterations >= SAMPLER_ITERATIONS:
+            if records[-1].rank not in fixed or iterations > fixed[records[-1].rank][1]:
+                fixed[records[-1].rank] = (records[-1], iterations)
+    if not fixed:
+        return None
+    shown = sorted(fixed.values(), key=lambda item: item[0].rank if item[0].rank is not None else 1 << 30)
+    epoch, most = shown[0][0].extra.get("epoch"), max(n for _, n in shown)
+    evidence = [f"{_who(last)} sampler iterated {n} times, its epoch always {epoch}" for last, n in shown[:4]]
+    return Finding(
+        "sampler-epoch-fixed",
+        "DistributedSampler.set_epoch never called",
+        f"the shuffling DistributedSampler's epoch stays {epoch} over {most} iterations: its shuffle is "
+        "seeded with seed + epoch, so every epoch visits the same order on every rank",
+        tuple(evidence),
+        "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader: "
+        "for epoch in range(start, epochs): loader.sampler.set_epoch(epoch); for batch in loader: ...",
+    )
+
+
+def _rank_in(path: str, rank: int) -> bool:
+    """The file's name holds the rank as a number of its own (rank3.pt, ckpt_3.pt, model-rank-3-of-4.pt)."""
+    return str(rank) in re.findall(r"\d+", posixpath.basename(path))
+
+
+def rank_derived_paths(run: RunModel) -> Finding | None:
+    """A checkpoint path with the saver's rank in it, loaded by a worker on another node after the ranks
+    changed: what that rank held (its data position, its RNG, its shard) is now another worker's."""
+    saves = _saves(run)
+    ranks_of: dict[str, list[tuple[float, int]]] = {}
+    for start in run.starts:
+        if isinstance(start, WorkerRecord) and start.rank is not None:
+            ranks_of.setdefault(start.node, []).append((start.t, start.rank))
+    for load in _worker_records(run, "load"):
+        if not load.path or load.rank is None:
+            continue
+        before = [s for s in saves if s.path == load.path and s.t < load.t]
+        if not before:
+            continue
+        saver = before[-1]
+        if saver.rank is None or saver.node == load.node or not _rank_in(load.path, saver.rank):
+            continue
+        was = [rank for t, rank in ranks_of.get(load.node, []) if t < load.t and rank != load.rank]
+        if not was:
+            continue  # this node's rank did not change
+        evidence = [
+            f"{_who(saver)} saved {saver.path}",
+            f"{_who(load)} loaded it: {load.node} was rank {was[-1]} before the regroup, and its own rank's file "
+            f"is now another's",
+        ]
+        return Finding(
+            "rank-derived-paths",
+            "Checkpoint paths derived from the rank",
+            f"the checkpoint's name holds the rank ({saver.path}); after the ranks changed, {load.node}'s worker "
+            f"(now rank {load.rank}, before rank {was[-1]}) loaded the file {saver.node}'s worker wrote: per-rank "
+            "state (data position, RNG, a shard) moved to another worker",
+            tuple(evidence),
+            "save one checkpoint from rank 0 that every rank loads (the replicas' state is the same), or a sharded "
+            "one that reshards on load (torch.distributed.checkpoint); never key saved state by the rank, which "
+            "torchrun may hand to another node at each regroup",
+        )
+    return None
+
+
+def _cohort_records(run: RunModel, event: str) -> list[tuple[float, list[tuple[WorkerRecord, WorkerRecord]]]]:
+    """Per group: (its start time, [(each rank's start, its first `event` record)])."""
+    records = _worker_records(run, event)
+    groups = []
+    for index, cohort in enumerate(run.cohorts):
+        until = run.cohorts[index + 1].t if index + 1 < len(run.cohorts) else float("inf")
+        pairs = []
+        for start in cohort.starts:
+            if not isinstance(start, WorkerRecord) or start.rank is None:
+                continue
+            mine = [r for r in records if r.node == start.node and r.pid == start.pid and start.t <= r.t < until]
+            if mine:
+                pairs.append((start, mine[0]))
+        groups.append((cohort.t, pairs))
+    return groups
+
+
+# Fingerprints this close are one replica's: a sum's last bits may differ with the reduction's order (threads).
+FINGERPRINT_TOLERANCE = 1e-9
+
+
+def _close(a: str, b: str) -> bool:
+    try:
+        x, y = float(a), float(b)
+    except ValueError:
+        return a == b
+    return abs(x - y) <= FINGERPRINT_TOLERANCE * max(1.0, abs(x), abs(y))
+
+
+def replicas_diverged(run: RunModel) -> Finding | None:
+    """After their first step, the ranks of one group hold different parameters (torchft's check, once per
+    start): replicas that DDP keeps in step by their gradients alone stay apart for good."""
+    for t, pairs in _cohort_records(run, "params"):
+        sizes = {r.extra.get("numel") for _, r in pairs}
+        prints: dict[str, list[WorkerRecord]] = {}
+        for start, r in pairs:
+            fingerprint = str(r.extra.get("fingerprint"))
+            same = next((known for known in prints if _close(known, fingerprint)), fingerprint)
+            prints.setdefault(same, []).append(start)
+        if len(pairs) < 2 or len(sizes) != 1 or len(prints) < 2:
+            continue
+        groups = sorted(prints.items(), key=lambda item: min(s.rank for s in item[1]))
+        words = [
+            f"rank(s) {', '.join(str(s.rank) for s in sorted(starts, key=lambda s: s.rank))} "
+            f"({', '.join(sorted({s.node for s in starts}, key=node_order))}): parameters sum {fingerprint}"
+            for fingerprint, starts in groups
+        ]
+        return Finding(
+            "replicas-diverged",
+            "Replicas diverged",
+            f"in the group started at {_at(t)} the ranks' parameters differ after their first step: "
+            + "; ".join(words)
+            + ". DDP averages gradients, never weights, so the replicas train apart from here on",
+            tuple(words),
+            "give every rank the same weights before training: load the checkpoint before wrapping the model in "
+            "DDP (its constructor broadcasts rank 0's), or load it on every rank from the same file",
+        )
+    return None
+
+
+def _save_interval(run: RunModel) -> int | None:
+    """The steps between one saver's consecutive checkpoints (their median), where steps are known."""
+    by_saver: dict[tuple, list[int]] = {}
+    for r in _saves(run):
+        if isinstance(r.extra.get("step"), int) or isinstance(getattr(r, "step", None), int):
+            step = r.extra.get("step") if isinstance(r.extra.get("step"), int) else r.step
+            by_saver.setdefault((r.node, r.pid), []).append(step)
+    gaps = [b - a for steps in by_saver.values() for a, b in zip(steps, steps[1:], strict=False) if b > a]
+    return int(statistics.median(gaps)) if gaps else None
+
+
+def no_save_on_sigterm(run: RunModel) -> Finding | None:
+    """A preempted node that had saved checkpoints (SIGTERM, then SIGKILL after a grace period) saved nothing in
+    its grace period and the resume lost steps: the job does not checkpoint on SIGTERM, so every preemption
+    costs up to a checkpoint interval (a job that saves on SIGTERM loses none)."""
+    saves = _saves(run)
+    for recovery in recoveries(run):
+        fault = recovery.fault
+        if fault.fault != "stop-node" or not recovery.steps_lost or recovery.steps_lost <= 0:
+            continue
+        node = fault.node
+        if not any(s.node == node and s.t < fault.t_invoke for s in saves):
+            continue  # it never saved (rank 0 of another node does): its SIGTERM alone could not have saved
+        if any(s.node == node and fault.t_invoke <= s.t <= fault.t_ok for s in saves):
+            continue
+        grace = fault.result.get("grace")
+        interval = _save_interval(run)
+        evidence = [
+            f"{node} {_at(fault.t_invoke)}  preempted: SIGTERM, SIGKILL {grace} s later; it saved nothing in between",
+            f"step {recovery.steps_before} had been reached; the group resumed from step {recovery.resumed_from}: "
+            f"{recovery.steps_lost} steps lost",
+        ]
+        if interval:
+            evidence.append(f"the job checkpoints every {interval} steps: up to {interval} lost per preemption")
+        return Finding(
+            "no-save-on-sigterm",
+            "No checkpoint on SIGTERM",
+            f"the job does not checkpoint on SIGTERM: {node}'s preemption (a {grace} s grace period) lost "
+            f"{recovery.steps_lost} steps back to the last periodic checkpoint",
+            tuple(evidence),
+            "save a checkpoint when SIGTERM comes, within the grace period: "
+            "signal.signal(signal.SIGTERM, lambda *_: setattr(state, 'stop', True)) and, in the training loop, "
+            "after the step: if state.stop: save(); sys.exit(0) (torchrun forwards SIGTERM to the workers)",
+        )
+    return None
+
+
+PITFALLS = (
+    node_local_checkpoint,
+    resumed_apart,
+    missing_state,
+    missing_scheduler_state,
+    missing_scaler_state,
+    sampler_epoch_fixed,
+    rank_derived_paths,
+    replicas_diverged,
+    no_save_on_sigterm,
+)
 # Their codes: a job's own pitfall explains a failed fault wherever its evidence is (the first save, say).
-PITFALL_CODES = ("node-local-checkpoint", "resumed-apart", "missing-optimizer-state")
+PITFALL_CODES = (
+    "node-local-checkpoint",
+    "resumed-apart",
+    "missing-optimizer-state",
+    "missing-scheduler-state",
+    "missing-scaler-state",
+    "sampler-epoch-fixed",
+    "rank-derived-paths",
+    "replicas-diverged",
+    "no-save-on-sigterm",
+)

@@ -347,3 +347,21 @@ def test_a_hung_worker_is_held_at_its_optimizer_step_too(tmp_path):
     probe.on_step(FakeOptimizer(step=1), (), {})
     assert len(slept) == 2 and not Path(probe._hang_file).exists()
     assert records[0]["event"] == "step"  # the step is recorded before the hold
+
+
+def test_the_exit_step_counts_on_from_the_last_when_the_optimizer_is_gone():
+    """A script whose optimizer is a local of main() has lost it by atexit: the exit's step record counts on
+    from the last step read (else one null step turns every step of the run into per-process counts)."""
+    import gc
+
+    records: list = []
+    probe = probe_writing_to(records)
+    optimizer = FakeOptimizer(step=20)
+    for _ in range(3):
+        optimizer.state[optimizer.param]["step"] += 1
+        probe.on_step(optimizer, (), {})
+    del optimizer
+    gc.collect()
+    probe.at_exit()
+    assert records[0] == {"event": "step", "n": 1, "step": 21}
+    assert {"event": "step", "n": 3, "step": 23} in records

@@ -130,3 +130,146 @@ def test_a_writable_mount_of_one_host_folder_counts_as_shared_storage():
     run = RunModel([start])
     assert _shared_dirs(run) == ("/ckpt", "/shared")
     assert _shared_dirs(RunModel([{"t": 1.0, "type": "run", "event": "start", "spec": {}}])) == ("/ckpt",)
+
+
+def _probe(records: list):
+    return instrument.WorkerProbe(lambda event, **fields: records.append({"event": event, **fields}) or True)
+
+
+def test_the_first_save_tells_scheduler_and_scaler_state_apart():
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)
+    scaler = torch.amp.GradScaler("cpu")
+    full = instrument.saved_content(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict(),
+        }
+    )
+    assert full["scheduler_state"] and full["scaler_state"]
+    bare = instrument.saved_content({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    assert not bare["scheduler_state"] and not bare["scaler_state"]
+
+
+def test_a_scheduler_and_a_scaler_constructed_are_recorded_once_each():
+    records: list = []
+    probe = _probe(records)
+
+    class Scheduler:
+        def __init__(self, optimizer):
+            self.optimizer = optimizer
+
+    class StepLike(Scheduler):
+        def __init__(self, optimizer):
+            super().__init__(optimizer)
+
+    probe.wrap_uses(Scheduler, "lr_scheduler")
+    StepLike(None), StepLike(None), Scheduler(None)
+    assert records == [{"event": "uses", "what": "lr_scheduler", "cls": "StepLike"}]
+
+
+def test_a_sampler_records_its_epoch_at_powers_of_two_and_when_it_changes():
+    from torch.utils.data.distributed import DistributedSampler
+
+    records: list = []
+    probe = _probe(records)
+    sampler = DistributedSampler(list(range(8)), num_replicas=2, rank=0, shuffle=True)
+    for _ in range(5):
+        probe.on_sampler_iter(sampler)  # set_epoch never called
+    sampler.set_epoch(1)
+    probe.on_sampler_iter(sampler)
+    assert [(r["iterations"], r["epoch"]) for r in records] == [(1, 0), (2, 0), (4, 0), (6, 1)]
+    assert all(r["shuffle"] and r["sampler"] == 0 for r in records)
+
+
+def test_replicas_fingerprint_equal_when_in_step_and_apart_when_not():
+    records: list = []
+    probe = _probe(records)
+    torch.manual_seed(0)
+    a = torch.nn.Linear(4, 2)
+    b = torch.nn.Linear(4, 2)
+    b.load_state_dict(a.state_dict())
+    probe.write_params(torch.optim.SGD(a.parameters(), lr=0.1))
+    probe.write_params(torch.optim.SGD(b.parameters(), lr=0.1))
+    with torch.no_grad():
+        b.weight[0, 0] += 1e-6
+    probe.write_params(torch.optim.SGD(b.parameters(), lr=0.1))
+    prints = [r["fingerprint"] for r in records]
+    assert prints[0] == prints[1] != prints[2] and records[0]["numel"] == 10 and not probe.off
+
+
+def test_an_unexplained_fault_carries_each_nodes_last_records():
+    """late_join_at_end: node2's agent got RendezvousClosedError; its last records are what the user sees."""
+    from chaos.vet import FaultScore, VetResult, junit_xml, last_records, scorecard
+    from sim.core.history import History
+    from sim.core.nodes import node_order
+
+    records = History(RUNS / "late_join_at_end" / "history.jsonl").read().records
+    lines = last_records(records, float("-inf"), float("inf"))
+    nodes = [line.split()[0] for line in lines]
+    assert nodes == sorted(nodes, key=node_order) and {"node0", "node1", "node2"} <= set(nodes)
+    assert max(nodes.count(n) for n in set(nodes)) == 3 and all(len(line) <= 160 for line in lines)
+    score = FaultScore("scale-up", "a node joins", "failed", "trains on", "why not", evidence=tuple(lines))
+    text = scorecard(VetResult("t.py", "etcd-v2", 3, 1, (score,), (), 1.0))
+    assert "unexplained; each node's last records:" in text and lines[-1][:60] in text
+    assert lines[0] in junit_xml(VetResult("t.py", "etcd-v2", 3, 1, (score,), (), 1.0))
+
+
+def test_the_per_rank_checkpoint_shows_five_pitfalls_of_its_own():
+    """tests/scripts/rank-ckpt-preempt-rank0.yaml (etcd-v2, 3 nodes): rank_ckpt.py saves /ckpt/rank{RANK}.pt
+    (model and Adam, not its StepLR nor its GradScaler), never calls set_epoch, saves nothing on SIGTERM; node0
+    (rank 0) preempted at step 37, node1 and node2 regrouped as ranks 0 and 1; node0 back, node2 became rank 2
+    again and loaded its own step-20 rank2.pt while the others loaded step 60's."""
+    found = {d.code: d for d in diagnose(_history("rank_ckpt_preempt"), {})}
+    scheduler, scaler = found["missing-scheduler-state"], found["missing-scaler-state"]
+    assert "StepLR" in scheduler.cause and "constructed a StepLR" in scheduler.evidence[0]
+    assert "{model: OrderedDict, optimizer: dict, step: int}" in scheduler.evidence[1]
+    assert "scheduler.load_state_dict(checkpoint['scheduler'])" in scheduler.fix
+    assert "GradScaler" in scaler.cause and "scaler.state_dict()" in scaler.fix
+    sampler = found["sampler-epoch-fixed"]
+    assert [e.split()[0] for e in sampler.evidence] == ["node0", "node1", "node2"]
+    assert all("its epoch always 0" in e for e in sampler.evidence) and "set_epoch(epoch)" in sampler.fix
+    paths = found["rank-derived-paths"]
+    assert paths.evidence[0].startswith("node0") and paths.evidence[0].endswith("rank 0 saved /ckpt/rank0.pt")
+    assert paths.evidence[1].startswith("node1") and "was rank 1 before the regroup" in paths.evidence[1]
+    diverged = found["replicas-diverged"]
+    assert diverged.evidence[0].startswith("rank(s) 0, 1 (node0, node1)")
+    assert diverged.evidence[1].startswith("rank(s) 2 (node2)")
+    sigterm = found["no-save-on-sigterm"]
+    assert "node0's preemption (a 5.0 s grace period) lost 17 steps" in sigterm.cause
+    assert sigterm.evidence[1].endswith("17 steps lost") and "every 20 steps" in sigterm.evidence[2]
+    assert "signal.SIGTERM" in sigterm.fix
+
+
+def test_a_job_without_these_pitfalls_is_not_named_for_them():
+    """The tutorial calls set_epoch and has no scheduler; fixed_name_ckpt.py saves one shared file from rank 0 and
+    survived its preemption-free faults: none of the new pitfalls is named."""
+    new = {
+        "missing-scheduler-state",
+        "missing-scaler-state",
+        "sampler-epoch-fixed",
+        "rank-derived-paths",
+        "replicas-diverged",
+        "no-save-on-sigterm",
+    }
+    for case in ("vet_tutorial_scale_up", "vet_fixed_name", "vet_gauntlet", "nccl_dead_peer"):
+        assert not new & {d.code for d in diagnose(_history(case), {})}, case
+
+
+def test_the_vet_lists_the_new_pitfalls_among_the_jobs_own():
+    from chaos.vet import job_pitfalls
+
+    codes = [d["code"] for d in job_pitfalls(RUNS / "rank_ckpt_preempt")]
+    for code in ("missing-scheduler-state", "sampler-epoch-fixed", "rank-derived-paths", "replicas-diverged"):
+        assert code in codes
+    assert "no-save-on-sigterm" in codes
+
+
+def test_fingerprints_a_reduction_order_apart_are_one_replicas():
+    from sim.verdict.pitfalls import _close
+
+    assert _close("-0.54358324222266674", "-0.54358324222266685")
+    assert not _close("0.033817836549133062", "-0.26746568828821182") and not _close("0.5", "0.5000001")
