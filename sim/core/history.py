@@ -118,6 +118,7 @@ class FaultResult(_Nested):
     by: float | None = None  # skew-clock: the offset asked for
     seen: float | None = None  # skew-clock: the offset a new process saw
     cpus: float | None = None  # slow-node
+    grace: float | None = None  # stop-node, restart-node: seconds between SIGTERM and SIGKILL
     partition: str | None = None  # partition: its description
     cuts: tuple[tuple[str, ...], ...] | None = None  # partition: each cut, the nodes on one side
     healed: tuple[str, ...] | None = None  # heal, resume-worker: the ids undone
@@ -141,6 +142,8 @@ class SavedContent(_Nested):
     keys: dict | None = None  # key -> the class name of its value
     model_state: bool | None = None  # a model's state (a mapping of tensors) is in it
     optimizer_state: bool | None = None  # an optimizer's (state and param_groups)
+    scheduler_state: bool | None = None  # an LR scheduler's (None: an instrumentation that did not look)
+    scaler_state: bool | None = None  # an AMP GradScaler's
 
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
@@ -380,6 +383,14 @@ class WorkerRecord(_WorkerFacts):
     calls: dict | None = None  # emulated_calls: call name -> count, this process so far
     timeout_s: float | None = None  # nccl_watchdog: the process group's timeout
     content: SavedContent | None = None  # save (the first of a process): what the saved object held
+    what: str | None = None  # uses: "lr_scheduler" | "grad_scaler"
+    cls: str | None = None  # uses: the class constructed
+    sampler: int | None = None  # sampler: which DistributedSampler of the process
+    epoch: int | None = None  # sampler: its epoch then
+    iterations: int | None = None  # sampler: its iterations so far
+    shuffle: bool | None = None  # sampler: whether it shuffles
+    fingerprint: str | None = None  # params: the parameters' sum after the first step (repr of a float64)
+    numel: int | None = None  # params: how many parameter elements it summed
 
 
 RECORD_TYPES: dict[str, type[Record]] = {
@@ -418,7 +429,7 @@ def parse_record(data: Mapping | Record) -> Record:
             raise HistoryError(
                 f"history record {_brief(data)}: {name} is a {value.bit_length()}-bit number, beyond any real value"
             )
-        if not isinstance(value, accepted) or isinstance(value, bool):
+        if not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted):
             raise HistoryError(
                 f"history record {_brief(data)}: {name} {value!r} is not "
                 f"{' or '.join(a.__name__ for a in accepted)}; "

@@ -197,18 +197,18 @@ def _missing_schedule_state(what: str):
     key, code, name, var = _SCHEDULE_STATE[what]
 
     def rule(run: RunModel) -> Finding | None:
-        described = [r for r in _saves(run) if isinstance(r.extra.get("content"), dict)]
-        if not described or key not in described[0].extra["content"]:
+        described = [r for r in _saves(run) if r.content is not None]
+        if not described or getattr(described[0].content, key) is None:
             return None  # no first save described, or by an instrumentation that did not look for this state
-        first, content = described[0], described[0].extra["content"]
-        used = [r for r in _worker_records(run, "uses") if r.extra.get("what") == what]
+        first, content = described[0], described[0].content
+        used = [r for r in _worker_records(run, "uses") if r.what == what]
         # The saver's own construction first, where it was seen (the evidence names one process).
         used.sort(key=lambda r: (r.node != first.node or r.pid != first.pid, r.t))
-        if content[key] or not used or not (content.get("model_state") or content.get("optimizer_state")):
+        if getattr(content, key) or not used or not (content.model_state or content.optimizer_state):
             return None
-        cls = used[0].extra.get("cls") or name
-        keys = content.get("keys") or {}
-        shown = ", ".join(f"{k}: {v}" for k, v in list(keys.items())[:8]) or content.get("type", "?")
+        cls = used[0].cls or name
+        keys = content.keys or {}
+        shown = ", ".join(f"{k}: {v}" for k, v in list(keys.items())[:8]) or content.type or "?"
         return Finding(
             code,
             f"Checkpoint without {name} state",
@@ -236,19 +236,19 @@ def sampler_epoch_fixed(run: RunModel) -> Finding | None:
     epoch sees the same shard order (DistributedSampler seeds its shuffle with seed + epoch)."""
     by_sampler: dict[tuple, list[WorkerRecord]] = {}
     for r in _worker_records(run, "sampler"):
-        if r.extra.get("shuffle"):
-            by_sampler.setdefault((r.node, r.pid, r.extra.get("sampler")), []).append(r)
+        if r.shuffle:
+            by_sampler.setdefault((r.node, r.pid, r.sampler), []).append(r)
     fixed: dict[int | None, tuple[WorkerRecord, int]] = {}  # per rank, its process that iterated most
     for records in by_sampler.values():
-        epochs = {r.extra.get("epoch") for r in records}
-        iterations = max(int(r.extra.get("iterations") or 0) for r in records)
+        epochs = {r.epoch for r in records}
+        iterations = max(r.iterations or 0 for r in records)
         if len(epochs) == 1 and iterations >= SAMPLER_ITERATIONS:
             if records[-1].rank not in fixed or iterations > fixed[records[-1].rank][1]:
                 fixed[records[-1].rank] = (records[-1], iterations)
     if not fixed:
         return None
     shown = sorted(fixed.values(), key=lambda item: item[0].rank if item[0].rank is not None else 1 << 30)
-    epoch, most = shown[0][0].extra.get("epoch"), max(n for _, n in shown)
+    epoch, most = shown[0][0].epoch, max(n for _, n in shown)
     evidence = [f"{_who(last)} sampler iterated {n} times, its epoch always {epoch}" for last, n in shown[:4]]
     return Finding(
         "sampler-epoch-fixed",
@@ -338,10 +338,10 @@ def replicas_diverged(run: RunModel) -> Finding | None:
     """After their first step, the ranks of one group hold different parameters (torchft's check, once per
     start): replicas that DDP keeps in step by their gradients alone stay apart for good."""
     for t, pairs in _cohort_records(run, "params"):
-        sizes = {r.extra.get("numel") for _, r in pairs}
+        sizes = {r.numel for _, r in pairs}
         prints: dict[str, list[WorkerRecord]] = {}
         for start, r in pairs:
-            fingerprint = str(r.extra.get("fingerprint"))
+            fingerprint = str(r.fingerprint)
             same = next((known for known in prints if _close(known, fingerprint)), fingerprint)
             prints.setdefault(same, []).append(start)
         if len(pairs) < 2 or len(sizes) != 1 or len(prints) < 2:
@@ -369,9 +369,8 @@ def _save_interval(run: RunModel) -> int | None:
     """The steps between one saver's consecutive checkpoints (their median), where steps are known."""
     by_saver: dict[tuple, list[int]] = {}
     for r in _saves(run):
-        if isinstance(r.extra.get("step"), int) or isinstance(getattr(r, "step", None), int):
-            step = r.extra.get("step") if isinstance(r.extra.get("step"), int) else r.step
-            by_saver.setdefault((r.node, r.pid), []).append(step)
+        if r.step is not None:
+            by_saver.setdefault((r.node, r.pid), []).append(r.step)
     gaps = [b - a for steps in by_saver.values() for a, b in zip(steps, steps[1:], strict=False) if b > a]
     return int(statistics.median(gaps)) if gaps else None
 
@@ -390,7 +389,7 @@ def no_save_on_sigterm(run: RunModel) -> Finding | None:
             continue  # it never saved (rank 0 of another node does): its SIGTERM alone could not have saved
         if any(s.node == node and fault.t_invoke <= s.t <= fault.t_ok for s in saves):
             continue
-        grace = fault.result.get("grace")
+        grace = fault.result.grace
         interval = _save_interval(run)
         evidence = [
             f"{node} {_at(fault.t_invoke)}  preempted: SIGTERM, SIGKILL {grace} s later; it saved nothing in between",
