@@ -191,7 +191,7 @@ def test_nodes_and_etcd_run_with_every_capability_dropped_but_net_admin(docker, 
     try:
         for service in ("node0", "etcd"):
             info = docker.inspect(cluster.container(service).id)
-            assert info["HostConfig"]["CapDrop"] == ["ALL"] and info["HostConfig"]["CapAdd"] == ["NET_ADMIN"]
+            assert info["HostConfig"]["CapDrop"] == ["ALL"] and info["HostConfig"]["CapAdd"] in (["NET_ADMIN"], ["CAP_NET_ADMIN"])
             assert _caps(cluster, service, "CapBnd") == NET_ADMIN_BIT
             assert _caps(cluster, service, "CapEff", user="root") == NET_ADMIN_BIT
             assert cluster.exec(service, "iptables", "-w", "-S", user="root").ok
