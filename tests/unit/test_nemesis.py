@@ -160,7 +160,7 @@ def test_kill_worker_by_rank_signals_that_pid_and_records_it(nemesis):
     nem, fake = nemesis
     result = nem.kill_worker(rank=3, sig=signal.SIGTERM)
     assert result["pid"] == 41 and result["node"] == "node0" and result["signal"] == "SIGTERM"
-    assert ("exec", "id-node0", ["kill", "-TERM", "41"], None)  # as the workers' own user: no CAP_KILL in fake.calls
+    assert ("exec", "id-node0", ["kill", "-TERM", "41"], None) in fake.calls  # the workers' own user: no CAP_KILL
     records = list(nem.history.records())
     assert [r.phase for r in records] == ["invoke", "ok"]
     assert records[0].t <= records[1].t and records[1].result["pid"] == 41
