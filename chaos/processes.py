@@ -293,7 +293,9 @@ class ProcessFaults:
         return self.invoke("kill-agent", target, signal_agent, signal=sig.name, seed=self.seed)
 
     def _signal(self, node: str, pid: int, sig: signals.Signals) -> None:
-        result = self.cluster.exec(node, "kill", f"-{sig.name.removeprefix('SIG')}", str(pid), user="root")
+        # As the container's own user, the one the agent and workers run as: root would need CAP_KILL to
+        # signal them, and the nodes drop every capability but NET_ADMIN.
+        result = self.cluster.exec(node, "kill", f"-{sig.name.removeprefix('SIG')}", str(pid))
         if not result.ok:
             raise FaultError(f"{node}: kill -{sig.name} {pid} failed: {_last(result.stderr)}")
 

@@ -449,6 +449,7 @@ _CLUSTER_KEYS = (
     "rdzv_backend",
     "rdzv_conf",
     "env",
+    "env_show",
     "script",
     "script_args",
     "progress",
@@ -605,6 +606,8 @@ def _read_cluster(f: _Field, base_dir: Path) -> tuple[dict, tuple[str, ...]]:
         cluster["progress_regex"] = pattern
     if "instrument" in fields:
         cluster["instrument"] = fields["instrument"].flag()
+    if "env_show" in fields:
+        cluster["env_show"] = fields["env_show"].flag()
     if "devices" in fields:
         cluster["devices"] = fields["devices"].choice(DEVICE_MODES, "a device mode")
     if "failure_timing" in fields:

@@ -208,7 +208,7 @@ def audit_checks(project: dict, what: str) -> list[DoctorCheck]:
             DoctorCheck(
                 f"privileges of {what}",
                 True,
-                "no privileged, caps only NET_ADMIN where network faults "
+                "no privileged, every cap dropped but NET_ADMIN where network faults "
                 "need it, workers not root, script read-only, no Docker "
                 "socket, no port beyond loopback",
             )

@@ -287,11 +287,13 @@ class _Quiet:
 def _print_raw_logs(cluster: Cluster, out: TextIO) -> subprocess.Popen:
     """`docker compose logs -f` of every container, copied to `out` from a thread."""
     proc = cluster.docker.compose_process(cluster.name, cluster.compose_file, "logs", "-f", capture=True)
+    spec = cluster.spec
+    redact = spec.redact if spec is not None and spec.secret_values() else str
 
     def copy() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            print(line.rstrip("\n"), file=out, flush=True)
+            print(redact(line.rstrip("\n")), file=out, flush=True)
 
     threading.Thread(target=copy, daemon=True).start()
     return proc

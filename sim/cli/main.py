@@ -81,7 +81,14 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
         "--env",
         action="append",
         metavar="KEY=VALUE",
-        help="extra environment for every node's agent and workers (repeatable)",
+        help="extra environment for every node's agent and workers (repeatable); its values show as *** "
+        "in histories, reports and saved logs",
+    )
+    parser.add_argument(
+        "--env-show",
+        action="store_true",
+        default=None,
+        help="show the --env values as they are in histories, reports and saved logs (not ***)",
     )
     parser.add_argument("--gpus", help="GPUs per node: none, all or a number (default none)")
     parser.add_argument(
@@ -601,7 +608,14 @@ def cmd_logs(args: argparse.Namespace, _: list[str] | None) -> int:
         cluster.container(args.node)  # a clear error for an unknown node
     compose_file = cluster.compose_file if cluster.compose_file.exists() else None
     options = (["-f"] if args.follow else []) + ([args.node] if args.node else [])
-    return docker.compose_process(args.name, compose_file, "logs", *options).wait()
+    spec = cluster.spec
+    if spec is None or not spec.secret_values():
+        return docker.compose_process(args.name, compose_file, "logs", *options).wait()
+    proc = docker.compose_process(args.name, compose_file, "logs", *options, capture=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the --env values shown as *** (--env-show keeps them)
+        print(spec.redact(line), end="", flush=True)
+    return proc.wait()
 
 
 def cmd_doctor(args: argparse.Namespace, _: list[str] | None) -> int:

@@ -133,6 +133,7 @@ class ClusterSpec:
     script_args: tuple[str, ...] | None = None  # None: DEFAULT_TRAINER_ARGS for the shipped trainer
     gpus: GpuRequest = GpuRequest()
     env: tuple[tuple[str, str], ...] = ()
+    env_show: bool = False  # --env-show: the --env values as they are in histories and saved logs, not ***
     instrument: bool = True  # optimizer-step and collective hooks in every worker (images/node)
     progress_regex: str | None = None  # step (and loss) read from the script's own log lines
     memory: str | None = None  # each node's memory limit, e.g. "2g" (no swap); None: no limit
@@ -351,6 +352,34 @@ class ClusterSpec:
 
     def with_nodes(self, nodes: int) -> ClusterSpec:
         return dataclasses.replace(self, nodes=nodes)
+
+    # --- what others may read: the --env values masked -----------------
+
+    def masked_env(self) -> tuple[tuple[str, str], ...]:
+        """The --env pairs as histories, reports and saved logs show them: every value `***` but
+        those of ENV_SHOWN_KEYS (torch switches the verdict reads), or all of them with --env-show."""
+        if self.env_show:
+            return self.env
+        return tuple((key, value if key in ENV_SHOWN_KEYS else ENV_MASK) for key, value in self.env)
+
+    def redact(self, text: str) -> str:
+        """`text` with every masked --env value replaced by `***` (a script that prints its environment)."""
+        for value in sorted(self.secret_values(), key=len, reverse=True):
+            text = text.replace(value, ENV_MASK)
+        return text
+
+    def secret_values(self) -> list[str]:
+        """The --env values masked_env hides that are long enough to find in a log (4 characters or more:
+        masking "1" or "INFO" everywhere would garble every line)."""
+        if self.env_show:
+            return []
+        return [v for k, v in self.env if k not in ENV_SHOWN_KEYS and len(v) >= ENV_MASK_MIN_CHARS]
+
+    def record_dict(self) -> dict:
+        """The spec as the run's history records it: --env values masked (spec.json keeps them, 0600)."""
+        data = json.loads(self.to_json())
+        data["env"] = [list(pair) for pair in self.masked_env()]
+        return data
 
     # --- persistence (spec.json in the cluster's state folder) ----------
 
@@ -577,6 +606,14 @@ def check_fits_in_memory(flag: str, nodes: int, nproc_per_node: int, memory_mib:
 def max_workers_in_memory(memory_mib: int) -> int:
     """The most workers one node can have here."""
     return max(1, (memory_mib - HOST_RESERVE_MIB - NODE_AGENT_MIB) // NODE_WORKER_MIB)
+
+
+# --env values are masked wherever others read them (histories, reports, saved logs, status): any value
+# may be a token or a password, and a key's name says nothing sure about it. These keys' values are
+# kept: torch switches the verdict reads back from the run's start record (sim/verdict/diagnose.py).
+ENV_MASK = "***"
+ENV_MASK_MIN_CHARS = 4
+ENV_SHOWN_KEYS = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",)
 
 
 def spec_from_options(options: Mapping[str, object], script_args: Sequence[str] | None) -> ClusterSpec:

@@ -203,6 +203,9 @@ class Cluster:
                 stream(info.id, path, timestamps=True)
             except SimError:
                 path.write_text("")  # gone since the listing: as `logs` answers then
+        secrets = _run_secrets(run_folder)
+        for path in target.glob("*.log") if secrets else ():
+            redact_file(path, secrets)
         return target
 
     def down(self, *, save_logs: bool = True) -> dict[str, int]:
@@ -622,11 +625,43 @@ def run_start_record(spec: ClusterSpec, run_id: str, profile: str | None = None)
         "event": "start",
         "cluster": spec.name,
         "run_id": run_id,
-        "spec": json.loads(spec.to_json()),
+        "spec": spec.record_dict(),  # --env values masked (ClusterSpec.masked_env)
         "profile": profile or ("custom" if spec.rdzv_conf else "torch-defaults"),
         "target_steps": arg("--steps", SHIPPED_TRAINER_DEFAULTS["--steps"]),
         "ckpt_interval": arg("--ckpt-interval", SHIPPED_TRAINER_DEFAULTS["--ckpt-interval"]),
     }
+
+
+def _run_secrets(run_folder: Path) -> list[str]:
+    """The --env values the run's saved logs must not show (its spec.json, 0600; none without one)."""
+    try:
+        return ClusterSpec.from_json((run_folder / "spec.json").read_text()).secret_values()
+    except (OSError, ValueError, TypeError, SimError):
+        return []
+
+
+REDACT_CHUNK = 1 << 20
+
+
+def redact_file(path: Path, values: Sequence[str], *, chunk: int = REDACT_CHUNK) -> None:
+    """Replace every one of `values` in the file with ***, streamed (a value split across two reads
+    is still found: the tail that may begin one is carried to the next)."""
+    needles = sorted({v.encode() for v in values if v}, key=len, reverse=True)
+    if not needles:
+        return
+    keep = max(map(len, needles)) - 1
+    tmp = path.with_name(f".{path.name}.redacting")
+    with open(path, "rb") as src, open(tmp, "wb") as out:
+        carry = b""
+        while block := src.read(chunk):
+            data = carry + block
+            for needle in needles:
+                data = data.replace(needle, b"***")
+            cut = max(0, len(data) - keep)
+            out.write(data[:cut])
+            carry = data[cut:]
+        out.write(carry)
+    os.replace(tmp, path)
 
 
 def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: str) -> None:

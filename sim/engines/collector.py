@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from sim.core import labels
 from sim.core.agentlog import NodeLogParser, parse_docker_timestamp
@@ -48,6 +49,7 @@ class Collector:
         self.stop = threading.Event()
         self.events = EventsTail(cluster.run_dir / EVENTS_DIR)
         self.progress = _progress_matcher(cluster)
+        self.redact = _redactor(cluster)  # --env values out of the lines the history keeps
 
     def run(self) -> None:
         events = self.cluster.docker.events(labels.cluster_filter(self.cluster.name))
@@ -140,6 +142,7 @@ class Collector:
             return  # already recorded before the container restarted
         if t is not None:
             self._last_t[cid] = t
+        body = self.redact(body)
         for record in parser.feed(t, body):
             self.history.append(record)
         if self.progress is not None:
@@ -185,6 +188,17 @@ class _ClusterGone:
             return Check(now - self.started > STARTUP_GRACE_S, detail="no container ever came")
         self.gone_since = self.gone_since or now
         return Check(now - self.gone_since > GONE_FOR_S, detail="every container is gone")
+
+
+def _redactor(cluster: Cluster) -> Callable[[str], str]:
+    """The run's ClusterSpec.redact (identity for a spec that cannot be read, or with nothing to hide)."""
+    try:
+        spec = cluster.spec
+    except (SimError, ValueError, TypeError, OSError):
+        spec = None
+    if spec is None or not spec.secret_values():
+        return lambda text: text
+    return spec.redact
 
 
 def _progress_matcher(cluster: Cluster) -> ProgressMatcher | None:

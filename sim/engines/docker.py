@@ -467,7 +467,9 @@ class Docker:
         namespace (network_mode container:ID) with NET_ADMIN and no other added capability, then remove
         it: a network fault needs no iptables, tc or ip in the node's own image (as Pumba and Chaos Mesh
         apply them). A refusal (the node not running) is a failed result with the engine's reason, as `exec`."""
-        host_config = self.api.create_host_config(network_mode=f"container:{container}", cap_add=["NET_ADMIN"])
+        host_config = self.api.create_host_config(
+            network_mode=f"container:{container}", cap_drop=["ALL"], cap_add=["NET_ADMIN"]
+        )
         try:
             helper = self.api.create_container(
                 image, command=list(argv), entrypoint=[], user="root", labels=dict(labels), host_config=host_config

@@ -168,3 +168,75 @@ def test_sigterm_of_chaos_run_mid_fault_leaves_no_fault_in_force(docker, images,
         assert run_sim("faults", "--name", spec.name).stdout.strip() == "no faults in force"
     finally:
         run_sim("down", spec.name)
+
+
+NET_ADMIN_BIT = 1 << 12  # CAP_NET_ADMIN in /proc/PID/status's capability masks
+
+
+def _caps(cluster: Cluster, node: str, field: str, user: str | None = None) -> int:
+    status = cluster.exec(node, "sh", "-c", f"grep {field} /proc/self/status", user=user).stdout
+    return int(status.split()[1], 16)
+
+
+def test_nodes_and_etcd_run_with_every_capability_dropped_but_net_admin(docker, images):
+    """Finding 9: a running cluster (etcd too) holds no capability but NET_ADMIN, in its bounding set;
+    its own processes hold none; a root exec (the network faults' way in) still runs iptables and tc;
+    `sim doctor`'s audit of the running cluster is clean."""
+    from sim.cli.doctor import running_audit
+    from sim.core.spec import ClusterSpec
+    from sim.engines.cluster import up
+
+    spec = ClusterSpec(name=unique_name("t-caps"), nodes=1, nproc_per_node=1, rdzv_backend="etcd-v2")
+    cluster = up(spec, docker, progress=lambda line: None)
+    try:
+        for service in ("node0", "etcd"):
+            info = docker.inspect(cluster.container(service).id)
+            assert info["HostConfig"]["CapDrop"] == ["ALL"] and info["HostConfig"]["CapAdd"] in (
+                ["NET_ADMIN"],
+                ["CAP_NET_ADMIN"],
+            )
+            assert _caps(cluster, service, "CapBnd") == NET_ADMIN_BIT
+            assert _caps(cluster, service, "CapEff", user="root") == NET_ADMIN_BIT
+            assert cluster.exec(service, "iptables", "-w", "-S", user="root").ok
+            assert cluster.exec(service, "tc", "qdisc", "show", user="root").ok
+        assert _caps(cluster, "node0", "CapEff") == 0  # the node's user: what the workers hold
+        checks = running_audit(docker, spec.name)
+        assert [c.ok for c in checks] == [True], [c.detail for c in checks]
+    finally:
+        run_sim("down", spec.name)
+
+
+SECRET = "hunter2-h1-s3cr3t"
+
+
+def test_env_values_stay_out_of_history_report_and_logs(docker, images, tmp_path):
+    """Finding 8: a real `sim up --env` whose script prints the value: the run's history, saved logs,
+    `sim logs` and `sim report` show *** instead; spec.json (0600) keeps it for the next `up`."""
+    script = tmp_path / "train.py"
+    script.write_text("import os\nprint('token is', os.environ['SIM_TEST_TOKEN'], flush=True)\n")
+    name = unique_name("t-env")
+    result = run_sim(
+        "up", "--name", name, "--nodes", "1", "--rdzv-backend", "c10d", "--script", str(script),
+        "--env", f"SIM_TEST_TOKEN={SECRET}", "--detach",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    cluster = Cluster(name, docker)
+    try:
+        run_dir = cluster.run_dir
+        spec_file = cluster.state_dir / "spec.json"
+        assert SECRET in spec_file.read_text() and spec_file.stat().st_mode & 0o077 == 0
+        deadline = time.monotonic() + 120
+        shown = ""
+        while "token is" not in shown and time.monotonic() < deadline:  # the script prints once it starts
+            time.sleep(1)
+            shown = run_sim("logs", name).stdout
+        assert "token is ***" in shown and SECRET not in shown, shown[-2000:]
+    finally:
+        run_sim("down", name)
+    assert SECRET not in result.stdout + result.stderr
+    saved = (run_dir / "logs" / "node0.log").read_text()
+    assert "token is ***" in saved and SECRET not in saved
+    history = (run_dir / "history.jsonl").read_text()
+    assert "SIM_TEST_TOKEN" in history and SECRET not in history
+    report = run_sim("report", name)
+    assert SECRET not in report.stdout + report.stderr

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from sim.cli.doctor import rendered_audit, running_audit
 from sim.core import labels
 from sim.core.errors import ClusterNotFoundError
 from sim.core.spec import USER_SCRIPT_DIR, ClusterSpec, GpuRequest
-from sim.engines.audit import audit_project, project_from_inspect
+from sim.engines.audit import ALLOWED_CAPS, audit_project, project_from_inspect
 from sim.engines.docker import Container
 from sim.engines.render import render
+from sim.engines.swarm_render import SwarmLayout, to_stack
 
 
 def _rendered(spec: ClusterSpec) -> dict:
@@ -45,7 +48,7 @@ def test_rendered_user_script_is_read_only_and_only_network_roles_have_net_admin
     assert audit_project(project) == []
     for service in project["services"].values():
         assert "privileged" not in service and not service.get("ports")
-        assert set(service.get("cap_add", ())) <= {"NET_ADMIN"}
+        assert service["cap_drop"] == ["ALL"] and set(service.get("cap_add", ())) <= {"NET_ADMIN"}
         assert service["labels"][labels.ROLE] in ("node", "etcd")
         assert str(service.get("user", "sim")).split(":")[0] not in ("root", "0")
     mounts = [
@@ -55,14 +58,16 @@ def test_rendered_user_script_is_read_only_and_only_network_roles_have_net_admin
 
 
 NODE = {labels.ROLE: "node"}
+_KEPT = {"labels": NODE, "cap_drop": ["ALL"]}  # a service that keeps every rule, before its one breach
 RULES = {
-    "privileged": {"labels": NODE, "privileged": True},
-    "cap_add": {"labels": NODE, "cap_add": ["SYS_ADMIN"]},
-    "root": {"labels": NODE, "user": "0:0"},
-    "script_writable": {"labels": NODE, "volumes": [{"type": "bind", "source": "/home/u", "target": USER_SCRIPT_DIR}]},
-    "docker_socket": {"labels": NODE, "volumes": ["/var/run/docker.sock:/var/run/docker.sock"]},
-    "port": {"labels": NODE, "ports": ["8080:80"]},
-    "host_namespace": {"labels": NODE, "network_mode": "host"},
+    "privileged": {**_KEPT, "privileged": True},
+    "cap_drop": {"labels": NODE, "cap_add": ["NET_ADMIN"]},
+    "cap_add": {**_KEPT, "cap_add": ["SYS_ADMIN"]},
+    "root": {**_KEPT, "user": "0:0"},
+    "script_writable": {**_KEPT, "volumes": [{"type": "bind", "source": "/home/u", "target": USER_SCRIPT_DIR}]},
+    "docker_socket": {**_KEPT, "volumes": ["/var/run/docker.sock:/var/run/docker.sock"]},
+    "port": {**_KEPT, "ports": ["8080:80"]},
+    "host_namespace": {**_KEPT, "network_mode": "host"},
 }
 
 
@@ -76,9 +81,10 @@ def test_net_admin_only_where_a_network_fault_needs_it_and_loopback_ports_pass()
     findings = audit_project(
         {
             "services": {
-                "helper": {"cap_add": ["NET_ADMIN"]},
+                "helper": {"cap_drop": ["all"], "cap_add": ["NET_ADMIN"]},
                 "node0": {
                     "labels": NODE,
+                    "cap_drop": ["CAP_ALL"],
                     "cap_add": ["CAP_NET_ADMIN"],
                     "ports": ["127.0.0.1:8080:80", {"host_ip": "::1"}],
                     "volumes": [f"/src:{USER_SCRIPT_DIR}:ro"],
@@ -96,6 +102,7 @@ def _inspect(**host) -> dict:
         "HostConfig": {
             "Privileged": False,
             "CapAdd": ["NET_ADMIN"],
+            "CapDrop": ["ALL"],
             "PortBindings": {},
             "NetworkMode": "sim_c",
             **host,
@@ -106,11 +113,13 @@ def _inspect(**host) -> dict:
 
 def test_a_running_cluster_is_judged_by_the_same_rules():
     assert audit_project(project_from_inspect([_inspect()])) == []
-    bad = _inspect(Privileged=True, PortBindings={"29400/tcp": [{"HostIp": "0.0.0.0", "HostPort": "29400"}]})
+    bad = _inspect(
+        Privileged=True, CapDrop=None, PortBindings={"29400/tcp": [{"HostIp": "0.0.0.0", "HostPort": "29400"}]}
+    )
     bad["Config"]["User"] = ""
     bad["Mounts"][0]["RW"] = True
     rules = sorted(f.rule for f in audit_project(project_from_inspect([bad])))
-    assert rules == ["port", "privileged", "root", "script_writable"]
+    assert rules == ["cap_drop", "port", "privileged", "root", "script_writable"]
 
 
 class _FakeDocker:
@@ -137,7 +146,27 @@ def test_the_network_faults_helper_keeps_the_rules():
     """The helper that applies a network fault (Cluster.net_exec): NET_ADMIN only, in a node's namespace, not
     the host's; seen while it runs, it breaks no rule. The same with SYS_ADMIN, or the host's network, does."""
     helper = {"Name": "/h", "Config": {"Labels": {labels.ROLE: labels.NETNS_HELPER}, "User": "root"}}
-    ok = {**helper, "HostConfig": {"CapAdd": ["NET_ADMIN"], "NetworkMode": "container:abc123"}}
+    ok = {**helper, "HostConfig": {"CapDrop": ["ALL"], "CapAdd": ["NET_ADMIN"], "NetworkMode": "container:abc123"}}
     assert audit_project(project_from_inspect([ok])) == []
-    bad = {**helper, "HostConfig": {"CapAdd": ["NET_ADMIN", "SYS_ADMIN"], "NetworkMode": "host"}}
+    bad = {**helper, "HostConfig": {"CapDrop": ["ALL"], "CapAdd": ["NET_ADMIN", "SYS_ADMIN"], "NetworkMode": "host"}}
     assert [f.rule for f in audit_project(project_from_inspect([bad]))] == ["cap_add", "host_namespace"]
+
+
+def test_the_rendered_cluster_drops_every_capability_and_the_audit_sees_it_go(user_script):
+    """Each node and etcd drops every capability and adds back only NET_ADMIN (ALLOWED_CAPS, with its
+    reason); the audit finds a service that keeps Docker's defaults, on a Compose render and on its
+    Swarm stack alike."""
+    project = _rendered(ClusterSpec(script=user_script, nodes=2))
+    stack = to_stack(project, SwarmLayout(), max_nodes=2)
+    for rendered in (project, stack):
+        assert audit_project(rendered) == []
+        for service in rendered["services"].values():
+            assert service["cap_drop"] == ["ALL"] and service["cap_add"] == ["NET_ADMIN"]
+        broken = copy.deepcopy(rendered)
+        del broken["services"]["node1"]["cap_drop"]
+        broken["services"]["etcd"]["cap_add"].append("SYS_PTRACE")
+        assert sorted((f.service, f.rule) for f in audit_project(broken)) == [
+            ("etcd", "cap_add"),
+            ("node1", "cap_drop"),
+        ]
+    assert set(ALLOWED_CAPS) == {"NET_ADMIN"} and "iptables" in ALLOWED_CAPS["NET_ADMIN"][1]

@@ -170,7 +170,7 @@ def test_kill_worker_by_rank_signals_that_pid_and_records_it(nemesis):
     nem, fake = nemesis
     result = nem.kill_worker(rank=3, sig=signal.SIGTERM)
     assert result["pid"] == 41 and result["node"] == "node0" and result["signal"] == "SIGTERM"
-    assert ("exec", "id-node0", ["kill", "-TERM", "41"], "root") in fake.calls
+    assert ("exec", "id-node0", ["kill", "-TERM", "41"], None) in fake.calls  # the workers' own user: no CAP_KILL
     records = list(nem.history.records())
     assert [r.phase for r in records] == ["invoke", "ok"]
     assert records[0].t <= records[1].t and records[1].result.pid == 41
@@ -322,7 +322,7 @@ def test_hang_worker_stops_one_process_and_resume_continues_it(nemesis):
     nem, fake = nemesis
     result = nem.hang_worker("node0", local_rank=1)
     assert (result["id"], result["pid"]) == ("hang-node0-41", 41)
-    assert ("exec", "id-node0", ["kill", "-STOP", "41"], "root") in fake.calls
+    assert ("exec", "id-node0", ["kill", "-STOP", "41"], None) in fake.calls
     assert [f.id for f in nem.active()] == ["hang-node0-41"]
     nem.heal("hang-node0-41")
     assert ("exec", "id-node0", ["kill", "-CONT", "41"], None) in fake.calls and nem.active() == []

@@ -42,7 +42,7 @@ def test_least_privilege_and_no_host_ports():
     project = render(ClusterSpec(name="demo", nodes=2), **IMAGES)
     for service in project["services"].values():
         assert not service.get("privileged")
-        assert service.get("cap_add") == ["NET_ADMIN"]
+        assert service.get("cap_drop") == ["ALL"] and service.get("cap_add") == ["NET_ADMIN"]
         assert "ports" not in service
         assert service.get("network_mode") is None
 
@@ -154,3 +154,11 @@ def test_memory_limit_and_a_size_limited_checkpoint_disk_are_opt_in():
     # One tmpfs volume shared by every node, not one per node: checkpoints must be seen by all.
     assert project["volumes"]["ckpt"]["driver_opts"] == {"type": "tmpfs", "device": "tmpfs", "o": f"size={16 * 2**20}"}
     assert "mem_limit" not in project["services"]["etcd"]
+
+
+def test_nodes_have_a_pids_limit_and_rotated_logs():
+    project = render(ClusterSpec(name="demo", nodes=2), **IMAGES)
+    for name, service in project["services"].items():
+        assert service["pids_limit"] == (1024 if name == "etcd" else 4096)
+        assert service["logging"]["driver"] == "json-file"
+        assert set(service["logging"]["options"]) == {"max-size", "max-file"}
