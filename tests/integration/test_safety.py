@@ -204,39 +204,3 @@ def test_nodes_and_etcd_run_with_every_capability_dropped_but_net_admin(docker, 
         assert [c.ok for c in checks] == [True], [c.detail for c in checks]
     finally:
         run_sim("down", spec.name)
-
-
-SECRET = "hunter2-h1-s3cr3t"
-
-
-def test_env_values_stay_out_of_history_report_and_logs(docker, images, tmp_path):
-    """Finding 8: a real `sim up --env` whose script prints the value: the run's history, saved logs,
-    `sim logs` and `sim report` show *** instead; spec.json (0600) keeps it for the next `up`."""
-    script = tmp_path / "train.py"
-    script.write_text("import os\nprint('token is', os.environ['SIM_TEST_TOKEN'], flush=True)\n")
-    name = unique_name("t-env")
-    result = run_sim(
-        "up", "--name", name, "--nodes", "1", "--rdzv-backend", "c10d", "--script", str(script),
-        "--env", f"SIM_TEST_TOKEN={SECRET}", "--detach",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    cluster = Cluster(name, docker)
-    try:
-        run_dir = cluster.run_dir
-        spec_file = cluster.state_dir / "spec.json"
-        assert SECRET in spec_file.read_text() and spec_file.stat().st_mode & 0o077 == 0
-        deadline = time.monotonic() + 120
-        shown = ""
-        while "token is" not in shown and time.monotonic() < deadline:  # the script prints once it starts
-            time.sleep(1)
-            shown = run_sim("logs", name).stdout
-        assert "token is ***" in shown and SECRET not in shown, shown[-2000:]
-    finally:
-        run_sim("down", name)
-    assert SECRET not in result.stdout + result.stderr
-    saved = (run_dir / "logs" / "node0.log").read_text()
-    assert "token is ***" in saved and SECRET not in saved
-    history = (run_dir / "history.jsonl").read_text()
-    assert "SIM_TEST_TOKEN" in history and SECRET not in history
-    report = run_sim("report", name)
-    assert SECRET not in report.stdout + report.stderr
