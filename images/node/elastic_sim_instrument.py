@@ -120,6 +120,12 @@ class WorkerProbe:
         self._activity_written_at = 0.0
         self._last_op = None
         self._hang_file = HANG_FILE.format(pid=self.pid)
+        # A hang file at start is an older process's that had this pid: the fault holds a worker it saw
+        # running, and a restarted container's fresh pid namespace reuses the pids (its /tmp outlives it).
+        try:
+            os.unlink(self._hang_file)
+        except OSError:
+            pass
         self._hang_checked_at = 0.0
         self._sleep = time.sleep
         self._in_load = threading.local()

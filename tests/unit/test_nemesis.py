@@ -544,6 +544,23 @@ def test_the_instrumentation_holds_a_worker_while_the_hang_file_exists(tmp_path,
     probe.hold_while_hung()  # checked again only after HANG_CHECK_GAP_S
 
 
+def test_a_hang_file_left_by_an_older_process_with_the_same_pid_holds_nothing(tmp_path, monkeypatch):
+    """tour-v3 [etcd-v3] in CI: node2's worker pid 16 stalled (hang-collectives), the job went on without it;
+    node2 was stopped and started again, and its new worker got pid 16 too (a fresh pid namespace), found the
+    stall's file in /tmp (the container's own, kept across restarts) and held forever. A new process removes
+    a hang file named by its pid: the fault only holds a worker it saw running."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "images" / "node"))
+    import elastic_sim_instrument as instrument
+
+    monkeypatch.setattr(instrument, "HANG_FILE", str(tmp_path / "hang-{pid}"))
+    stale = Path(instrument.HANG_FILE.format(pid=os.getpid()))
+    stale.touch()
+    probe = instrument.WorkerProbe(lambda event, **fields: True)
+    assert not stale.exists()
+    probe._sleep = lambda s: pytest.fail("held by a stale hang file")
+    probe.hold_while_hung()
+
+
 def answer_slow_and_fill(fake: FakeProvider) -> None:
     """Node limits to slow from, and a fill-disk script that filled /ckpt (the shared volume)."""
     fake.limits = Resources(cpu_quota=0, cpu_period=0, memory=0)
