@@ -121,6 +121,7 @@ class FaultResult(_Nested):
     grace: float | None = None  # stop-node, restart-node: seconds between SIGTERM and SIGKILL
     partition: str | None = None  # partition: its description
     cuts: tuple[tuple[str, ...], ...] | None = None  # partition: each cut, the nodes on one side
+    rules: Mapping[str, tuple[str, ...]] | None = None  # partition: each node's iptables rules, as applied
     healed: tuple[str, ...] | None = None  # heal, resume-worker: the ids undone
     joined: tuple[str, ...] | None = None  # scale
     left: tuple[str, ...] | None = None  # scale
@@ -131,6 +132,12 @@ class FaultResult(_Nested):
         derived: dict = {"gone_at_kill": "size_at_kill" in data and data["size_at_kill"] is None}
         if isinstance(cuts, list) and all(isinstance(c, list) for c in cuts):
             derived["cuts"] = tuple(tuple(str(n) for n in c) for c in cuts)
+        if "rules" in data:  # a malformed value reads as None (as_written keeps it), never half-typed
+            rules = data["rules"]
+            valid = isinstance(rules, dict) and all(isinstance(r, list) for r in rules.values())
+            derived["rules"] = (
+                {str(n): tuple(str(r) for r in node_rules) for n, node_rules in rules.items()} if valid else None
+            )
         return derived
 
 

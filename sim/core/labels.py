@@ -21,6 +21,9 @@ RUN = "elastic-sim.run"
 SESSION = "elastic-sim.session"
 SESSION_ENV = "SIM_SESSION"
 IMAGE = "elastic-sim.image"  # on images: base | runtime | node | etcd
+# On node images: the uid the node's processes run as; the run's events folder is given to it (they write
+# their records there, without capabilities, so a root node can only write what root owns).
+NODE_UID = "elastic-sim.node-uid"
 # Who made it: this host and this state home (SIM_HOME). A sweep (`down --all`, `up` over a left-over)
 # touches only what it owns: two homes on one engine (a test suite's and a person's, two CI jobs)
 # cannot remove each other's clusters.

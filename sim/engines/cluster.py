@@ -29,7 +29,7 @@ from sim.core.history import FILE_NAME, AgentRecord, History, HistoryTail, Recor
 from sim.core.nodes import node_order
 from sim.core.paths import check_name, cluster_dir, inside, state_home, valid_name
 from sim.core.progress import Progress, to_stderr
-from sim.core.sidechannel import prepare_events_dir
+from sim.core.sidechannel import NODE_UID, prepare_events_dir
 from sim.core.spec import SHIPPED_TRAINER_DEFAULTS, ClusterSpec
 from sim.core.wait import Check, Condition, wait_for
 from sim.engines.docker import RESOURCE_KINDS, Container, DockerProvider, ExecResult
@@ -664,9 +664,16 @@ def redact_file(path: Path, values: Sequence[str], *, chunk: int = REDACT_CHUNK)
     os.replace(tmp, path)
 
 
+def node_uid(docker: DockerProvider, node_image: str) -> int:
+    """The uid a node image's processes run as (its labels.NODE_UID label; an image without one is ours)."""
+    info = docker.image_inspect(node_image) or {}
+    value = ((info.get("Config") or {}).get("Labels") or {}).get(labels.NODE_UID, "")
+    return int(value) if value.isdigit() else NODE_UID
+
+
 def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: str) -> None:
     # The workers' side channel (instrumentation records) lands in the run folder, beside the history.
-    events_dir = prepare_events_dir(run_dir(spec.name, run_id))
+    events_dir = prepare_events_dir(run_dir(spec.name, run_id), node_uid(cluster.docker, images.node))
     project = render(spec, node_image=images.node, etcd_image=images.etcd, run_id=run_id, events_dir=events_dir)
     cluster.state_dir.mkdir(parents=True, exist_ok=True)
     # Written to a temp name first, then renamed: a reader never sees half a file.

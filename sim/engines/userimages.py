@@ -46,8 +46,8 @@ TOOLS = {
     "tar": "the project copy (falls back to cp without excludes)",
 }
 PROBE = r"""
-import json, shutil, sys, sysconfig, importlib.metadata as md
-out = {"python": sys.executable, "version": "%d.%d" % sys.version_info[:2]}
+import json, os, shutil, sys, sysconfig, importlib.metadata as md
+out = {"python": sys.executable, "version": "%d.%d" % sys.version_info[:2], "uid": os.getuid()}
 site = sysconfig.get_paths()["purelib"]
 if site not in sys.path:
     site = next((p for p in sys.path if p.endswith(("site-packages", "dist-packages"))), site)
@@ -73,6 +73,7 @@ class ImageProbe:
     image: str
     image_id: str
     user: str
+    uid: int  # the uid `user` is in the image
     python: str
     version: str
     site: str
@@ -103,6 +104,7 @@ def probe_image(docker: Docker, image: str) -> ImageProbe:
                 image=image,
                 image_id=info["Id"],
                 user=(info.get("Config") or {}).get("User") or "root",
+                uid=int(data.get("uid", 0)),
                 python=data["python"],
                 version=data["version"],
                 site=data["site"],
@@ -171,7 +173,9 @@ class UserImages:
             ctx = Path(tmp)
             shutil.copy(dockerfile, ctx / "Dockerfile")
             shutil.copytree(wheelhouse, ctx / "wheelhouse", copy_function=_link_or_copy)
-            self.builder._docker_build("requirements", tag, ctx, {"FROM_IMAGE": over, "PYTHON": python})
+            run_as = ((self.docker.image_inspect(over) or {}).get("Config") or {}).get("User") or "root"
+            args = {"FROM_IMAGE": over, "PYTHON": python, "RUN_AS": run_as}
+            self.builder._docker_build("requirements", tag, ctx, args)
         return tag
 
     def wheelhouse(self, requirements: Path, version: str, torch: str) -> Path:
@@ -228,6 +232,7 @@ class UserImages:
             probe.image_id,
             probe.site,
             probe.user,
+            probe.uid,
             dockerfile.read_bytes(),
             *(p.read_bytes() for p in hooks + scripts),
             *(w.name for w in wheels),
@@ -251,7 +256,12 @@ class UserImages:
             for path in scripts:
                 shutil.copy(path, ctx / "bin" / path.name)
             shutil.copy(faketime, ctx / "libfaketime.so.1")
-            args = {"USER_IMAGE": probe.image_id, "SITE_PACKAGES": probe.site, "RUN_AS": probe.user}
+            args = {
+                "USER_IMAGE": probe.image_id,
+                "SITE_PACKAGES": probe.site,
+                "RUN_AS": probe.user,
+                "RUN_UID": str(probe.uid),
+            }
             self.builder._docker_build("own", tag, ctx, args)
         return tag
 

@@ -199,4 +199,4 @@ timeout: 5m
 
     done = [r for r in History(result.run_dir / FILE_NAME).records() if isinstance(r, FaultRecord)]
     applied = next(r.result for r in done if r.fault == "partition" and r.phase == "ok")
-    assert any("-j DROP" in rule for rule in applied["rules"]["node1"]), applied
+    assert any("-j DROP" in rule for rule in applied.rules["node1"]), applied

@@ -30,6 +30,9 @@ class FakeEngine:
     def ping(self) -> str:
         return "fake"
 
+    def image_inspect(self, tag: str) -> dict | None:
+        return None  # no label: our node image's uid
+
     def _match(self, kind: str, label_filter: str) -> list[Labelled]:
         key, _, value = label_filter.removeprefix("label=").partition("=")
         return [r for r in self.things[kind] if key in r.labels and (not value or r.labels[key] == value)]

@@ -22,10 +22,17 @@ def _ok(result: dict) -> dict:
 
 
 def test_a_fault_result_is_typed_and_its_line_is_kept_as_written():
-    written = {"id": "partition-ab12", "partition": "node0 | node1", "cuts": [["node0"], ["node1"]], "rules": {}}
+    written = {
+        "id": "partition-ab12",
+        "partition": "node0 | node1",
+        "cuts": [["node0"], ["node1"]],
+        "rules": {"node0": ["-A ELASTIC_SIM_PARTITION -s 10.0.0.3 -j DROP"], "node1": []},
+        "chain": "ELASTIC_SIM_PARTITION",
+    }
     record = parse_record(_ok(written))
     assert record.result.id == "partition-ab12" and record.result.cuts == (("node0",), ("node1",))
-    assert record.result.extra == {"rules": {}}  # a key the schema does not name
+    assert record.result.rules == {"node0": ("-A ELASTIC_SIM_PARTITION -s 10.0.0.3 -j DROP",), "node1": ()}
+    assert record.result.extra == {"chain": "ELASTIC_SIM_PARTITION"}  # a key the schema does not name
     assert record.to_dict()["result"] == written and parse_record(record.to_dict()) == record
 
 
@@ -34,6 +41,7 @@ def test_a_result_value_of_another_type_is_not_typed_and_the_record_still_counts
     assert (record.result.node, record.result.pid, record.result.limit) == ("node1", None, None)
     assert record.result.extra == {"pid": "forty", "limit": 10**30, "healed": "x"}
     assert record.result.healed is None  # a string is not a tuple of ids: no id "x" healed by accident
+    assert parse_record(_ok({"rules": {"node1": "-j DROP"}})).result.rules is None  # not half-typed
 
 
 def test_a_file_gone_at_the_kill_differs_from_a_history_that_never_said():
