@@ -232,7 +232,7 @@ class UserImages:
             probe.image_id,
             probe.site,
             probe.user,
-            probe.uid,
+            str(probe.uid),
             dockerfile.read_bytes(),
             *(p.read_bytes() for p in hooks + scripts),
             *(w.name for w in wheels),
