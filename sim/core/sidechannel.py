@@ -30,11 +30,12 @@ READ_AT_MOST = 4 << 20  # bytes read from one events file per poll
 MAX_PARTIAL = 1 << 20  # a line longer than this without its end is dropped
 
 
-def prepare_events_dir(run_dir: Path, node_uid: int = NODE_UID) -> Path:
+def prepare_events_dir(run_dir: Path, node_uid: int | None = None) -> Path:
     """Make `<run_dir>/events/`, writable by the node's user (`node_uid` there: 1000 for our image, the
     team image's own user for --image) and by no other user here: owned by that uid, 0755 (as root we
     give it away; as that uid it is ours). The nodes hold no capability, so even a root node writes only
     what its uid owns. Only a harness running as a third user falls back to 0777."""
+    node_uid = NODE_UID if node_uid is None else node_uid
     path = Path(run_dir) / EVENTS_DIR
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0:

@@ -29,7 +29,7 @@ from sim.core.history import FILE_NAME, AgentRecord, History, HistoryTail, Recor
 from sim.core.nodes import node_order
 from sim.core.paths import check_name, cluster_dir, inside, state_home, valid_name
 from sim.core.progress import Progress, to_stderr
-from sim.core.sidechannel import NODE_UID, prepare_events_dir
+from sim.core.sidechannel import prepare_events_dir
 from sim.core.spec import SHIPPED_TRAINER_DEFAULTS, ClusterSpec
 from sim.core.wait import Check, Condition, wait_for
 from sim.engines.docker import RESOURCE_KINDS, Container, DockerProvider, ExecResult
@@ -664,11 +664,11 @@ def redact_file(path: Path, values: Sequence[str], *, chunk: int = REDACT_CHUNK)
     os.replace(tmp, path)
 
 
-def node_uid(docker: DockerProvider, node_image: str) -> int:
-    """The uid a node image's processes run as (its labels.NODE_UID label; an image without one is ours)."""
+def node_uid(docker: DockerProvider, node_image: str) -> int | None:
+    """The uid a node image's processes run as: its labels.NODE_UID label (None without one: ours)."""
     info = docker.image_inspect(node_image) or {}
     value = ((info.get("Config") or {}).get("Labels") or {}).get(labels.NODE_UID, "")
-    return int(value) if value.isdigit() else NODE_UID
+    return int(value) if value.isdigit() else None
 
 
 def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: str) -> None:

@@ -88,6 +88,11 @@ class ImageProbe:
         return [tool for tool, found in self.tools.items() if not found]
 
 
+def image_user(info: dict | None) -> str:
+    """The user an image's processes run as, from its `docker inspect` (no USER: root)."""
+    return ((info or {}).get("Config") or {}).get("User") or "root"
+
+
 def probe_image(docker: Docker, image: str) -> ImageProbe:
     """What is inside `image`: its Python, site-packages, torch, tools (a throwaway container, no network)."""
     info = docker.image_inspect(image)
@@ -103,8 +108,8 @@ def probe_image(docker: Docker, image: str) -> ImageProbe:
             return ImageProbe(
                 image=image,
                 image_id=info["Id"],
-                user=(info.get("Config") or {}).get("User") or "root",
-                uid=int(data.get("uid", 0)),
+                user=image_user(info),
+                uid=int(data["uid"]),
                 python=data["python"],
                 version=data["version"],
                 site=data["site"],
@@ -173,8 +178,7 @@ class UserImages:
             ctx = Path(tmp)
             shutil.copy(dockerfile, ctx / "Dockerfile")
             shutil.copytree(wheelhouse, ctx / "wheelhouse", copy_function=_link_or_copy)
-            run_as = ((self.docker.image_inspect(over) or {}).get("Config") or {}).get("User") or "root"
-            args = {"FROM_IMAGE": over, "PYTHON": python, "RUN_AS": run_as}
+            args = {"FROM_IMAGE": over, "PYTHON": python, "RUN_AS": image_user(self.docker.image_inspect(over))}
             self.builder._docker_build("requirements", tag, ctx, args)
         return tag
 
