@@ -213,7 +213,8 @@ def _pytorchjob(spec: ClusterSpec, opts: _Options, notes: list[str]) -> dict:
         "args": argv[1:],
         "env": _pod_env(spec),
         "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
-        # Network faults of a local run need NET_ADMIN; Chaos Mesh's daemon acts from outside the pod instead.
+        # No capability, no escalation, as on a local run (whose network helper alone holds NET_ADMIN); Chaos
+        # Mesh's daemon applies network faults from outside the pod.
         "securityContext": {"allowPrivilegeEscalation": False},
     }
     resources: dict = {}

@@ -294,7 +294,7 @@ class ProcessFaults:
 
     def _signal(self, node: str, pid: int, sig: signals.Signals) -> None:
         # As the container's own user, the one the agent and workers run as: root would need CAP_KILL to
-        # signal them, and the nodes drop every capability but NET_ADMIN.
+        # signal them, and the nodes drop every capability.
         result = self.cluster.exec(node, "kill", f"-{sig.name.removeprefix('SIG')}", str(pid))
         if not result.ok:
             raise FaultError(f"{node}: kill -{sig.name} {pid} failed: {_last(result.stderr)}")

@@ -14,7 +14,7 @@ import subprocess
 from sim.core import labels
 from sim.core.errors import ClusterNotFoundError, SimError
 from sim.core.spec import ClusterSpec
-from sim.engines.audit import audit_project, project_from_inspect
+from sim.engines.audit import audit_project, project_from_inspect, swarm_gaps
 from sim.engines.docker import Docker
 from sim.engines.images import ImageBuilder
 from sim.engines.render import FAKETIME_LIB, render
@@ -204,13 +204,13 @@ def audit_checks(project: dict, what: str) -> list[DoctorCheck]:
     """The privilege audit (sim/engines/audit.py) of one project, one check per finding, or one saying it is clean."""
     findings = audit_project(project)
     if not findings:
+        gaps = "".join(f"; Swarm's gap: {gap}" for gap in swarm_gaps(project))
         return [
             DoctorCheck(
                 f"privileges of {what}",
                 True,
-                "no privileged, every cap dropped but NET_ADMIN where network faults "
-                "need it, workers not root, script read-only, no Docker "
-                "socket, no port beyond loopback",
+                "no privileged, every cap dropped (NET_ADMIN only on the network faults' helper), no new "
+                "privileges, workers not root, script read-only, no Docker socket, no port beyond loopback" + gaps,
             )
         ]
     return [

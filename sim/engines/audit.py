@@ -3,7 +3,7 @@
 One pure function over a Compose project (the dict sim/engines/render.py makes, or one rebuilt from the
 engine's `docker inspect` of a running cluster), so `sim doctor` and the tests judge the same rules:
 no privileged container, every capability dropped (`cap_drop: [ALL]`) and none added back but those
-ALLOWED_CAPS names, each only on the roles whose faults need it, workers
+ALLOWED_CAPS names, each only on the roles whose faults need it, none to gain (no-new-privileges), workers
 not root, the user's script read-only, no Docker socket inside, no port published beyond loopback,
 and no sharing of the host's network, process or IPC namespace.
 """
@@ -16,21 +16,27 @@ from typing import Any
 
 from sim.core import labels
 from sim.core.spec import USER_SCRIPT_DIR
+from sim.engines.docker import NO_NEW_PRIVILEGES
 
 # Every capability a cluster container may add back after `cap_drop: [ALL]`: the roles it is allowed on,
 # and why. Measured (engine 20.10, node image as user sim): the entrypoints, the etcd wait, torchrun and
 # its workers, libfaketime and etcd itself run with no capability at all; signals to the workers go as
 # their own user (no CAP_KILL); the fault scripts write only files the node's user owns. Network faults run
 # iptables and tc in node and etcd network namespaces from a short-lived helper container that joins one
-# (labels.NETNS_HELPER).
+# (labels.NETNS_HELPER): the only container that holds a capability.
 NET_ADMIN = "NET_ADMIN"
-NET_ADMIN_ROLES = ("node", "etcd", labels.NETNS_HELPER)
+NET_ADMIN_ROLES = (labels.NETNS_HELPER,)
 ALLOWED_CAPS: dict[str, tuple[tuple[str, ...], str]] = {
     NET_ADMIN: (NET_ADMIN_ROLES, "network faults (partition, loss, bandwidth, netem) run iptables and tc as root"),
 }
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 ROOT_USERS = ("root", "0")
 _HOST_NAMESPACES = ("network_mode", "pid", "ipc", "userns_mode")
+# Rules a Swarm service cannot keep, and why: the audit names the gap instead of failing on it.
+SWARM_GAPS = {
+    "no_new_privileges": "Swarm services take no security_opt (`docker stack deploy` ignores it; moby/moby#41371)"
+}
+SWARM_TASK_LABEL = "com.docker.swarm.task.id"  # on the containers of a Swarm service's tasks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +44,9 @@ class Finding:
     """One rule a service breaks."""
 
     service: str
-    rule: str  # privileged | cap_drop | cap_add | root | script_writable | docker_socket | port | host_namespace
+    # privileged | cap_drop | cap_add | no_new_privileges | root | script_writable | docker_socket | port
+    # | host_namespace
+    rule: str
     detail: str
 
     def __str__(self) -> str:
@@ -74,6 +82,14 @@ def _audit_service(name: str, service: Mapping[str, Any]) -> list[Finding]:
                     f"adds {cap}, but it is for {allowed[1]}: none on a {role or 'unlabelled'} container",
                 )
             )
+    if not _keeps_no_new_privileges(service) and not _is_swarm_service(service):
+        found.append(
+            Finding(
+                name,
+                "no_new_privileges",
+                f"a setuid binary or file capability could gain privileges; add security_opt: [{NO_NEW_PRIVILEGES}]",
+            )
+        )
     user = str(service.get("user") or "").split(":")[0]
     if role == "node" and user in ROOT_USERS:
         found.append(Finding(name, "root", f"workers run as {user}; run them as the image's user (sim)"))
@@ -93,6 +109,28 @@ def _audit_service(name: str, service: Mapping[str, Any]) -> list[Finding]:
         if str(service.get(key) or "") == "host":
             found.append(Finding(name, "host_namespace", f"{key}: host shares the host's namespace"))
     return found
+
+
+def _keeps_no_new_privileges(service: Mapping[str, Any]) -> bool:
+    # Compose and the engine spell it no-new-privileges, no-new-privileges:true or no-new-privileges=true.
+    for option in service.get("security_opt") or ():
+        key, _, value = str(option).replace("=", ":").partition(":")
+        if key.strip() == "no-new-privileges" and value.strip().lower() in ("", "true"):
+            return True
+    return False
+
+
+def _is_swarm_service(service: Mapping[str, Any]) -> bool:
+    # A stack's service (it has a deploy section) or a running Swarm task's container.
+    return "deploy" in service or SWARM_TASK_LABEL in (service.get("labels") or {})
+
+
+def swarm_gaps(project: Mapping[str, Any]) -> list[str]:
+    """The rules a project's Swarm services are let off, each with its reason (empty for a Compose project)."""
+    services = (project.get("services") or {}).values()
+    if not any(_is_swarm_service(service or {}) for service in services):
+        return []
+    return [f"{rule}: {why}" for rule, why in SWARM_GAPS.items()]
 
 
 def _cap(cap: str) -> str:
@@ -130,6 +168,7 @@ def project_from_inspect(containers: Sequence[Mapping[str, Any]]) -> dict:
             "privileged": bool(host.get("Privileged")),
             "cap_add": list(host.get("CapAdd") or ()),
             "cap_drop": list(host.get("CapDrop") or ()),
+            "security_opt": list(host.get("SecurityOpt") or ()),
             "user": config.get("User") or "root",
             "volumes": [
                 {"source": m.get("Source", ""), "target": m.get("Destination", ""), "read_only": not m.get("RW", True)}

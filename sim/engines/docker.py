@@ -45,6 +45,9 @@ RESOURCE_KINDS = ("container", "network", "volume")
 NO_MEMORY_LIMIT = 2**62
 # The longest log line the collector keeps whole (sim/engines/collector.py reads logs through `_lines`).
 MAX_LINE_BYTES = 1 << 20
+# Docker's security option that stops any process of a container gaining a privilege it was not started
+# with (setuid binaries, file capabilities): on every container elastic-sim starts.
+NO_NEW_PRIVILEGES = "no-new-privileges:true"
 EXEC_FAILED = 126  # an exec the engine refused (container paused or gone): the shell's "cannot execute"
 
 
@@ -466,11 +469,14 @@ class Docker:
         self, container: str, argv: Sequence[str], *, image: str, labels: Mapping[str, str], timeout: float = 30
     ) -> ExecResult:
         """Run argv as root in a short-lived helper container of `image` that joins `container`'s network
-        namespace (network_mode container:ID) with NET_ADMIN and no other added capability, then remove
+        namespace (network_mode container:ID) with NET_ADMIN and no other capability, none to gain, then remove
         it: a network fault needs no iptables, tc or ip in the node's own image (as Pumba and Chaos Mesh
         apply them). A refusal (the node not running) is a failed result with the engine's reason, as `exec`."""
         host_config = self.api.create_host_config(
-            network_mode=f"container:{container}", cap_drop=["ALL"], cap_add=["NET_ADMIN"]
+            network_mode=f"container:{container}",
+            cap_drop=["ALL"],
+            cap_add=["NET_ADMIN"],
+            security_opt=[NO_NEW_PRIVILEGES],
         )
         try:
             helper = self.api.create_container(

@@ -24,9 +24,19 @@ PLACEMENTS = ("spread", "packed")
 # The generic resource kind each GPU host announces in its daemon.json (node-generic-resources).
 GPU_RESOURCE_KIND = "NVIDIA-GPU"
 # Keys `docker stack deploy` refuses (mem_limit, memswap_limit, depends_on with conditions, name) or
-# ignores with a warning (container_name, restart, shm_size, pids_limit): to_stack replaces each with its
-# Swarm form; pids_limit has none in stack files before 3.x of engine 23 (deploy.resources.limits.pids).
-COMPOSE_ONLY_KEYS = ("container_name", "restart", "depends_on", "mem_limit", "memswap_limit", "shm_size", "pids_limit")
+# ignores with a warning (container_name, restart, shm_size, pids_limit, security_opt): to_stack replaces
+# each with its Swarm form; pids_limit has none in stack files before 3.x of engine 23
+# (deploy.resources.limits.pids), security_opt none at all (the audit names that gap: SWARM_GAPS).
+COMPOSE_ONLY_KEYS = (
+    "container_name",
+    "restart",
+    "depends_on",
+    "mem_limit",
+    "memswap_limit",
+    "shm_size",
+    "pids_limit",
+    "security_opt",
+)
 _NFS_RE = re.compile(r"^(?P<server>[A-Za-z0-9][A-Za-z0-9.-]*):(?P<export>/[^\s,]*)$")
 HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 

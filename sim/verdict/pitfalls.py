@@ -103,30 +103,69 @@ def _node(item: tuple[str, WorkerRecord]):
 
 def resume_sources(run: RunModel, begin: float = float("-inf"), end: float = float("inf")) -> list[dict]:
     """Per group started in (begin, end), each rank's source: the file it loaded before its first step, or None
-    (started afresh). A worker's loads are matched to its start by node and process."""
+    (started afresh), and the save that wrote that file (None where none was seen). A worker's loads are
+    matched to its start by node and process."""
     loads = [r for r in run.records if isinstance(r, WorkerRecord) and r.event == "load"]
+    saves, shared = _saves(run), _shared_dirs(run)
     groups = []
     for index, cohort in enumerate(run.cohorts):
         if not begin < cohort.t < end:
             continue
         until = run.cohorts[index + 1].t if index + 1 < len(run.cohorts) else float("inf")  # a pid is reused later
-        ranks = []
+        ranks, written_by = [], []
         for start in cohort.starts:
             if not isinstance(start, WorkerRecord) or start.rank is None:
                 continue
             mine = [r for r in loads if r.node == start.node and r.pid == start.pid and start.t <= r.t < until]
-            ranks.append((start, mine[-1].path if mine else None))
-        groups.append({"t": cohort.t, "ranks": ranks})
+            path = mine[-1].path if mine else None
+            ranks.append((start, path))
+            written_by.append(_writer(saves, mine[-1], shared) if path else None)
+        paths = {path for _, path in ranks}
+        one_file = len(paths) == 1 and None not in paths and is_shared(next(iter(paths)), shared)
+        groups.append(
+            {"t": cohort.t, "ranks": ranks, "saves": written_by, "cohorts": run.cohorts, "one_file": one_file}
+        )
     return groups
 
 
+def _writer(saves: list[WorkerRecord], load: WorkerRecord, shared: tuple[str, ...]) -> WorkerRecord | None:
+    """The last save of the loaded file before the load: on any node for shared storage, else on the loader's."""
+    local = not is_shared(load.path or "", shared)
+    before = [s for s in saves if s.path == load.path and s.t <= load.t and not (local and s.node != load.node)]
+    return before[-1] if before else None
+
+
 def mixed_sources(group: dict) -> bool:
+    """One rank started afresh while others loaded a checkpoint, or they loaded different points. Files of
+    several names (per-rank or sharded ones), or of one node-local name on several nodes, are one point when
+    the saves that wrote them were one save round: the same optimizer step where the saves know it, else the
+    same steps taken by savers of one group. Where the saves are unknown, only different names count."""
     sources = {path for _, path in group["ranks"]}
-    return len(sources) > 1 and any(sources)
+    if not any(sources) or group.get("one_file"):
+        return False
+    if not all(sources):
+        return True
+    round_known = _save_round(group.get("saves") or [], group.get("cohorts") or ())
+    return len(sources) > 1 if round_known is None else not round_known
 
 
-def source_words(start: WorkerRecord, path: str | None) -> str:
-    return f"{_who(start)} {'loaded ' + path if path else 'loaded nothing: it started afresh'}"
+def _save_round(saves: list[WorkerRecord | None], cohorts) -> bool | None:
+    """Whether the saves were one save round; None where that cannot be told."""
+    if not saves or any(s is None for s in saves):
+        return None  # a file whose writing was not seen
+    if all(s.step is not None for s in saves):
+        return len({s.step for s in saves}) == 1
+    if any(s.n is None for s in saves):
+        return None
+    groups = {sum(1 for c in cohorts if c.t <= s.t) for s in saves}  # the group each saver belonged to
+    return len(groups) == 1 and len({s.n for s in saves}) == 1
+
+
+def source_words(start: WorkerRecord, path: str | None, save: WorkerRecord | None = None) -> str:
+    if not path:
+        return f"{_who(start)} loaded nothing: it started afresh"
+    step = f" (saved at step {save.step})" if save is not None and save.step is not None else ""
+    return f"{_who(start)} loaded {path}{step}"
 
 
 def resumed_apart(run: RunModel) -> Finding | None:
@@ -137,15 +176,15 @@ def resumed_apart(run: RunModel) -> Finding | None:
     if not mixed:
         return None
     group = mixed[0]
-    ranks = sorted(group["ranks"], key=lambda item: item[0].rank)
-    fresh = [s.rank for s, path in ranks if not path]
+    ranks = sorted(zip(group["ranks"], group["saves"], strict=True), key=lambda item: item[0][0].rank)
+    fresh = [start.rank for (start, path), _ in ranks if not path]
     return Finding(
         "resumed-apart",
         "Ranks resumed from different points",
         f"in the group started at {_at(group['t'])} the ranks did not resume from the same checkpoint"
         + (f": rank(s) {', '.join(map(str, fresh))} found none and started afresh" if fresh else "")
         + "; they train on from different states and steps",
-        tuple(source_words(start, path) for start, path in ranks),
+        tuple(source_words(start, path, save) for (start, path), save in ranks),
         "every rank must load the same checkpoint: keep it on storage every node shares (/ckpt), or have rank 0 "
         "load it and broadcast the state (and the step) to the others before training",
     )

@@ -231,7 +231,7 @@ def test_packet_loss_is_measured_near_the_setting(cluster):
 
 def test_bandwidth_limit_slows_a_transfer(cluster):
     sim(cluster, "netem", "node1", "--rate", "1mbit")
-    qdisc = cluster.exec("node1", "tc", "qdisc", "show", user="root").stdout
+    qdisc = cluster.net_exec("node1", "tc", "qdisc", "show").stdout
     assert "tbf" in qdisc and "1Mbit" in qdisc
     send = (
         "import socket, time; s = socket.create_connection(('node0', 39998)); t = time.time(); "
@@ -246,13 +246,13 @@ def test_bandwidth_limit_slows_a_transfer(cluster):
     took = float(cluster.exec("node1", "python3", "-c", send, timeout=60).stdout.strip() or 0)
     assert took > 1.0, f"250 kB at 1 Mbit/s should take about 2 s, took {took:.2f} s"
     sim(cluster, "heal", "--all")
-    assert "tbf" not in cluster.exec("node1", "tc", "qdisc", "show", user="root").stdout
+    assert "tbf" not in cluster.net_exec("node1", "tc", "qdisc", "show").stdout
 
 
 def test_netem_missing_is_one_clear_line(cluster):
     result = run_sim("netem", "node1", "--delay", "100ms", "--name", cluster.name)
     if result.returncode == 0:  # a kernel with netem: then the qdisc must really be there
-        assert "netem" in cluster.exec("node1", "tc", "qdisc", "show", user="root").stdout
+        assert "netem" in cluster.net_exec("node1", "tc", "qdisc", "show").stdout
         sim(cluster, "heal", "--all")
         return
     assert result.returncode == 2

@@ -114,8 +114,8 @@ def test_two_homes_two_ups_of_one_name_at_once(docker, images, tmp_path):
 def node_faults_in_force(cluster: Cluster, node: str) -> dict[str, str]:
     """What a fault would leave inside the node, read there: our iptables chains' rules, tc qdiscs,
     the cgroup CPU quota, the wall clock's offset."""
-    iptables = cluster.exec(node, "iptables", "-S", user="root").stdout
-    qdiscs = cluster.exec(node, "tc", "qdisc", "show", user="root").stdout
+    iptables = cluster.net_exec(node, "iptables", "-w", "-S").stdout  # from the network helper: nodes hold no cap
+    qdiscs = cluster.net_exec(node, "tc", "qdisc", "show").stdout
     read_quota = "cat /sys/fs/cgroup/cpu.max 2>/dev/null || cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us"  # v2 or v1
     cpu_max = cluster.exec(node, "sh", "-c", read_quota).stdout.strip()
     before = time.time()
@@ -170,18 +170,16 @@ def test_sigterm_of_chaos_run_mid_fault_leaves_no_fault_in_force(docker, images,
         run_sim("down", spec.name)
 
 
-NET_ADMIN_BIT = 1 << 12  # CAP_NET_ADMIN in /proc/PID/status's capability masks
+def _status(cluster: Cluster, node: str, field: str, user: str | None = None) -> str:
+    status = cluster.exec(node, "sh", "-c", f"grep {field}: /proc/self/status", user=user).stdout
+    return status.split()[1]
 
 
-def _caps(cluster: Cluster, node: str, field: str, user: str | None = None) -> int:
-    status = cluster.exec(node, "sh", "-c", f"grep {field} /proc/self/status", user=user).stdout
-    return int(status.split()[1], 16)
-
-
-def test_nodes_and_etcd_run_with_every_capability_dropped_but_net_admin(docker, images):
-    """Finding 9: a running cluster (etcd too) holds no capability but NET_ADMIN, in its bounding set;
-    its own processes hold none; a root exec (the network faults' way in) still runs iptables and tc;
-    `sim doctor`'s audit of the running cluster is clean."""
+def test_nodes_and_etcd_run_with_every_capability_dropped_and_no_new_privileges(docker, images):
+    """Finding 9: a running cluster's nodes and etcd hold no capability at all, in their bounding set, root
+    included, and no process there can gain one (NoNewPrivs); the network faults' helper alone holds
+    NET_ADMIN, and from it iptables and tc run in the node's namespace, where a root exec in the node
+    cannot; `sim doctor`'s audit of the running cluster is clean."""
     from sim.cli.doctor import running_audit
     from sim.core.spec import ClusterSpec
     from sim.engines.cluster import up
@@ -190,16 +188,17 @@ def test_nodes_and_etcd_run_with_every_capability_dropped_but_net_admin(docker, 
     cluster = up(spec, docker, progress=lambda line: None)
     try:
         for service in ("node0", "etcd"):
-            info = docker.inspect(cluster.container(service).id)
-            assert info["HostConfig"]["CapDrop"] == ["ALL"] and info["HostConfig"]["CapAdd"] in (
-                ["NET_ADMIN"],
-                ["CAP_NET_ADMIN"],
-            )
-            assert _caps(cluster, service, "CapBnd") == NET_ADMIN_BIT
-            assert _caps(cluster, service, "CapEff", user="root") == NET_ADMIN_BIT
-            assert cluster.exec(service, "iptables", "-w", "-S", user="root").ok
-            assert cluster.exec(service, "tc", "qdisc", "show", user="root").ok
-        assert _caps(cluster, "node0", "CapEff") == 0  # the node's user: what the workers hold
+            host = docker.inspect(cluster.container(service).id)["HostConfig"]
+            assert host["CapDrop"] == ["ALL"] and not host["CapAdd"], host
+            assert host["SecurityOpt"] == ["no-new-privileges:true"], host
+            for user in (None, "root"):
+                assert int(_status(cluster, service, "CapBnd", user), 16) == 0
+                assert int(_status(cluster, service, "CapEff", user), 16) == 0
+                assert _status(cluster, service, "NoNewPrivs", user) == "1"
+            denied = cluster.exec(service, "iptables", "-w", "-S", user="root")
+            assert not denied.ok and "denied" in (denied.stderr + denied.stdout).lower(), denied
+            assert cluster.net_exec(service, "iptables", "-w", "-S").ok
+            assert cluster.net_exec(service, "tc", "qdisc", "show").ok
         checks = running_audit(docker, spec.name)
         assert [c.ok for c in checks] == [True], [c.detail for c in checks]
     finally:

@@ -273,3 +273,76 @@ def test_fingerprints_a_reduction_order_apart_are_one_replicas():
 
     assert _close("-0.54358324222266674", "-0.54358324222266685")
     assert not _close("0.033817836549133062", "-0.26746568828821182") and not _close("0.5", "0.5000001")
+
+
+def _worker(t: float, node: str, event: str, rank: int, pid: int, **fields) -> dict:
+    return {"t": t, "type": "worker", "node": node, "event": event, "rank": rank, "world_size": 2, "pid": pid, **fields}
+
+
+def _two_groups(first_saves: dict[int, dict], loads: dict[int, str]) -> list[dict]:
+    """Two ranks train (pids 10, 11), save, and a second group (pids 20, 21) loads `loads` (rank: path)."""
+    records = [{"t": 0.0, "type": "run", "event": "start", "spec": {"max_nodes": 2}}]
+    for rank in (0, 1):
+        records.append(_worker(1.0 + rank / 10, f"node{rank}", "start", rank, 10 + rank))
+    for rank, save in first_saves.items():
+        records.append(_worker(save.pop("t"), f"node{rank}", "save", rank, 10 + rank, **save))
+    for rank in (0, 1):
+        records.append(_worker(100.0 + rank / 10, f"node{rank}", "start", rank, 20 + rank))
+        if loads.get(rank):
+            records.append(_worker(101.0 + rank / 10, f"node{rank}", "load", rank, 20 + rank, path=loads[rank], n=0))
+        records.append(_worker(102.0 + rank / 10, f"node{rank}", "step", rank, 20 + rank, n=1))
+    return records
+
+
+def _apart(records: list[dict]) -> bool:
+    from sim.verdict.pitfalls import mixed_sources, resume_sources
+
+    groups = resume_sources(RunModel(records))
+    return any(mixed_sources(g) for g in groups)
+
+
+def test_per_rank_files_of_one_save_round_are_one_point_and_of_two_rounds_are_not():
+    """Each rank keeps its own file (/ckpt/rank0.pt, /ckpt/rank1.pt): loaded after one save round (the same
+    optimizer step, or with no step known the same steps taken in one group) they are one point; files of
+    different steps, or a file whose writing was never seen, are not."""
+    per_rank = {0: "/ckpt/rank0.pt", 1: "/ckpt/rank1.pt"}
+
+    def saves(step0, step1, n0=50, n1=50):
+        return {
+            0: {"t": 50.0, "path": per_rank[0], "step": step0, "n": n0},
+            1: {"t": 50.1, "path": per_rank[1], "step": step1, "n": n1},
+        }
+
+    assert not _apart(_two_groups(saves(50, 50), per_rank))
+    assert _apart(_two_groups(saves(50, 40), per_rank))
+    assert not _apart(_two_groups(saves(None, None), per_rank))
+    assert _apart(_two_groups(saves(None, None, n1=40), per_rank))
+    assert _apart(_two_groups({0: saves(50, 50)[0]}, per_rank))  # rank 1's file: never seen written
+    assert _apart(_two_groups(saves(50, 50), {0: per_rank[0]}))  # rank 1 started afresh
+
+
+def test_one_node_local_name_of_two_save_rounds_is_two_points():
+    """Each node's own snapshot.pt (one name, two files): written at different steps, the ranks resumed apart;
+    one shared file is one point whoever wrote it."""
+    local = "/home/sim/snapshot.pt"
+    both = {0: local, 1: local}
+    same = {0: {"t": 50.0, "path": local, "step": 50}, 1: {"t": 50.1, "path": local, "step": 50}}
+    older = {0: {"t": 50.0, "path": local, "step": 50}, 1: {"t": 20.0, "path": local, "step": 20}}
+    assert not _apart(_two_groups(same, both))
+    assert _apart(_two_groups(older, both))
+    shared = {0: {"t": 50.0, "path": "/ckpt/c.pt", "step": 50}}
+    assert not _apart(_two_groups(shared, {0: "/ckpt/c.pt", 1: "/ckpt/c.pt"}))
+
+
+def test_the_per_rank_checkpoint_resumed_apart_only_where_one_rank_loaded_an_older_round():
+    """rank_ckpt_preempt: after the preemption node1 and node2 loaded rank0.pt and rank1.pt, both of the step-20
+    save round (one point: no finding there, as there was before); after node0's return node2 loaded its own
+    step-20 rank2.pt while the others loaded the latest round's files: resumed apart, that group only."""
+    from sim.verdict.pitfalls import mixed_sources, resume_sources
+
+    groups = resume_sources(RunModel(_history("rank_ckpt_preempt")))
+    assert [mixed_sources(g) for g in groups] == [False, False, True]
+    apart = {d.code: d for d in diagnose(_history("rank_ckpt_preempt"), {})}["resumed-apart"]
+    assert any(
+        e.startswith("node2") and e.endswith("rank 2 loaded /ckpt/rank2.pt (saved at step 20)") for e in apart.evidence
+    )

@@ -70,7 +70,7 @@ def test_the_node_keeps_what_faults_and_torchrun_need():
     project, stack = render(spec, **IMAGES), stack_of(spec)
     for name in ("etcd", "node0", "node1"):
         node, rendered = stack["services"][name], project["services"][name]
-        for key in ("image", "command", "environment", "hostname", "cap_add", "init", "volumes", "networks"):
+        for key in ("image", "command", "environment", "hostname", "cap_drop", "init", "volumes", "networks"):
             assert node.get(key) == rendered.get(key), key
     assert stack["services"]["node0"]["stop_grace_period"] == "10s"
     # Swarm has no depends_on: sim/engines/swarm.py deploys etcd first, and each node's agent waits for its health.
