@@ -10,12 +10,15 @@ a guessed time.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
 import random
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sim.core import labels
 from sim.core.errors import SimError, UsageError
 from sim.core.history import FILE_NAME, AgentRecord, FaultResult, History, HistoryTail
 from sim.core.spec import ClusterSpec, spec_from_options
@@ -37,11 +40,14 @@ POLL_S = 0.5
 QUIET_MARGIN_S = 5.0
 
 
-def default_cluster_name(scenario: str, backend: str) -> str:
+def default_cluster_name(scenario: str, backend: str, session: str | None = None) -> str:
     """`chaos-<scenario>-<backend>`, within the 40 characters a cluster name may have: runs of one
     scenario on two backends at once (two terminals, the test suite's two workers) never share a
-    name, since the `up` of a name sweeps whatever carries it."""
-    return f"{f'chaos-{scenario}'[: 39 - len(backend)].rstrip('-')}-{backend}"
+    name, since the `up` of a name sweeps whatever carries it. Inside a labelled session (SIM_SESSION:
+    a test suite) a short tag of it ends the name, so two suites on one engine never refuse each other."""
+    session = os.environ.get(labels.SESSION_ENV) if session is None else session
+    tail = f"{backend}-{hashlib.sha256(session.encode()).hexdigest()[:6]}" if session else backend
+    return f"{f'chaos-{scenario}'[: 39 - len(tail)].rstrip('-')}-{tail}"
 
 
 class StepNotFired(SimError):

@@ -16,6 +16,7 @@ from chaos.partition import cut_from, isolate, one_way, split
 from chaos.runner import HistoryState, ScenarioRunner, default_cluster_name
 from chaos.scenario import Step, parse_scenario
 from sim.cli.main import main as sim_main
+from sim.core import labels
 from sim.core.errors import UsageError
 from sim.core.history import History
 from sim.core.spec import spec_from_options
@@ -351,11 +352,27 @@ def test_history_state_counts_any_scripts_optimizer_steps(tmp_path):
 def test_a_scenario_on_two_backends_gets_two_cluster_names():
     """The `up` of a name sweeps whatever carries it: runs of one scenario on two backends at once
     (the suite's two workers ran clock-skew-5s so) must not share one."""
-    assert default_cluster_name("clock-skew-5s", "etcd-v2") == "chaos-clock-skew-5s-etcd-v2"
-    assert default_cluster_name("clock-skew-5s", "c10d") == "chaos-clock-skew-5s-c10d"
-    long = default_cluster_name("x" * 60, "etcd-v3")
+    assert default_cluster_name("clock-skew-5s", "etcd-v2", "") == "chaos-clock-skew-5s-etcd-v2"
+    assert default_cluster_name("clock-skew-5s", "c10d", "") == "chaos-clock-skew-5s-c10d"
+    long = default_cluster_name("x" * 60, "etcd-v3", "")
     assert len(long) == 40 and long.endswith("x-etcd-v3")
     spec_from_options({"name": long}, None)  # a valid cluster name
+
+
+def test_two_test_sessions_on_one_engine_get_two_cluster_names_per_scenario(monkeypatch):
+    """Two suites (two CI jobs) on one engine ran the same scenario at once: the second's `up` was refused,
+    the name held by the other's home. A session's tag ends the name; a user's run (no SIM_SESSION) keeps
+    the plain one."""
+    first = default_cluster_name("amp-memory", "c10d", "pytest-1a2b3c4d-gw0")
+    second = default_cluster_name("amp-memory", "c10d", "pytest-9f8e7d6c-gw0")
+    assert first != second and first.startswith("chaos-amp-memory-c10d-") and len(first) <= 40
+    long = default_cluster_name("x" * 60, "etcd-v3", "pytest-1a2b3c4d")
+    assert len(long) == 40 and "-etcd-v3-" in long
+    spec_from_options({"name": long}, None)
+    monkeypatch.setenv(labels.SESSION_ENV, "pytest-1a2b3c4d-gw0")
+    assert default_cluster_name("amp-memory", "c10d") == first
+    monkeypatch.delenv(labels.SESSION_ENV)
+    assert default_cluster_name("amp-memory", "c10d") == "chaos-amp-memory-c10d"
 
 
 @pytest.mark.parametrize("keep_faults", [False, True])
