@@ -15,7 +15,7 @@ from sim.core.paths import IMAGES_DIR
 from sim.core.spec import ClusterSpec, image_torch_version, spec_from_options
 from sim.engines.images import is_progress_line
 from sim.engines.render import PROJECT_COPY, render
-from sim.engines.userimages import hook_files, pip_failure
+from sim.engines.userimages import ImageProbe, UserImages, hook_files, pip_failure
 
 IMAGES = {"node_image": "N", "etcd_image": "E", "run_id": "r"}
 SEEDJOB = Path(__file__).resolve().parent.parent / "scripts" / "seedjob"
@@ -226,3 +226,65 @@ def test_apt_percentages_are_one_updating_line():
     assert is_progress_line("(Reading database ... 5%")
     assert not is_progress_line("(Reading database ... 6512 files and directories currently installed.)")
     assert not is_progress_line("Step 3/7 : RUN dpkg -i /tmp/libfaketime.deb")
+
+
+class _FakeBuilder:
+    """What UserImages.own_image asks of an ImageBuilder: its folders, the runtime wheelhouse and one build."""
+
+    def __init__(self, tmp_path: Path):
+        self.images_dir = IMAGES_DIR
+        self.cache_dir = tmp_path / "cache"
+        (self.cache_dir / "faketime").mkdir(parents=True)
+        (self.cache_dir / "faketime" / "libfaketime.so.1").write_bytes(b"\x7fELF")
+        self.wheels = tmp_path / "wheels"
+        self.wheels.mkdir()
+        self.built: list[tuple[str, str, dict]] = []
+        self.progress = lambda line: None
+
+    def wheelhouse(self) -> Path:
+        return self.wheels
+
+    def _docker_build(self, name: str, tag: str, ctx: Path, args: dict) -> None:
+        assert (ctx / "Dockerfile").is_file() and (ctx / "libfaketime.so.1").is_file()
+        self.built.append((name, tag, args))
+
+
+class _FakeImages:
+    def __init__(self):
+        self.tags: set[str] = set()
+
+    def image_exists(self, tag: str) -> bool:
+        return tag in self.tags
+
+
+def _probe(**fields) -> ImageProbe:
+    base = dict(
+        image="team/train:1",
+        image_id="sha256:" + "ab" * 32,
+        user="root",
+        uid=0,
+        python="/usr/bin/python3",
+        version="3.11",
+        site="/usr/lib/python3/dist-packages",
+        torch="2.13.0",
+        torch_error=None,
+        dists=("torch",),
+        tools={},
+        pip=False,
+    )
+    return ImageProbe(**{**base, **fields})
+
+
+def test_the_own_image_is_keyed_by_the_team_images_user_and_built_once(tmp_path):
+    """The --image layer's tag is a digest of what goes in it, the image's user and uid among them (the events
+    folder goes to that uid): built with them as build args once, then found up to date; another uid is
+    another image. (A TypeError in this key once reached only the integration test.)"""
+    builder, engine = _FakeBuilder(tmp_path), _FakeImages()
+    images = UserImages(builder, engine)
+    tag = images.own_image(_probe())
+    assert [(name, args["RUN_AS"], args["RUN_UID"]) for name, _, args in builder.built] == [("own", "root", "0")]
+    assert builder.built[0][1] == tag and tag.split(":")[-1]
+    engine.tags.add(tag)
+    assert images.own_image(_probe()) == tag and len(builder.built) == 1
+    other = images.own_image(_probe(user="trainer", uid=1234))
+    assert other != tag and builder.built[-1][2]["RUN_UID"] == "1234"
