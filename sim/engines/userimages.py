@@ -307,6 +307,21 @@ def _dist_name(wheel: Path) -> str:
     return wheel.name.split("-")[0].lower().replace("_", "-")
 
 
+def user_row(probe: ImageProbe) -> tuple[bool, str, str]:
+    """The image's user: kept in the nodes, where it holds no capability (every one is dropped). A root user
+    differs from production there: Kubernetes and `docker run` keep Docker's defaults for root (CHOWN,
+    DAC_OVERRIDE, SETUID, ...), so a script that chowns, writes files others own or changes user fails here only."""
+    if probe.uid != 0:
+        return True, "user", f"{probe.user} (uid {probe.uid}): kept in the nodes, with no capability, as usual for it"
+    return (
+        False,
+        "user",
+        f"{probe.user} (uid 0): kept, but with no capability in the nodes (production root keeps Docker's defaults): "
+        "a chown, a write to files another user owns or a setuid fails here only; run as a user (USER in your "
+        "Dockerfile) or keep the job from needing them",
+    )
+
+
 def doctor_lines(docker: Docker, image: str) -> list[tuple[bool, str, str]]:
     """(ok, check, detail) for `sim doctor --image`: what the image supports, and what it lacks."""
     probe = probe_image(docker, image)
@@ -323,6 +338,7 @@ def doctor_lines(docker: Docker, image: str) -> list[tuple[bool, str, str]]:
         rows.append((found, tool, f"found ({needed_for})" if found else f"missing: {needed_for} need it in the image"))
     rows.append((probe.pip, "pip", "found: --requirements works" if probe.pip else "missing: --requirements needs pip"))
     rows.append((True, "network faults", "applied from elastic-sim's helper container: no ip, iptables, tc needed"))
+    rows.append(user_row(probe))
     rows.append((True, "clock faults", "libfaketime is added by elastic-sim's layer (glibc images)"))
     rows.append((True, "etcd-v3 backend", "added by elastic-sim's layer"))
     return rows

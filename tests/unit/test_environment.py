@@ -288,3 +288,11 @@ def test_the_own_image_is_keyed_by_the_team_images_user_and_built_once(tmp_path)
     assert images.own_image(_probe()) == tag and len(builder.built) == 1
     other = images.own_image(_probe(user="trainer", uid=1234))
     assert other != tag and builder.built[-1][2]["RUN_UID"] == "1234"
+
+
+def test_doctor_says_a_root_team_image_holds_no_capability_in_the_nodes():
+    from sim.engines.userimages import user_row
+
+    ok, name, detail = user_row(_probe())
+    assert (ok, name) == (False, "user") and "no capability" in detail and "USER in your Dockerfile" in detail
+    assert user_row(_probe(user="trainer", uid=1234))[0] is True
