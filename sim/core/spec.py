@@ -676,16 +676,20 @@ def check_room_beside(
     if nodes <= fits:
         return
     names = sorted(others)
-    held = ", ".join(f"'{name}' ({len(others[name])} nodes, {sum(others[name])} MiB)" for name in names[:5])
+    held = ", ".join(f"'{name}' ({_nodes(len(others[name]))}, {sum(others[name])} MiB)" for name in names[:5])
     held += f" and {len(names) - 5} more" if len(names) > 5 else ""
     beside = f" beside the running nodes of other clusters: {held}" if names else ""
     down = f"`python -m sim down {names[0] if len(names) == 1 else 'NAME'}`, or " if names else ""
     fewer = f"{flag} {fits} or fewer" if fits else "fewer nodes"
     raise UsageError(
-        f"{flag} {nodes}: {nodes} nodes of {node_mib} MiB do not fit in this machine's {memory_mib} MiB"
+        f"{flag} {nodes}: {_nodes(nodes)} of {node_mib} MiB do not fit in this machine's {memory_mib} MiB"
         f"{beside} ({max(0, room)} MiB left, {HOST_RESERVE_MIB} MiB kept for the host); "
         f"make room with {down}use {fewer} or a smaller --memory"
     )
+
+
+def _nodes(count: int) -> str:
+    return f"{count} node" if count == 1 else f"{count} nodes"
 
 
 def max_workers_in_memory(memory_mib: int) -> int:

@@ -32,7 +32,7 @@ from sim.core.progress import Progress, to_stderr
 from sim.core.sidechannel import prepare_events_dir
 from sim.core.spec import SHIPPED_TRAINER_DEFAULTS, ClusterSpec, check_room_beside, node_need_mib
 from sim.core.wait import Check, Condition, wait_for
-from sim.engines.docker import NO_MEMORY_LIMIT, RESOURCE_KINDS, Container, DockerProvider, ExecResult
+from sim.engines.docker import NO_MEMORY_LIMIT, RESOURCE_KINDS, Container, DockerError, DockerProvider, ExecResult
 from sim.engines.images import ImageBuilder, ImageSet
 from sim.engines.render import render, to_yaml
 
@@ -378,7 +378,10 @@ def other_clusters_memory(docker: DockerProvider, name: str) -> dict[str, list[i
         if text.isdigit():
             mib = int(text)
         else:  # a node of an older elastic-sim: no label
-            limit = docker.resources(container.id).memory
+            try:
+                limit = docker.resources(container.id).memory
+            except DockerError:  # gone since the listing
+                continue
             mib = -(-limit // 2**20) if 0 < limit < NO_MEMORY_LIMIT else node_need_mib(ClusterSpec.nproc_per_node)
         found.setdefault(cluster, []).append(mib)
     return found

@@ -20,7 +20,7 @@ from sim.core.spec import (
     spec_from_options,
 )
 from sim.engines.cluster import Cluster, check_engine_room, other_clusters_memory
-from sim.engines.docker import Container, Resources
+from sim.engines.docker import Container, DockerError, Resources
 from sim.engines.swarm_render import SwarmLayout, to_stack
 
 # ------------------------------------------------------------------ the default memory limit
@@ -137,7 +137,7 @@ def test_room_beside_other_clusters_names_them_and_the_fix():
         check_room_beside("--nodes", 3, 600, others, memory_mib=HOST_RESERVE_MIB + 3248 + 1200)
     text = str(error.value)
     assert "\n" not in text
-    assert "beside the running nodes of other clusters: 'a' (1 nodes, 2048 MiB), 'b' (2 nodes, 1200 MiB)" in text
+    assert "beside the running nodes of other clusters: 'a' (1 node, 2048 MiB), 'b' (2 nodes, 1200 MiB)" in text
     assert text.endswith("make room with `python -m sim down NAME`, or use --nodes 2 or fewer or a smaller --memory")
     with pytest.raises(UsageError, match=r"`python -m sim down a`, or use fewer nodes"):
         check_room_beside("scale --nodes", 1, 600, {"a": [9000]}, memory_mib=8192)
@@ -164,6 +164,8 @@ class RoomEngine:
 
     def resources(self, container):
         limit = next(m for c, n, _, _, m in self.nodes if f"id-{c}-{n}" == container)
+        if limit is None:
+            raise DockerError(f"docker inspect failed: No such container: {container}")
         return Resources(0, 0, limit)
 
 
@@ -176,6 +178,7 @@ def test_other_clusters_count_by_label_then_limit_then_a_default_nodes_need():
             ("a", "node2", "exited", "2048", 0),  # holds nothing
             ("old", "node0", "running", None, 3 * 2**30 + 1),  # an older node: its limit, rounded up
             ("old", "node1", "running", None, 0),  # no limit either: a default node's need
+            ("gone", "node0", "running", None, None),  # removed since the listing
         ]
     )
     assert other_clusters_memory(engine, "mine") == {"a": [2048, 2048], "old": [3073, node_need_mib(2)]}
@@ -186,7 +189,7 @@ def test_the_engine_check_is_for_a_local_engine_only(monkeypatch):
     monkeypatch.setattr("sim.core.spec.machine_memory_mib", lambda: HOST_RESERVE_MIB + 4096)
     spec = ClusterSpec(name="mine", nodes=2, memory="1g")
     engine = RoomEngine([("a", "node0", "running", "3000", 0)])
-    with pytest.raises(UsageError, match=r"^--nodes 2: .*'a' \(1 nodes, 3000 MiB\).*`python -m sim down a`"):
+    with pytest.raises(UsageError, match=r"^--nodes 2: .*'a' \(1 node, 3000 MiB\).*`python -m sim down a`"):
         check_engine_room(engine, spec, "--nodes", 2)
     check_engine_room(engine, spec, "--nodes", 1)
     engine.local = False  # a remote engine's or a swarm's memory is not this machine's
