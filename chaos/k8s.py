@@ -223,8 +223,9 @@ def _pytorchjob(spec: ClusterSpec, opts: _Options, notes: list[str]) -> dict:
         resources["limits"] = {"nvidia.com/gpu": str(count)}
         if spec.gpus.mode == "all":
             notes.append("--gpus all: Kubernetes asks for a number of GPUs; the export asks for 1 per pod.")
-    if spec.memory is not None:
-        resources.setdefault("limits", {})["memory"] = str(parse_size("--memory", spec.memory))
+    if spec.memory is not None and spec.memory_limit is not None:
+        # A --memory given only: the default is a share of this machine, which says nothing of the cluster's.
+        resources.setdefault("limits", {})["memory"] = str(spec.memory_limit)
     if resources:
         container["resources"] = resources
     if spec.uses_etcd:

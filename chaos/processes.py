@@ -120,7 +120,7 @@ class ProcessFaults:
         headroom: int = OOM_HEADROOM,
     ) -> dict:
         """The kernel's OOM killer kills one worker. Its node gets a memory limit `headroom` bytes
-        above what it uses now (kept if it has one already, e.g. from `memory` in the spec), the
+        above what it uses now (its default limit when lower; one from `memory` in the spec is kept), the
         worker is made the OOM killer's first choice (oom_score_adj 1000, which any process may raise
         for its own user's), and a helper process in the node allocates until the worker is gone.
         The script is untouched; the limit is lifted again at once."""
@@ -129,7 +129,15 @@ class ProcessFaults:
             node, worker = self._pick_worker(target, rank, local_rank)
             cid = self._info(node).id
             before = self.docker.resources(cid)
-            limit = before.memory if 0 < before.memory < NO_MEMORY_LIMIT else self._memory_used(node) + headroom
+            limited = 0 < before.memory < NO_MEMORY_LIMIT
+            spec = self.cluster.spec
+            if limited and (spec is None or spec.memory is not None):
+                limit = before.memory  # the spec's own `memory`: kept
+            else:
+                # The default limit bounds a runaway node, mostly far above its use: the hog would have to
+                # fill all of it, so the node gets less for the while (then its limit back).
+                limit = self._memory_used(node) + headroom
+                limit = min(limit, before.memory) if limited else limit
             adjusted = self.cluster.exec(node, "sh", "-c", f"echo 1000 > /proc/{worker.pid}/oom_score_adj")
             if not adjusted.ok:
                 raise FaultError(

@@ -23,10 +23,12 @@ from sim.core.errors import UsageError
 from sim.core.hostpaths import check_mount, parse_mount
 from sim.core.sidechannel import compile_progress_regex
 from sim.core.spec import (
+    DEFAULT_PIDS,
     DEFAULT_TRAINER_ARGS,
     DEVICE_MODES,
     ETCD_BACKENDS,
     FAILURE_TIMINGS,
+    NO_LIMIT,
     RDZV_BACKENDS,
     ClusterSpec,
     GpuRequest,
@@ -455,6 +457,7 @@ _CLUSTER_KEYS = (
     "progress",
     "instrument",
     "memory",
+    "pids",
     "ckpt_size",
     "devices",
     "failure_timing",
@@ -612,10 +615,13 @@ def _read_cluster(f: _Field, base_dir: Path) -> tuple[dict, tuple[str, ...]]:
         cluster["devices"] = fields["devices"].choice(DEVICE_MODES, "a device mode")
     if "failure_timing" in fields:
         cluster["failure_timing"] = fields["failure_timing"].choice(FAILURE_TIMINGS, "a failure timing")
-    for key in ("memory", "ckpt_size"):  # sizes: 2g, 64m
+    for key in ("memory", "ckpt_size"):  # sizes: 2g, 64m (memory: none lifts the default limit)
         if key in fields:
             cluster[key] = fields[key].text()
-            fields[key].checked(parse_size, key, cluster[key])
+            if not (key == "memory" and cluster[key].strip().lower() == NO_LIMIT):
+                fields[key].checked(parse_size, key, cluster[key])
+    if "pids" in fields:
+        cluster["pids"] = fields["pids"].whole(1, DEFAULT_PIDS)
     backends = _read_backends(fields["rdzv_backend"]) if "rdzv_backend" in fields else (ClusterSpec.rdzv_backend,)
     return cluster, backends
 

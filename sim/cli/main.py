@@ -16,7 +16,15 @@ from pathlib import Path
 
 from sim.core.errors import DockerUnavailableError, SimError, UsageError
 from sim.core.paths import cache_home, state_home
-from sim.core.spec import DEFAULT_NAME, DEVICE_MODES, ENGINES, FAILURE_TIMINGS, RDZV_BACKENDS, spec_from_options
+from sim.core.spec import (
+    DEFAULT_NAME,
+    DEFAULT_PIDS,
+    DEVICE_MODES,
+    ENGINES,
+    FAILURE_TIMINGS,
+    RDZV_BACKENDS,
+    spec_from_options,
+)
 from sim.core.wait import wait_for
 from sim.engines import cluster as cluster_mod
 from sim.engines.docker import Docker
@@ -103,7 +111,12 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
         help="under emulation, a collective whose peer is gone: nccl (default) blocks until the process "
         "group's timeout, then aborts, as NCCL's watchdog does; gloo fails it at once",
     )
-    parser.add_argument("--memory", help="each node's memory limit, e.g. 2g (no swap; the oom-worker fault needs none)")
+    parser.add_argument(
+        "--memory",
+        help="each node's memory limit, e.g. 2g (no swap), or none for no limit (default: an equal share of this "
+        "machine's memory less 1 GiB among --max-nodes, at least what a node needs)",
+    )
+    parser.add_argument("--pids", type=int, help=f"each node's pids limit, threads included (default {DEFAULT_PIDS})")
     parser.add_argument(
         "--ckpt-size", help="make /ckpt a shared tmpfs of this size, e.g. 64m (a disk fill-disk can fill)"
     )
@@ -372,6 +385,7 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
         f"nnodes {spec.min_nodes}:{spec.max_nodes}"
     )
     print(f"  {spec.devices_line}")
+    print(f"  {spec.limits_line}")
     print(f"  compose file: {cluster.compose_file}")
     print(
         f"  logs:         `python -m sim logs{' --name ' + name if flag else ''} -f`; "

@@ -17,6 +17,9 @@ ROLE = "elastic-sim.role"  # "node" | "etcd" | NETNS_HELPER
 NETNS_HELPER = "netns-helper"
 NODE = "elastic-sim.node"  # node0, node1, ... (also on etcd: "etcd")
 RUN = "elastic-sim.run"
+# On nodes: the MiB a node counts for in its machine's memory (ClusterSpec.counted_memory_mib), read by the
+# room check of another cluster's `up` on the same engine (sim.engines.cluster.check_engine_room).
+MEMORY = "elastic-sim.memory-mib"
 # A test session (or any caller) can tag everything it makes, then sweep by it.
 SESSION = "elastic-sim.session"
 SESSION_ENV = "SIM_SESSION"

@@ -54,6 +54,10 @@ RDZV_WHOLE_KEYS = (
 NODE_AGENT_MIB = 132
 NODE_WORKER_MIB = 234
 HOST_RESERVE_MIB = 1024
+# Each node's pids limit unless --pids says otherwise (compose/cluster.yaml's x-node holds the same figure):
+# threads count too, and torchrun with 8 workers and their gloo/NCCL threads uses a few hundred.
+DEFAULT_PIDS = 4096
+NO_LIMIT = "none"  # --memory none: a node without a memory limit
 MAX_GPUS_PER_NODE = 64
 # --devices: "emulated" runs CUDA code on CPU and NCCL as gloo in every worker (images/node/elastic_sim_devices.py);
 # "gpu" leaves torch as it is (real GPUs with --gpus). --failure-timing: how a collective fails when a peer
@@ -136,7 +140,12 @@ class ClusterSpec:
     env_show: bool = False  # --env-show: the --env values as they are in histories and saved logs, not ***
     instrument: bool = True  # optimizer-step and collective hooks in every worker (images/node)
     progress_regex: str | None = None  # step (and loss) read from the script's own log lines
-    memory: str | None = None  # each node's memory limit, e.g. "2g" (no swap); None: no limit
+    # Each node's memory limit (no swap) as given: a size such as "2g", "none" for no limit, or None for the
+    # default (default_node_memory_mib). memory_limit: the bytes the nodes get (None: no limit), resolved
+    # here once, so spec.json records the figure and a spec read back (a scale-up) keeps it.
+    memory: str | None = None
+    memory_limit: int | None = None
+    pids: int = DEFAULT_PIDS  # each node's pids limit (--pids)
     etcd_version: str | None = None  # None: 3.5 for etcd-v3 (no v2 API at all), else 3.4
     ckpt_size: str | None = (
         None  # /ckpt as a tmpfs of this size, e.g. "64m" (a disk that can fill); None: a plain volume
@@ -203,9 +212,10 @@ class ClusterSpec:
             raise UsageError(f"instrument {self.instrument!r}: must be true or false (--no-instrument turns it off)")
         if self.progress_regex is not None:
             compile_progress_regex(self.progress_regex)
-        for flag, size in (("--memory", self.memory), ("--ckpt-size", self.ckpt_size)):
-            if size is not None:
-                parse_size(flag, size)
+        if self.ckpt_size is not None:
+            parse_size("--ckpt-size", self.ckpt_size)
+        self._check_memory()
+        _positive_int("--pids", self.pids)
         self._check_devices()
         self._check_mounts()
         self._check_requirements()
@@ -215,6 +225,22 @@ class ClusterSpec:
             raise UsageError(
                 "--image and --requirements build an image on this machine only; use them with --engine compose"
             )
+
+    def _check_memory(self) -> None:
+        if self.memory is not None and str(self.memory).strip().lower() == NO_LIMIT:
+            object.__setattr__(self, "memory", NO_LIMIT)
+            object.__setattr__(self, "memory_limit", None)
+        elif self.memory is not None:
+            if not _SIZE_RE.match(str(self.memory)):
+                raise UsageError(
+                    f"--memory {self.memory!r}: not a size; use a number and k, m or g, e.g. 2g, or none for no limit"
+                )
+            object.__setattr__(self, "memory_limit", parse_size("--memory", self.memory))
+        elif self.memory_limit is None:
+            mib = default_node_memory_mib(max(self.nodes, self.max_nodes), self.nproc_per_node)
+            object.__setattr__(self, "memory_limit", mib * 2**20)
+        elif not isinstance(self.memory_limit, int) or isinstance(self.memory_limit, bool) or self.memory_limit < 2**20:
+            raise UsageError(f"memory_limit {self.memory_limit!r}: must be a number of bytes >= 1048576 (1 MiB)")
 
     def _check_project(self) -> None:
         """The script, and the project tree it runs in: checked, resolved, never a folder that exposes the host."""
@@ -327,6 +353,26 @@ class ClusterSpec:
     @property
     def etcd_v2_api(self) -> bool:
         return self.etcd_server_version == "3.4"
+
+    @property
+    def counted_memory_mib(self) -> int:
+        """The MiB one node counts for in a machine's memory (check_room_beside): its --memory limit when
+        given (the size the user says a node is), else what a node needs. A default limit is a bound on a
+        runaway node, not its use: counted at its limit, one cluster would fill the machine for any other."""
+        if self.memory is not None and self.memory_limit is not None:
+            return math.ceil(self.memory_limit / 2**20)
+        return node_need_mib(self.nproc_per_node)
+
+    @property
+    def limits_line(self) -> str:
+        """What the banner says about each node's bounds."""
+        if self.memory_limit is None:
+            memory = "no memory limit"
+        else:
+            memory = f"memory {math.ceil(self.memory_limit / 2**20)} MiB"
+            if self.memory is None:
+                memory += " (default: this machine's share; --memory SIZE or none)"
+        return f"limits per node: {memory}, {self.pids} pids"
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -584,10 +630,26 @@ def cgroup_memory_limit_mib(paths: Sequence[str] = CGROUP_MEMORY_LIMITS) -> int 
     return None
 
 
+def node_need_mib(nproc_per_node: int) -> int:
+    """The memory one node of `nproc_per_node` workers needs (the shipped trainer's, measured)."""
+    return NODE_AGENT_MIB + NODE_WORKER_MIB * nproc_per_node
+
+
 def max_nodes_in_memory(nproc_per_node: int, memory_mib: int | None = None) -> int:
     """How many nodes of `nproc_per_node` workers fit in this machine's memory (0: not even one)."""
     memory_mib = machine_memory_mib() if memory_mib is None else memory_mib
-    return max(0, (memory_mib - HOST_RESERVE_MIB) // (NODE_AGENT_MIB + NODE_WORKER_MIB * nproc_per_node))
+    return max(0, (memory_mib - HOST_RESERVE_MIB) // node_need_mib(nproc_per_node))
+
+
+def default_node_memory_mib(nodes: int, nproc_per_node: int, memory_mib: int | None = None) -> int:
+    """Each node's memory limit unless --memory says otherwise: an equal share, among the cluster's
+    `nodes` (its most), of this machine's memory less the host's reserve, and never below what a node
+    needs. An equal share rather than all the others leave: the same script runs on every node, so a
+    leak runs away on all of them at once, and their limits together must still leave the host its
+    reserve. The floor keeps a node that works from being killed; a spare beyond `nodes` (a scale-up)
+    gets the same limit."""
+    memory_mib = machine_memory_mib() if memory_mib is None else memory_mib
+    return max(node_need_mib(nproc_per_node), (memory_mib - HOST_RESERVE_MIB) // nodes)
 
 
 def check_fits_in_memory(flag: str, nodes: int, nproc_per_node: int, memory_mib: int | None = None) -> None:
@@ -595,12 +657,39 @@ def check_fits_in_memory(flag: str, nodes: int, nproc_per_node: int, memory_mib:
     memory_mib = machine_memory_mib() if memory_mib is None else memory_mib
     limit = max_nodes_in_memory(nproc_per_node, memory_mib)
     if nodes > limit:
-        per_node = NODE_AGENT_MIB + NODE_WORKER_MIB * nproc_per_node
+        per_node = node_need_mib(nproc_per_node)
         fix = f"{flag} {limit}" if limit else f"--nproc-per-node {max_workers_in_memory(memory_mib)}"
         raise UsageError(
             f"{flag} {nodes}: more than this machine can hold ({memory_mib / 1024:.0f} GiB; a node of "
             f"{nproc_per_node} worker(s) needs about {per_node} MiB); use {fix} or fewer"
         )
+
+
+def check_room_beside(
+    flag: str, nodes: int, node_mib: int, others: Mapping[str, Sequence[int]], memory_mib: int | None = None
+) -> None:
+    """Refuse `nodes` nodes of `node_mib` MiB each that this machine cannot hold beside the running nodes
+    of other clusters on its engine (`others`: each cluster's name -> the MiB each of its nodes counts for)."""
+    memory_mib = machine_memory_mib() if memory_mib is None else memory_mib
+    room = memory_mib - HOST_RESERVE_MIB - sum(sum(mibs) for mibs in others.values())
+    fits = max(0, room // node_mib)
+    if nodes <= fits:
+        return
+    names = sorted(others)
+    held = ", ".join(f"'{name}' ({_nodes(len(others[name]))}, {sum(others[name])} MiB)" for name in names[:5])
+    held += f" and {len(names) - 5} more" if len(names) > 5 else ""
+    beside = f" beside the running nodes of other clusters: {held}" if names else ""
+    down = f"`python -m sim down {names[0] if len(names) == 1 else 'NAME'}`, or " if names else ""
+    fewer = f"{flag} {fits} or fewer" if fits else "fewer nodes"
+    raise UsageError(
+        f"{flag} {nodes}: {_nodes(nodes)} of {node_mib} MiB do not fit in this machine's {memory_mib} MiB"
+        f"{beside} ({max(0, room)} MiB left, {HOST_RESERVE_MIB} MiB kept for the host); "
+        f"make room with {down}use {fewer} or a smaller --memory"
+    )
+
+
+def _nodes(count: int) -> str:
+    return f"{count} node" if count == 1 else f"{count} nodes"
 
 
 def max_workers_in_memory(memory_mib: int) -> int:

@@ -30,9 +30,9 @@ from sim.core.nodes import node_order
 from sim.core.paths import check_name, cluster_dir, inside, state_home, valid_name
 from sim.core.progress import Progress, to_stderr
 from sim.core.sidechannel import prepare_events_dir
-from sim.core.spec import SHIPPED_TRAINER_DEFAULTS, ClusterSpec
+from sim.core.spec import SHIPPED_TRAINER_DEFAULTS, ClusterSpec, check_room_beside, node_need_mib
 from sim.core.wait import Check, Condition, wait_for
-from sim.engines.docker import RESOURCE_KINDS, Container, DockerProvider, ExecResult
+from sim.engines.docker import NO_MEMORY_LIMIT, RESOURCE_KINDS, Container, DockerError, DockerProvider, ExecResult
 from sim.engines.images import ImageBuilder, ImageSet
 from sim.engines.render import render, to_yaml
 
@@ -174,6 +174,7 @@ class Cluster:
         spec = self.spec
         if spec is None:
             raise ClusterError(f"cluster '{self.name}': its spec.json is missing; cannot add nodes")
+        check_engine_room(self.docker, spec, "scale --nodes", nodes)
         if nodes > spec.nodes:
             images = ImageSet(**json.loads((self.state_dir / "images.json").read_text()))
             write_state(self, spec.with_nodes(nodes), images, self.run_id or "")
@@ -360,6 +361,39 @@ def list_clusters(docker: DockerProvider, *, owned: bool = False) -> list[str]:
     )
 
 
+# --- room on this engine's machine ---------------------------------------------------------
+
+ROOM_STATES = ("running", "paused", "restarting")  # a node that holds (or will soon hold) its memory
+
+
+def other_clusters_memory(docker: DockerProvider, name: str) -> dict[str, list[int]]:
+    """Each other cluster on this engine -> the MiB each of its nodes that runs counts for: its label
+    (labels.MEMORY), else its memory limit, else what a node of the default size needs."""
+    found: dict[str, list[int]] = {}
+    for container in docker.containers(f"label={labels.ROLE}=node"):
+        cluster = container.labels.get(labels.CLUSTER, "")
+        if cluster == name or container.state not in ROOM_STATES:
+            continue
+        text = container.labels.get(labels.MEMORY, "")
+        if text.isdigit():
+            mib = int(text)
+        else:  # a node of an older elastic-sim: no label
+            try:
+                limit = docker.resources(container.id).memory
+            except DockerError:  # gone since the listing
+                continue
+            mib = -(-limit // 2**20) if 0 < limit < NO_MEMORY_LIMIT else node_need_mib(ClusterSpec.nproc_per_node)
+        found.setdefault(cluster, []).append(mib)
+    return found
+
+
+def check_engine_room(docker: DockerProvider, spec: ClusterSpec, flag: str, nodes: int) -> None:
+    """Refuse `nodes` nodes of `spec` that this machine cannot hold beside the nodes of other clusters
+    running on its engine (a local one only: a remote engine's or a swarm's memory is not this machine's)."""
+    if getattr(docker, "local", False):
+        check_room_beside(flag, nodes, spec.counted_memory_mib, other_clusters_memory(docker, spec.name))
+
+
 # --- one `up` or `down` of a name at a time -------------------------------------------------
 
 # Host-wide, not per state home: two homes on one engine must not race for one name either.
@@ -510,6 +544,7 @@ def up(
     cluster = Cluster(spec.name, docker, source="--name")
     with name_lock(spec.name, progress):
         _clear_name(cluster, replace=replace, progress=progress)
+        check_engine_room(docker, spec, "--nodes", spec.nodes)
         return _up(cluster, spec, docker, builder=builder, keep=keep, wait=wait, timeout=timeout, progress=progress)
 
 

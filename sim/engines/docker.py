@@ -316,6 +316,13 @@ class Docker:
         # A followed log may stay silent for minutes (a paused node): no read timeout here.
         return docker_sdk.APIClient(timeout=None, version=self.api.api_version, **docker_sdk.utils.kwargs_from_env())
 
+    @property
+    def local(self) -> bool:
+        """The engine runs on this machine, so its containers take this machine's memory: DOCKER_HOST
+        (what the SDK connects to) unset or a unix socket."""
+        host = os.environ.get("DOCKER_HOST", "")
+        return not host or host.startswith("unix://")
+
     def ping(self) -> str:
         """The engine's version; DockerUnavailableError unless it answers."""
         try:

@@ -123,9 +123,12 @@ def render_node(
         )
     for host, target, writable in spec.mounts:
         node["volumes"].append({"type": "bind", "source": host, "target": target, "read_only": not writable})
-    if spec.memory is not None:
+    # The MiB the node counts for when a later `up` or scale-up weighs what this engine's machine holds.
+    node["labels"][labels.MEMORY] = str(spec.counted_memory_mib)
+    if spec.memory_limit is not None:
         # No swap: a node over its limit meets the OOM killer, as on a training host without swap.
-        node["mem_limit"] = node["memswap_limit"] = parse_size("--memory", spec.memory)
+        node["mem_limit"] = node["memswap_limit"] = spec.memory_limit
+    node["pids_limit"] = spec.pids
     if spec.uses_etcd:
         # Compose starts etcd first; the node's agent waits for etcd's health itself (the image's
         # AWAIT_ETCD): sooner than Compose's `service_healthy`, and with no probe for the run's length.

@@ -146,6 +146,10 @@ class SwarmDocker(Docker):
     def hosts(self) -> SwarmHosts:
         return self.discover()
 
+    @property
+    def local(self) -> bool:
+        return False  # its nodes may run on any of the swarm's hosts, not in this machine's memory
+
     # --- every host's containers, volumes and events; each container's verbs on its host's engine ---------
 
     def containers(self, label_filter: str) -> list[Container]:

@@ -24,6 +24,8 @@ TABLE = {
     "nodes zero": (lambda: spec_from_options({"nodes": 0}, None), "--nodes 0", ">= 1"),
     "nodes beyond memory": (lambda: spec_from_options({"nodes": 100_000}, None), "--nodes 100000", "or fewer"),
     "nodes bool": (lambda: spec_from_options({"nodes": True}, None), "--nodes True", ">= 1"),
+    "pids zero": (lambda: spec_from_options({"pids": 0}, None), "--pids 0", ">= 1"),
+    "memory not a size": (lambda: spec_from_options({"memory": "lots"}, None), "--memory 'lots'", "none"),
     "workers beyond memory": (
         lambda: spec_from_options({"nodes": 1, "nproc_per_node": 10**9}, None),
         "--nodes 1",

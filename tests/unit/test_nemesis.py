@@ -383,6 +383,44 @@ def test_oom_worker_keeps_a_nodes_own_limit_and_fails_when_the_worker_survives(n
     assert [r.phase for r in nem.history.records()] == ["invoke", "fail"]
 
 
+def test_oom_worker_lowers_a_default_limit_for_the_hog_and_puts_it_back(nemesis, monkeypatch):
+    """A node's default limit (no `memory` in the spec) bounds a runaway node, far above its use: the
+    hog would have to fill it all, so the fault lowers it for the while and restores it."""
+    from sim.core.spec import ClusterSpec
+
+    nem, fake = nemesis
+    monkeypatch.setattr(Cluster, "spec", property(lambda self: ClusterSpec(name="demo", nodes=2)))
+    fake.limits = Resources(0, 0, 8 * 2**30)
+    fake.answers = oom_answers(died=True)
+    result = nem.oom_worker("node0", local_rank=0)
+    limit = 500 * 2**20 + 64 * 2**20
+    assert (result["limit"], result["limit_kept"]) == (limit, False)
+    assert [c[2] for c in fake.calls if c[0] == "update"] == [{"memory": limit}, {"memory": 8 * 2**30}]
+
+
+def test_oom_worker_keeps_a_default_limit_already_below_use_and_headroom(nemesis, monkeypatch):
+    from sim.core.spec import ClusterSpec
+
+    nem, fake = nemesis
+    monkeypatch.setattr(Cluster, "spec", property(lambda self: ClusterSpec(name="demo", nodes=2)))
+    fake.limits = Resources(0, 0, 520 * 2**20)
+    fake.answers = oom_answers(died=True)
+    result = nem.oom_worker("node0", local_rank=0)
+    assert (result["limit"], result["limit_kept"]) == (520 * 2**20, True)
+    assert not any(c[0] == "update" for c in fake.calls)
+
+
+def test_oom_worker_keeps_the_specs_own_memory(nemesis, monkeypatch):
+    from sim.core.spec import ClusterSpec
+
+    nem, fake = nemesis
+    monkeypatch.setattr(Cluster, "spec", property(lambda self: ClusterSpec(name="demo", nodes=2, memory="4g")))
+    fake.limits = Resources(0, 0, 4 * 2**30)
+    fake.answers = oom_answers(died=True)
+    assert nem.oom_worker("node0", local_rank=0)["limit_kept"]
+    assert not any(c[0] == "update" for c in fake.calls)
+
+
 def test_corrupt_checkpoint_runs_its_script_and_records_the_damage(nemesis):
     nem, fake = nemesis
     fake.answers = {

@@ -1,7 +1,7 @@
 import yaml
 
 from sim.core import labels
-from sim.core.spec import ClusterSpec, GpuRequest
+from sim.core.spec import ClusterSpec, GpuRequest, default_node_memory_mib, node_need_mib
 from sim.core.torchrun import torchrun_argv
 from sim.engines.render import render, to_yaml
 
@@ -145,15 +145,33 @@ def test_yaml_round_trips():
     assert yaml.safe_load(to_yaml(project)) == project
 
 
-def test_memory_limit_and_a_size_limited_checkpoint_disk_are_opt_in():
+def test_nodes_have_a_memory_limit_by_default_and_a_size_limited_checkpoint_disk_is_opt_in():
     plain = render(ClusterSpec(name="demo", nodes=2), **IMAGES)
-    assert "mem_limit" not in plain["services"]["node0"] and "driver_opts" not in plain["volumes"]["ckpt"]
+    default = ClusterSpec(name="demo", nodes=2).memory_limit
+    assert default == default_node_memory_mib(2, 2) * 2**20
+    for node in ("node0", "node1"):
+        service = plain["services"][node]
+        assert service["mem_limit"] == service["memswap_limit"] == default
+        assert service["labels"][labels.MEMORY] == str(node_need_mib(2))  # counted at its need, not its bound
+    assert "driver_opts" not in plain["volumes"]["ckpt"]
     project = render(ClusterSpec(name="demo", nodes=2, memory="1g", ckpt_size="16m"), **IMAGES)
     for node in ("node0", "node1"):
         assert project["services"][node]["mem_limit"] == project["services"][node]["memswap_limit"] == 2**30
+        assert project["services"][node]["labels"][labels.MEMORY] == "1024"
     # One tmpfs volume shared by every node, not one per node: checkpoints must be seen by all.
     assert project["volumes"]["ckpt"]["driver_opts"] == {"type": "tmpfs", "device": "tmpfs", "o": f"size={16 * 2**20}"}
     assert "mem_limit" not in project["services"]["etcd"]
+
+
+def test_memory_none_lifts_the_limit():
+    project = render(ClusterSpec(name="demo", nodes=2, memory="none"), **IMAGES)
+    assert "mem_limit" not in project["services"]["node0"] and "memswap_limit" not in project["services"]["node0"]
+    assert project["services"]["node0"]["labels"][labels.MEMORY] == str(node_need_mib(2))
+
+
+def test_pids_overrides_the_nodes_pids_limit_only():
+    project = render(ClusterSpec(name="demo", nodes=2, pids=512), **IMAGES)
+    assert [s["pids_limit"] for s in project["services"].values()] == [1024, 512, 512]
 
 
 def test_nodes_have_a_pids_limit_and_rotated_logs():
