@@ -541,11 +541,13 @@ def test_kill_in_write_script_kills_the_worker_that_opens_a_file_for_writing(tmp
 
 
 def test_hog_script_stops_once_the_worker_is_gone():
+    # The hog takes at most 8 MiB per 5 ms: 4 GiB is at least 2.5 s away, so a kill at 0.2 s that a loaded
+    # machine delays still lands first (with 1 GiB and 0.5 s the slack was 0.2 s, and it once ran out).
     worker = subprocess.Popen(["sleep", "30"])
-    threading.Timer(0.5, worker.kill).start()
-    done = json.loads(run_script(nodescripts.HOG, worker.pid, 2**30, 10).stdout)
+    threading.Timer(0.2, worker.kill).start()
+    done = json.loads(run_script(nodescripts.HOG, worker.pid, 2**32, 10).stdout)
     worker.wait()
-    assert done["worker_died"] is True and 0 < done["allocated"] < 2**30
+    assert done["worker_died"] is True and 0 < done["allocated"] < 2**32
 
 
 def test_oom_worker_looks_for_itself_when_the_hog_was_killed_too(nemesis):
