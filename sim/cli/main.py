@@ -11,7 +11,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from sim.core.errors import DockerUnavailableError, SimError, UsageError
@@ -220,9 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     logs = sub.add_parser("logs", help="container logs, prefixed and colored per node (docker compose logs)")
-    logs.add_argument("node", nargs="?", help="one node (default all)")
+    logs.add_argument(
+        "words",
+        nargs="*",
+        metavar="[NAME] [NODE]",
+        help=f"the cluster (default {DEFAULT_NAME}) and one node (default all); one word is a node of the "
+        "cluster if it has one of that name, else a cluster, as `sim status NAME` takes it",
+    )
     logs.add_argument("-f", "--follow", action="store_true")
-    logs.add_argument("--name", default=DEFAULT_NAME)
+    logs.add_argument("--name", dest="name_flag", metavar="NAME", help=f"cluster name (default {DEFAULT_NAME})")
 
     doctor = sub.add_parser(
         "doctor",
@@ -614,22 +620,48 @@ def cmd_logs(args: argparse.Namespace, _: list[str] | None) -> int:
 
     docker = _docker()
     docker.ping()
-    docker = provider_for(args.name, docker)
-    cluster = cluster_mod.Cluster(args.name, docker)
-    if not cluster.containers():
-        raise UsageError(f"cluster '{args.name}': not found; `python -m sim ls` lists clusters")
-    if args.node:
-        cluster.container(args.node)  # a clear error for an unknown node
+    name, node = _logs_target(args.words, args.name_flag, lambda n: cluster_mod.Cluster(n, docker).containers())
+    docker = provider_for(name, docker)
+    cluster = cluster_mod.Cluster(name, docker)
+    if node:
+        cluster.container(node)  # a clear error for an unknown node
     compose_file = cluster.compose_file if cluster.compose_file.exists() else None
-    options = (["-f"] if args.follow else []) + ([args.node] if args.node else [])
+    options = (["-f"] if args.follow else []) + ([node] if node else [])
     spec = cluster.spec
     if spec is None or not spec.secret_values():
-        return docker.compose_process(args.name, compose_file, "logs", *options).wait()
-    proc = docker.compose_process(args.name, compose_file, "logs", *options, capture=True)
+        return docker.compose_process(name, compose_file, "logs", *options).wait()
+    proc = docker.compose_process(name, compose_file, "logs", *options, capture=True)
     assert proc.stdout is not None
     for line in proc.stdout:  # the --env values shown as *** (--env-show keeps them)
         print(spec.redact(line), end="", flush=True)
     return proc.wait()
+
+
+def _logs_target(
+    words: list[str], name_flag: str | None, containers: Callable[[str], list[cluster_mod.ContainerInfo]]
+) -> tuple[str, str | None]:
+    """(cluster, node or None) from `sim logs [NAME] [NODE]`: `sim logs node1` (the default cluster's
+    node) and `sim logs h2` (a cluster, as `sim status h2` takes it) both read as a person means them."""
+    if len(words) > 2 or (name_flag is not None and len(words) > 1):
+        raise UsageError(f"sim logs: too many words ({' '.join(words)}); give `sim logs [NAME] [NODE]`")
+    if name_flag is not None or len(words) == 2:
+        name, node = (name_flag, words[0] if words else None) if name_flag is not None else (words[0], words[1])
+        if not containers(name):
+            raise UsageError(f"cluster '{name}': not found; `python -m sim ls` lists clusters")
+        return name, node
+    if not words:
+        if not containers(DEFAULT_NAME):
+            raise UsageError(f"cluster '{DEFAULT_NAME}': not found; `python -m sim ls` lists clusters")
+        return DEFAULT_NAME, None
+    word = words[0]
+    if any(c.node == word for c in containers(DEFAULT_NAME)):
+        return DEFAULT_NAME, word
+    if containers(word):
+        return word, None
+    raise UsageError(
+        f"sim logs {word}: neither a node of cluster '{DEFAULT_NAME}' nor a cluster; "
+        "`python -m sim ls` lists clusters, `sim status NAME` their nodes"
+    )
 
 
 def cmd_doctor(args: argparse.Namespace, _: list[str] | None) -> int:

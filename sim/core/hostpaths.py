@@ -150,6 +150,53 @@ def tree_summary(root: Path) -> TreeSummary:
     return TreeSummary(files, size)
 
 
+def unreadable_by(root: Path, uid: int, *, walk: bool) -> tuple[Path, os.stat_result] | None:
+    """The first path at or (walk=True) below `root` that the nodes' user cannot read: a file it may not
+    read, a folder it may not list and enter. The nodes hold no capability, so even their root reads by
+    the mode bits alone; the user's group is taken to be its uid (ours is sim:sim, 1000:1000). Symlinks
+    are copied as links, so they are not judged; PROJECT_EXCLUDES are not copied, so not walked."""
+
+    def denied(path: Path) -> os.stat_result | None:
+        try:
+            info = os.lstat(path)
+        except OSError:
+            return None  # gone meanwhile: nothing to read
+        if stat.S_ISLNK(info.st_mode):
+            return None
+        need = 0o5 if stat.S_ISDIR(info.st_mode) else 0o4
+        shift = 6 if info.st_uid == uid else 3 if info.st_gid == uid else 0
+        return None if (info.st_mode >> shift) & need == need else info
+
+    info = denied(root)
+    if info is not None or not walk or not root.is_dir():
+        return (root, info) if info is not None else None
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in PROJECT_EXCLUDES]
+        for name in (*dirs, *names):
+            path = Path(folder, name)
+            info = denied(path)
+            if info is not None:
+                return path, info
+        dirs[:] = [d for d in dirs if denied(Path(folder, d)) is None]
+    return None
+
+
+def check_readable_by_nodes(what: str, root: Path, uid: int, *, walk: bool) -> None:
+    """Refuse, before anything starts, a tree the nodes' user could not read: the copy or the job would
+    fail in every node with a bare 'Permission denied' (a 0700 folder, the usual mode of a home folder or
+    of a temp folder made by mkdtemp or pytest)."""
+    found = unreadable_by(root, uid, walk=walk)
+    if found is None:
+        return
+    path, info = found
+    mode = stat.S_IMODE(info.st_mode)
+    where = "" if path == root else f": {path} inside it"
+    raise UsageError(
+        f"{what} {root}: the nodes' user (uid {uid}, no capabilities) cannot read it{where} "
+        f"(mode {mode:04o}, owner uid {info.st_uid}); make it readable, e.g. `chmod -R a+rX {root}`"
+    )
+
+
 def parse_mount(text: str) -> tuple[str, str, bool]:
     """`HOST:CONTAINER[:ro|rw]` -> (host, container, writable); read-only unless `:rw`."""
     match = _MOUNT_RE.fullmatch(str(text).strip())

@@ -29,7 +29,7 @@ from sim.core.history import FILE_NAME, AgentRecord, History, HistoryTail, Recor
 from sim.core.nodes import node_order
 from sim.core.paths import check_name, cluster_dir, inside, state_home, valid_name
 from sim.core.progress import Progress, to_stderr
-from sim.core.sidechannel import prepare_events_dir
+from sim.core.sidechannel import NODE_UID, prepare_events_dir
 from sim.core.spec import SHIPPED_TRAINER_DEFAULTS, ClusterSpec, check_room_beside, node_need_mib
 from sim.core.wait import Check, Condition, wait_for
 from sim.engines.docker import NO_MEMORY_LIMIT, RESOURCE_KINDS, Container, DockerError, DockerProvider, ExecResult
@@ -593,6 +593,7 @@ def _up(
         from sim.engines.userimages import UserImages
 
         images = dataclasses.replace(images, node=UserImages(builder, docker).node_image(spec, images.node))
+    _check_nodes_can_read(spec, node_uid(docker, images.node))
     _say_what_it_brings(spec, progress)
 
     run_id = new_run_id()
@@ -630,6 +631,17 @@ def _up(
         elif not created:
             shutil.rmtree(cluster.state_dir, ignore_errors=True)
         raise
+
+
+def _check_nodes_can_read(spec: ClusterSpec, uid: int | None) -> None:
+    """The project tree and each mount's top, as the nodes' user reads them; refused before anything is made."""
+    from sim.core.hostpaths import check_readable_by_nodes
+
+    uid = NODE_UID if uid is None else uid
+    if spec.project_dir is not None and spec.script is not None:
+        check_readable_by_nodes("project folder", Path(spec.project_dir), uid, walk=True)
+    for host, target, _writable in spec.mounts:
+        check_readable_by_nodes(f"--mount '{host}:{target}'", Path(host), uid, walk=False)
 
 
 def _say_what_it_brings(spec: ClusterSpec, progress: Progress) -> None:

@@ -203,3 +203,59 @@ def test_nodes_and_etcd_run_with_every_capability_dropped_and_no_new_privileges(
         assert [c.ok for c in checks] == [True], [c.detail for c in checks]
     finally:
         run_sim("down", spec.name)
+
+
+SECRET = "hunter2-h1-s3cr3t"
+
+
+def test_env_values_stay_out_of_history_report_and_logs(docker, images, tmp_path):
+    """Finding 8: a real `sim up --env` whose script prints the value: the run's history, saved logs,
+    `sim logs` and `sim report` show *** instead; spec.json (0600) keeps it for the next `up`."""
+    project = tmp_path / "job"
+    project.mkdir(mode=0o755)
+    script = project / "train.py"
+    script.write_text("import os\nprint('token is', os.environ['SIM_TEST_TOKEN'], flush=True)\n")
+    name = unique_name("t-env")
+    result = run_sim(
+        "up", "--name", name, "--nodes", "1", "--rdzv-backend", "c10d", "--script", str(script),
+        "--env", f"SIM_TEST_TOKEN={SECRET}", "--detach",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    cluster = Cluster(name, docker)
+    try:
+        run_dir = cluster.run_dir
+        spec_file = cluster.state_dir / "spec.json"
+        assert SECRET in spec_file.read_text() and spec_file.stat().st_mode & 0o077 == 0
+        deadline = time.monotonic() + 120
+        shown = ""
+        while "token is" not in shown and time.monotonic() < deadline:  # the script prints once it starts
+            time.sleep(1)
+            shown = run_sim("logs", name).stdout
+        assert "token is ***" in shown and SECRET not in shown, shown[-2000:]
+    finally:
+        run_sim("down", name)
+    assert SECRET not in result.stdout + result.stderr
+    saved = (run_dir / "logs" / "node0.log").read_text()
+    assert "token is ***" in saved and SECRET not in saved
+    history = (run_dir / "history.jsonl").read_text()
+    assert "SIM_TEST_TOKEN" in history and SECRET not in history
+    report = run_sim("report", name)
+    assert SECRET not in report.stdout + report.stderr
+
+
+def test_a_project_folder_the_nodes_cannot_read_is_refused_before_anything_is_made(docker, images, tmp_path):
+    """pytest's and mkdtemp's folders, like home folders, are 0700: the nodes' user (uid 1000, no
+    capabilities) cannot copy them. Before, every node died with `tar: This does not look like a tar
+    archive` and `up` blamed the start; now one line names the folder and the chmod, and nothing is made."""
+    project = tmp_path / "job"
+    project.mkdir(mode=0o700)
+    (project / "train.py").write_text("print('hello')\n")
+    name = unique_name("t-unread")
+    result = run_sim(
+        "up", "--name", name, "--nodes", "1", "--rdzv-backend", "c10d", "--script", str(project / "train.py")
+    )
+    assert result.returncode != 0
+    error = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(error) == 1 and "cannot read it" in error[0] and f"chmod -R a+rX {project}" in error[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not Cluster(name, docker).exists()

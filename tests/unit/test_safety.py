@@ -5,6 +5,7 @@ engine's tests are in tests/integration/test_safety.py."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 
 import pytest
@@ -248,3 +249,40 @@ def test_the_node_cap_counts_the_cgroup_memory_limit(tmp_path):
     assert cgroup_memory_limit_mib([str(v2)]) == 2048
     v1.write_text(f"{2**63 - 4096}\n")  # cgroup v1's "no limit"
     assert cgroup_memory_limit_mib([str(tmp_path / "none"), str(v1)]) is None
+
+
+def test_a_tree_the_nodes_user_cannot_read_is_named_before_anything_starts(tmp_path):
+    """A 0700 project folder (a home folder's mode, mkdtemp's and pytest's): the nodes hold no capability,
+    so uid 1000 (and the nodes' root alike) cannot copy it; found here, not as a bare tar error in every node."""
+    from sim.core.hostpaths import check_readable_by_nodes, unreadable_by
+
+    me = os.geteuid()
+    other = me + 1000
+    project = tmp_path / "proj"
+    (project / "pkg").mkdir(parents=True)
+    (project / "train.py").write_text("print(1)\n")
+    (project / "pkg" / "model.py").write_text("x = 1\n")
+    (project / ".git").mkdir()
+    (project / ".git" / "secret").write_text("")
+    (project / ".git" / "secret").chmod(0o600)  # not copied: not judged
+    os.symlink("/nonexistent", project / "link")  # copied as a link: not judged
+    for path in (project, project / "pkg"):
+        path.chmod(0o755)
+    for path in (project / "train.py", project / "pkg" / "model.py"):
+        path.chmod(0o644)
+    assert unreadable_by(project, other, walk=True) is None
+    (project / "pkg" / "model.py").chmod(0o600)
+    found = unreadable_by(project, other, walk=True)
+    assert found is not None and found[0] == project / "pkg" / "model.py"
+    assert unreadable_by(project, me, walk=True) is None  # the owner reads its own 0600 file
+    assert unreadable_by(project, other, walk=False) is None  # a mount's top only
+    project.chmod(0o700)
+    with pytest.raises(UsageError) as refused:
+        check_readable_by_nodes("project folder", project, other, walk=True)
+    text = str(refused.value)
+    assert f"project folder {project}: the nodes' user (uid {other}" in text
+    assert "mode 0700" in text and f"chmod -R a+rX {project}" in text and "\n" not in text
+    if me == 0:  # the group's bits count for a user whose gid owns the folder
+        project.chmod(0o750)
+        os.chown(project, me, other)
+        assert unreadable_by(project, other, walk=False) is None

@@ -77,3 +77,31 @@ def test_node_log_facts():
     assert (facts.round, facts.group_rank, facts.nodes_in_round) == (2, 1, 3)
     # "2/3 attempts left" is the agent's second failure: two restarts used (the progress line is older)
     assert facts.restarts == 2 and facts.step == 17 and facts.world_size == 6 and not facts.finished
+
+
+def _clusters(**nodes):
+    """A fake listing: cluster name -> its node names."""
+    from types import SimpleNamespace
+
+    return lambda name: [SimpleNamespace(node=n) for n in nodes.get(name, [])]
+
+
+def test_sim_logs_reads_one_word_as_a_node_of_the_default_cluster_else_as_a_cluster():
+    from sim.cli.main import _logs_target
+    from sim.core.errors import UsageError
+
+    listing = _clusters(sim=["etcd", "node0", "node1"], h2=["etcd", "node0"])
+    assert _logs_target([], None, listing) == ("sim", None)
+    assert _logs_target(["node1"], None, listing) == ("sim", "node1")
+    assert _logs_target(["h2"], None, listing) == ("h2", None)  # as `sim status h2` takes it
+    assert _logs_target(["h2", "node0"], None, listing) == ("h2", "node0")
+    assert _logs_target(["node0"], "h2", listing) == ("h2", "node0")
+    assert _logs_target([], "h2", listing) == ("h2", None)
+    with pytest.raises(UsageError, match="neither a node of cluster 'sim' nor a cluster"):
+        _logs_target(["nope"], None, listing)
+    with pytest.raises(UsageError, match="cluster 'gone': not found"):
+        _logs_target(["gone", "node0"], None, listing)
+    with pytest.raises(UsageError, match="too many words"):
+        _logs_target(["h2", "node0", "x"], None, listing)
+    with pytest.raises(UsageError, match="cluster 'sim': not found"):
+        _logs_target([], None, _clusters())
