@@ -9,7 +9,7 @@ taking them out. Each pair of steps runs one step with it (device "cuda", emulat
 same process. The figure is the trimmed mean (10 % off each end) of the paired differences over the
 median step time; --control runs both halves without the emulation (the bench's noise floor, ~0).
 
-Usage: .venv/bin/python bench/devices_cost.py [--pairs 2000] [--width 256] [--control]
+Usage: .venv/bin/python bench/devices_cost.py [--pairs 2000] [--width 256] [--block 1] [--control]
 """
 
 from __future__ import annotations
@@ -55,6 +55,13 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=2000)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--control", action="store_true")
+    parser.add_argument(
+        "--block",
+        type=int,
+        default=1,
+        help="steps per half of a pair, each half's figure their median (the wrappers put in place or taken out "
+        "once per half: a type's attribute changed drops the interpreter's caches for it, a cost no node pays)",
+    )
     args = parser.parse_args()
 
     import elastic_sim_devices as devices
@@ -66,16 +73,25 @@ def main() -> int:
     before = [dict(vars(space)) for space in spaces]
     emulator = devices.Emulator(write=None, env={"LOCAL_RANK": "0", "SIM_DEVICES_PER_NODE": "1"})
     devices.install(torch, emulator)
+    # A patch either replaces a namespace's own attribute or adds one over an inherited one (Tensor.to is
+    # TensorBase's): "off" puts the first back and deletes the second, so that half runs torch's own code.
+    added = object()
     changed = [
-        (space, name, old[name], value)
+        (space, name, old.get(name, added), value)
         for space, old in zip(spaces, before, strict=True)
         for name, value in vars(space).items()
-        if name in old and old[name] is not value
+        if old.get(name, added) is not value
     ]
 
     def emulate(on: bool) -> None:
         for space, name, original, patched in changed:
-            setattr(space, name, patched if on else original)
+            if on:
+                setattr(space, name, patched)
+            elif original is added:
+                if name in vars(space):
+                    delattr(space, name)
+            else:
+                setattr(space, name, original)
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -116,7 +132,8 @@ def main() -> int:
         times = {}
         for on in order:
             emulate(on and not args.control)
-            times[on] = step(i, "cuda" if on and not args.control else "cpu")
+            device = "cuda" if on and not args.control else "cpu"
+            times[on] = statistics.median(step(i * args.block + j, device) for j in range(args.block))
         on_times.append(times[True])
         off_times.append(times[False])
         diffs.append(times[True] - times[False])
@@ -128,6 +145,7 @@ def main() -> int:
     median = statistics.median(off_times)
     figure = {
         "pairs": args.pairs,
+        "block": args.block,
         "control": args.control,
         "median_step_ms": round(median * 1000, 3),
         "mean_added_us": round(statistics.fmean(trimmed) * 1e6, 2),

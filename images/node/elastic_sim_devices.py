@@ -42,6 +42,7 @@ report device "cpu".
 """
 
 import os
+import re
 import threading
 
 ENV = "SIM_DEVICES"  # "emulated": on; anything else: off
@@ -221,19 +222,29 @@ class Emulator:
     def counter(self, name: str):
         """A bump for `name`, made once per wrapper: the hot path is one list item's increment; the
         clock is read only while a new kind of call waits to be written."""
-        cell = self._cells.get(name)
-        if cell is None:
-            cell = self._cells[name] = [0]
+        cell = self.cell(name)
         emulator = self
 
         def bump() -> None:
             cell[0] += 1
-            if cell[0] == 1:
-                emulator._new_kind = True
-            if emulator._new_kind and emulator._clock() - emulator._written_at >= CALLS_RECORD_GAP_S:
-                emulator.flush()
+            if cell[0] == 1 or emulator._new_kind:
+                emulator.noted(cell)
 
         return bump
+
+    def cell(self, name: str) -> list[int]:
+        """The count of `name`: a hot path bumps it inline, then calls `noted` when it was the first or a
+        new kind waits to be written."""
+        cell = self._cells.get(name)
+        if cell is None:
+            cell = self._cells[name] = [0]
+        return cell
+
+    def noted(self, cell: list[int]) -> None:
+        if cell[0] == 1:
+            self._new_kind = True
+        if self._clock() - self._written_at >= CALLS_RECORD_GAP_S:
+            self.flush()
 
     @property
     def calls(self) -> dict[str, int]:
@@ -586,6 +597,8 @@ def _patch_placement(torch, emu: Emulator) -> None:
 
     def placing(original, name, bound):
         bump = emu.counter(name)
+        if bound == 1:
+            return _wraps(original, placing_method(original, emu.cell(name), bump))
 
         def call(*args, **kwargs):
             if len(args) > bound:
@@ -611,6 +624,37 @@ def _patch_placement(torch, emu: Emulator) -> None:
             return original(*args, **kwargs)
 
         return _wraps(original, call)
+
+    def placing_method(original, cell, bump):
+        """`placing` for a method (x.to(device)): the device the first argument after self, the count
+        bumped inline; one frame, as few steps as the common case allows."""
+
+        def call(self, *args, **kwargs):
+            if args:
+                first = args[0]
+                kind = type(first)
+                if (
+                    (kind is str and first.startswith("cuda"))
+                    or (kind is device_type and first.type == "cuda")
+                    or kind is int
+                ):
+                    cell[0] += 1
+                    if cell[0] == 1 or emu._new_kind:
+                        emu.noted(cell)
+                    args = ("cpu" if kind is str else cpu, *args[1:])
+            if kwargs and "device" in kwargs:
+                device = kwargs["device"]
+                kind = type(device)
+                if (
+                    (kind is str and device.startswith("cuda"))
+                    or (kind is device_type and device.type == "cuda")
+                    or kind is int
+                ):
+                    bump()
+                    kwargs["device"] = "cpu" if kind is str else cpu
+            return original(self, *args, **kwargs)
+
+        return call
 
     tensor, module = torch.Tensor, torch.nn.Module
     tensor.to = placing(tensor.to, "Tensor.to(cuda)", 1)
@@ -651,9 +695,32 @@ def _kwarg_device(original, torch, bump):
             ):
                 bump()
                 kwargs["device"] = "cpu" if kind is str else cpu
+                try:
+                    return original(*args, **kwargs)
+                except RuntimeError as error:
+                    oom = out_of_memory(torch, error)
+                    if oom is None:
+                        raise
+                    raise oom from error
         return original(*args, **kwargs)
 
     return _wraps(original, call)
+
+
+CPU_ALLOCATOR_FULL = re.compile(r"can't allocate memory: you tried to allocate (\d+) bytes")
+
+
+def out_of_memory(torch, error: RuntimeError):
+    """The CPU allocator's refusal of a tensor asked for on "the GPU", as the CUDA caching allocator says
+    it (torch.OutOfMemoryError, which scripts catch to shrink a batch); None for any other error."""
+    found = CPU_ALLOCATOR_FULL.search(str(error))
+    if found is None:
+        return None
+    wanted = int(found[1]) / 2**30
+    return torch.OutOfMemoryError(
+        f"CUDA out of memory. Tried to allocate {wanted:.2f} GiB. (Emulated on CPU: the node's memory refused it; "
+        "the emulated GPU's memory is the node's.)"
+    )
 
 
 def _patch_load(torch, emu: Emulator) -> None:
@@ -852,12 +919,16 @@ def _patch_ddp(torch, emu: Emulator) -> None:
         return init(self, module, *args, **kwargs)
 
     DDP.__init__ = _wraps(init, ddp_init)
-    DDP.forward = _wraps(DDP.forward, emu.guarded(DDP.forward, "BROADCAST"))
+    # DDP's forward runs no collective but its buffers' broadcast (its all_reduces go through
+    # torch.distributed, guarded there): guarding that one method, not the forward, keeps every step
+    # of a model without buffers free of a wrapper.
+    broadcast = DDP._distributed_broadcast_coalesced
+    DDP._distributed_broadcast_coalesced = _wraps(broadcast, emu.guarded(broadcast, "BROADCAST"))
 
 
 def _patch_backward(torch, emu: Emulator) -> None:
-    """DDP's gradient all-reduce runs in C++ during backward: gloo's failure surfaces there."""
-    torch.Tensor.backward = _wraps(torch.Tensor.backward, emu.guarded(torch.Tensor.backward, "ALLREDUCE"))
+    """DDP's gradient all-reduce runs in C++ during backward: gloo's failure surfaces there.
+    Tensor.backward calls torch.autograd.backward by name, so the one guard covers both."""
     torch.autograd.backward = _wraps(torch.autograd.backward, emu.guarded(torch.autograd.backward, "ALLREDUCE"))
 
 

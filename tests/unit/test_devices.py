@@ -194,6 +194,29 @@ def test_a_cuda_extension_is_refused_with_the_way_out(tmp_path):
     assert "elastic-sim device emulation: a custom CUDA extension" in result.stderr and "--gpus" in result.stderr
 
 
+def test_a_tensor_too_big_for_the_node_is_cudas_out_of_memory_error(tmp_path):
+    """A script that shrinks its batch on torch.cuda.OutOfMemoryError (a batch-size finder) takes that
+    path here too: the CPU allocator's refusal of a "cuda" tensor is raised as CUDA's error."""
+    script = textwrap.dedent("""
+        import torch
+        try:
+            torch.empty(1 << 40, device="cuda")  # 4 TiB
+        except torch.cuda.OutOfMemoryError as error:
+            print("caught:", error)
+        try:
+            torch.empty(-1, device="cuda")
+        except torch.cuda.OutOfMemoryError:
+            print("not an out-of-memory error")
+        except RuntimeError:
+            print("left as it was")
+    """)
+    result = run_worker(tmp_path, script)
+    assert result.returncode == 0, result.stderr[-4000:]
+    caught, other = result.stdout.splitlines()
+    assert caught.startswith("caught: CUDA out of memory. Tried to allocate 4096.00 GiB. (Emulated on CPU")
+    assert other == "left as it was"
+
+
 PEER_SCRIPT = textwrap.dedent("""
     import datetime, os, sys, time
     import torch, torch.distributed as dist

@@ -7,6 +7,7 @@ sim run has (run spec, faults, Docker events) are written by hand beside them.
 """
 
 import json
+import re
 from pathlib import Path
 
 from sim.core.agentlog import parse_docker_timestamp
@@ -675,19 +676,41 @@ def test_script_error_write_into_the_read_only_script_folder():
     assert "$SIM_CKPT_DIR (/ckpt" in error.fix and "--project-dir" in error.fix
 
 
-def test_script_error_cuda_oom_and_the_emulations_own_words():
-    """The NCCL capture with its exception line swapped (no GPU here to run out of memory on, and the
-    emulation's refusals come from the emulation): each gets its own fix."""
-    history, node_logs = captured_run("script_error_nccl")
-    nccl = "RuntimeError: Distributed package doesn't have NCCL built in"
-    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB"
-    error = diagnose(history, {n: t.replace(nccl, oom) for n, t in node_logs.items()})[0]
-    assert error.code == "script-error" and "(out of memory)" in error.title
+def test_script_error_out_of_memory_under_the_emulation_names_the_nodes_memory():
+    """torch.empty(4096, 32768, 8192, device="cuda") in the script's activation_buffer(), devices emulated: the
+    node's allocator refused it, raised as CUDA's OutOfMemoryError; the fix adds the node's --memory."""
+    found = diagnose(*captured_run("script_error_cuda_oom"))
+    assert codes(found) == ["script-error", "restart-budget"]
+    error = found[0]
+    assert error.title.startswith(
+        "The script fails at every start (out of memory): torch.OutOfMemoryError: CUDA out of memory. Tried to "
+        "allocate 4096.00 GiB. (Emulated on CPU"
+    )
+    assert "/opt/sim/project/train.py:13 in activation_buffer (return torch.empty(batch, seq" in error.cause
+    assert "ended 4 worker-group start(s) (2 on node0, 2 on node1)" in error.cause
     assert "smaller batch" in error.fix and "activation checkpointing" in error.fix
-    emulated = "RuntimeError: elastic-sim device emulation: cannot emulate a custom CUDA extension (my_ext); use --gpus"
-    error = diagnose(history, {n: t.replace(nccl, emulated) for n, t in node_logs.items()})[0]
-    assert "(a CUDA feature the emulation cannot run)" in error.title
-    assert "says: cannot emulate a custom CUDA extension (my_ext); use --gpus" in error.fix
+    assert "the memory that ran out is the node's" in error.fix and "`--memory SIZE`" in error.fix
+
+
+def test_script_error_out_of_memory_on_a_real_gpu_keeps_to_the_gpus_fixes():
+    """A real GPU's words (no GPU here to run out of memory on: the emulated capture's line swapped)."""
+    history, node_logs = captured_run("script_error_cuda_oom")
+    gpu = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB"
+    swapped = {n: re.sub(r"torch\.OutOfMemoryError: .*", gpu, t) for n, t in node_logs.items()}
+    error = diagnose(history, swapped)[0]
+    assert error.code == "script-error" and "(out of memory)" in error.title
+    assert "expandable_segments" in error.fix and "--memory" not in error.fix
+
+
+def test_script_error_a_cuda_extension_gives_the_emulations_own_words():
+    """load_inline(..., cuda_sources=KERNEL) in the script's fused_ops(): the emulation refuses it and says why."""
+    error = diagnose(*captured_run("script_error_cuda_extension"))[0]
+    assert error.code == "script-error" and "(a CUDA feature the emulation cannot run)" in error.title
+    assert "/opt/sim/project/train.py:8 in fused_ops (return load_inline(" in error.cause
+    assert error.fix.startswith(
+        "elastic-sim's device emulation says: a custom CUDA extension (torch.utils.cpp_extension.load_inline "
+        "with CUDA sources) cannot run on the CPU emulation; run it on GPUs with --gpus"
+    )
 
 
 def test_no_script_error_when_one_start_fails_and_the_job_goes_on():

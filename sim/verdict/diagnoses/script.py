@@ -117,6 +117,7 @@ NO_GPU = re.compile(
 
 
 EMULATION_ERROR = "elastic-sim device emulation:"
+CPU_ALLOCATOR_FULL = "can't allocate memory"  # torch's DefaultCPUAllocator, refusing a tensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,12 +259,21 @@ def _script_error_fix(failure: _ScriptFailure) -> tuple[str, str]:
             f"{top or 'it'} is your job's own package (a folder beside or above the script), bring the whole "
             "project with `--project-dir DIR` (it goes on PYTHONPATH).",
         )
-    if name.endswith("OutOfMemoryError") or "out of memory" in message.lower():
+    if name.endswith("OutOfMemoryError") or "out of memory" in message.lower() or CPU_ALLOCATOR_FULL in message:
+        # Under the device emulation a "GPU" allocation is the node's memory (the emulation says so in its message).
+        in_node = "Emulated on CPU" in message or CPU_ALLOCATOR_FULL in message
         return (
             " (out of memory)",
             "Use less memory per worker: a smaller batch (with gradient accumulation to keep the effective batch), "
             "activation checkpointing (torch.utils.checkpoint), mixed precision (torch.autocast), fewer workers "
-            "per node; for fragmentation, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (`--env`).",
+            "per node; for fragmentation, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (`--env`)."
+            + (
+                " Here the memory that ran out is the node's (devices emulated on CPU): give each node more with "
+                "`--memory SIZE` (or `--memory none`), or run fewer nodes; a size your GPUs hold may not fit a "
+                "CPU-only machine at all."
+                if in_node
+                else ""
+            ),
         )
     read_only = "Read-only file system" in message or "Errno 30" in message
     if read_only or (name.endswith("PermissionError") and USER_DIR in text):
