@@ -784,6 +784,8 @@ class Provocation:
     fault: str  # a FAULTS name
     options: Mapping[str, Any] = field(default_factory=dict)
     duration_s: float | None = None  # reversible faults: undone after this long
+    # Undone sooner, as soon as the others are steady without the node: what surviving it asks is shown then.
+    undone_once_regrouped: bool = False
     nodes: str = "same"  # NODE_EFFECTS: the node count it leaves
     survival: str = "the job recovers: every rank trains again at the world size it should have"
     # Backends where the job ends by design: there it gets a cluster of its own, checked to end fast and cleanly.
@@ -842,17 +844,19 @@ PROVOCATIONS: dict[str, Provocation] = {
         quick=True,
     ),
     "pause": Provocation(
-        "freeze past the keep-alive (25 s)",
+        "freeze past the keep-alive (until the others regroup, 25 s at most)",
         "pause",
         {"target": "{victim}"},
         duration_s=25.0,
+        undone_once_regrouped=True,
         survival="the others time out, regroup, and the thawed node rejoins",
     ),
     "partition": Provocation(
-        "one node partitioned (20 s)",
+        "one node partitioned (until the others regroup, 20 s at most)",
         "partition",
         {"isolate": ("{victim}",)},
         duration_s=20.0,
+        undone_once_regrouped=True,
         survival="the others time out and regroup; the node rejoins once healed",
         hosted_on=_ETCD,
     ),

@@ -102,12 +102,26 @@ class HistoryState:
                 self.max_round = max(self.max_round, -1 if r.round is None else r.round)
 
     def steady(self, world_size: int, since: float) -> bool:
-        """Training is steady at `world_size` since `since`: every rank of it stepped (where ranks are told),
-        and it took RECOVERED_STEPS distinct steps."""
-        beats = [b for b in self.beats if b[0] > since and b[1] == world_size]
-        ranks = {b[3] for b in beats if b[3] is not None}
-        ranked = any(b[3] is not None for b in beats)
-        return len({b[2] for b in beats}) >= RECOVERED_STEPS and (not ranked or len(ranks) >= world_size)
+        """Training is steady at `world_size` since `since`: every rank of it (where ranks are told) trained
+        RECOVERED_STEPS steps in a row since its newest start. A rank's steps count from its last beat that
+        went back (a restarted group resumes from an earlier step), and by their numbers, not their beats:
+        the instrumentation's beats are samples (steps 21 and 26 are six steps trained)."""
+        runs: dict[object, list[int]] = {}  # rank -> its steps since it last went back
+        for _, _, step, rank in sorted((b for b in self.beats if b[0] > since and b[1] == world_size), key=_at):
+            steps = runs.setdefault(rank, [])
+            if steps and step < steps[-1]:
+                steps.clear()
+            steps.append(step)
+        ranks = [rank for rank in runs if rank is not None]
+        if not runs or (ranks and len(ranks) < world_size):
+            return False
+        return all(
+            steps[-1] - steps[0] + 1 >= RECOVERED_STEPS for rank, steps in runs.items() if rank is not None or not ranks
+        )
+
+
+def _at(beat: tuple) -> float:
+    return beat[0]
 
 
 class ScenarioRunner:
@@ -126,6 +140,8 @@ class ScenarioRunner:
         spec: ClusterSpec | None = None,
         stop_after: Trigger | None = None,
         step_timeout_s: float | None = None,
+        cancel: threading.Event | None = None,
+        fired: threading.Event | None = None,
     ):
         """`spec`: the cluster to make instead of the scenario's (`sim vet` builds it from `sim up`'s options).
         `stop_after`: once the last step fired, wait for this trigger and end the run there instead of
@@ -149,9 +165,13 @@ class ScenarioRunner:
         self.spec = spec
         self.stop_after = stop_after
         self.step_timeout_s = step_timeout_s
+        self.cancel = cancel  # set from another thread: the run stops at its next poll (as Ctrl-C), cleaning up
+        self.fired = fired  # set here once the first step has fired (the job was steady), or the run ended
         self._undo_timers: list[tuple[threading.Timer, _Once]] = []
         self._made: list[str] = []  # the ids of the faults this run put in force
         self._hold_end = 0.0  # when the newest held fault (a step's duration) is undone
+        self._holds: dict[_Once, float] = {}  # each held fault's undo -> when it ends
+        self._early_undos: list[tuple[_Once, int, float]] = []  # (undo, world size, since): Step.undo_once_recovered
 
     def run(self) -> ScenarioResult:
         scenario, expected = self.scenario, self.scenario.expect.outcome(self.backend)
@@ -199,6 +219,8 @@ class ScenarioRunner:
                 self.progress(f"[chaos] waiting for the job to end ({expected} expected)")
                 self._wait_end(cluster, deadline)
         finally:
+            if self.fired is not None:
+                self.fired.set()
             for timer, _ in self._undo_timers:
                 timer.cancel()
             if not self.keep and self.cluster_name is None:
@@ -267,6 +289,8 @@ class ScenarioRunner:
                 self._wait_trigger(nemesis, step.trigger, what, state, previous_done, deadline)
                 self.progress(f"[chaos] {step.fault} {getattr(step.options, 'target', '')}".rstrip())
                 self._fire(nemesis, step)
+                if self.fired is not None:
+                    self.fired.set()
                 previous_done = time.time()
                 if step.repeat_times > 1:
                     step = dataclasses.replace(
@@ -285,7 +309,9 @@ class ScenarioRunner:
                 next_liveness_check = time.monotonic() + 2.0
                 if self._job_ended(nemesis.cluster):
                     raise StepNotFired(f"the job ended before the trigger {kind}={value} of {what} was reached")
+            self._check_cancel()
             state.update()
+            self._end_holds_once_recovered(state)
             now = time.time()
             if kind == "step" and state.max_step >= value:
                 return
@@ -322,8 +348,29 @@ class ScenarioRunner:
             timer = threading.Timer(step.duration_s, undo)
             timer.daemon = True
             timer.start()
-            self._hold_end = max(self._hold_end, time.time() + step.duration_s)
+            self._holds[undo] = time.time() + step.duration_s
+            self._hold_end = max(self._holds.values())
             self._undo_timers.append((timer, undo))
+            if step.undo_once_recovered is not None:
+                self._early_undos.append((undo, step.undo_once_recovered, time.time()))
+
+    def _end_holds_once_recovered(self, state: HistoryState) -> None:
+        """Undo now a held fault whose job is steady again at the world size it waits for (its timer then
+        finds it done); the steps after it count from this end."""
+        for entry in list(self._early_undos):
+            undo, world, since = entry
+            if undo.done:
+                self._early_undos.remove(entry)
+            elif state.steady(world, since):
+                self._early_undos.remove(entry)
+                self.progress(f"[chaos] steady at world {world}: undoing the held fault before its time")
+                undo()
+                self._holds[undo] = time.time()
+                self._hold_end = max(self._holds.values())
+
+    def _check_cancel(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise KeyboardInterrupt  # the cleanup of an interrupted run: faults undone, the cluster down
 
     @staticmethod
     def _job_ended(cluster: Cluster) -> bool:
@@ -333,6 +380,7 @@ class ScenarioRunner:
     def _wait_end(self, cluster: Cluster, deadline: float) -> None:
         strategy = JobFinished(cluster)
         while True:
+            self._check_cancel()
             check = strategy.check()
             if check.ready or check.failure:
                 return
@@ -351,6 +399,7 @@ class ScenarioRunner:
         fault fired (the checkers then judge the stall), or the job ends, or the timeout."""
         fired = time.time()
         while True:
+            self._check_cancel()
             state.update()
             quiet_from = max(state.last_beat_t or fired, fired)
             if time.time() - quiet_from > self._quiet_s + QUIET_MARGIN_S:

@@ -111,6 +111,9 @@ class Step:
     repeat_times: int = 1
     repeat_every_s: float | None = None
     line: int = 0  # in the scenario file; 0 when built in Python
+    # Undo sooner, once the job is steady at this world size since the fault acted (`sim vet`: a frozen
+    # node is thawed as soon as the others have regrouped without it; duration_s stays the longest hold).
+    undo_once_recovered: int | None = None
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -119,6 +122,8 @@ class Step:
         if not isinstance(self.options, fault.options):
             object.__setattr__(self, "options", fault.make_options(self.options))
         _check_duration(self.fault, self.duration_s)
+        if self.undo_once_recovered is not None and (self.duration_s is None or self.undo_once_recovered < 1):
+            raise UsageError(f"fault {self.fault}: undo_once_recovered needs a duration and a world size >= 1")
         _check_repeat(self.repeat_times, self.repeat_every_s, self.duration_s)
 
 

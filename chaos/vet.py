@@ -19,6 +19,7 @@ import json
 import re
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -29,6 +30,8 @@ from sim.core.errors import UsageError
 from sim.core.history import FILE_NAME, FaultRecord, History
 from sim.core.nodes import node_order
 from sim.core.spec import ClusterSpec, node_name, spec_from_options
+from sim.engines.cluster import job_images
+from sim.engines.docker import Docker
 from sim.verdict.checkers import CHECKS_FOR
 from sim.verdict.diagnose import Diagnosis, diagnose
 from sim.verdict.pitfalls import PITFALL_CODES, mixed_sources, resume_sources
@@ -171,12 +174,14 @@ def plan_vet(spec: ClusterSpec, kinds: Sequence[str], *, chosen: bool) -> Plan:
     restores: set[int] = set()
     current = nodes
 
-    def add(fault: str, options: Mapping[str, Any], duration: float | None, world: int) -> Step:
-        step = Step(fault, options, Trigger("recovered", world * spec.nproc_per_node), duration)
+    def add(fault: str, options: Mapping[str, Any], duration: float | None, world: int, early: bool = False) -> Step:
+        undo_world = (world - 1) * spec.nproc_per_node if early else None
+        trigger = Trigger("recovered", world * spec.nproc_per_node)
+        step = Step(fault, options, trigger, duration, undo_once_recovered=undo_world)
         steps.append(step)
         return step
 
-    for kind in kinds:
+    for kind in _run_order(kinds, backend):
         provocation = PROVOCATIONS[kind]
         why_not = _not_hosted(provocation, backend)
         if why_not and chosen:
@@ -199,9 +204,29 @@ def plan_vet(spec: ClusterSpec, kinds: Sequence[str], *, chosen: bool) -> Plan:
             add("scale", {"nodes": wanted}, None, current)
             current = wanted
         options = _fill(provocation.options, current)
-        faults.append(PlannedFault(kind, provocation, add(provocation.fault, options, provocation.duration_s, current)))
+        step = add(provocation.fault, options, provocation.duration_s, current, provocation.undone_once_regrouped)
+        faults.append(PlannedFault(kind, provocation, step))
         current += {"same": 0, "less": -1, "more": 1}[provocation.nodes]
     return Plan(spec, tuple(faults), tuple(steps), frozenset(restores), current * spec.nproc_per_node)
+
+
+def _run_order(kinds: Sequence[str], backend: str) -> list[str]:
+    """The order the gauntlet runs `kinds` in: as listed, but with one fault that takes a node away moved to the
+    end, where no restoring scale need follow it (one fewer regroup; the scorecard keeps the listed order). Not
+    one that a node-adding fault follows: that pair restores itself."""
+    order = list(kinds)
+    shared = [
+        k for k in order if _not_hosted(PROVOCATIONS[k], backend) is None and backend not in PROVOCATIONS[k].ends_job_on
+    ]
+    if not shared or PROVOCATIONS[shared[-1]].nodes == "less":
+        return order
+    for i in range(len(shared) - 1, -1, -1):
+        after = shared[i + 1] if i + 1 < len(shared) else None
+        if PROVOCATIONS[shared[i]].nodes == "less" and (after is None or PROVOCATIONS[after].nodes != "more"):
+            order.remove(shared[i])
+            order.append(shared[i])
+            break
+    return order
 
 
 def _fill(options: Mapping[str, Any], current: int) -> dict[str, Any]:
@@ -479,6 +504,76 @@ def score_solo(planned: PlannedFault, result: ScenarioResult) -> FaultScore:
 # ---------------------------------------------------------------- running it
 
 
+class _SoloRuns:
+    """The faults that end the job by design, each on a short cluster of its own: in a thread beside the
+    gauntlet (start), or here (run). An error or Ctrl-C in either stops the other (cancel), which cleans up."""
+
+    def __init__(self, spec: ClusterSpec, solos: Sequence[PlannedFault], docker, progress: Progress, keep: bool):
+        self.spec, self.solos, self.progress, self.keep = spec, list(solos), progress, keep
+        # One engine client per thread (docker-py's session is not shared across threads); a fake stays shared.
+        self.docker = None if docker is None or type(docker) is Docker else docker
+        self.cancel = threading.Event()
+        self.scores: list[FaultScore] = []
+        self.run_dirs: list[str] = []
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self, after: threading.Event) -> None:
+        """Run them in a thread, once `after` is set (or cancelled)."""
+        self._thread = threading.Thread(target=self._run_caught, args=(after,), name="vet-solo", daemon=False)
+        self._thread.start()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            if self.error is not None and not self.cancel.is_set():
+                raise self.error
+
+    def _run_caught(self, after: threading.Event) -> None:
+        try:
+            while not after.wait(0.5):
+                if self.cancel.is_set():
+                    return
+            self.run()
+        except BaseException as error:  # re-raised by join, in the vet's own thread
+            self.error = error
+
+    def run(self) -> None:
+        spec = self.spec
+        for planned in self.solos:
+            if self.cancel.is_set():
+                return
+            self.progress(f"[vet] {planned.kind}: it ends the job by design, so it gets a cluster of its own")
+            solo = Scenario(
+                "vet-solo",
+                f"sim vet: {planned.kind}",
+                backends=(spec.rdzv_backend,),
+                profile=VET_PROFILE,
+                steps=(planned.step,),
+                # What surviving means here: the job ends fast and cleanly (restart_budget runs with every check).
+                expect=Expectation(
+                    {spec.rdzv_backend: "fails"}, fail_fast_s=SOLO_FAIL_FAST_S, checkers=("fails_cleanly",)
+                ),
+                timeout_s=STEP_BUDGET_S * 3,
+            )
+            solo_spec = dataclasses.replace(spec, name=f"{spec.name[:33]}-solo")
+            result = ScenarioRunner(
+                solo,
+                spec.rdzv_backend,
+                docker=self.docker,
+                progress=self.progress,
+                keep=self.keep,
+                spec=solo_spec,
+                cancel=self.cancel,
+            ).run()
+            self.run_dirs.append(str(result.run_dir))
+            self.scores.append(score_solo(planned, result))
+
+
 def run_vet(
     spec: ClusterSpec,
     kinds: Sequence[str],
@@ -496,54 +591,54 @@ def run_vet(
     ended_early = None
     pitfalls: list[dict] = []
     checkers = tuple(c for c in CHECKS_FOR["recovers"] if c not in ENDING_CHECKS)
-    if plan.scored:
-        scenario = Scenario(
-            "vet",
-            "sim vet: the gauntlet",
-            cluster={},
-            backends=(spec.rdzv_backend,),
-            profile=VET_PROFILE,
-            steps=plan.gauntlet,
-            expect=Expectation({spec.rdzv_backend: "recovers"}, checkers=checkers),
-            timeout_s=STEP_BUDGET_S * (len(plan.gauntlet) + 1),
-        )
-        runner = ScenarioRunner(
-            scenario,
-            spec.rdzv_backend,
-            docker=docker,
-            progress=progress,
-            keep=keep,
-            spec=spec,
-            stop_after=Trigger("recovered", plan.final_world),
-            step_timeout_s=STEP_BUDGET_S,
-        )
-        result = runner.run()
-        run_dirs.append(str(result.run_dir))
-        ended_early = result.unfired
-        scores += score_gauntlet(plan, result)
-        pitfalls = job_pitfalls(result.run_dir)
-    else:
-        scores += [_score(f, "not applicable", f.why_not or "") for f in plan.faults if f.step is None]
-    for planned in plan.faults:
-        if not planned.solo:
-            continue
-        progress(f"[vet] {planned.kind}: it ends the job by design, so it gets a cluster of its own")
-        solo = Scenario(
-            "vet-solo",
-            f"sim vet: {planned.kind}",
-            backends=(spec.rdzv_backend,),
-            profile=VET_PROFILE,
-            steps=(planned.step,),
-            # What surviving means here: the job ends fast and cleanly (restart_budget runs with every check).
-            expect=Expectation({spec.rdzv_backend: "fails"}, fail_fast_s=SOLO_FAIL_FAST_S, checkers=("fails_cleanly",)),
-            timeout_s=STEP_BUDGET_S * 3,
-        )
-        solo_spec = dataclasses.replace(spec, name=f"{spec.name[:33]}-solo")
-        result = ScenarioRunner(
-            solo, spec.rdzv_backend, docker=docker, progress=progress, keep=keep, spec=solo_spec
-        ).run()
-        run_dirs.append(str(result.run_dir))
-        scores.append(score_solo(planned, result))
+    solos = [planned for planned in plan.faults if planned.solo]
+    solo_runs = _SoloRuns(spec, solos, docker, progress, keep)
+    gauntlet_fired = threading.Event()  # the solo cluster starts once the gauntlet's job is steady: not both at once
+    # On a swarm each run initialises the one-host swarm and leaves it at its end: two at once would race.
+    if solos and plan.scored and spec.engine != "swarm":
+        # The faults that end the job run on their own cluster beside the gauntlet, not after it: most of a
+        # gauntlet is waiting (timeouts, restarts), and the machine has room for a second small cluster.
+        job_images(spec, docker or Docker(), progress=progress)  # built once, before two `up`s at once
+        solo_runs.start(after=gauntlet_fired)
+    try:
+        if plan.scored:
+            scenario = Scenario(
+                "vet",
+                "sim vet: the gauntlet",
+                cluster={},
+                backends=(spec.rdzv_backend,),
+                profile=VET_PROFILE,
+                steps=plan.gauntlet,
+                expect=Expectation({spec.rdzv_backend: "recovers"}, checkers=checkers),
+                timeout_s=STEP_BUDGET_S * (len(plan.gauntlet) + 1),
+            )
+            runner = ScenarioRunner(
+                scenario,
+                spec.rdzv_backend,
+                docker=docker,
+                progress=progress,
+                keep=keep,
+                spec=spec,
+                stop_after=Trigger("recovered", plan.final_world),
+                step_timeout_s=STEP_BUDGET_S,
+                fired=gauntlet_fired,
+            )
+            result = runner.run()
+            run_dirs.append(str(result.run_dir))
+            ended_early = result.unfired
+            scores += score_gauntlet(plan, result)
+            pitfalls = job_pitfalls(result.run_dir)
+        else:
+            scores += [_score(f, "not applicable", f.why_not or "") for f in plan.faults if f.step is None]
+        if not solo_runs.started:
+            solo_runs.run()
+    except BaseException:
+        solo_runs.cancel.set()
+        raise
+    finally:
+        solo_runs.join()
+    run_dirs += solo_runs.run_dirs
+    scores += solo_runs.scores
     order = {kind: i for i, kind in enumerate(kinds)}
     scores.sort(key=lambda s: order[s.kind])
     vet = VetResult(

@@ -426,9 +426,10 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
 def cmd_vet(args: argparse.Namespace, script_args: list[str] | None) -> int:
     from chaos.vet import DEFAULT_GAUNTLET, prepare, run_vet, scorecard, write_outputs
 
-    if args.engine == "swarm" or args.placement != "spread" or args.ckpt_nfs:
+    if args.placement != "spread" or args.ckpt_nfs:
         raise UsageError(
-            "sim vet runs its clusters on this machine's engine; drop --engine swarm, --placement, --ckpt-nfs"
+            "sim vet runs its clusters on one host (this engine, or a one-host swarm with --engine swarm); "
+            "drop --placement and --ckpt-nfs"
         )
     options, script_args, faults = vet_options(vars(args), script_args, read_tool_config(Path.cwd()))
     spec, kinds = prepare(options, script_args, faults, args.quick)  # every input checked before anything starts

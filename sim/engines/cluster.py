@@ -576,6 +576,20 @@ def _clear_name(cluster: Cluster, *, replace: bool, progress: Progress) -> None:
     cluster.down()
 
 
+def job_images(
+    spec: ClusterSpec, docker: DockerProvider, *, builder: ImageBuilder | None = None, progress: Progress = to_stderr
+):
+    """The images `spec`'s cluster runs, built where missing: ours, and the team's own node image or the
+    requirements layer over ours. Before two `up`s at once (sim vet), so that they do not build one image twice."""
+    builder = builder or ImageBuilder(docker, progress=progress)
+    images = builder.ensure(need_etcd=spec.uses_etcd, etcd_version=spec.etcd_server_version).images
+    if spec.image is not None or spec.requirements is not None:
+        from sim.engines.userimages import UserImages
+
+        images = dataclasses.replace(images, node=UserImages(builder, docker).node_image(spec, images.node))
+    return images
+
+
 def _up(
     cluster: Cluster,
     spec: ClusterSpec,
@@ -587,12 +601,7 @@ def _up(
     timeout: float,
     progress: Progress,
 ) -> Cluster:
-    builder = builder or ImageBuilder(docker, progress=progress)
-    images = builder.ensure(need_etcd=spec.uses_etcd, etcd_version=spec.etcd_server_version).images
-    if spec.image is not None or spec.requirements is not None:
-        from sim.engines.userimages import UserImages
-
-        images = dataclasses.replace(images, node=UserImages(builder, docker).node_image(spec, images.node))
+    images = job_images(spec, docker, builder=builder, progress=progress)
     _check_nodes_can_read(spec, node_uid(docker, images.node))
     _say_what_it_brings(spec, progress)
 

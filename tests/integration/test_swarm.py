@@ -5,8 +5,10 @@ before is kept (docs/SWARM.md)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +149,25 @@ def test_catalog_scenarios_pass_on_a_swarm(docker, images, scenario):
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     assert f"PASS {scenario} [etcd-v2]" in run.stdout
     assert swarm_state(docker)[0] == before  # the run's own swarm is left again
+
+
+def test_vet_runs_its_gauntlet_on_a_swarm(docker, images, tmp_path):
+    """`sim vet --engine swarm`: the job deployed as a stack, faults reach the tasks' containers, the
+    scorecard as on Compose; the job-ending fault's own cluster runs after the gauntlet, not beside it
+    (each run initialises the one-host swarm and leaves it)."""
+    before = swarm_state(docker)[0]
+    script = str(Path(__file__).resolve().parents[1] / "scripts" / "fixed_name_ckpt.py")
+    args = ["--engine", "swarm", "--rdzv-backend", "etcd-v2", "--faults", "kill-worker,kill-node,etcd-restart"]
+    args += ["--out", str(tmp_path)]
+    result = run_sim(
+        "vet", script, *args, "--name", unique_name("vet-sw"), "--", "--steps", "100000", "--pg-timeout", "10",
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    data = json.loads((tmp_path / "vet.json").read_text())
+    assert [(f["kind"], f["outcome"]) for f in data["faults"]] == [
+        ("kill-worker", "survived"),
+        ("kill-node", "survived"),
+        ("etcd-restart", "survived"),
+    ], result.stdout
+    assert swarm_state(docker)[0] == before

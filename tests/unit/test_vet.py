@@ -53,9 +53,13 @@ def test_each_fault_fires_once_the_job_is_steady_again_at_the_size_it_should_hav
     scored = [s.options.nodes for i, s in enumerate(steps) if s.fault == "scale" and i not in plan.restores]
     assert scored == [2, 3]
     assert all(getattr(s.options, "target", "node2") != "node0" for s in steps)
-    assert plan.final_world == 3
+    # A node-removing fault runs last, where no restoring scale follows it; the scorecard keeps the listed order.
+    assert steps[-1].fault == "stop-node" and len(plan.restores) == 2 and plan.final_world == 2
     durations = {s.fault: s.duration_s for s in steps if s.duration_s}
     assert durations["pause"] == 25.0 and durations["partition"] == 20.0
+    # A frozen or cut-off node is given back as soon as the others are steady without it (those bounds at most).
+    early = {s.fault: s.undo_once_recovered for s in steps if s.undo_once_recovered is not None}
+    assert early == {"pause": 2, "partition": 2}
 
 
 def test_a_job_ending_fault_gets_a_cluster_of_its_own_and_others_are_scored_not_applicable():
@@ -219,7 +223,7 @@ def test_html_has_the_scorecard_on_top_and_a_section_per_fault():
     assert "detection 0.7s" in page
 
 
-def test_the_recovered_trigger_waits_for_every_rank_and_five_distinct_steps(tmp_path):
+def test_the_recovered_trigger_waits_for_every_rank_to_train_five_steps_since_its_start(tmp_path):
     import json
 
     from chaos.runner import HistoryState
@@ -243,4 +247,54 @@ def test_the_recovered_trigger_waits_for_every_rank_and_five_distinct_steps(tmp_
     with path.open("a") as f:
         f.write(step(107, 1, 1) + step(107, 2, 1) + step(108, 2, 2, world=2))
     state.update()
-    assert state.steady(3, 0.0) and not state.steady(3, 103.0) and not state.steady(2, 0.0)
+    assert not state.steady(3, 0.0)  # ranks 1 and 2 stepped once
+    with path.open("a") as f:  # the instrumentation's beats are samples: 1 and 6 are six steps
+        f.write(step(109, 1, 6) + step(109, 2, 6))
+    state.update()
+    assert state.steady(3, 0.0) and not state.steady(3, 104.5) and not state.steady(2, 0.0)
+    # A worker killed at step 43 beats once more, then its restarted group resumes from 21: steps count from 21.
+    path.write_text(
+        "".join(step(200, rank, 43) + step(201, rank, 21) for rank in range(3)) + step(202, 0, 26) + step(202, 1, 26)
+    )
+    state = HistoryState(path)
+    state.update()
+    assert not state.steady(3, 199.0)  # rank 2 has trained one step since its resume
+    with path.open("a") as f:
+        f.write(step(202, 2, 25))
+    state.update()
+    assert state.steady(3, 199.0)
+
+
+def test_a_held_fault_is_undone_once_the_others_are_steady_without_its_node(tmp_path):
+    """Step.undo_once_recovered: the runner undoes the hold at the first poll that finds the job steady at
+    that world size since the fault acted, and the next step's steady wait counts from then."""
+    import json
+    import time
+
+    from chaos.runner import HistoryState, ScenarioRunner, _Once
+
+    path = tmp_path / "history.jsonl"
+    path.write_text("")
+    undone = []
+    runner = ScenarioRunner.__new__(ScenarioRunner)
+    runner.progress = lambda line: None
+    fired = time.time()
+    undo = _Once(lambda: undone.append(time.time()))
+    runner._holds, runner._hold_end = {undo: fired + 25.0}, fired + 25.0
+    runner._early_undos = [(undo, 2, fired)]
+    state = HistoryState(path)
+
+    def beats(*steps):
+        lines = [{"t": fired + 1, "type": "worker", "node": f"node{r}", "event": "step", "rank": r, "world_size": 2,
+                  "n": n} for n in steps for r in (0, 1)]  # fmt: skip
+        with path.open("a") as f:
+            f.write("".join(json.dumps(line) + "\n" for line in lines))
+        state.update()
+        runner._end_holds_once_recovered(state)
+
+    beats(1)
+    assert not undone and runner._hold_end == fired + 25.0  # one step at world 2: not steady yet
+    beats(6)
+    assert len(undone) == 1 and runner._hold_end < fired + 25.0 and not runner._early_undos
+    undo()  # its timer, later: nothing more
+    assert len(undone) == 1
