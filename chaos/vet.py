@@ -506,7 +506,8 @@ def score_solo(planned: PlannedFault, result: ScenarioResult) -> FaultScore:
 
 class _SoloRuns:
     """The faults that end the job by design, each on a short cluster of its own: in a thread beside the
-    gauntlet (start), or here (run). An error or Ctrl-C in either stops the other (cancel), which cleans up."""
+    gauntlet (start), or here (run). Ctrl-C or an error in the gauntlet stops them (cancel: the running one
+    cleans up as after Ctrl-C); their own error is raised once the gauntlet is done (join)."""
 
     def __init__(self, spec: ClusterSpec, solos: Sequence[PlannedFault], docker, progress: Progress, keep: bool):
         self.spec, self.solos, self.progress, self.keep = spec, list(solos), progress, keep
