@@ -595,6 +595,8 @@ def _patch_placement(torch, emu: Emulator) -> None:
     device_type = torch.device
     cpu = torch.device("cpu")
 
+    mapped = _device_mapper(torch)
+
     def placing(original, name, bound):
         bump = emu.counter(name)
         if bound == 1:
@@ -602,25 +604,14 @@ def _patch_placement(torch, emu: Emulator) -> None:
 
         def call(*args, **kwargs):
             if len(args) > bound:
-                first = args[bound]
-                kind = type(first)
-                if (
-                    (kind is str and first.startswith("cuda"))
-                    or (kind is device_type and first.type == "cuda")
-                    or kind is int
-                ):
+                device, changed = mapped(args[bound])
+                if changed:
                     bump()
-                    args = (*args[:bound], "cpu" if kind is str else cpu, *args[bound + 1 :])
-            if kwargs and "device" in kwargs:
-                device = kwargs["device"]
-                kind = type(device)
-                if (
-                    (kind is str and device.startswith("cuda"))
-                    or (kind is device_type and device.type == "cuda")
-                    or kind is int
-                ):
+                    args = (*args[:bound], device, *args[bound + 1 :])
+            if kwargs and "device" in kwargs:  # rare: the membership test is all a call without it pays
+                kwargs["device"], changed = mapped(kwargs["device"])
+                if changed:
                     bump()
-                    kwargs["device"] = "cpu" if kind is str else cpu
             return original(*args, **kwargs)
 
         return _wraps(original, call)
@@ -642,16 +633,10 @@ def _patch_placement(torch, emu: Emulator) -> None:
                     if cell[0] == 1 or emu._new_kind:
                         emu.noted(cell)
                     args = ("cpu" if kind is str else cpu, *args[1:])
-            if kwargs and "device" in kwargs:
-                device = kwargs["device"]
-                kind = type(device)
-                if (
-                    (kind is str and device.startswith("cuda"))
-                    or (kind is device_type and device.type == "cuda")
-                    or kind is int
-                ):
+            if kwargs and "device" in kwargs:  # rare: the membership test is all a call without it pays
+                kwargs["device"], changed = mapped(kwargs["device"])
+                if changed:
                     bump()
-                    kwargs["device"] = "cpu" if kind is str else cpu
             return original(self, *args, **kwargs)
 
         return call
@@ -681,20 +666,13 @@ def _patch_placement(torch, emu: Emulator) -> None:
 
 def _kwarg_device(original, torch, bump):
     """A factory whose device= may name cuda: a dict membership test when it does not."""
-    device_type = torch.device
-    cpu = torch.device("cpu")
+    mapped = _device_mapper(torch)
 
     def call(*args, **kwargs):
         if kwargs and "device" in kwargs:
-            device = kwargs["device"]
-            kind = type(device)
-            if (
-                (kind is str and device.startswith("cuda"))
-                or (kind is device_type and device.type == "cuda")
-                or kind is int
-            ):
+            kwargs["device"], changed = mapped(kwargs["device"])
+            if changed:
                 bump()
-                kwargs["device"] = "cpu" if kind is str else cpu
                 try:
                     return original(*args, **kwargs)
                 except RuntimeError as error:
