@@ -844,7 +844,7 @@ PROVOCATIONS: dict[str, Provocation] = {
         quick=True,
     ),
     "pause": Provocation(
-        "freeze past the keep-alive (until the others regroup, 25 s at most)",
+        "freeze past keep-alive (<=25 s)",
         "pause",
         {"target": "{victim}"},
         duration_s=25.0,
@@ -852,7 +852,7 @@ PROVOCATIONS: dict[str, Provocation] = {
         survival="the others time out, regroup, and the thawed node rejoins",
     ),
     "partition": Provocation(
-        "one node partitioned (until the others regroup, 20 s at most)",
+        "one node partitioned (<=20 s)",
         "partition",
         {"isolate": ("{victim}",)},
         duration_s=20.0,
