@@ -46,8 +46,8 @@ from .targets import ETCD, ROLE_TARGETS
 
 OUTCOMES = ("recovers", "fails", "hangs")  # as sim.verdict.checkers.RunSpec.expected
 TRIGGER_KINDS = ("time", "step", "after", "world_size", "round", "recovered")
-# `recovered: N`: every rank of a world of N took a step, and N's training took this many distinct steps,
-# since the previous step acted (the job is steady again: `sim vet` waits for it between faults).
+# `recovered: N`: every rank of a world of N trained this many steps in a row (by step number) since its
+# newest start, after the previous step acted (the job is steady again: `sim vet` waits for it between faults).
 RECOVERED_STEPS = 5
 DEFAULT_PROFILE = "fast"
 DEFAULT_TIMEOUT_S = 600.0
