@@ -64,6 +64,21 @@ def test_watchdog_words_are_ncclS():
     assert "we are taking the entire process down" in lines[2]
 
 
+def test_a_guarded_call_inside_another_counts_once_and_other_threads_are_not_inside_it():
+    import threading
+
+    emulator = devices.Emulator(write=None, env={})
+    seen = []
+    inner = emulator.guarded(lambda: seen.append(emulator.seq), "ALLREDUCE")
+    outer = emulator.guarded(lambda: (inner(), seen.append(emulator.seq)), "BARRIER")
+    outer()
+    assert seen == [1, 1] and emulator._inside is None
+    other = threading.Thread(target=inner)
+    outer = emulator.guarded(lambda: (other.start(), other.join()), "BARRIER")
+    outer()
+    assert seen[-1] == 3  # the other thread's call was its own, counted: it is not inside this one
+
+
 def test_the_default_nccl_timeout_is_the_same_everywhere():
     assert devices.NCCL_DEFAULT_TIMEOUT_S == diagnose.NCCL_DEFAULT_TIMEOUT_S == 600.0
 
