@@ -1,8 +1,9 @@
 """`sim vet`'s default gauntlet: its wall time, beside the same faults run as separate scenarios, in one run.
 
 A 3-node x 1-worker job with a 0.1 s step (tests/scripts/fixed_name_ckpt.py, a 10 s process-group
-timeout) on etcd-v2. First the gauntlet (one cluster, one fault after another, each once the job is
-steady again; the faults that end the job by design on a cluster of their own), then each kind alone:
+timeout) on etcd-v2. First the gauntlet (as `sim vet` runs it: two clusters at once, each with its share of
+the faults one after another, each once the job is steady again; the faults that end the job by design on a
+cluster of their own), then each kind alone:
 a cluster of its own, steady, the fault, steady again (as a scenario per fault runs). Prints both wall
 times and their ratio. Targets (README "sim vet"): at most 6 minutes, at most 0.4 of the separate runs.
 

@@ -1,11 +1,12 @@
 """`sim vet`: a job put through what clusters do to it, one fault after another, with a scorecard.
 
 A generator over the fault catalog, not a new runner: each kind's Provocation (chaos/faults.py)
-says how to provoke it, what survival means and what node count it leaves. The vet builds one
-scenario from them (each step fires once training is steady again: the `recovered` trigger) and
-hands it to the scenario runner, which ends the run once the job is steady after the last fault.
-A fault that ends the job by design (losing c10d's store host) gets a short cluster of its own,
-judged on ending fast and cleanly. Then each fault is scored from the run's history: the
+says how to provoke it, what survival means and what node count it leaves. The vet shares the kinds
+out between clusters that run at once (two by default), builds one scenario per cluster from them
+(each step fires once training is steady again: the `recovered` trigger) and hands each to the
+scenario runner, which ends the run once the job is steady after the last fault. A fault that ends
+the job by design (losing c10d's store host) gets a short cluster of its own, judged on ending fast
+and cleanly. Then each fault is scored from the run's history: the
 recovery (sim.verdict.recovery), the checkpoint loads of each rank, and the diagnoses the verdict
 computes, each attributed to the fault whose window its evidence falls in.
 """
@@ -210,6 +211,78 @@ def plan_vet(spec: ClusterSpec, kinds: Sequence[str], *, chosen: bool) -> Plan:
     return Plan(spec, tuple(faults), tuple(steps), frozenset(restores), current * spec.nproc_per_node)
 
 
+# Seconds each kind typically adds to a gauntlet (bench/vet_time.py, 2026-12-03: the time from its fault to the
+# next, a restoring scale included), and a job-ending one's own cluster: what splitting the kinds between
+# clusters balances. A kind not listed counts as TYPICAL_S.
+TYPICAL_S = 10.0
+_TYPICAL_COST_S = {
+    "kill-agent": 21.0,
+    "kill-node": 17.0,
+    "pause": 27.0,
+    "partition": 36.0,
+    "netem": 12.0,
+    "slow-node": 7.0,
+    "hang-collectives": 19.0,
+    "kill-during-checkpoint": 7.0,
+}
+SOLO_COST_S = 28.0
+MAX_CLUSTERS = 4
+
+
+def cluster_count(given: int | None, spec: ClusterSpec) -> int:
+    """How many clusters the vet runs at once: `given` (--parallel) checked, else two (one on a swarm, where each
+    run initialises the one-host swarm and leaves it at its end: two at once would race)."""
+    if given is None:
+        return 1 if spec.engine == "swarm" else 2
+    if not 1 <= given <= MAX_CLUSTERS:
+        raise UsageError(
+            f"--parallel {given}: give 1 to {MAX_CLUSTERS} clusters at once (1 runs every fault on one cluster)"
+        )
+    if given > 1 and spec.engine == "swarm":
+        raise UsageError(f"--parallel {given}: a one-host swarm runs one cluster at a time; drop --parallel")
+    return given
+
+
+def split_kinds(kinds: Sequence[str], backend: str, clusters: int) -> list[tuple[str, ...]]:
+    """`kinds` shared out between `clusters` clusters, each share in the listed order, their typical times
+    balanced (longest first, each to the least loaded). A node-removing kind listed just before a node-adding one
+    stays with it: the pair restores the node count itself. A kind the backend cannot host costs nothing."""
+    units: list[list[str]] = []
+    for kind in kinds:
+        p = PROVOCATIONS[kind]
+        previous = units[-1] if units else None
+        if previous and len(previous) == 1 and p.nodes == "more" and PROVOCATIONS[previous[0]].nodes == "less":
+            previous.append(kind)
+        else:
+            units.append([kind])
+
+    def cost(kind: str) -> float:
+        p = PROVOCATIONS[kind]
+        if _not_hosted(p, backend):
+            return 0.0
+        return SOLO_COST_S if backend in p.ends_job_on else _TYPICAL_COST_S.get(kind, TYPICAL_S)
+
+    loads = [0.0] * clusters
+    shares: list[list[str]] = [[] for _ in range(clusters)]
+    for unit in sorted(units, key=lambda u: -sum(cost(k) for k in u)):  # sorted() is stable: ties keep their order
+        lane = loads.index(min(loads))
+        shares[lane] += unit
+        loads[lane] += sum(cost(k) for k in unit)
+    order = {kind: i for i, kind in enumerate(kinds)}
+    return [tuple(sorted(share, key=order.__getitem__)) for share in shares if share]
+
+
+def plan_lanes(spec: ClusterSpec, kinds: Sequence[str], *, chosen: bool, clusters: int) -> tuple[Plan, ...]:
+    """One plan per cluster that runs at once (split_kinds), each on a cluster of its own name."""
+    shares = split_kinds(kinds, spec.rdzv_backend, clusters)
+    return tuple(
+        plan_vet(
+            spec if i == 0 else dataclasses.replace(spec, name=f"{spec.name[:33]}-lane{i + 1}"), share, chosen=chosen
+        )
+        for i, share in enumerate(shares)
+    )
+
+
 def _run_order(kinds: Sequence[str], backend: str) -> list[str]:
     """The order the gauntlet runs `kinds` in: as listed, but with one fault that takes a node away moved to the
     end, where no restoring scale need follow it (one fewer regroup; the scorecard keeps the listed order). Not
@@ -288,6 +361,7 @@ class VetResult:
     # The job's own pitfalls (sim/verdict/pitfalls.py) the shared run showed, whatever the faults' outcomes: a
     # model-only checkpoint is named from its first save even when every fault was survived.
     pitfalls: tuple[dict, ...] = ()
+    clusters: int = 1  # how many ran at once, each with its share of the faults
 
     @property
     def passed(self) -> bool:
@@ -504,28 +578,30 @@ def score_solo(planned: PlannedFault, result: ScenarioResult) -> FaultScore:
 # ---------------------------------------------------------------- running it
 
 
-class _SoloRuns:
-    """The faults that end the job by design, each on a short cluster of its own: in a thread beside the
-    gauntlet (start), or here (run). Ctrl-C or an error in the gauntlet stops them (cancel: the running one
-    cleans up as after Ctrl-C); their own error is raised once the gauntlet is done (join)."""
+class _Lane:
+    """One cluster's share of the vet, in order: its gauntlet (its faults one after another on one job), then
+    each of its faults that end the job by design, on a short cluster of its own. The first lane runs in the
+    vet's own thread (run); the others in threads (start) once the first one's job is steady: clusters starting
+    up at once would slow each other. `cancel` (Ctrl-C or an error in another lane) stops a lane's run as
+    Ctrl-C does, cleaning up; a lane's own error is raised in the vet's thread (join)."""
 
-    def __init__(self, spec: ClusterSpec, solos: Sequence[PlannedFault], docker, progress: Progress, keep: bool):
-        self.spec, self.solos, self.progress, self.keep = spec, list(solos), progress, keep
-        # One engine client per thread (docker-py's session is not shared across threads); a fake stays shared.
-        self.docker = None if docker is None or type(docker) is Docker else docker
-        self.cancel = threading.Event()
+    def __init__(self, index: int, plan: Plan, docker, progress: Progress, keep: bool, cancel: threading.Event):
+        self.index, self.plan, self.progress, self.keep, self.cancel = index, plan, progress, keep, cancel
+        self.docker = docker
         self.scores: list[FaultScore] = []
         self.run_dirs: list[str] = []
+        self.pitfalls: list[dict] = []
+        self.ended_early: str | None = None
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
-    @property
-    def started(self) -> bool:
-        return self._thread is not None
-
     def start(self, after: threading.Event) -> None:
-        """Run them in a thread, once `after` is set (or cancelled)."""
-        self._thread = threading.Thread(target=self._run_caught, args=(after,), name="vet-solo", daemon=False)
+        # One engine client per thread (docker-py's session is not shared across threads); a fake stays shared.
+        if type(self.docker) is Docker:
+            self.docker = None
+        self._thread = threading.Thread(
+            target=self._run_caught, args=(after,), name=f"vet-lane{self.index + 1}", daemon=False
+        )
         self._thread.start()
 
     def join(self) -> None:
@@ -543,36 +619,79 @@ class _SoloRuns:
         except BaseException as error:  # re-raised by join, in the vet's own thread
             self.error = error
 
-    def run(self) -> None:
-        spec = self.spec
-        for planned in self.solos:
-            if self.cancel.is_set():
-                return
-            self.progress(f"[vet] {planned.kind}: it ends the job by design, so it gets a cluster of its own")
-            solo = Scenario(
-                "vet-solo",
-                f"sim vet: {planned.kind}",
-                backends=(spec.rdzv_backend,),
-                profile=VET_PROFILE,
-                steps=(planned.step,),
-                # What surviving means here: the job ends fast and cleanly (restart_budget runs with every check).
-                expect=Expectation(
-                    {spec.rdzv_backend: "fails"}, fail_fast_s=SOLO_FAIL_FAST_S, checkers=("fails_cleanly",)
-                ),
-                timeout_s=STEP_BUDGET_S * 3,
-            )
-            solo_spec = dataclasses.replace(spec, name=f"{spec.name[:33]}-solo")
-            result = ScenarioRunner(
-                solo,
-                spec.rdzv_backend,
-                docker=self.docker,
-                progress=self.progress,
-                keep=self.keep,
-                spec=solo_spec,
-                cancel=self.cancel,
-            ).run()
-            self.run_dirs.append(str(result.run_dir))
-            self.scores.append(score_solo(planned, result))
+    def run(self, fired: threading.Event | None = None) -> None:
+        """`fired`: set once this lane's first job is steady (or its run ended), for the lanes waiting on it."""
+        plan, spec = self.plan, self.plan.spec
+        try:
+            if plan.scored:
+                self._gauntlet(fired)
+                fired = None
+            else:
+                self.scores += [_score(f, "not applicable", f.why_not or "") for f in plan.faults if f.step is None]
+            solos = [planned for planned in plan.faults if planned.solo]
+            for planned in solos:
+                if self.cancel.is_set():
+                    return
+                self.progress(f"[vet] {planned.kind}: it ends the job by design, so it gets a cluster of its own")
+                solo = Scenario(
+                    "vet-solo",
+                    f"sim vet: {planned.kind}",
+                    backends=(spec.rdzv_backend,),
+                    profile=VET_PROFILE,
+                    steps=(planned.step,),
+                    # What surviving means here: the job ends fast and cleanly (restart_budget runs with every check).
+                    expect=Expectation(
+                        {spec.rdzv_backend: "fails"}, fail_fast_s=SOLO_FAIL_FAST_S, checkers=("fails_cleanly",)
+                    ),
+                    timeout_s=STEP_BUDGET_S * 3,
+                )
+                suffix = "-solo" if self.index == 0 else f"-solo{self.index + 1}"
+                result = ScenarioRunner(
+                    solo,
+                    spec.rdzv_backend,
+                    docker=self.docker,
+                    progress=self.progress,
+                    keep=self.keep,
+                    spec=dataclasses.replace(spec, name=f"{spec.name[:33]}{suffix}"),
+                    cancel=self.cancel,
+                    fired=fired,
+                ).run()
+                fired = None
+                self.run_dirs.append(str(result.run_dir))
+                self.scores.append(score_solo(planned, result))
+        finally:
+            if fired is not None:  # nothing ran here: the others need not wait
+                fired.set()
+
+    def _gauntlet(self, fired: threading.Event | None) -> None:
+        plan, spec = self.plan, self.plan.spec
+        checkers = tuple(c for c in CHECKS_FOR["recovers"] if c not in ENDING_CHECKS)
+        scenario = Scenario(
+            "vet",
+            "sim vet: the gauntlet",
+            cluster={},
+            backends=(spec.rdzv_backend,),
+            profile=VET_PROFILE,
+            steps=plan.gauntlet,
+            expect=Expectation({spec.rdzv_backend: "recovers"}, checkers=checkers),
+            timeout_s=STEP_BUDGET_S * (len(plan.gauntlet) + 1),
+        )
+        result = ScenarioRunner(
+            scenario,
+            spec.rdzv_backend,
+            docker=self.docker,
+            progress=self.progress,
+            keep=self.keep,
+            spec=spec,
+            stop_after=Trigger("recovered", plan.final_world),
+            step_timeout_s=STEP_BUDGET_S,
+            fired=fired,
+            cancel=self.cancel,
+        ).run()
+        self.run_dirs.append(str(result.run_dir))
+        self.ended_early = result.unfired
+        self.scores += score_gauntlet(plan, result)
+        self.pitfalls = job_pitfalls(result.run_dir)
 
 
 def run_vet(
@@ -583,77 +702,52 @@ def run_vet(
     docker=None,
     progress: Progress = print,
     keep: bool = False,
-) -> tuple[VetResult, Plan]:
-    """Plan, run the gauntlet and each solo fault, score them. `spec` is the job as vet_spec made it."""
+    parallel: int | None = None,
+) -> tuple[VetResult, tuple[Plan, ...]]:
+    """Plan, run each cluster's share of the faults (`parallel` clusters at once: cluster_count), score them.
+    `spec` is the job as vet_spec made it."""
     started = time.monotonic()
-    plan = plan_vet(spec, kinds, chosen=chosen)
-    scores: list[FaultScore] = []
-    run_dirs: list[str] = []
-    ended_early = None
-    pitfalls: list[dict] = []
-    checkers = tuple(c for c in CHECKS_FOR["recovers"] if c not in ENDING_CHECKS)
-    solos = [planned for planned in plan.faults if planned.solo]
-    solo_runs = _SoloRuns(spec, solos, docker, progress, keep)
-    gauntlet_fired = threading.Event()  # the solo cluster starts once the gauntlet's job is steady: not both at once
-    # On a swarm each run initialises the one-host swarm and leaves it at its end: two at once would race.
-    if solos and plan.scored and spec.engine != "swarm":
-        # The faults that end the job run on their own cluster beside the gauntlet, not after it: most of a
-        # gauntlet is waiting (timeouts, restarts), and the machine has room for a second small cluster.
+    plans = plan_lanes(spec, kinds, chosen=chosen, clusters=cluster_count(parallel, spec))
+    cancel = threading.Event()
+    lanes = [_Lane(i, plan, docker, progress, keep, cancel) for i, plan in enumerate(plans)]
+    first_steady = threading.Event()  # the other clusters start once the first one's job is steady: not all at once
+    if len(lanes) > 1:
+        # Most of a gauntlet is waiting (timeouts, restarts): the machine has room for a second small cluster.
         job_images(spec, docker or Docker(), progress=progress)  # built once, before two `up`s at once
-        solo_runs.start(after=gauntlet_fired)
+        progress(
+            f"[vet] {len(kinds)} kinds on {len(lanes)} clusters at once: "
+            + "; ".join(f"{plan.spec.name}: {', '.join(f.kind for f in plan.faults)}" for plan in plans)
+        )
+    for lane in lanes[1:]:
+        lane.start(after=first_steady)
     try:
-        if plan.scored:
-            scenario = Scenario(
-                "vet",
-                "sim vet: the gauntlet",
-                cluster={},
-                backends=(spec.rdzv_backend,),
-                profile=VET_PROFILE,
-                steps=plan.gauntlet,
-                expect=Expectation({spec.rdzv_backend: "recovers"}, checkers=checkers),
-                timeout_s=STEP_BUDGET_S * (len(plan.gauntlet) + 1),
-            )
-            runner = ScenarioRunner(
-                scenario,
-                spec.rdzv_backend,
-                docker=docker,
-                progress=progress,
-                keep=keep,
-                spec=spec,
-                stop_after=Trigger("recovered", plan.final_world),
-                step_timeout_s=STEP_BUDGET_S,
-                fired=gauntlet_fired,
-            )
-            result = runner.run()
-            run_dirs.append(str(result.run_dir))
-            ended_early = result.unfired
-            scores += score_gauntlet(plan, result)
-            pitfalls = job_pitfalls(result.run_dir)
-        else:
-            scores += [_score(f, "not applicable", f.why_not or "") for f in plan.faults if f.step is None]
-        if not solo_runs.started:
-            solo_runs.run()
+        lanes[0].run(fired=first_steady)
     except BaseException:
-        solo_runs.cancel.set()
+        cancel.set()
         raise
     finally:
-        solo_runs.join()
-    run_dirs += solo_runs.run_dirs
-    scores += solo_runs.scores
+        for lane in lanes[1:]:
+            lane.join()
     order = {kind: i for i, kind in enumerate(kinds)}
-    scores.sort(key=lambda s: order[s.kind])
+    scores = sorted((s for lane in lanes for s in lane.scores), key=lambda s: order[s.kind])
+    ended = [
+        f"{lane.plan.spec.name}: {lane.ended_early}" if len(lanes) > 1 else lane.ended_early
+        for lane in lanes
+        if lane.ended_early
+    ]
     vet = VetResult(
         str(spec.script) if spec.script else None,
         spec.rdzv_backend,
         spec.nodes,
         spec.nproc_per_node,
         tuple(scores),
-        tuple(run_dirs),
+        tuple(d for lane in lanes for d in lane.run_dirs),
         round(time.monotonic() - started, 1),
-        ended_early,
-        tuple(pitfalls),
+        "; ".join(ended) or None,
+        tuple(_unique([d for lane in lanes for d in lane.pitfalls])),
+        clusters=len(lanes),
     )
-    return vet, plan
+    return vet, plans
 
 
 # ---------------------------------------------------------------- the outputs
@@ -677,7 +771,7 @@ def scorecard(vet: VetResult, width: int = 118) -> str:
     head = f"{'':4} {'fault':34} {'recovery':>8} {'lost':>5} {'restarts':>9} {'steps/s':>11}  note"
     lines = [
         f"sim vet: {vet.script or 'the shipped trainer'} on {vet.nodes} nodes x {vet.nproc_per_node}, "
-        f"{vet.backend}, {vet.wall_s:.0f} s",
+        f"{vet.backend}, {vet.wall_s:.0f} s" + (f" on {vet.clusters} clusters at once" if vet.clusters > 1 else ""),
         head,
     ]
     for f in vet.faults:

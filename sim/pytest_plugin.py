@@ -97,17 +97,17 @@ def sim_scenario(sim_docker) -> Callable[..., list]:
 @pytest.fixture
 def sim_vet(sim_docker) -> Callable[..., object]:
     """`sim vet` from a test: `sim_vet(script, faults=None | "a,b" | [...], quick=False, script_args=None,
-    out_dir=None, **up_options)` runs the gauntlet and returns its chaos.vet.VetResult (the object vet.json holds);
-    with out_dir it also writes vet.json and vet.html there."""
+    out_dir=None, parallel=None, **up_options)` runs the gauntlet and returns its chaos.vet.VetResult (the object
+    vet.json holds); with out_dir it also writes vet.json and vet.html there."""
     from pathlib import Path
 
     from chaos.vet import prepare, run_vet, write_outputs
 
-    def run(script, *, faults=None, quick=False, script_args=None, out_dir=None, **options):
+    def run(script, *, faults=None, quick=False, script_args=None, out_dir=None, parallel=None, **options):
         if faults is not None and not isinstance(faults, str):
             faults = ",".join(faults)
         spec, kinds = prepare({**options, "script": str(script)}, script_args, faults, quick)
-        result, _ = run_vet(spec, kinds, chosen=faults is not None, docker=sim_docker)
+        result, _ = run_vet(spec, kinds, chosen=faults is not None, docker=sim_docker, parallel=parallel)
         if out_dir is not None:
             write_outputs(result, Path(out_dir))
         return result

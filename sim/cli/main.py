@@ -197,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     vet.add_argument("--out", metavar="DIR", default=".", help="where vet.json and vet.html go (default .)")
     vet.add_argument("--name", default="vet", help="cluster name (default vet)")
     vet.add_argument("--keep", action="store_true", help="keep the clusters for debugging instead of removing them")
+    vet.add_argument(
+        "--parallel",
+        type=int,
+        metavar="N",
+        help="clusters at once, each with its share of the faults (default 2; 1 on a swarm; 1: one after another)",
+    )
 
     down = sub.add_parser("down", help="remove a cluster (containers, network, volumes), keeping its logs")
     _cluster_name(down, default=None)
@@ -424,7 +430,7 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
 
 
 def cmd_vet(args: argparse.Namespace, script_args: list[str] | None) -> int:
-    from chaos.vet import DEFAULT_GAUNTLET, prepare, run_vet, scorecard, write_outputs
+    from chaos.vet import DEFAULT_GAUNTLET, cluster_count, prepare, run_vet, scorecard, write_outputs
 
     if args.placement != "spread" or args.ckpt_nfs:
         raise UsageError(
@@ -433,9 +439,10 @@ def cmd_vet(args: argparse.Namespace, script_args: list[str] | None) -> int:
         )
     options, script_args, faults = vet_options(vars(args), script_args, read_tool_config(Path.cwd()))
     spec, kinds = prepare(options, script_args, faults, args.quick)  # every input checked before anything starts
+    parallel = cluster_count(args.parallel, spec)
     whole = " (the whole gauntlet)" if kinds == DEFAULT_GAUNTLET else ""
     print(f"sim vet: {len(kinds)} fault kind(s){whole}: {', '.join(kinds)}", flush=True)
-    vet, _ = run_vet(spec, kinds, chosen=faults is not None, docker=_docker(), keep=args.keep)
+    vet, _ = run_vet(spec, kinds, chosen=faults is not None, docker=_docker(), keep=args.keep, parallel=parallel)
     files = write_outputs(vet, Path(args.out), Path(args.junit) if args.junit else None)
     print(scorecard(vet))
     print("  " + "   ".join(f"{kind}: {path}" for kind, path in files.items()))

@@ -20,7 +20,8 @@ def _rows(stdout: str) -> dict[str, str]:
 
 def test_quick_vet_of_a_plain_ddp_script_passes_and_writes_its_files(images, tmp_path):
     """fixed_name_ckpt.py (plain DDP, rank 0 saves model + optimizer to /ckpt, a 10 s process-group timeout)
-    through the five most telling faults: every one survived, exit 0, vet.json, vet.html and JUnit written."""
+    through the five most telling faults, on two clusters at once: every one survived, exit 0, vet.json, vet.html
+    and JUnit written."""
     junit = tmp_path / "vet-junit.xml"
     result = run_sim(
         "vet",
@@ -51,6 +52,8 @@ def test_quick_vet_of_a_plain_ddp_script_passes_and_writes_its_files(images, tmp
         "hang-collectives",
     ]
     assert all(f["recovery_s"] for f in data["faults"])
+    # Two clusters at once (the default), each with its share: every fault scored from its own cluster's run.
+    assert data["clusters"] == 2 and len({f["run_dir"] for f in data["faults"]}) == 2 == len(data["run_dirs"])
     page = (tmp_path / "vet.html").read_text()
     assert page.count("data:image/png;base64,") == 5
     suite = ET.parse(junit).getroot()

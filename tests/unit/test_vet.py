@@ -14,12 +14,15 @@ from chaos.vet import (
     QUICK_GAUNTLET,
     FaultScore,
     VetResult,
+    cluster_count,
     junit_xml,
     parse_faults,
+    plan_lanes,
     plan_vet,
     prepare,
     render_html,
     scorecard,
+    split_kinds,
     vet_spec,
 )
 from sim.cli.main import build_parser, main, read_tool_config, vet_options
@@ -114,6 +117,34 @@ def test_a_fault_the_backend_cannot_host_is_refused_when_named():
         plan_vet(_spec("c10d"), ("partition",), chosen=True)
 
 
+def test_two_clusters_share_the_gauntlet_evenly_each_in_the_listed_order():
+    shares = split_kinds(DEFAULT_GAUNTLET, "etcd-v2", 2)
+    assert sorted(k for share in shares for k in share) == sorted(DEFAULT_GAUNTLET)
+    for share in shares:
+        assert list(share) == [k for k in DEFAULT_GAUNTLET if k in share]
+    # The pair that restores itself (a node leaves, a node joins) stays on one cluster.
+    assert any({"scale-down", "scale-up"} <= set(share) for share in shares)
+    # The two longest held faults, and the job-ending one's own cluster, are not all on one side.
+    assert not any({"pause", "partition", "etcd-restart"} <= set(share) for share in shares)
+    plans = plan_lanes(_spec(), DEFAULT_GAUNTLET, chosen=False, clusters=2)
+    assert [p.spec.name for p in plans] == ["sim", "sim-lane2"]
+    assert sum(len(p.faults) for p in plans) == len(DEFAULT_GAUNTLET)
+    # Each cluster's own node-removing fault runs last, so neither needs a restoring scale after it.
+    assert all(p.gauntlet[-1].fault in ("stop-node", "kill-agent", "kill-node") for p in plans)
+    assert split_kinds(("kill-worker", "etcd-restart"), "etcd-v2", 2) == [("etcd-restart",), ("kill-worker",)]
+    assert split_kinds(("kill-worker",), "etcd-v2", 3) == [("kill-worker",)]
+    assert split_kinds(DEFAULT_GAUNTLET, "etcd-v2", 1) == [DEFAULT_GAUNTLET]
+
+
+def test_the_clusters_at_once_are_checked_and_a_swarm_runs_one():
+    assert cluster_count(None, _spec()) == 2 and cluster_count(1, _spec()) == 1
+    assert cluster_count(None, _spec(engine="swarm")) == 1
+    with pytest.raises(UsageError, match="--parallel 0: give 1 to 4 clusters at once"):
+        cluster_count(0, _spec())
+    with pytest.raises(UsageError, match="--parallel 2: a one-host swarm runs one cluster at a time"):
+        cluster_count(2, _spec(engine="swarm"))
+
+
 def test_vet_takes_every_job_option_of_up(capsys):
     """One definition of the job options: whatever `sim up` takes to shape the job, `sim vet` takes too."""
     parser = build_parser()
@@ -130,6 +161,9 @@ def test_bad_input_is_one_line_before_anything_starts(capsys):
     assert err.count("\n") == 0 and "unknown kind 'nope'" in err
     assert main(["vet", "no-such-script.py"]) == 2
     assert "no such file" in capsys.readouterr().err
+    assert main(["vet", SCRIPT, "--parallel", "9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--parallel 9: give 1 to 4 clusters at once" in err
 
 
 def test_defaults_come_from_pyproject_and_the_command_line_wins(tmp_path):
