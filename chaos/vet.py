@@ -694,6 +694,14 @@ class _Lane:
         self.pitfalls = job_pitfalls(result.run_dir)
 
 
+def _told(progress: Progress, plan: Plan, clusters: int) -> Progress:
+    """`progress` for one cluster's lines: with others at once, each line says whose it is ("node2" is in each)."""
+    if clusters == 1:
+        return progress
+    name = plan.spec.name
+    return lambda line: progress(f"[{name}] {line}")
+
+
 def run_vet(
     spec: ClusterSpec,
     kinds: Sequence[str],
@@ -709,7 +717,7 @@ def run_vet(
     started = time.monotonic()
     plans = plan_lanes(spec, kinds, chosen=chosen, clusters=cluster_count(parallel, spec))
     cancel = threading.Event()
-    lanes = [_Lane(i, plan, docker, progress, keep, cancel) for i, plan in enumerate(plans)]
+    lanes = [_Lane(i, plan, docker, _told(progress, plan, len(plans)), keep, cancel) for i, plan in enumerate(plans)]
     first_steady = threading.Event()  # the other clusters start once the first one's job is steady: not all at once
     if len(lanes) > 1:
         # Most of a gauntlet is waiting (timeouts, restarts): the machine has room for a second small cluster.

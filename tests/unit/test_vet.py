@@ -14,6 +14,7 @@ from chaos.vet import (
     QUICK_GAUNTLET,
     FaultScore,
     VetResult,
+    _told,
     cluster_count,
     junit_xml,
     parse_faults,
@@ -134,6 +135,11 @@ def test_two_clusters_share_the_gauntlet_evenly_each_in_the_listed_order():
     assert split_kinds(("kill-worker", "etcd-restart"), "etcd-v2", 2) == [("etcd-restart",), ("kill-worker",)]
     assert split_kinds(("kill-worker",), "etcd-v2", 3) == [("kill-worker",)]
     assert split_kinds(DEFAULT_GAUNTLET, "etcd-v2", 1) == [DEFAULT_GAUNTLET]
+    # With two at once, each cluster's progress lines say whose they are.
+    said: list[str] = []
+    _told(said.append, plans[1], 2)("[chaos] kill-node node2")
+    _told(said.append, plans[0], 1)("[chaos] pause node2")
+    assert said == ["[sim-lane2] [chaos] kill-node node2", "[chaos] pause node2"]
 
 
 def test_the_clusters_at_once_are_checked_and_a_swarm_runs_one():
