@@ -30,8 +30,8 @@ from xml.sax.saxutils import escape, quoteattr
 from sim.core.errors import UsageError
 from sim.core.history import FILE_NAME, FaultRecord, History
 from sim.core.nodes import node_order
-from sim.core.spec import ClusterSpec, node_name, spec_from_options
-from sim.engines.cluster import job_images
+from sim.core.spec import ClusterSpec, check_room_beside, node_name, spec_from_options
+from sim.engines.cluster import job_images, other_clusters_memory
 from sim.engines.docker import Docker
 from sim.verdict.checkers import CHECKS_FOR
 from sim.verdict.diagnose import Diagnosis, diagnose
@@ -241,6 +241,18 @@ def cluster_count(given: int | None, spec: ClusterSpec) -> int:
     if given > 1 and spec.engine == "swarm":
         raise UsageError(f"--parallel {given}: a one-host swarm runs one cluster at a time; drop --parallel")
     return given
+
+
+def clusters_that_fit(wanted: int, spec: ClusterSpec, others: Mapping[str, Sequence[int]], memory_mib=None) -> int:
+    """The most of `wanted` clusters of `spec` this machine holds at once beside `others` (other clusters' nodes:
+    check_room_beside), at least one: the first cluster's own `up` refuses, in its own words, what cannot fit."""
+    for count in range(wanted, 1, -1):
+        try:
+            check_room_beside("--parallel", count * spec.nodes, spec.counted_memory_mib, others, memory_mib)
+            return count
+        except UsageError:
+            continue
+    return 1
 
 
 def split_kinds(kinds: Sequence[str], backend: str, clusters: int) -> list[tuple[str, ...]]:
@@ -715,13 +727,24 @@ def run_vet(
     """Plan, run each cluster's share of the faults (`parallel` clusters at once: cluster_count), score them.
     `spec` is the job as vet_spec made it."""
     started = time.monotonic()
-    plans = plan_lanes(spec, kinds, chosen=chosen, clusters=cluster_count(parallel, spec))
+    clusters = cluster_count(parallel, spec)
+    if clusters > 1:
+        docker = docker or Docker()
+        if getattr(docker, "local", False):  # this machine's memory: found before a second `up` fails mid-vet
+            fit = clusters_that_fit(clusters, spec, other_clusters_memory(docker, spec.name))
+            if fit < clusters:
+                progress(
+                    f"[vet] this machine's memory holds {fit} cluster(s) of {spec.nodes} nodes at once, not "
+                    f"{clusters}: running {fit} (a smaller --memory or fewer other clusters make room)"
+                )
+                clusters = fit
+    plans = plan_lanes(spec, kinds, chosen=chosen, clusters=clusters)
     cancel = threading.Event()
     lanes = [_Lane(i, plan, docker, _told(progress, plan, len(plans)), keep, cancel) for i, plan in enumerate(plans)]
     first_steady = threading.Event()  # the other clusters start once the first one's job is steady: not all at once
     if len(lanes) > 1:
         # Most of a gauntlet is waiting (timeouts, restarts): the machine has room for a second small cluster.
-        job_images(spec, docker or Docker(), progress=progress)  # built once, before two `up`s at once
+        job_images(spec, docker, progress=progress)  # built once, before two `up`s at once
         progress(
             f"[vet] {len(kinds)} kinds on {len(lanes)} clusters at once: "
             + "; ".join(f"{plan.spec.name}: {', '.join(f.kind for f in plan.faults)}" for plan in plans)

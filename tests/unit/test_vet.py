@@ -16,6 +16,7 @@ from chaos.vet import (
     VetResult,
     _told,
     cluster_count,
+    clusters_that_fit,
     junit_xml,
     parse_faults,
     plan_lanes,
@@ -149,6 +150,14 @@ def test_the_clusters_at_once_are_checked_and_a_swarm_runs_one():
         cluster_count(0, _spec())
     with pytest.raises(UsageError, match="--parallel 2: a one-host swarm runs one cluster at a time"):
         cluster_count(2, _spec(engine="swarm"))
+
+
+def test_as_many_clusters_run_at_once_as_the_machines_memory_holds():
+    spec = _spec(memory="2g")  # 3 nodes of 2048 MiB
+    assert clusters_that_fit(2, spec, {}, memory_mib=16384) == 2
+    assert clusters_that_fit(2, spec, {}, memory_mib=8192) == 1  # 12 GiB of nodes, 7 GiB of room
+    assert clusters_that_fit(3, spec, {"other": [2048, 2048]}, memory_mib=20480) == 2  # room for 7 nodes
+    assert clusters_that_fit(2, spec, {}, memory_mib=1024) == 1  # the first `up` refuses it itself
 
 
 def test_vet_takes_every_job_option_of_up(capsys):
