@@ -513,13 +513,11 @@ def test_fill_script_refuses_a_folder_off_the_checkpoint_tmpfs(tmp_path):
 
 def test_kill_in_write_script_kills_the_worker_that_opens_a_file_for_writing(tmp_path):
     worker_env = {**os.environ, "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "t"}
+    # The reader's file exists before it starts: creating it there (an open for append, a write) once let a
+    # loaded machine's watcher, started before the reader closed it, take the reader for the writer.
+    (tmp_path / "a").touch()
     reader = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"import time; f = open({str(tmp_path / 'a')!r}, 'a'); "
-            "f.close(); g = open(" + repr(str(tmp_path / "a")) + "); time.sleep(30)",
-        ],
+        [sys.executable, "-c", f"import time; g = open({str(tmp_path / 'a')!r}); time.sleep(30)"],
         env=worker_env,
     )
     writer = subprocess.Popen(
