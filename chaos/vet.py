@@ -658,22 +658,26 @@ class _Lane:
                     timeout_s=STEP_BUDGET_S * 3,
                 )
                 suffix = "-solo" if self.index == 0 else f"-solo{self.index + 1}"
-                result = ScenarioRunner(
-                    solo,
-                    spec.rdzv_backend,
-                    docker=self.docker,
-                    progress=self.progress,
-                    keep=self.keep,
-                    spec=dataclasses.replace(spec, name=f"{spec.name[:33]}{suffix}"),
-                    cancel=self.cancel,
-                    fired=fired,
-                ).run()
+                result = self._run(solo, dataclasses.replace(spec, name=f"{spec.name[:33]}{suffix}"), fired)
                 fired = None
                 self.run_dirs.append(str(result.run_dir))
                 self.scores.append(score_solo(planned, result))
         finally:
             if fired is not None:  # nothing ran here: the others need not wait
                 fired.set()
+
+    def _run(self, scenario: Scenario, spec: ClusterSpec, fired: threading.Event | None, **options) -> ScenarioResult:
+        return ScenarioRunner(
+            scenario,
+            spec.rdzv_backend,
+            docker=self.docker,
+            progress=self.progress,
+            keep=self.keep,
+            spec=spec,
+            cancel=self.cancel,
+            fired=fired,
+            **options,
+        ).run()
 
     def _gauntlet(self, fired: threading.Event | None) -> None:
         plan, spec = self.plan, self.plan.spec
@@ -688,18 +692,9 @@ class _Lane:
             expect=Expectation({spec.rdzv_backend: "recovers"}, checkers=checkers),
             timeout_s=STEP_BUDGET_S * (len(plan.gauntlet) + 1),
         )
-        result = ScenarioRunner(
-            scenario,
-            spec.rdzv_backend,
-            docker=self.docker,
-            progress=self.progress,
-            keep=self.keep,
-            spec=spec,
-            stop_after=Trigger("recovered", plan.final_world),
-            step_timeout_s=STEP_BUDGET_S,
-            fired=fired,
-            cancel=self.cancel,
-        ).run()
+        result = self._run(
+            scenario, spec, fired, stop_after=Trigger("recovered", plan.final_world), step_timeout_s=STEP_BUDGET_S
+        )
         self.run_dirs.append(str(result.run_dir))
         self.ended_early = result.unfired
         self.scores += score_gauntlet(plan, result)
