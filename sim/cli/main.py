@@ -183,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="put your job through a gauntlet of faults, one after another, and score each (a scorecard)",
         description="Start the job, wait until it trains steadily, then strike it with one fault after another, "
         "each once it has recovered from the one before, and score each: survived, failed (with the diagnosis and "
-        "its fix) or not applicable; two clusters run at once, each with its share of the faults (--parallel). Takes `sim up`'s job options (defaults here: 3 nodes x 1 worker, the fast "
+        "its fix) or not applicable; two clusters run at once, each with its share of the faults "
+        "(--parallel). Takes `sim up`'s job options (defaults here: 3 nodes x 1 worker, the fast "
         "rendezvous profile, 30 restarts). Writes vet.json and vet.html; exits 0 only when every fault that "
         "should be survived was. Defaults may live in pyproject.toml [tool.elastic-sim]: script, args, nodes, "
         "faults. Script arguments go after `--`.",
