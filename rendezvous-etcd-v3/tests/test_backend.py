@@ -2,7 +2,6 @@
 
 import multiprocessing
 import pickle
-import signal
 import threading
 import time
 
@@ -197,14 +196,14 @@ def test_etcd_data_loss_starts_a_fresh_state(own_etcd_server, make_client):
 def test_frozen_etcd_times_out_as_connection_error(own_etcd_server, make_client):
     backend = EtcdV3RendezvousBackend(make_client(own_etcd_server, read_timeout="1"), "frozen")
     backend.set_state(b"v1")
-    own_etcd_server.process.send_signal(signal.SIGSTOP)
+    own_etcd_server.freeze()
     try:
         started = time.monotonic()
         with pytest.raises(RendezvousConnectionError):
             backend.get_state()
         assert time.monotonic() - started < 5
     finally:
-        own_etcd_server.process.send_signal(signal.SIGCONT)
+        own_etcd_server.thaw()
     assert backend.get_state()[0] == b"v1"
 
 
