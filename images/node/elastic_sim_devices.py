@@ -29,7 +29,8 @@ What cannot be emulated (a CUDA extension, CUDA kernels in triton/flash-attn, a 
 lacks) fails with a line that starts with PREFIX, names it and the way out (`--gpus`).
 
 It writes to the side channel (elastic_sim_progress.write_record): an "emulated" record (what is
-emulated) at torch's import and "emulated_calls" records (the emulated calls so far, with counts)
+emulated) at torch's import, an "emulated_group" record (the failure timing in force) when the
+default process group is made, and "emulated_calls" records (the emulated calls so far, with counts)
 when a new kind of call is first made (at most every CALLS_RECORD_GAP_S), at exit and before an
 abort. Any failure inside this module leaves the script to run as it would without it.
 
@@ -801,6 +802,8 @@ def _patch_distributed(torch, emu: Emulator) -> None:
         result = init(backend, *args, **kwargs)
         emu.timeout_s = timeout.total_seconds() if timeout is not None else None
         emu.pg_ready = nccl
+        # The timing in force, which the report states: a script that asked for gloo has gloo's.
+        emu.write("emulated_group", failure_timing=emu.timing if nccl else "gloo")
         return result
 
     new = c10d.new_group

@@ -39,9 +39,11 @@ FAULT_PHASES = ("invoke", "ok", "fail", "info")
 # loads so far) time a start's way to its first step; histories before them lack them. "save" is one
 # checkpoint written to a named file (torch.save, torch.distributed.checkpoint's save) by any script.
 # Device emulation (images/node/elastic_sim_devices.py): "emulated" (what: devices, per_node, failure_timing),
-# "emulated_calls" (calls: the emulated calls this process made so far, with counts) and "nccl_watchdog" (a
-# collective whose peer was gone, held `seconds` from `began` until the process group's timeout, then aborted).
-DEVICE_EVENTS = ("emulated", "emulated_calls", "nccl_watchdog")
+# "emulated_group" (failure_timing: the timing in force for the default process group, "gloo" where the
+# script asked for gloo), "emulated_calls" (calls: the emulated calls this process made so far, with
+# counts) and "nccl_watchdog" (a collective whose peer was gone, held `seconds` from `began` until the
+# process group's timeout, then aborted).
+DEVICE_EVENTS = ("emulated", "emulated_group", "emulated_calls", "nccl_watchdog")
 WORKER_EVENTS = (
     *("start", "step", "activity", "progress", "exit", "imported", "pg_ready", "load", "save"),
     *("uses", "sampler", "params"),  # the job's pitfalls (sim/verdict/pitfalls.py)
@@ -386,7 +388,7 @@ class WorkerRecord(_WorkerFacts):
     began: float | None = None
     devices: str | None = None  # emulated: "emulated"
     per_node: int | None = None  # emulated: devices per node
-    failure_timing: str | None = None  # emulated: "nccl" | "gloo"
+    failure_timing: str | None = None  # emulated, emulated_group: "nccl" | "gloo"
     calls: dict | None = None  # emulated_calls: call name -> count, this process so far
     timeout_s: float | None = None  # nccl_watchdog: the process group's timeout
     content: SavedContent | None = None  # save (the first of a process): what the saved object held

@@ -745,7 +745,13 @@ def over_trainer_defaults(given: Sequence[str]) -> tuple[str, ...]:
     return (*kept, *split)
 
 
-def emulated_devices_line(per_node: object, failure_timing: str) -> str:
-    """The one wording of device emulation: the `up` banner, `sim status`, the report and its picture."""
-    timing = "NCCL's (a dead peer blocks until the timeout)" if failure_timing == "nccl" else "gloo's (at once)"
+def emulated_devices_line(per_node: object, failure_timing: str, script_asked_gloo: bool = False) -> str:
+    """The one wording of device emulation: the `up` banner, `sim status`, the report and its picture.
+    `script_asked_gloo`: the run's workers made gloo process groups themselves, so NCCL's timing held none."""
+    if script_asked_gloo and failure_timing == "nccl":
+        timing = "gloo's (at once): the script asked for gloo, so NCCL's timing had no group to hold"
+    elif failure_timing == "nccl":
+        timing = "NCCL's (a dead peer blocks until the timeout)"
+    else:
+        timing = "gloo's (at once)"
     return f"devices emulated on CPU ({per_node} per node), NCCL → gloo; failure timing {timing}"

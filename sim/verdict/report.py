@@ -91,7 +91,8 @@ class DeviceFacts:
 def device_facts(run: RunModel) -> DeviceFacts | None:
     """What ran the devices: the run's spec (devices, failure_timing) and its workers' emulation records
     (images/node/elastic_sim_devices.py): the emulated calls summed over every worker process (each
-    process's last count), and the collectives NCCL's timing held. None for a run that says nothing of it."""
+    process's last count), the timing its process groups had, and the collectives NCCL's timing held. None
+    for a run that says nothing of it."""
     spec = run.spec_fields
     records = [r for r in run.all_records if isinstance(r, WorkerRecord) and r.event in DEVICE_EVENTS]
     announced = next((r for r in records if r.event == "emulated"), None)
@@ -109,10 +110,12 @@ def device_facts(run: RunModel) -> DeviceFacts | None:
             if isinstance(n, int):
                 calls[name] = calls.get(name, 0) + n
     held = [r for r in records if r.event == "nccl_watchdog"]
+    # Configured NCCL's, but every process group the workers made was gloo at the script's asking.
+    asked_gloo = timing == "nccl" and {r.failure_timing for r in records if r.event == "emulated_group"} == {"gloo"}
     return DeviceFacts(
         per_node=per_node,
-        failure_timing=timing,
-        line=emulated_devices_line(per_node, timing),
+        failure_timing="gloo" if asked_gloo else timing,  # the timing in force
+        line=emulated_devices_line(per_node, timing, script_asked_gloo=asked_gloo),
         calls=dict(sorted(calls.items(), key=lambda item: (-item[1], item[0]))),
         watchdog_aborts=len(held),
         seen_by_workers=announced is not None,

@@ -108,6 +108,8 @@ def test_plain_script_survives_worker_and_node_loss(sim_scenario, docker, images
     else:
         assert progress_check.measured and progress_check.metrics["step_source"] == "script"
     assert "Training seen through" in result.summary
+    # Devices emulated (no GPU here), but the script asked for gloo: the report says whose timing held.
+    assert "failure timing gloo's (at once): the script asked for gloo" in result.summary, result.summary
 
 
 def test_model_only_checkpoint_is_caught_as_a_loss_jump(sim_scenario, docker, images, tmp_path):

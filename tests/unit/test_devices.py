@@ -279,7 +279,10 @@ def test_a_dead_peer_holds_the_survivor_until_the_timeout_under_nccl_timing(tmp_
     survivor = procs[0].communicate(timeout=120)
     procs[1].communicate(timeout=60)
     elapsed = time.monotonic() - began
-    if timing == "gloo" or backend == "gloo":
+    in_force = "gloo" if "gloo" in (timing, backend) else "nccl"
+    groups = [r for r in records(tmp_path) if r["event"] == "emulated_group"]
+    assert [r["failure_timing"] for r in groups] == [in_force, in_force], groups  # what the report states
+    if in_force == "gloo":
         # gloo's own failure, at once: nothing held it (no clock bound here, which a loaded machine's slow
         # `import torch` in two processes once broke).
         assert procs[0].returncode == 1 and "Watchdog" not in survivor[1], survivor[1][-3000:]
@@ -343,3 +346,27 @@ def test_the_report_says_the_devices_were_emulated_and_counts_the_calls():
     assert facts.calls["init_process_group(nccl)"] == 8  # every start of every worker
     assert facts.calls["torch.load(map_location=cuda)"] == 5 and facts.watchdog_aborts == 2
     assert device_facts(RunModel([{"t": 1.0, "type": "run", "event": "start", "spec": {"devices": "gpu"}}])) is None
+
+
+@pytest.mark.parametrize(
+    ("group_timings", "in_force", "words"),
+    [
+        (["gloo", "gloo"], "gloo", "failure timing gloo's (at once): the script asked for gloo"),
+        (["nccl", "nccl"], "nccl", "failure timing NCCL's (a dead peer blocks"),
+        ([], "nccl", "failure timing NCCL's (a dead peer blocks"),  # no group made yet: the configured timing
+    ],
+)
+def test_the_report_states_the_timing_in_force_for_a_script_that_asks_for_gloo(group_timings, in_force, words):
+    from sim.verdict.report import device_facts
+    from sim.verdict.runmodel import RunModel
+
+    start = {"t": 1.0, "type": "run", "event": "start", "spec": {"devices": "emulated", "failure_timing": "nccl"}}
+    worker = {"type": "worker", "node": "node0", "world_size": 2, "restart": 0, "run_id": "r"}
+    announced = [{**worker, "t": 2.0, "event": "emulated", "rank": r, "pid": 10 + r, "per_node": 1,
+                  "devices": "emulated", "failure_timing": "nccl"} for r in (0, 1)]  # fmt: skip
+    groups = [
+        {**worker, "t": 3.0, "event": "emulated_group", "rank": r, "pid": 10 + r, "failure_timing": timing}
+        for r, timing in enumerate(group_timings)
+    ]
+    facts = device_facts(RunModel([start, *announced, *groups]))
+    assert facts.failure_timing == in_force and words in facts.line
