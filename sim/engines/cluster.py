@@ -174,13 +174,13 @@ class Cluster:
         spec = self.spec
         if spec is None:
             raise ClusterError(f"cluster '{self.name}': its spec.json is missing; cannot add nodes")
-        check_engine_room(self.docker, spec, "scale --nodes", nodes)
-        if nodes > spec.nodes:
-            images = ImageSet(**json.loads((self.state_dir / "images.json").read_text()))
-            write_state(self, spec.with_nodes(nodes), images, self.run_id or "")
-        self.docker.compose(
-            self.name, self.compose_file, "up", "--detach", "--no-deps", "--no-recreate", "--no-build", *names
-        )
+        with engine_room(self.docker, spec, "scale --nodes", nodes):
+            if nodes > spec.nodes:
+                images = ImageSet(**json.loads((self.state_dir / "images.json").read_text()))
+                write_state(self, spec.with_nodes(nodes), images, self.run_id or "")
+            self.docker.compose(
+                self.name, self.compose_file, "up", "--detach", "--no-deps", "--no-recreate", "--no-build", *names
+            )
 
     # --- teardown ----------------------------------------------------------------
 
@@ -394,11 +394,26 @@ def check_engine_room(docker: DockerProvider, spec: ClusterSpec, flag: str, node
         check_room_beside(flag, nodes, spec.counted_memory_mib, other_clusters_memory(docker, spec.name))
 
 
+@contextlib.contextmanager
+def engine_room(docker: DockerProvider, spec: ClusterSpec, flag: str, nodes: int, progress: Progress | None = None):
+    """Check the room for `nodes` nodes and hold it until the caller has made them: the host-wide room
+    lock is held from the check until the block ends (Compose's `up` returned, the nodes exist), so two
+    clusters' `up` or `scale` cannot both count the same free memory before either has made a node."""
+    if not getattr(docker, "local", False):
+        yield
+        return
+    with _host_lock(ROOM_LOCK_FILE, progress, "another cluster's nodes are being made on this engine"):
+        check_engine_room(docker, spec, flag, nodes)
+        yield
+
+
 # --- one `up` or `down` of a name at a time -------------------------------------------------
 
 # Host-wide, not per state home: two homes on one engine must not race for one name either.
 LOCK_DIR_ENV = "SIM_LOCK_DIR"
 _held_locks: dict[str, int] = {}
+# Not a cluster name (names have no dot): held while a room check's nodes are made (engine_room).
+ROOM_LOCK_FILE = "engine-room.lock"
 _held_guard = threading.Lock()
 
 
@@ -425,19 +440,7 @@ def name_lock(name: str, progress: Progress | None = None):
             with _held_guard:
                 _held_locks[name] -= 1
         return
-    folder = lock_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):  # shared by every user of this host (sticky, as /tmp is)
-        if folder.stat().st_uid == os.getuid():
-            folder.chmod(0o1777)
-    fd = os.open(inside(folder, f"{name}.lock"), os.O_RDONLY | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if progress:
-                progress(f"[up] waiting: another `sim up` or `sim down` of '{name}' is under way")
-            fcntl.flock(fd, fcntl.LOCK_EX)
+    with _host_lock(f"{name}.lock", progress, f"another `sim up` or `sim down` of '{name}' is under way"):
         with _held_guard:
             _held_locks[name] = 1
         try:
@@ -445,6 +448,26 @@ def name_lock(name: str, progress: Progress | None = None):
         finally:
             with _held_guard:
                 _held_locks.pop(name, None)
+
+
+@contextlib.contextmanager
+def _host_lock(file_name: str, progress: Progress | None, waiting_for: str):
+    """fcntl.flock on LOCK_DIR/file_name, for the block; says what it waits for when another holds it.
+    Per open file: two threads of one process exclude each other too."""
+    folder = lock_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # shared by every user of this host (sticky, as /tmp is)
+        if folder.stat().st_uid == os.getuid():
+            folder.chmod(0o1777)
+    fd = os.open(inside(folder, file_name), os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                progress(f"[up] waiting: {waiting_for}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
 
@@ -608,14 +631,17 @@ def _up(
     run_id = new_run_id()
     created = False
     try:
-        write_state(cluster, spec, images, run_id)
-        (cluster.state_dir / OWNER_PID_FILE).write_text(str(os.getpid()))
-        History(cluster.run_dir / FILE_NAME).append(run_start_record(spec, run_id))
-        progress(f"[up] starting cluster '{spec.name}' ({spec.nodes} nodes, {spec.rdzv_backend}, run {run_id})")
-        created = True
-        # Before the containers exist, so the history sees them created and started.
-        cluster._start_collector()
-        docker.compose(spec.name, cluster.compose_file, "up", "--detach", "--no-build", timeout=600)
+        # Checked again, now held until the nodes exist: another cluster's `up` may have made its own
+        # since the first check (while images were built). Refused here, nothing is made yet.
+        with engine_room(docker, spec, "--nodes", spec.nodes, progress):
+            write_state(cluster, spec, images, run_id)
+            (cluster.state_dir / OWNER_PID_FILE).write_text(str(os.getpid()))
+            History(cluster.run_dir / FILE_NAME).append(run_start_record(spec, run_id))
+            progress(f"[up] starting cluster '{spec.name}' ({spec.nodes} nodes, {spec.rdzv_backend}, run {run_id})")
+            created = True
+            # Before the containers exist, so the history sees them created and started.
+            cluster._start_collector()
+            docker.compose(spec.name, cluster.compose_file, "up", "--detach", "--no-build", timeout=600)
         if wait:
             check = wait_for(TrainingStarted(cluster), timeout=timeout)
             progress(f"[up] training started ({check.detail})")

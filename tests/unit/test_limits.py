@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from chaos.k8s import export_spec
@@ -19,7 +22,7 @@ from sim.core.spec import (
     node_need_mib,
     spec_from_options,
 )
-from sim.engines.cluster import Cluster, check_engine_room, other_clusters_memory
+from sim.engines.cluster import LOCK_DIR_ENV, Cluster, check_engine_room, engine_room, other_clusters_memory
 from sim.engines.docker import Container, DockerError, Resources
 from sim.engines.swarm_render import SwarmLayout, to_stack
 
@@ -217,3 +220,29 @@ def test_a_scale_up_is_weighed_against_the_other_clusters(monkeypatch, tmp_path)
     (cluster.state_dir / "spec.json").write_text(ClusterSpec(name="mine", nodes=1, memory="512m").to_json())
     with pytest.raises(UsageError, match=r"^scale --nodes 3: 3 nodes of 512 MiB .*'a'"):
         cluster.start_nodes(["node1", "node2"], nodes=3)
+
+
+def test_the_room_is_held_from_the_check_until_the_nodes_exist(monkeypatch, tmp_path):
+    """Two clusters' `up` at once, each fitting alone: the second checks only after the first's nodes
+    exist, and is refused, naming it."""
+    monkeypatch.setattr("sim.core.spec.machine_memory_mib", lambda: HOST_RESERVE_MIB + 4096)
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path))
+    engine = RoomEngine([])
+    inside, outcome = threading.Event(), {}
+
+    def first() -> None:
+        with engine_room(engine, ClusterSpec(name="a", memory="3g"), "--nodes", 1):
+            inside.set()
+            time.sleep(0.3)  # Compose making the node: the other `up` waits
+            engine.nodes.append(("a", "node0", "running", "3072", 0))
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    inside.wait(5)
+    try:
+        with engine_room(engine, ClusterSpec(name="b", memory="3g"), "--nodes", 1, progress=print):
+            outcome["admitted"] = True
+    except UsageError as error:
+        outcome["refused"] = str(error)
+    thread.join()
+    assert "'a' (1 node, 3072 MiB)" in outcome.get("refused", ""), outcome
