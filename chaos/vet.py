@@ -595,7 +595,8 @@ class _Lane:
     each of its faults that end the job by design, on a short cluster of its own. The first lane runs in the
     vet's own thread (run); the others in threads (start) once the first one's job is steady: clusters starting
     up at once would slow each other. `cancel` (Ctrl-C or an error in another lane) stops a lane's run as
-    Ctrl-C does, cleaning up; a lane's own error is raised in the vet's thread (join)."""
+    Ctrl-C does, cleaning up: a lane thread's own error sets it at once, so the vet ends with that error
+    (raised in the vet's thread, by raise_error) without waiting out the other lanes' faults."""
 
     def __init__(self, index: int, plan: Plan, docker, progress: Progress, keep: bool, cancel: threading.Event):
         self.index, self.plan, self.progress, self.keep, self.cancel = index, plan, progress, keep, cancel
@@ -619,8 +620,11 @@ class _Lane:
     def join(self) -> None:
         if self._thread is not None:
             self._thread.join()
-            if self.error is not None and not self.cancel.is_set():
-                raise self.error
+
+    def raise_error(self) -> None:
+        """This lane's own error (not the cancel another lane's error or Ctrl-C caused), if it had one."""
+        if self.error is not None and not isinstance(self.error, KeyboardInterrupt):
+            raise self.error
 
     def _run_caught(self, after: threading.Event) -> None:
         try:
@@ -628,8 +632,9 @@ class _Lane:
                 if self.cancel.is_set():
                     return
             self.run()
-        except BaseException as error:  # re-raised by join, in the vet's own thread
+        except BaseException as error:  # raised by raise_error, in the vet's own thread
             self.error = error
+            self.cancel.set()  # the other lanes stop now, cleaning up: the vet ends with this error
 
     def run(self, fired: threading.Event | None = None) -> None:
         """`fired`: set once this lane's first job is steady (or its run ended), for the lanes waiting on it."""
@@ -748,12 +753,17 @@ def run_vet(
         lane.start(after=first_steady)
     try:
         lanes[0].run(fired=first_steady)
-    except BaseException:
+    except BaseException as error:
         cancel.set()
-        raise
-    finally:
         for lane in lanes[1:]:
             lane.join()
+        if isinstance(error, KeyboardInterrupt):  # maybe the cancel a lane's own error set: the vet fails with it
+            for lane in lanes[1:]:
+                lane.raise_error()
+        raise
+    for lane in lanes[1:]:
+        lane.join()
+        lane.raise_error()
     order = {kind: i for i, kind in enumerate(kinds)}
     scores = sorted((s for lane in lanes for s in lane.scores), key=lambda s: order[s.kind])
     ended = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -23,12 +24,13 @@ from chaos.vet import (
     plan_vet,
     prepare,
     render_html,
+    run_vet,
     scorecard,
     split_kinds,
     vet_spec,
 )
 from sim.cli.main import build_parser, main, read_tool_config, vet_options
-from sim.core.errors import UsageError
+from sim.core.errors import ClusterError, UsageError
 from sim.core.spec import spec_from_options
 
 SCRIPT = "tests/scripts/ddp_sgd.py"
@@ -347,3 +349,31 @@ def test_a_held_fault_is_undone_once_the_others_are_steady_without_its_node(tmp_
     assert len(undone) == 1 and runner._hold_end < fired + 25.0 and not runner._early_undos
     undo()  # its timer, later: nothing more
     assert len(undone) == 1
+
+
+class _LaneRunner:
+    """The part of ScenarioRunner a lane uses: the second cluster's run fails at once, the first polls its
+    cancel as the real runner does (Ctrl-C's cleanup: KeyboardInterrupt)."""
+
+    def __init__(self, scenario, backend, *, spec, cancel, fired, **_options):
+        self.spec, self.cancel, self.fired = spec, cancel, fired
+
+    def run(self):
+        if self.fired is not None:
+            self.fired.set()  # the first job is steady: the second cluster starts
+        if self.spec.name.endswith("-lane2"):
+            raise ClusterError("lane2's engine went away")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.cancel.is_set():
+                raise KeyboardInterrupt
+            time.sleep(0.01)
+        raise AssertionError("the first cluster ran on: the second one's error did not stop it")
+
+
+def test_an_error_on_one_cluster_stops_the_other_and_the_vet_fails_with_it(monkeypatch):
+    monkeypatch.setattr("chaos.vet.ScenarioRunner", _LaneRunner)
+    monkeypatch.setattr("chaos.vet.job_images", lambda *args, **kwargs: None)
+    engine = type("RemoteEngine", (), {"local": False})()
+    with pytest.raises(ClusterError, match="lane2's engine went away"):
+        run_vet(_spec(), DEFAULT_GAUNTLET, docker=engine, progress=lambda line: None, parallel=2)
