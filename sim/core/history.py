@@ -172,6 +172,9 @@ class RecordedSpec(_Nested):
     devices: str | None = None
     failure_timing: str | None = None
     instrument: bool | None = None
+    memory: str | None = None  # --memory as given ("none": lifted); None: the default
+    memory_limit: int | None = None  # bytes each node got; None: no limit (or a history before bounds)
+    pids: int | None = None
 
     @property
     def pairs(self) -> dict[str, dict]:

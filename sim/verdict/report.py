@@ -172,6 +172,7 @@ class Report:
     devices: DeviceFacts | None
     skipped_lines: int  # history lines that were not a record (torn writes)
     files: ReportFiles | None = None
+    node_bounds: str | None = None  # each node's memory and pids limits, in words (None: not recorded)
 
     @property
     def word(self) -> str:
@@ -195,6 +196,7 @@ class Report:
             "training": {**dataclasses.asdict(self.training), "not_measured": list(self.training.not_measured)},
             "diagnoses": [dataclasses.asdict(d) for d in self.diagnoses],
             "devices": None if self.devices is None else dataclasses.asdict(self.devices),
+            "node_bounds": self.node_bounds,
             "history": {"skipped_lines": self.skipped_lines},
             "files": {} if self.files is None else {kind: str(path) for kind, path in self.files._asdict().items()},
         }
@@ -235,7 +237,23 @@ def build_report(
         devices=device_facts(run),
         skipped_lines=run.skipped_lines,
         files=files,
+        node_bounds=node_bounds(run),
     )
+
+
+def node_bounds(run: RunModel) -> str | None:
+    """Each node's bounds as the run start record gives them (a run that ran out of memory was bounded by
+    this); None for a history written before nodes had bounds."""
+    spec = run.spec_fields
+    if spec.pids is None:
+        return None
+    if spec.memory_limit:
+        mib = -(-spec.memory_limit // 2**20)
+        given = "--memory" if spec.memory is not None else "the default share of this machine; --memory sets it"
+        memory = f"memory {mib} MiB per node, no swap ({given})"
+    else:
+        memory = "no memory limit (--memory none)"
+    return f"{memory}; pids {spec.pids} per node"
 
 
 def report_data(verdict: Verdict, run: RunModel, **options) -> dict:
@@ -404,6 +422,8 @@ def format_summary(verdict: Verdict, run: RunModel, **options) -> str:
     lines.append(f"Rendezvous rounds: {verdict.rounds}")
     lines.append(f"Training seen through: {_training_words(report.training)}")
     lines.append(f"Profile: {report.profile}")
+    if report.node_bounds:
+        lines.append(f"Node bounds: {report.node_bounds}")
     if report.devices:
         lines.append(f"Devices: {report.devices.line}")
         lines.append(f"Emulated calls (all workers, all starts): {_calls_words(report.devices.calls)}")
@@ -479,6 +499,8 @@ def render_html(report: Report, png: bytes) -> str:
     ]
     if report.duration_s is not None:
         facts.append([_cell("duration"), _cell(_seconds(report.duration_s))])
+    if report.node_bounds:
+        facts.append([_cell("node bounds"), _cell(report.node_bounds)])
     if report.devices:
         facts.append([_cell("devices"), _cell(report.devices.line)])
         facts.append([_cell("emulated calls"), _cell(_calls_words(report.devices.calls))])

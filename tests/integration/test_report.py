@@ -85,6 +85,7 @@ def test_worker_kill_then_node_kill_report(docker, images):
     html = (run_dir / "report" / "timeline.html").read_text()
     assert "data:image/png;base64," in html and "kill-worker" in html and "kill-node" in html
     assert "kill-worker" in summary and "kill-node" in summary
+    assert "Node bounds: memory " in summary and "pids 4096 per node" in report["node_bounds"], summary
 
     cli = run_sim("report", str(run_dir))
     assert cli.returncode == 0, cli.stdout + cli.stderr

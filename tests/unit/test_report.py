@@ -10,7 +10,7 @@ import json
 import pytest
 
 from sim.verdict.checkers import CHECKS_FOR, RunSpec, check_all
-from sim.verdict.report import ReportFiles, format_summary, write_report
+from sim.verdict.report import ReportFiles, format_summary, report_data, write_report
 from sim.verdict.runmodel import RunModel
 from sim.verdict.timeline import build_timeline
 from tests.unit.histories import HistoryBuilder
@@ -321,3 +321,27 @@ def test_the_verdict_hands_the_report_the_checkers_own_recoveries_and_the_report
         "fault"
     ] == ("kill-worker")
     assert "<td>kill-node</td>" in render_html(typed, b"png")
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ({"memory": None, "memory_limit": 3 * 2**30, "pids": 4096},
+         "memory 3072 MiB per node, no swap (the default share of this machine; --memory sets it); pids 4096 per node"),
+        ({"memory": "2g", "memory_limit": 2 * 2**30, "pids": 2048}, "memory 2048 MiB per node, no swap (--memory)"),
+        ({"memory": "none", "memory_limit": None, "pids": 4096}, "no memory limit (--memory none); pids 4096"),
+        ({"memory": None}, None),  # a history from before nodes had bounds
+    ],
+)  # fmt: skip
+def test_the_report_states_each_nodes_bounds(spec, words):
+    """A node that ran out of memory was bounded by this: the summary, report.json and the page say it."""
+    records = [{"t": 1.0, "type": "run", "event": "start", "spec": spec}]
+    run = RunModel(records)
+    verdict = check_all(run, RunSpec(min_nodes=1, max_nodes=1, nproc_per_node=1, max_restarts=0))
+    summary = format_summary(verdict, run, title="bounds", profile=None)
+    data = report_data(verdict, run, title="bounds", profile=None)
+    if words is None:
+        assert "Node bounds" not in summary and data["node_bounds"] is None
+    else:
+        assert f"Node bounds: {words}" in summary, summary
+        assert data["node_bounds"].startswith(words)
