@@ -12,6 +12,7 @@ import dataclasses
 import os
 import re
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from sim.core.errors import UsageError
@@ -150,11 +151,15 @@ def tree_summary(root: Path) -> TreeSummary:
     return TreeSummary(files, size)
 
 
-def unreadable_by(root: Path, uid: int, *, walk: bool) -> tuple[Path, os.stat_result] | None:
+def unreadable_by(
+    root: Path, uid: int, gids: Sequence[int] | None = None, *, walk: bool
+) -> tuple[Path, os.stat_result] | None:
     """The first path at or (walk=True) below `root` that the nodes' user cannot read: a file it may not
     read, a folder it may not list and enter. The nodes hold no capability, so even their root reads by
-    the mode bits alone; the user's group is taken to be its uid (ours is sim:sim, 1000:1000). Symlinks
-    are copied as links, so they are not judged; PROJECT_EXCLUDES are not copied, so not walked."""
+    the mode bits alone: the owner's if it is `uid`, else the group's if it is one of `gids` (the user's
+    groups in its image; None: the one its uid names, as ours is sim:sim, 1000:1000), else the others'.
+    Symlinks are copied as links, so they are not judged; PROJECT_EXCLUDES are not copied, so not walked."""
+    groups = frozenset((uid,) if gids is None else gids)
 
     def denied(path: Path) -> os.stat_result | None:
         try:
@@ -164,7 +169,7 @@ def unreadable_by(root: Path, uid: int, *, walk: bool) -> tuple[Path, os.stat_re
         if stat.S_ISLNK(info.st_mode):
             return None
         need = 0o5 if stat.S_ISDIR(info.st_mode) else 0o4
-        shift = 6 if info.st_uid == uid else 3 if info.st_gid == uid else 0
+        shift = 6 if info.st_uid == uid else 3 if info.st_gid in groups else 0
         return None if (info.st_mode >> shift) & need == need else info
 
     info = denied(root)
@@ -181,11 +186,11 @@ def unreadable_by(root: Path, uid: int, *, walk: bool) -> tuple[Path, os.stat_re
     return None
 
 
-def check_readable_by_nodes(what: str, root: Path, uid: int, *, walk: bool) -> None:
+def check_readable_by_nodes(what: str, root: Path, uid: int, gids: Sequence[int] | None = None, *, walk: bool) -> None:
     """Refuse, before anything starts, a tree the nodes' user could not read: the copy or the job would
     fail in every node with a bare 'Permission denied' (a 0700 folder, the usual mode of a home folder or
     of a temp folder made by mkdtemp or pytest)."""
-    found = unreadable_by(root, uid, walk=walk)
+    found = unreadable_by(root, uid, gids, walk=walk)
     if found is None:
         return
     path, info = found
@@ -193,7 +198,8 @@ def check_readable_by_nodes(what: str, root: Path, uid: int, *, walk: bool) -> N
     where = "" if path == root else f": {path} inside it"
     raise UsageError(
         f"{what} {root}: the nodes' user (uid {uid}, no capabilities) cannot read it{where} "
-        f"(mode {mode:04o}, owner uid {info.st_uid}); make it readable, e.g. `chmod -R a+rX {root}`"
+        f"(mode {mode:04o}, owner uid {info.st_uid}, group {info.st_gid}); make it readable, "
+        f"e.g. `chmod -R a+rX {root}`"
     )
 
 

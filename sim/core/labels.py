@@ -27,6 +27,8 @@ IMAGE = "elastic-sim.image"  # on images: base | runtime | node | etcd
 # On node images: the uid the node's processes run as; the run's events folder is given to it (they write
 # their records there, without capabilities, so a root node can only write what root owns).
 NODE_UID = "elastic-sim.node-uid"
+# On node images: the groups that uid is in (comma-separated gids), whose bits of a file's mode it reads by.
+NODE_GIDS = "elastic-sim.node-gids"
 # Who made it: this host and this state home (SIM_HOME). A sweep (`down --all`, `up` over a left-over)
 # touches only what it owns: two homes on one engine (a test suite's and a person's, two CI jobs)
 # cannot remove each other's clusters.

@@ -625,7 +625,7 @@ def _up(
     progress: Progress,
 ) -> Cluster:
     images = job_images(spec, docker, builder=builder, progress=progress)
-    _check_nodes_can_read(spec, node_uid(docker, images.node))
+    _check_nodes_can_read(spec, node_uid(docker, images.node), node_gids(docker, images.node))
     _say_what_it_brings(spec, progress)
 
     run_id = new_run_id()
@@ -668,15 +668,17 @@ def _up(
         raise
 
 
-def _check_nodes_can_read(spec: ClusterSpec, uid: int | None) -> None:
-    """The project tree and each mount's top, as the nodes' user reads them; refused before anything is made."""
+def _check_nodes_can_read(spec: ClusterSpec, uid: int | None, gids: tuple[int, ...] | None) -> None:
+    """The project tree and each mount's top, as the nodes' user reads them; refused before anything is made.
+    No uid label: ours (sim:sim, 1000:1000, no other group); no gids label: the group the uid names."""
     from sim.core.hostpaths import check_readable_by_nodes
 
     uid = NODE_UID if uid is None else uid
+    gids = (uid,) if gids is None else gids
     if spec.project_dir is not None and spec.script is not None:
-        check_readable_by_nodes("project folder", Path(spec.project_dir), uid, walk=True)
+        check_readable_by_nodes("project folder", Path(spec.project_dir), uid, gids, walk=True)
     for host, target, _writable in spec.mounts:
-        check_readable_by_nodes(f"--mount '{host}:{target}'", Path(host), uid, walk=False)
+        check_readable_by_nodes(f"--mount '{host}:{target}'", Path(host), uid, gids, walk=False)
 
 
 def _say_what_it_brings(spec: ClusterSpec, progress: Progress) -> None:
@@ -748,9 +750,19 @@ def redact_file(path: Path, values: Sequence[str], *, chunk: int = REDACT_CHUNK)
 
 def node_uid(docker: DockerProvider, node_image: str) -> int | None:
     """The uid a node image's processes run as: its labels.NODE_UID label (None without one: ours)."""
-    info = docker.image_inspect(node_image) or {}
-    value = ((info.get("Config") or {}).get("Labels") or {}).get(labels.NODE_UID, "")
+    value = _image_labels(docker, node_image).get(labels.NODE_UID, "")
     return int(value) if value.isdigit() else None
+
+
+def node_gids(docker: DockerProvider, node_image: str) -> tuple[int, ...] | None:
+    """The groups of that uid: its labels.NODE_GIDS label (None without one: ours, or an image built before it)."""
+    parts = _image_labels(docker, node_image).get(labels.NODE_GIDS, "").split(",")
+    return tuple(int(part) for part in parts) if all(part.isdigit() for part in parts) else None
+
+
+def _image_labels(docker: DockerProvider, image: str) -> dict:
+    info = docker.image_inspect(image) or {}
+    return (info.get("Config") or {}).get("Labels") or {}
 
 
 def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: str) -> None:

@@ -48,6 +48,7 @@ TOOLS = {
 PROBE = r"""
 import json, os, shutil, sys, sysconfig, importlib.metadata as md
 out = {"python": sys.executable, "version": "%d.%d" % sys.version_info[:2], "uid": os.getuid()}
+out["gids"] = sorted({os.getgid(), *os.getgroups()})
 site = sysconfig.get_paths()["purelib"]
 if site not in sys.path:
     site = next((p for p in sys.path if p.endswith(("site-packages", "dist-packages"))), site)
@@ -74,6 +75,7 @@ class ImageProbe:
     image_id: str
     user: str
     uid: int  # the uid `user` is in the image
+    gids: tuple[int, ...]  # its groups (primary and supplementary): a file's group bits count for these
     python: str
     version: str
     site: str
@@ -110,6 +112,7 @@ def probe_image(docker: Docker, image: str) -> ImageProbe:
                 image_id=info["Id"],
                 user=image_user(info),
                 uid=int(data["uid"]),
+                gids=tuple(int(g) for g in data["gids"]),
                 python=data["python"],
                 version=data["version"],
                 site=data["site"],
@@ -237,6 +240,7 @@ class UserImages:
             probe.site,
             probe.user,
             str(probe.uid),
+            ",".join(map(str, probe.gids)),
             dockerfile.read_bytes(),
             *(p.read_bytes() for p in hooks + scripts),
             *(w.name for w in wheels),
@@ -265,6 +269,7 @@ class UserImages:
                 "SITE_PACKAGES": probe.site,
                 "RUN_AS": probe.user,
                 "RUN_UID": str(probe.uid),
+                "RUN_GIDS": ",".join(map(str, probe.gids)),
             }
             self.builder._docker_build("own", tag, ctx, args)
         return tag

@@ -160,6 +160,11 @@ timeout: 5m
     assert "[ok  ] --image torch: 2.13.0" in out, out
     assert "[ok  ] --image network faults: applied from elastic-sim's helper container" in out, out
     assert "--image iptables" not in out and "--image tc" not in out, out
+    # The nodes' user as the project check reads files, probed in the image: root, in root's group only.
+    from sim.engines.userimages import probe_image
+
+    probe = probe_image(docker, team_image)
+    assert (probe.uid, probe.gids) == (0, (0,)), probe
 
 
 def test_seed_job_runs_from_a_team_image_under_a_partition(sim_scenario, docker, team_image, tmp_path):

@@ -263,6 +263,7 @@ def _probe(**fields) -> ImageProbe:
         image_id="sha256:" + "ab" * 32,
         user="root",
         uid=0,
+        gids=(0,),
         python="/usr/bin/python3",
         version="3.11",
         site="/usr/lib/python3/dist-packages",
@@ -288,6 +289,8 @@ def test_the_own_image_is_keyed_by_the_team_images_user_and_built_once(tmp_path)
     assert images.own_image(_probe()) == tag and len(builder.built) == 1
     other = images.own_image(_probe(user="trainer", uid=1234))
     assert other != tag and builder.built[-1][2]["RUN_UID"] == "1234"
+    grouped = images.own_image(_probe(user="trainer", uid=1234, gids=(100, 1234)))  # the groups are labelled too
+    assert grouped not in (tag, other) and builder.built[-1][2]["RUN_GIDS"] == "100,1234"
 
 
 def test_doctor_says_a_root_team_image_holds_no_capability_in_the_nodes():

@@ -282,7 +282,11 @@ def test_a_tree_the_nodes_user_cannot_read_is_named_before_anything_starts(tmp_p
     text = str(refused.value)
     assert f"project folder {project}: the nodes' user (uid {other}" in text
     assert "mode 0700" in text and f"chmod -R a+rX {project}" in text and "\n" not in text
-    if me == 0:  # the group's bits count for a user whose gid owns the folder
+    if me == 0:  # the group's bits count for a user in the folder's group, and only for one
         project.chmod(0o750)
         os.chown(project, me, other)
-        assert unreadable_by(project, other, walk=False) is None
+        assert unreadable_by(project, other, walk=False) is None  # no groups known: the one its uid names
+        assert unreadable_by(project, other + 1, (100, other), walk=False) is None  # a supplementary group
+        assert unreadable_by(project, other, (100,), walk=False) is not None  # its image puts it in 100 only
+        with pytest.raises(UsageError, match=f"owner uid {me}, group {other}\\)"):
+            check_readable_by_nodes("project folder", project, other, (100,), walk=True)

@@ -47,13 +47,15 @@ def test_events_dir_is_writable_by_the_nodes_user(tmp_path):
 def test_events_dir_is_given_to_a_team_images_user(tmp_path):
     # A team image running as root (uid 0) or as its own uid: the nodes hold no capability, so a root node
     # could not write into a folder uid 1000 owns (CAP_DAC_OVERRIDE dropped): its records were lost.
-    from sim.engines.cluster import node_uid
+    from sim.engines.cluster import node_gids, node_uid
 
     class Images:
         def image_inspect(self, tag):
-            return {"team": {"Config": {"Labels": {"elastic-sim.node-uid": "0"}}}, "ours": {"Config": {}}}.get(tag)
+            team = {"elastic-sim.node-uid": "0", "elastic-sim.node-gids": "0,27"}
+            return {"team": {"Config": {"Labels": team}}, "ours": {"Config": {}}}.get(tag)
 
     assert (node_uid(Images(), "team"), node_uid(Images(), "ours"), node_uid(Images(), "gone")) == (0, None, None)
+    assert (node_gids(Images(), "team"), node_gids(Images(), "ours")) == ((0, 27), None)
     path = prepare_events_dir(tmp_path / "run", node_uid=4242)
     if os.geteuid() == 0:
         assert (path.stat().st_uid, stat.S_IMODE(path.stat().st_mode)) == (4242, 0o755)
