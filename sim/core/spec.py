@@ -747,8 +747,9 @@ def over_trainer_defaults(given: Sequence[str]) -> tuple[str, ...]:
 
 def emulated_devices_line(per_node: object, failure_timing: str, script_asked_gloo: bool = False) -> str:
     """The one wording of device emulation: the `up` banner, `sim status`, the report and its picture.
-    `script_asked_gloo`: the run's workers made gloo process groups themselves, so NCCL's timing held none."""
-    if script_asked_gloo and failure_timing == "nccl":
+    `script_asked_gloo`: NCCL's timing was asked for, but the workers' process groups were gloo at the script's
+    asking, so it held none."""
+    if script_asked_gloo:
         timing = "gloo's (at once): the script asked for gloo, so NCCL's timing had no group to hold"
     elif failure_timing == "nccl":
         timing = "NCCL's (a dead peer blocks until the timeout)"

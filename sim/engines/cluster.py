@@ -411,9 +411,9 @@ def engine_room(docker: DockerProvider, spec: ClusterSpec, flag: str, nodes: int
 
 # Host-wide, not per state home: two homes on one engine must not race for one name either.
 LOCK_DIR_ENV = "SIM_LOCK_DIR"
-_held_locks: dict[str, int] = {}
 # Not a cluster name (names have no dot): held while a room check's nodes are made (engine_room).
 ROOM_LOCK_FILE = "engine-room.lock"
+_held_locks: dict[str, int] = {}
 _held_guard = threading.Lock()
 
 
@@ -674,7 +674,6 @@ def _check_nodes_can_read(spec: ClusterSpec, uid: int | None, gids: tuple[int, .
     from sim.core.hostpaths import check_readable_by_nodes
 
     uid = NODE_UID if uid is None else uid
-    gids = (uid,) if gids is None else gids
     if spec.project_dir is not None and spec.script is not None:
         check_readable_by_nodes("project folder", Path(spec.project_dir), uid, gids, walk=True)
     for host, target, _writable in spec.mounts:
