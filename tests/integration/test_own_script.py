@@ -6,6 +6,7 @@ image's instrumentation, with no change to the scripts."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -130,9 +131,9 @@ def test_model_only_checkpoint_is_caught_as_a_loss_jump(sim_scenario, docker, im
 
 def test_shared_store_restart_loop_is_diagnosed(sim_scenario, docker, images, tmp_path):
     """torch 2.13 at its defaults (the rendezvous TCP store shared with the workers, no opt-out):
-    a plain gloo script with two workers per node cannot regroup after one worker's SIGKILL.
-    The restarted rounds are refused (connectFullMesh) or hang in init_process_group; the run
-    fails, and the verdict names the cause and the fix. (With one worker per node and fast
+    a plain gloo script with two workers per node loses restarts after one worker's SIGKILL.
+    The restarted rounds are refused (connectFullMesh) or hang in init_process_group, each burning a
+    restart, and the verdict names the cause and the fix. (With one worker per node and fast
     rendezvous timings the refusal is a start-up race a quiet machine can win: not used here.)"""
     path = tmp_path / "shared-store.yaml"
     path.write_text(f"""\
@@ -156,6 +157,10 @@ expect:
 timeout: 2m
 """)
     (result,) = sim_scenario(str(path))
-    assert not result.passed, result.summary
+    # Each restarted round that reads the stale store fails and burns a restart; a later round can win the
+    # race and finish (seen once in CI, its third round), so the outcome is not the claim: the burned
+    # restarts are, named with their cause and fix.
+    burned = re.search(r"\((\d+) burned this way\)", result.summary)
+    assert burned and int(burned[1]) >= 1, result.summary
     assert "[shared-tcp-store]" in result.summary, result.summary
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in result.summary, result.summary
