@@ -1,4 +1,5 @@
-"""docs/CI.md: its workflows parse, and every command they run is one the README documents."""
+"""docs/CI.md: its workflows parse, and every command they run is one the documentation (the README and
+the docs site's pages) documents."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "CI.md").read_text(encoding="utf-8")
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+# The README and every page of the docs site (docs/): where a user reads about a command.
+README = "\n".join(
+    p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+)
 
 
 def _yaml_blocks() -> list[dict]:
@@ -40,16 +44,16 @@ def test_both_workflows_parse_and_upload_the_html_and_junit_files():
     assert job["artifacts"]["reports"]["junit"] == "vet-junit.xml" and job["artifacts"]["when"] == "always"
 
 
-def test_every_sim_command_of_the_workflows_is_documented_in_the_readme():
+def test_every_sim_command_of_the_workflows_is_documented():
     github, gitlab = _yaml_blocks()
     commands = _sim_commands(github) + [str(line) for line in gitlab["vet"]["script"]]
     assert any(" vet " in f" {c} " for c in commands)
     for command in commands:
         words = shlex.split(command)
         assert words[:3] == ["python", "-m", "sim"], command
-        assert f"python -m sim {words[3]}" in README, f"{command}: `sim {words[3]}` is not in the README"
+        assert f"python -m sim {words[3]}" in README, f"{command}: `sim {words[3]}` is not in the docs"
         for flag in (w.split("=")[0] for w in words[4:] if w.startswith("--")):
-            assert flag in README, f"{command}: {flag} is not in the README"
+            assert flag in README, f"{command}: {flag} is not in the docs"
 
 
 def test_the_workflow_commands_parse_with_sims_own_parser():
@@ -58,3 +62,12 @@ def test_the_workflow_commands_parse_with_sims_own_parser():
     github, gitlab = _yaml_blocks()
     for command in _sim_commands(github) + [str(line) for line in gitlab["vet"]["script"]]:
         build_parser().parse_args(shlex.split(command)[3:])
+
+
+def test_the_readme_is_short_and_each_of_its_links_is_a_file_here():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) < 200
+    links = re.findall(r"\]\(([^)#]+)\)", text)
+    assert links, "the README links to the docs site's pages"
+    for link in links:
+        assert link.startswith("http") or (ROOT / link).is_file(), f"README links to {link}, which is not here"
