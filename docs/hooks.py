@@ -33,7 +33,7 @@ def _walk(prefix: str, parser: argparse.ArgumentParser, level: int) -> list[str]
 
 def cli_reference() -> str:
     sys.path.insert(0, str(ROOT))
-    os.environ.setdefault("COLUMNS", "100")  # one width, whatever terminal builds the site
+    os.environ["COLUMNS"] = "80"  # one width that fits the page, whatever terminal builds the site
     from sim.cli.main import build_parser
 
     parser = build_parser()
