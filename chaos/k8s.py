@@ -10,9 +10,9 @@ docs); tests/unit/test_k8s_export.py checks every object against schemas written
 with the kubernetes client, and every pod against the restricted Pod Security Standard.
 
 Least privilege: every pod runs under the restricted profile (non-root, RuntimeDefault seccomp, all
-capabilities dropped, no escalation); the workers mount no service-account token; the Workflow's exec Tasks
-run as a ServiceAccount of their own, bound to what their steps use; --env values and the etcd password are
-in a Secret (secret.yaml, written 0600), referenced from the pods, never in a pod's spec.
+capabilities dropped, no escalation); the workers mount no service-account token; the Workflow's kubectl
+Tasks use a ServiceAccount of their own (its token Secret), bound to what their steps run; --env values and
+the etcd password are in a Secret (secret.yaml, written 0600), referenced from the pods, never in a pod's spec.
 
 Every mapping that is not exact is a line of the export's notes (NOTES.md beside the YAML); a step that
 cannot be mapped at all is listed there too, never dropped without a word. Nothing here ran on a real
@@ -65,6 +65,10 @@ NODE_UID = 1000
 ETCD_UID = 65532
 KUBECTL_UID = 1001
 SECRET_DIR = "/etc/elastic-sim/secret"  # the Secret's etcd password, mounted as a file (password_file)
+# Where kubectl (in-cluster) reads its account's token, ca.crt and namespace: the Tasks mount their own
+# account's token Secret here, and a container with a mount at this path gets no other token (the
+# ServiceAccount admission plugin mounts the pod's account's token only where nothing is mounted there).
+TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 ETCD_PASSWORD_KEY = "etcd-password"
 OPERATOR_BACKENDS = ("c10d", "etcd", "etcd-v2")  # the operator's RDZVBackend enum
 DEFAULT_IMAGE = "elastic-sim-node:latest"
@@ -120,6 +124,10 @@ class _Options:
     @property
     def chaos_account(self) -> str:
         return f"{self.name}-chaos"
+
+    @property
+    def chaos_token(self) -> str:
+        return f"{self.name}-chaos-token"
 
 
 # ---------------------------------------------------------------- the job
@@ -329,8 +337,13 @@ def restricted_pod(pod_spec: dict, uid: int) -> dict:
     return pod_spec
 
 
-def _restricted_container() -> dict:
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+def _restricted_container(uid: int | None = None) -> dict:
+    """A container's part of the restricted profile; with `uid`, the pod's part too (for a pod whose spec we
+    do not write: a Chaos Mesh Task's)."""
+    context: dict = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    if uid is not None:
+        context.update(runAsNonRoot=True, runAsUser=uid, runAsGroup=uid, seccompProfile={"type": "RuntimeDefault"})
+    return context
 
 
 def _worker_pod(spec: ClusterSpec, opts: _Options, notes: list[str], secrets: _Secrets) -> dict:
@@ -716,6 +729,9 @@ class _Workflow:
             return float(value)
         if kind == "after":
             return previous + float(value)
+        if self._dropped(step):
+            # Its time still places the steps after it; a note on its trigger would speak of nothing exported.
+            return max(value * self.step_time, previous) if kind == "step" else previous + RECOVERY_GUESS_S
         if kind == "step":
             at = value * self.step_time
             self.note(
@@ -732,6 +748,10 @@ class _Workflow:
         )
         self.comments.append(f"{where}: {kind} {value} -> {at:g}s after training starts (a guess)")
         return at
+
+    def _dropped(self, step: Step) -> bool:
+        """A step this target cannot export at all: a scale on a TrainJob (Trainer v2 has no elastic policy)."""
+        return step.fault == "scale" and self.opts.target == TRAINJOB
 
     def build(self) -> None:
         timeline = self.schedule()
@@ -779,8 +799,10 @@ class _Workflow:
                 "Faults with no Chaos Mesh primitive (one worker process signalled, a checkpoint damaged, "
                 "a collective hang, a scale) are Workflow Task templates that run kubectl with image "
                 f"{self.opts.kubectl_image}, as the ServiceAccount {self.opts.chaos_account} (chaos/rbac.yaml), which "
-                f"may only {' and '.join(granted)} in namespace {self.opts.namespace}; nothing is granted to the "
-                "namespace's default account, and the workers mount no token."
+                f"may only {' and '.join(granted)} in namespace {self.opts.namespace}. A Chaos Mesh Task cannot "
+                f"name an account: each mounts the account's token Secret {self.opts.chaos_token} where kubectl "
+                "reads one (and so gets no other). Nothing is granted to the namespace's default account (the "
+                "Task pods run as it), and the workers mount no token."
             )
 
     def _holds(self, timeline: list[tuple[float, Step, int]]) -> dict[int, float | None]:
@@ -942,7 +964,7 @@ class _Workflow:
                 "containerNames": [self.container],
             }
             return [self._chaos(name, "IOChaos", chaos, held or run_s)]
-        if fault == "scale" and self.opts.target == TRAINJOB:
+        if self._dropped(step):
             self.export.not_exported.append(f"steps[{index}] (scale)")
             self.note(
                 f"{where}: scale is NOT exported: Kubeflow Trainer v2 has no elastic policy, a TrainJob's numNodes "
@@ -1119,18 +1141,22 @@ class _Workflow:
         return [{"name": name, "templateType": "Parallel", "children": [t["name"] for t in made]}, *made]
 
     def _task(self, name: str, command: str, env: dict[str, str] | None = None) -> dict:
-        """A Task pod: kubectl as the Tasks' own ServiceAccount, under the restricted profile."""
+        """A Task: kubectl as the Tasks' own ServiceAccount, under the restricted profile. Chaos Mesh's Task
+        is a container and its volumes (api/v1alpha1/workflow_types.go; its pod runs as the namespace's
+        default account, which we grant nothing), so the account is the token Secret mounted where kubectl
+        reads one, and the restricted profile is the container's security context."""
         container = {
             "name": "exec",
             "image": self.opts.kubectl_image,
             "command": ["sh", "-c", command],
+            "securityContext": _restricted_container(KUBECTL_UID),
+            "volumeMounts": [{"name": "chaos-token", "mountPath": TOKEN_DIR, "readOnly": True}],
         }
         if env:
             container["env"] = [{"name": key, "value": value} for key, value in env.items()]
-        pod = restricted_pod({"containers": [container]}, KUBECTL_UID)
-        task = {"container": container, "serviceAccountName": self.opts.chaos_account}
-        task["securityContext"] = pod["securityContext"]
-        return {"name": name, "templateType": "Task", "task": task}
+        # 0444: the Task's pod has no fsGroup to give the token to its user alone; only this container mounts it.
+        volume = {"name": "chaos-token", "secret": {"secretName": self.opts.chaos_token, "defaultMode": 0o444}}
+        return {"name": name, "templateType": "Task", "task": {"container": container, "volumes": [volume]}}
 
     def _exec_task(self, name: str, target: str, script: str, *args: object, rank: int | None = None) -> dict:
         """A Task that runs `script` (python3 -c) in the target's worker pod through `kubectl exec`: in the
@@ -1182,28 +1208,51 @@ def _go_duration(seconds: float | None, *, signed: bool = False) -> str:
 
 
 def _task_rbac(opts: _Options, *, exec_: bool, scale: bool) -> list[dict]:
-    """The Tasks' ServiceAccount and what it may do: only what the Workflow's Tasks run. kubectl exec: list
-    the job's pods (`kubectl get pods -l`) and get one, then create pods/exec; kubectl scale: the named
-    PyTorchJob's scale subresource (get, then patch). Nothing else, and nothing for any other account."""
+    """The Tasks' ServiceAccount and what it may do: only what the Workflow's Tasks run, in this namespace.
+
+    kubectl exec: list the job's pods (`kubectl get pods -l`), get the one, then exec: `create` on pods/exec
+    (SPDY's POST), and `get` on it too, since kubectl 1.30+ tries a WebSocket first, a GET that API servers
+    authorize as `get` (1.35+: and `create`); neither verb grants anything but exec. kubectl scale: get the
+    named PyTorchJob (kubectl resolves the name), then patch its scale subresource."""
     rules: list[dict] = []
     if exec_:
         rules += [
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
-            {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
         ]
     if scale:
-        rules.append(
+        rules += [
+            {
+                "apiGroups": ["kubeflow.org"],
+                "resources": ["pytorchjobs"],
+                "resourceNames": [opts.name],
+                "verbs": ["get"],
+            },
             {
                 "apiGroups": ["kubeflow.org"],
                 "resources": ["pytorchjobs/scale"],
                 "resourceNames": [opts.name],
                 "verbs": ["get", "patch"],
-            }
-        )
+            },
+        ]
     account = {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
         "metadata": {"name": opts.chaos_account, "namespace": opts.namespace, "labels": _part_of()},
+        "automountServiceAccountToken": False,  # its token reaches the Tasks only, through the Secret below
+    }
+    # The account's token, filled in by Kubernetes' token controller (a manually created service-account
+    # token Secret): what the Tasks mount, since a Chaos Mesh Task cannot name a ServiceAccount.
+    token = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": opts.chaos_token,
+            "namespace": opts.namespace,
+            "labels": _part_of(),
+            "annotations": {"kubernetes.io/service-account.name": opts.chaos_account},
+        },
+        "type": "kubernetes.io/service-account-token",
     }
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -1218,7 +1267,7 @@ def _task_rbac(opts: _Options, *, exec_: bool, scale: bool) -> list[dict]:
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": opts.chaos_account},
         "subjects": [{"kind": "ServiceAccount", "name": opts.chaos_account, "namespace": opts.namespace}],
     }
-    return [account, role, binding]
+    return [account, token, role, binding]
 
 
 # ---------------------------------------------------------------- writing it out
@@ -1246,7 +1295,7 @@ def write_export(export: K8sExport, out_dir: Path, title: str) -> list[Path]:
         header = "# Written by elastic-sim (sim export k8s). Not run on a real cluster: see NOTES.md.\n"
         body = yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False, width=1000)
         text = header + export.comments.get(file_name, "") + body
-        if any(obj["kind"] == "Secret" for obj in objects):
+        if any(obj["kind"] == "Secret" and ("stringData" in obj or "data" in obj) for obj in objects):
             _write_private(path, text)
         else:
             path.write_text(text, encoding="utf-8")

@@ -412,24 +412,9 @@ CHAOS_KINDS = {
     "TimeChaos": ("timeChaos", TIME_CHAOS),
     "IOChaos": ("ioChaos", IO_CHAOS),
 }
-# Task (api/v1alpha1/workflow_types.go): the container, and the pod-level fields SpawnPodForTask copies.
-TASK = _obj(
-    {
-        "container": ANY_OBJECT,  # a core Container: checked with the kubernetes client
-        "volumes": {"type": "array"},
-        "terminationGracePeriodSeconds": INT,
-        "activeDeadlineSeconds": INT,
-        "nodeSelector": {"map": STRING},
-        "serviceAccountName": STRING,
-        "automountServiceAccountToken": {"type": "boolean"},
-        "securityContext": ANY_OBJECT,  # a core PodSecurityContext: checked with the kubernetes client
-        "imagePullSecrets": {"type": "array"},
-        "affinity": ANY_OBJECT,
-        "tolerations": {"type": "array"},
-        "topologySpreadConstraints": {"type": "array"},
-    },
-    ("container",),
-)
+# Task (api/v1alpha1/workflow_types.go, v2.8.3): a container and its volumes (and labels, since v2.8.0);
+# SpawnPodForTask makes a pod of them alone (restartPolicy Never): no account, no pod securityContext.
+TASK = _obj({"container": ANY_OBJECT, "volumes": {"type": "array"}, "labels": {"map": STRING}}, ("container",))
 TEMPLATE_TYPES = ["Task", "Serial", "Parallel", "Suspend", "Schedule", "StatusCheck", *CHAOS_KINDS]
 TEMPLATE = _obj(
     {

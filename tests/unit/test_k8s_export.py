@@ -95,8 +95,8 @@ def pods(export) -> list[tuple[str, dict, dict]]:
         elif obj["kind"] == "Workflow":
             for t in obj["spec"]["templates"]:
                 if t["templateType"] == "Task":
-                    task = t["task"]
-                    pod = {k: v for k, v in task.items() if k != "container"} | {"containers": [task["container"]]}
+                    # Chaos Mesh's SpawnPodForTask: the container and the Task's volumes, nothing else.
+                    pod = {"containers": [t["task"]["container"]], "volumes": t["task"].get("volumes", [])}
                     found.append((f"{name} {t['name']}", pod, {}))
     return found
 
@@ -124,7 +124,7 @@ def all_problems(export) -> list[str]:
             for template in obj["spec"]["templates"]:
                 if template["templateType"] == "Task":
                     problems += core_problems(template["task"]["container"], "V1Container")
-                    problems += core_problems(template["task"]["securityContext"], "V1PodSecurityContext")
+                    problems += [p for v in template["task"].get("volumes", []) for p in core_problems(v, "V1Volume")]
         elif key in _CORE_MODELS:
             problems += core_problems(obj, _CORE_MODELS[key])
         else:
@@ -424,6 +424,11 @@ def _rbac(export) -> tuple[dict, dict, dict]:
     return account, role, binding
 
 
+def _token(export) -> dict:
+    (token,) = [s for s in _objects(export, "Secret") if s["type"] == "kubernetes.io/service-account-token"]
+    return token
+
+
 def test_the_chaos_tasks_run_as_their_own_account_with_exec_only():
     """The tour's exec faults (kill-worker, hang-worker, pause...): the Tasks' ServiceAccount may list and get
     pods and exec into them, nothing more; the default account (which the workers run as) gets nothing."""
@@ -432,27 +437,36 @@ def test_the_chaos_tasks_run_as_their_own_account_with_exec_only():
     assert account["metadata"]["name"] == "worker-crash-chaos"
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
-        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
     ]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "worker-crash-chaos", "namespace": "default"}]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert account["automountServiceAccountToken"] is False
+    # A Chaos Mesh Task cannot name an account: each mounts that account's token where kubectl reads one.
+    token = _token(export)
+    assert token["metadata"]["annotations"] == {"kubernetes.io/service-account.name": "worker-crash-chaos"}
+    assert "data" not in token and "stringData" not in token  # Kubernetes fills it in
     (workflow,) = _objects(export, "Workflow")
     tasks = [t["task"] for t in workflow["spec"]["templates"] if t["templateType"] == "Task"]
-    assert tasks and all(t["serviceAccountName"] == "worker-crash-chaos" for t in tasks)
-    assert all(t["securityContext"]["runAsNonRoot"] and t["container"]["securityContext"] for t in tasks)
+    assert tasks
+    for task in tasks:
+        assert set(task) == {"container", "volumes"}
+        assert task["volumes"] == [
+            {"name": "chaos-token", "secret": {"secretName": "worker-crash-chaos-token", "defaultMode": 0o444}}
+        ]
+        mount = {"name": "chaos-token", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": True}
+        assert task["container"]["volumeMounts"] == [mount]
+        assert task["container"]["securityContext"]["runAsNonRoot"] is True
 
 
 def test_a_scale_task_may_scale_that_job_only():
     export = export_scenario(next(s for s in shipped_scenarios() if s.name == "scale-down"))
     _, role, _ = _rbac(export)
     scale = [r for r in role["rules"] if r["apiGroups"] == ["kubeflow.org"]]
+    named = {"apiGroups": ["kubeflow.org"], "resourceNames": ["scale-down"]}
     assert scale == [
-        {
-            "apiGroups": ["kubeflow.org"],
-            "resources": ["pytorchjobs/scale"],
-            "resourceNames": ["scale-down"],
-            "verbs": ["get", "patch"],
-        }
+        {**named, "resources": ["pytorchjobs"], "verbs": ["get"]},
+        {**named, "resources": ["pytorchjobs/scale"], "verbs": ["get", "patch"]},
     ]
     assert not any("pods/exec" in r["resources"] for r in role["rules"])  # scale-down has no exec step
 
