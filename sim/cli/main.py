@@ -717,18 +717,26 @@ def cmd_swarm(args: argparse.Namespace, _: list[str] | None) -> int:
 def _add_export(sub: argparse._SubParsersAction, up: argparse.ArgumentParser) -> None:
     """`sim export k8s SCENARIO | --script ... --nodes ...`: the job (and a scenario's faults) as Kubernetes YAML."""
     export = sub.add_parser(
-        "export", help="write a scenario or a job as Kubernetes objects (PyTorchJob, Chaos Mesh Workflow)"
+        "export", help="write a scenario or a job as Kubernetes objects (PyTorchJob or TrainJob, Chaos Mesh Workflow)"
     )
     export_sub = export.add_subparsers(dest="export_command", metavar="FORMAT", parser_class=_Parser)
     export_sub.required = True
     k8s = export_sub.add_parser(
         "k8s",
-        help="a Kubeflow PyTorchJob, its etcd, and the scenario's faults as one Chaos Mesh Workflow (+ NOTES.md)",
+        help="a Kubeflow PyTorchJob (or Trainer v2 TrainJob), its etcd, and the scenario's faults as one Chaos "
+        "Mesh Workflow (+ NOTES.md)",
         description="Write a folder of Kubernetes YAML for a scenario (its cluster and faults), or for the job "
         "`sim up` would start with the same options. Nothing is applied: see docs/KUBERNETES.md.",
     )
     k8s.add_argument("scenario", nargs="?", help="a scenario file or shipped name (default: the job options only)")
     k8s.add_argument("--backend", help="the scenario's backend to export (default: its first)")
+    k8s.add_argument(
+        "--target",
+        choices=("pytorchjob", "trainjob"),
+        default="pytorchjob",
+        help="pytorchjob: the Training Operator's elastic PyTorchJob (default); trainjob: a Kubeflow Trainer v2 "
+        "TrainJob and its TrainingRuntime (no elastic policy: a fixed node count)",
+    )
     k8s.add_argument("-o", "--output", metavar="DIR", help="the folder to write (default: ./k8s-NAME)")
     k8s.add_argument("--etcd-image", help="the etcd image (default: quay.io/coreos/etcd of the etcd version)")
     k8s.add_argument("--kubectl-image", help="the image of the Workflow's kubectl exec tasks")
@@ -749,6 +757,7 @@ def cmd_export(args: argparse.Namespace, script_args: list[str] | None) -> int:
         "etcd_image": args.etcd_image,
         "kubectl_image": args.kubectl_image or DEFAULT_KUBECTL_IMAGE,
         "namespace": args.namespace,
+        "target": args.target,
     }
     if args.scenario:
         from chaos.scenario import load_scenario
@@ -770,6 +779,8 @@ def cmd_export(args: argparse.Namespace, script_args: list[str] | None) -> int:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--output {out}: a file, not a folder; give a folder to write the YAML into")
     written = write_export(export, out, title)
+    if export.lost:
+        print(export.lost, file=sys.stderr)  # what the target cannot keep: one line, NOTES.md says it in full
     print(f"wrote {len(written)} files to {out}/ ({len(export.objects())} objects; {len(export.notes)} notes)")
     for path in written:
         print(f"  {path}")

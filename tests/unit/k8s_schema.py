@@ -1,6 +1,7 @@
 """Schemas of the custom resources `sim export k8s` writes, from their documented fields, and a tiny validator.
 
-Written from the training operator's kubeflow.org/v1 types (pkg/apis/kubeflow.org/v1/pytorch_types.go,
+Written from Kubeflow Trainer v2's CRDs (TrainJob, TrainingRuntime, the JobSet template it embeds: below),
+the training operator's kubeflow.org/v1 types (pkg/apis/kubeflow.org/v1/pytorch_types.go,
 common_types.go: ElasticPolicy, RDZVConf, ReplicaSpec, RunPolicy) and Chaos Mesh's chaos-mesh.org/v1alpha1
 types and docs (Workflow Template: name, templateType, deadline, children, task; PodChaos, NetworkChaos,
 StressChaos, TimeChaos, IOChaos specs; SelectorSpec). Objects are closed (`additional: False`) where we
@@ -10,6 +11,7 @@ are checked with the kubernetes client's models instead (test_k8s_export.py).
 A schema: {"type": "object", "required": [...], "properties": {...}, "additional": bool}
            {"type": "array", "items": schema} | {"type": "string", "enum": [...], "pattern": re}
            {"type": "integer", "minimum": n} | {"type": "boolean"} | {"type": "any"} | {"map": schema}
+           (and maxLength / minLength on strings, maxItems on arrays, minProperties on objects, as in a CRD)
 """
 
 from __future__ import annotations
@@ -43,6 +45,14 @@ def validate(value: Any, schema: dict, path: str = "$") -> list[str]:
         problems.append(f"{path}: {value} is below {schema['minimum']}")
     if "maximum" in schema and value > schema["maximum"]:
         problems.append(f"{path}: {value} is above {schema['maximum']}")
+    if "maxLength" in schema and len(value) > schema["maxLength"]:
+        problems.append(f"{path}: longer than {schema['maxLength']} characters")
+    if "minLength" in schema and len(value) < schema["minLength"]:
+        problems.append(f"{path}: shorter than {schema['minLength']} characters")
+    if "maxItems" in schema and len(value) > schema["maxItems"]:
+        problems.append(f"{path}: more than {schema['maxItems']} items")
+    if "minProperties" in schema and len(value) < schema["minProperties"]:
+        problems.append(f"{path}: fewer than {schema['minProperties']} fields")
     if kind == "array":
         for index, item in enumerate(value):
             problems += validate(item, schema.get("items", {}), f"{path}[{index}]")
@@ -59,8 +69,11 @@ def validate(value: Any, schema: dict, path: str = "$") -> list[str]:
     return problems
 
 
-def _obj(properties: dict, required: tuple[str, ...] = (), additional: bool = False) -> dict:
-    return {"type": "object", "properties": properties, "required": list(required), "additional": additional}
+def _obj(properties: dict, required: tuple[str, ...] = (), additional: bool = False, min_properties: int = 0) -> dict:
+    schema = {"type": "object", "properties": properties, "required": list(required), "additional": additional}
+    if min_properties:
+        schema["minProperties"] = min_properties
+    return schema
 
 
 STRING = {"type": "string"}
@@ -127,6 +140,162 @@ PYTORCHJOB = _obj(
     },
     ("apiVersion", "kind", "metadata", "spec"),
 )
+
+# ---------------------------------------------------------------- Kubeflow Trainer v2, trainer.kubeflow.org/v1alpha1
+# From kubeflow/trainer's CRDs (manifests/base/crds/trainer.kubeflow.org_{trainjobs,trainingruntimes}.yaml and
+# pkg/apis/trainer/v1alpha1/{trainjob,trainingruntime}_types.go) at master 8c0f5059 (the v2.4 line, after
+# v2.3.0; every field written here has the same type in release-2.3), and JobSet's jobset.x-k8s.io/v1alpha2
+# JobSetSpec as the TrainingRuntime embeds it. Closed where we write; core objects (the Job template, the
+# pod template, EnvVar, ResourceRequirements) are checked with the kubernetes client's models instead.
+
+RFC1035 = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"  # TrainJob's x-kubernetes-validations on metadata.name (and <= 63)
+TRAINER_METADATA = _obj(
+    {"name": {"type": "string", "pattern": RFC1035, "maxLength": 63}, "namespace": STRING,
+     "labels": {"map": STRING}, "annotations": {"map": STRING}},
+    ("name",),
+)  # fmt: skip
+_MAX253 = {"type": "string", "minLength": 1, "maxLength": 253}
+TRAINJOB = _obj(
+    {
+        "apiVersion": {"type": "string", "enum": ["trainer.kubeflow.org/v1alpha1"]},
+        "kind": {"type": "string", "enum": ["TrainJob"]},
+        "metadata": TRAINER_METADATA,
+        "spec": _obj(
+            {
+                "runtimeRef": _obj(
+                    {
+                        "name": _MAX253,
+                        "apiGroup": {"type": "string", "maxLength": 253},
+                        "kind": {"type": "string", "enum": ["TrainingRuntime", "ClusterTrainingRuntime"]},
+                    },
+                    ("name",),
+                ),
+                "initializer": ANY_OBJECT,
+                "trainer": _obj(
+                    {
+                        "image": {"type": "string", "maxLength": 500},
+                        "command": {"type": "array", "items": STRING, "maxItems": 128},
+                        "args": {"type": "array", "items": STRING, "maxItems": 128},
+                        "env": {"type": "array", "maxItems": 128},  # core EnvVar: kubernetes client
+                        "numNodes": {"type": "integer", "minimum": 0},
+                        "resourcesPerNode": ANY_OBJECT,  # core ResourceRequirements: kubernetes client
+                        "numProcPerNode": {"type": "integer", "minimum": 1},  # rule: self >= 1
+                    }
+                ),
+                "runtimePatches": {"type": "array", "maxItems": 16},
+                "suspend": {"type": "boolean"},
+                "activeDeadlineSeconds": {"type": "integer", "minimum": 1},
+                "managedBy": {
+                    "type": "string",
+                    "enum": ["trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multikueue"],
+                },
+            },
+            ("runtimeRef",),
+        ),
+    },
+    ("apiVersion", "kind", "metadata", "spec"),
+)
+# JobSet's ReplicatedJob: name, groupName, template (a batch JobTemplateSpec: kubernetes client), replicas,
+# dependsOn; the JobSetSpec around it.
+REPLICATED_JOB = _obj(
+    {
+        "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+        "groupName": STRING,
+        "template": ANY_OBJECT,
+        "replicas": {"type": "integer", "minimum": 0},
+        "dependsOn": {"type": "array", "maxItems": 5,
+                      "items": _obj({"name": STRING, "status": {"type": "string", "enum": ["Ready", "Complete"]}},
+                                    ("name", "status"))},
+    },
+    ("name", "template"),
+)  # fmt: skip
+JOBSET_SPEC = _obj(
+    {
+        "replicatedJobs": {"type": "array", "items": REPLICATED_JOB},
+        "network": _obj({"enableDNSHostnames": {"type": "boolean"}, "subdomain": STRING,
+                         "publishNotReadyAddresses": {"type": "boolean"}}),
+        "successPolicy": _obj({"operator": {"type": "string", "enum": ["All", "Any"]},
+                               "targetReplicatedJobs": STRINGS}, ("operator",)),
+        "failurePolicy": _obj(
+            {"maxRestarts": {"type": "integer", "minimum": 0},
+             "restartStrategy": {"type": "string", "enum": ["Recreate", "BlockingRecreate", "InPlaceRestart"]},
+             "rules": {"type": "array"}}
+        ),
+        "startupPolicy": _obj({"startupPolicyOrder": {"type": "string", "enum": ["AnyOrder", "InOrder"]}},
+                              ("startupPolicyOrder",)),
+        "suspend": {"type": "boolean"},
+        "coordinator": ANY_OBJECT,
+        "managedBy": STRING,
+        "ttlSecondsAfterFinished": {"type": "integer", "minimum": 0},
+        "volumeClaimPolicies": {"type": "array", "maxItems": 50},
+    }
+)  # fmt: skip
+TRAININGRUNTIME = _obj(
+    {
+        "apiVersion": {"type": "string", "enum": ["trainer.kubeflow.org/v1alpha1"]},
+        "kind": {"type": "string", "enum": ["TrainingRuntime"]},
+        "metadata": METADATA,
+        "spec": _obj(
+            {
+                "mlPolicy": _obj(
+                    {
+                        "numNodes": {"type": "integer", "minimum": 0},
+                        "torch": _obj({"envInjection": ANY_OBJECT}),
+                        "mpi": ANY_OBJECT,
+                        "flux": ANY_OBJECT,
+                        "jax": ANY_OBJECT,
+                        "xgboost": ANY_OBJECT,
+                    }
+                ),
+                "podGroupPolicy": ANY_OBJECT,
+                "template": _obj({"metadata": ANY_OBJECT, "spec": JOBSET_SPEC}),
+            },
+            min_properties=1,
+        ),
+    },
+    ("apiVersion", "kind", "metadata", "spec"),
+)
+ML_POLICIES = ("torch", "mpi", "flux", "jax", "xgboost")
+TRAINER_ANCESTOR = ("trainer.kubeflow.org/trainjob-ancestor-step", "trainer")
+TRAINER_CONTAINER = "node"
+
+
+def trainer_problems(runtime: dict, job: dict) -> list[str]:
+    """Both objects against their schemas, and the CRDs' and the Torch plugin's rules beyond field types:
+    one ML policy at most (mlPolicy's x-kubernetes-validations); the TrainJob refers to this runtime, by kind
+    and name, in its namespace; the runtime has one replicated job labelled as the trainer's ancestor
+    (Trainer finds it by that label), with a container named `node` (the one Trainer gives the PET_* settings,
+    numNodes and the TrainJob's image or command); the TrainJob sets no PET_* variable (reserved); names
+    are unique."""
+    problems = validate(runtime, TRAININGRUNTIME) + validate(job, TRAINJOB)
+    if problems:
+        return problems
+    spec = runtime["spec"]
+    policies = [p for p in ML_POLICIES if p in spec.get("mlPolicy", {})]
+    if len(policies) > 1:
+        problems.append(f"mlPolicy: only one of the policies can be configured, has {policies}")
+    ref = job["spec"]["runtimeRef"]
+    if ref.get("kind", "ClusterTrainingRuntime") != "TrainingRuntime" or ref["name"] != runtime["metadata"]["name"]:
+        problems.append(f"runtimeRef {ref} does not name TrainingRuntime {runtime['metadata']['name']!r}")
+    if job["metadata"].get("namespace") != runtime["metadata"].get("namespace"):
+        problems.append("a TrainingRuntime is referred to from its own namespace only")
+    jobs = spec.get("template", {}).get("spec", {}).get("replicatedJobs", [])
+    names = [r["name"] for r in jobs]
+    problems += [f"replicated job {n!r} named twice" for n in sorted({n for n in names if names.count(n) > 1})]
+    key, value = TRAINER_ANCESTOR
+    trainers = [r for r in jobs if r["template"].get("metadata", {}).get("labels", {}).get(key) == value]
+    if len(trainers) != 1:
+        problems.append(f"{len(trainers)} replicated jobs labelled {key}={value}; Trainer needs one")
+    for r in trainers:
+        containers = r["template"].get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+        if TRAINER_CONTAINER not in [c.get("name") for c in containers]:
+            problems.append(f"replicated job {r['name']!r}: no container named {TRAINER_CONTAINER!r}")
+    reserved = {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
+    for env in job["spec"].get("trainer", {}).get("env", []):
+        if env.get("name") in reserved:
+            problems.append(f"trainer.env {env['name']}: reserved by the Torch plugin")
+    return problems
+
 
 # ---------------------------------------------------------------- Chaos Mesh, chaos-mesh.org/v1alpha1
 
@@ -243,6 +412,9 @@ CHAOS_KINDS = {
     "TimeChaos": ("timeChaos", TIME_CHAOS),
     "IOChaos": ("ioChaos", IO_CHAOS),
 }
+# Task (api/v1alpha1/workflow_types.go, v2.8.3): a container and its volumes (and labels, since v2.8.0);
+# SpawnPodForTask makes a pod of them alone (restartPolicy Never): no account, no pod securityContext.
+TASK = _obj({"container": ANY_OBJECT, "volumes": {"type": "array"}, "labels": {"map": STRING}}, ("container",))
 TEMPLATE_TYPES = ["Task", "Serial", "Parallel", "Suspend", "Schedule", "StatusCheck", *CHAOS_KINDS]
 TEMPLATE = _obj(
     {
@@ -250,7 +422,7 @@ TEMPLATE = _obj(
         "templateType": {"type": "string", "enum": TEMPLATE_TYPES},
         "deadline": DURATION,
         "children": STRINGS,
-        "task": _obj({"container": ANY_OBJECT, "volumes": {"type": "array"}}, ("container",)),
+        "task": TASK,
         "conditionalBranches": {"type": "array"},
         "statusCheck": ANY_OBJECT,
         "abortWithStatusCheck": {"type": "boolean"},

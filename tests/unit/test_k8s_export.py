@@ -1,19 +1,29 @@
-"""`sim export k8s`: every shipped scenario, on each of its backends, as objects that fit the operator's
-and Chaos Mesh's documented fields (tests/unit/k8s_schema.py) and the kubernetes client's core models.
-Offline: nothing here talks to a cluster."""
+"""`sim export k8s`: every shipped scenario, on each of its backends, for each target (the PyTorchJob, the
+Kubeflow Trainer v2 TrainJob), as objects that fit the operators' and Chaos Mesh's documented fields
+(tests/unit/k8s_schema.py), the kubernetes client's core models, and the restricted Pod Security Standard
+(tests/unit/pod_security.py). Offline: nothing here talks to a cluster."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes.client import ApiClient
 
 from chaos.k8s import (
+    COMPLETION_INDEX_LABEL,
     JOB_NAME_LABEL,
+    JOBSET_NAME_LABEL,
     REPLICA_INDEX_LABEL,
     REPLICA_TYPE_LABEL,
+    REPLICATED_JOB_LABEL,
+    TARGETS,
     export_scenario,
     export_spec,
     write_export,
@@ -23,12 +33,24 @@ from chaos.shipped import shipped_scenarios
 from sim.cli.main import main
 from sim.core.spec import ClusterSpec, GpuRequest
 
-from .k8s_schema import CHAOS_KINDS, PYTORCHJOB, validate, workflow_problems
+from .k8s_schema import (
+    CHAOS_KINDS,
+    PYTORCHJOB,
+    TRAININGRUNTIME,
+    TRAINJOB,
+    trainer_problems,
+    validate,
+    workflow_problems,
+)
+from .pod_security import restricted_problems
 
+REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = [(s, b) for s in shipped_scenarios() for b in s.backends]
 _CORE_MODELS = {
     ("v1", "Service"): "V1Service",
     ("v1", "PersistentVolumeClaim"): "V1PersistentVolumeClaim",
+    ("v1", "Secret"): "V1Secret",
+    ("v1", "ServiceAccount"): "V1ServiceAccount",
     ("apps/v1", "Deployment"): "V1Deployment",
     ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
@@ -49,33 +71,92 @@ def core_problems(obj: dict, model: str) -> list[str]:
     return []
 
 
+def pods(export) -> list[tuple[str, dict, dict]]:
+    """Every pod the export makes, as (where, its PodSpec, its annotations): the job's workers, etcd, and
+    each Workflow Task's pod (Chaos Mesh spawns it from the Task's container and pod fields)."""
+    found = []
+    for obj in export.objects():
+        name = f"{obj['kind']}/{obj['metadata']['name']}"
+        if obj["kind"] == "PyTorchJob":
+            for replica, spec in obj["spec"]["pytorchReplicaSpecs"].items():
+                template = spec["template"]
+                found.append(
+                    (f"{name} {replica}", template["spec"], template.get("metadata", {}).get("annotations", {}))
+                )
+        elif obj["kind"] == "TrainingRuntime":
+            for job in obj["spec"]["template"]["spec"]["replicatedJobs"]:
+                template = job["template"]["spec"]["template"]
+                found.append(
+                    (f"{name} {job['name']}", template["spec"], template.get("metadata", {}).get("annotations", {}))
+                )
+        elif obj["kind"] == "Deployment":
+            template = obj["spec"]["template"]
+            found.append((name, template["spec"], template.get("metadata", {}).get("annotations", {})))
+        elif obj["kind"] == "Workflow":
+            for t in obj["spec"]["templates"]:
+                if t["templateType"] == "Task":
+                    # Chaos Mesh's SpawnPodForTask: the container and the Task's volumes, nothing else.
+                    pod = {"containers": [t["task"]["container"]], "volumes": t["task"].get("volumes", [])}
+                    found.append((f"{name} {t['name']}", pod, {}))
+    return found
+
+
 def all_problems(export) -> list[str]:
     problems = []
-    for obj in export.objects():
+    objects = export.objects()
+    for obj in objects:
         key = (obj["apiVersion"], obj["kind"])
         if obj["kind"] == "PyTorchJob":
             problems += validate(obj, PYTORCHJOB)
             for replica in obj["spec"]["pytorchReplicaSpecs"].values():
                 problems += core_problems(replica["template"], "V1PodTemplateSpec")
+        elif obj["kind"] == "TrainJob":
+            runtimes = [o for o in objects if o["kind"] == "TrainingRuntime"]
+            problems += trainer_problems(runtimes[0], obj) if len(runtimes) == 1 else ["a TrainJob without its runtime"]
+            for env in obj["spec"].get("trainer", {}).get("env", []):
+                problems += core_problems(env, "V1EnvVar")
+        elif obj["kind"] == "TrainingRuntime":
+            problems += validate(obj, TRAININGRUNTIME)
+            for job in obj["spec"]["template"]["spec"]["replicatedJobs"]:
+                problems += core_problems(job["template"], "V1JobTemplateSpec")
         elif obj["kind"] == "Workflow":
             problems += workflow_problems(obj)
             for template in obj["spec"]["templates"]:
                 if template["templateType"] == "Task":
                     problems += core_problems(template["task"]["container"], "V1Container")
+                    problems += [p for v in template["task"].get("volumes", []) for p in core_problems(v, "V1Volume")]
         elif key in _CORE_MODELS:
             problems += core_problems(obj, _CORE_MODELS[key])
         else:
             problems.append(f"unexpected object {key}")
+    for where, pod, notes in pods(export):
+        problems += restricted_problems(pod, notes, where)
     return problems
 
 
+def _objects(export, kind: str) -> list[dict]:
+    return [o for o in export.objects() if o["kind"] == kind]
+
+
+def _worker_pod(export) -> dict:
+    (job,) = _objects(export, "PyTorchJob") or _objects(export, "TrainingRuntime")
+    if job["kind"] == "PyTorchJob":
+        return job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    return job["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize(("scenario", "backend"), SCENARIOS, ids=[f"{s.name}-{b}" for s, b in SCENARIOS])
-def test_every_shipped_scenario_exports_valid_objects(scenario, backend, tmp_path):
-    export = export_scenario(scenario, backend, image="registry.example/elastic-sim-node:1")
+def test_every_shipped_scenario_exports_valid_objects(scenario, backend, target, tmp_path):
+    export = export_scenario(scenario, backend, image="registry.example/elastic-sim-node:1", target=target)
     assert all_problems(export) == []
     kinds = [obj["kind"] for obj in export.objects()]
-    assert kinds.count("PyTorchJob") == 1
+    if target == "pytorchjob":
+        assert kinds.count("PyTorchJob") == 1 and "TrainJob" not in kinds
+    else:
+        assert kinds.count("TrainJob") == kinds.count("TrainingRuntime") == 1 and "PyTorchJob" not in kinds
     assert ("Deployment" in kinds and "Service" in kinds) == (backend != "c10d")
+    assert {where for where, _, _ in pods(export)}, "no pod checked"
     # Every step is either in the Workflow or named in the notes: none is dropped without a word.
     notes = "\n".join(export.notes)
     workflow = next((o for o in export.objects() if o["kind"] == "Workflow"), None)
@@ -274,3 +355,319 @@ expect: {outcome: recovers}
     assert templates["s00-kill-node"]["podChaos"]["action"] == "pod-kill"
     assert templates["s01-pause-hold"]["deadline"] == "18s"
     assert "s02-heal-at" not in templates and any("steps[2] (heal" in note for note in export.notes)
+
+
+# ---------------------------------------------------------------- least privilege (issue 37, finding 4)
+
+
+def test_the_restricted_profile_check_catches_each_control():
+    """The validator can fail: each control of the restricted profile, broken once on a good worker pod."""
+    good = _worker_pod(export_spec(ClusterSpec(name="j", nodes=2, rdzv_backend="c10d")))
+    assert restricted_problems(good) == []
+
+    def broken(change) -> list[str]:
+        pod = json.loads(json.dumps(good))
+        change(pod, pod["containers"][0])
+        return restricted_problems(pod)
+
+    cases = {
+        "runAsNonRoot": lambda p, c: p["securityContext"].pop("runAsNonRoot"),
+        "runAsUser: 0": lambda p, c: c["securityContext"].update(runAsUser=0),
+        "seccompProfile": lambda p, c: p["securityContext"].pop("seccompProfile"),
+        "'Unconfined'": lambda p, c: c["securityContext"].update(seccompProfile={"type": "Unconfined"}),
+        "must include ALL": lambda p, c: c["securityContext"].pop("capabilities"),
+        "only NET_BIND_SERVICE": lambda p, c: c["securityContext"]["capabilities"].update(add=["NET_RAW"]),
+        "allowPrivilegeEscalation": lambda p, c: c["securityContext"].pop("allowPrivilegeEscalation"),
+        "privileged": lambda p, c: c["securityContext"].update(privileged=True),
+        "hostNetwork": lambda p, c: p.update(hostNetwork=True),
+        "hostPath": lambda p, c: p["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
+        "not a restricted volume type": lambda p, c: p["volumes"].append(
+            {"name": "n", "nfs": {"server": "s", "path": "/"}}
+        ),
+        "hostPort": lambda p, c: c.update(ports=[{"containerPort": 1, "hostPort": 1}]),
+        "procMount": lambda p, c: c["securityContext"].update(procMount="Unmasked"),
+        "not a safe sysctl": lambda p, c: p["securityContext"].update(
+            sysctls=[{"name": "kernel.msgmax", "value": "1"}]
+        ),
+        "seLinuxOptions.type": lambda p, c: p["securityContext"].update(seLinuxOptions={"type": "spc_t"}),
+    }
+    for says, change in cases.items():
+        assert any(says in problem for problem in broken(change)), says
+
+
+TOKEN, PASSWORD = "hf_s3cretvalue", "pa55word-etcd"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_workers_run_restricted_and_mount_no_token(target):
+    export = export_scenario(next(s for s in shipped_scenarios() if s.name == "tour"), target=target)
+    pod = _worker_pod(export)
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "fsGroup": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert pod["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert [p for where, pod, a in pods(export) for p in restricted_problems(pod, a, where)] == []
+
+
+def _rbac(export) -> tuple[dict, dict, dict]:
+    (account,) = _objects(export, "ServiceAccount")
+    (role,) = _objects(export, "Role")
+    (binding,) = _objects(export, "RoleBinding")
+    return account, role, binding
+
+
+def _token(export) -> dict:
+    (token,) = [s for s in _objects(export, "Secret") if s["type"] == "kubernetes.io/service-account-token"]
+    return token
+
+
+def test_the_chaos_tasks_run_as_their_own_account_with_exec_only():
+    """The tour's exec faults (kill-worker, hang-worker, pause...): the Tasks' ServiceAccount may list and get
+    pods and exec into them, nothing more; the default account (which the workers run as) gets nothing."""
+    export = export_scenario(next(s for s in shipped_scenarios() if s.name == "worker-crash"))
+    account, role, binding = _rbac(export)
+    assert account["metadata"]["name"] == "worker-crash-chaos"
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
+    ]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "worker-crash-chaos", "namespace": "default"}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert account["automountServiceAccountToken"] is False
+    # A Chaos Mesh Task cannot name an account: each mounts that account's token where kubectl reads one.
+    token = _token(export)
+    assert token["metadata"]["annotations"] == {"kubernetes.io/service-account.name": "worker-crash-chaos"}
+    assert "data" not in token and "stringData" not in token  # Kubernetes fills it in
+    (workflow,) = _objects(export, "Workflow")
+    tasks = [t["task"] for t in workflow["spec"]["templates"] if t["templateType"] == "Task"]
+    assert tasks
+    for task in tasks:
+        assert set(task) == {"container", "volumes"}
+        assert task["volumes"] == [
+            {"name": "chaos-token", "secret": {"secretName": "worker-crash-chaos-token", "defaultMode": 0o444}}
+        ]
+        mount = {"name": "chaos-token", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": True}
+        assert task["container"]["volumeMounts"] == [mount]
+        assert task["container"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_a_scale_task_may_scale_that_job_only():
+    export = export_scenario(next(s for s in shipped_scenarios() if s.name == "scale-down"))
+    _, role, _ = _rbac(export)
+    scale = [r for r in role["rules"] if r["apiGroups"] == ["kubeflow.org"]]
+    named = {"apiGroups": ["kubeflow.org"], "resourceNames": ["scale-down"]}
+    assert scale == [
+        {**named, "resources": ["pytorchjobs"], "verbs": ["get"]},
+        {**named, "resources": ["pytorchjobs/scale"], "verbs": ["get", "patch"]},
+    ]
+    assert not any("pods/exec" in r["resources"] for r in role["rules"])  # scale-down has no exec step
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_env_values_and_the_etcd_password_are_in_a_secret_only(target, tmp_path):
+    """Every --env value (the project's masking rule: all but ENV_SHOWN_KEYS) and the etcd-v3 password go in a
+    Secret, written 0600; the pods refer to it (secretKeyRef, a password_file); no other file holds them."""
+    spec = ClusterSpec(
+        name="sec", nodes=2, rdzv_backend="etcd-v3",
+        rdzv_conf=(("user", "root"), ("password", PASSWORD), ("allow_plain_password", "1")),
+        env=(("HF_TOKEN", TOKEN), ("NCCL_DEBUG", "INFO"), ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")),
+    )  # fmt: skip
+    export = export_spec(spec, target=target)
+    assert all_problems(export) == []
+    (secret,) = _objects(export, "Secret")
+    assert secret["metadata"]["name"] == "sec-secrets"
+    assert secret["stringData"] == {"HF_TOKEN": TOKEN, "NCCL_DEBUG": "INFO", "etcd-password": PASSWORD}
+    container = _worker_pod(export)["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HF_TOKEN"] == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "sec-secrets", "key": "HF_TOKEN"}},
+    }
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"}
+    args = container["args"]
+    conf = args[args.index("--rdzv-conf") + 1]
+    assert "password_file=/etc/elastic-sim/secret/etcd-password" in conf.split(",")
+    assert {"name": "secret", "mountPath": "/etc/elastic-sim/secret", "readOnly": True} in container["volumeMounts"]
+    others = [o for o in export.objects() if o["kind"] != "Secret"]
+    assert TOKEN not in json.dumps(others) and PASSWORD not in json.dumps(others)
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "secret.yaml").write_text("old")
+    os.chmod(out / "secret.yaml", 0o644)  # a file from before keeps no wider mode
+    written = write_export(export, out, "sec")
+    assert stat.S_IMODE((out / "secret.yaml").stat().st_mode) == 0o600
+    assert yaml.safe_load((out / "secret.yaml").read_text().split("\n", 1)[1]) == secret
+    for path in written:
+        if path.name != "secret.yaml":
+            assert TOKEN not in path.read_text() and PASSWORD not in path.read_text(), path
+
+
+def test_the_secret_file_does_not_follow_a_link(tmp_path):
+    export = export_spec(ClusterSpec(name="s", nodes=2, rdzv_backend="c10d", env=(("API_KEY", TOKEN),)))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("theirs")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "secret.yaml").symlink_to(elsewhere)
+    with pytest.raises(OSError):
+        write_export(export, tmp_path / "out", "s")
+    assert elsewhere.read_text() == "theirs"
+
+
+def test_no_secret_and_no_rbac_where_nothing_needs_them():
+    export = export_spec(ClusterSpec(name="plain", nodes=2, rdzv_backend="c10d"))
+    assert not _objects(export, "Secret") and not _objects(export, "Role") and not _objects(export, "ServiceAccount")
+
+
+# ---------------------------------------------------------------- Kubeflow Trainer v2 (issue 40, part 2)
+
+
+def test_trainjob_refers_to_our_torch_runtime_with_a_fixed_node_count():
+    spec = ClusterSpec(
+        name="tj", nodes=3, min_nodes=2, max_nodes=4, nproc_per_node=2, rdzv_backend="c10d", gpus=GpuRequest.parse("1")
+    )
+    export = export_spec(spec, image="r/x:1", target="trainjob")
+    assert all_problems(export) == []
+    (runtime,) = _objects(export, "TrainingRuntime")
+    (job,) = _objects(export, "TrainJob")
+    assert [o["kind"] for o in export.files["job.yaml"]] == ["TrainingRuntime", "TrainJob"]  # the runtime first
+    assert job["spec"]["runtimeRef"] == {"name": "tj", "apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime"}
+    assert job["spec"]["trainer"] == {"numNodes": 4, "numProcPerNode": 2}  # --nnodes 2:4 -> numNodes: 4
+    assert runtime["spec"]["mlPolicy"] == {"numNodes": 4, "torch": {}}
+    assert runtime["metadata"]["labels"]["trainer.kubeflow.org/framework"] == "torch"
+    container = _worker_pod(export)["containers"][0]
+    assert container["name"] == "node" and container["image"] == "r/x:1"
+    argv = container["command"] + container["args"]
+    assert argv[argv.index("--nnodes") + 1] == "2:4"  # torchrun's own rounds still take 2 to 4 of the pods
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "tj-node-0-0.tj:29400"  # node 0 under JobSet's Service
+    assert {"name": "ckpt", "persistentVolumeClaim": {"claimName": "tj-ckpt"}} in _worker_pod(export)["volumes"]
+    assert "elastic policy" in export.lost and "numNodes: 4" in export.lost
+
+
+def test_trainjob_keeps_etcd_v3_in_torchruns_command():
+    export = export_spec(ClusterSpec(name="v3", nodes=2, rdzv_backend="etcd-v3"), target="trainjob")
+    assert all_problems(export) == []
+    args = _worker_pod(export)["containers"][0]["args"]
+    assert args[args.index("--rdzv-backend") + 1] == "etcd-v3"
+    assert args[args.index("--rdzv-endpoint") + 1] == "v3-etcd:2379"
+    assert _objects(export, "TrainJob")[0]["spec"]["trainer"]["numNodes"] == 2  # a fixed --nnodes keeps --nodes
+
+
+def test_trainjob_faults_target_the_jobset_pod_labels():
+    export = export_scenario(parse_scenario(SCENARIO), target="trainjob")
+    assert all_problems(export) == []
+    (workflow,) = _objects(export, "Workflow")
+    templates = {t["name"]: t for t in workflow["spec"]["templates"]}
+    assert templates["s00-kill-node"]["podChaos"]["selector"]["labelSelectors"] == {
+        JOBSET_NAME_LABEL: "mapped",
+        REPLICATED_JOB_LABEL: "node",
+        COMPLETION_INDEX_LABEL: "2",
+    }
+    target = templates["s01-partition"]["networkChaos"]["target"]["selector"]["expressionSelectors"][0]
+    assert target == {"key": COMPLETION_INDEX_LABEL, "operator": "In", "values": ["2"]}
+    task = templates["s02-kill-worker"]["task"]["container"]["command"][-1]
+    assert f"-l {JOBSET_NAME_LABEL}=mapped,{REPLICATED_JOB_LABEL}=node" in task and " -c node " in task
+    assert templates["s03-skew-clock"]["timeChaos"]["containerNames"] == ["node"]
+    assert "training.kubeflow.org" not in json.dumps(workflow)
+
+
+def test_trainjob_drops_scale_faults_and_says_so():
+    scenario = next(s for s in shipped_scenarios() if s.name == "tour")
+    export = export_scenario(scenario, target="trainjob")
+    scales = [f"steps[{i}] (scale)" for i, step in enumerate(scenario.steps) if step.fault == "scale"]
+    assert scales and export.not_exported == scales
+    (workflow,) = _objects(export, "Workflow")
+    assert not any("scale" in t["name"] for t in workflow["spec"]["templates"])
+    assert not any(r["apiGroups"] == ["kubeflow.org"] for r in _rbac(export)[1]["rules"])
+    for where in scales:
+        assert where in export.lost
+    assert "--target pytorchjob" in export.lost and len(export.lost.splitlines()) == 1
+    # The pytorchjob target keeps them, and says nothing is lost.
+    assert export_scenario(scenario).lost is None
+
+
+def test_the_trainer_validators_catch_what_they_claim():
+    export = export_spec(ClusterSpec(name="tj", nodes=2, rdzv_backend="c10d"), target="trainjob")
+    runtime, job = export.files["job.yaml"]
+    assert trainer_problems(runtime, job) == []
+    bad_job = json.loads(json.dumps(job))
+    bad_job["spec"]["trainer"]["numNode"] = 2
+    bad_job["spec"]["runtimeRef"]["name"] = "other"
+    bad_job["spec"]["trainer"]["env"] = [{"name": "PET_NNODES", "value": "3"}]
+    problems = trainer_problems(runtime, bad_job)
+    assert any("unknown field 'numNode'" in p for p in problems)
+    del bad_job["spec"]["trainer"]["numNode"]
+    problems = trainer_problems(runtime, bad_job)
+    assert any("does not name TrainingRuntime" in p for p in problems) and any("reserved" in p for p in problems)
+    bad_runtime = json.loads(json.dumps(runtime))
+    bad_runtime["spec"]["mlPolicy"]["mpi"] = {}
+    node = bad_runtime["spec"]["template"]["spec"]["replicatedJobs"][0]
+    node["template"]["spec"]["template"]["spec"]["containers"][0]["name"] = "trainer"
+    problems = trainer_problems(bad_runtime, job)
+    assert any("only one of the policies" in p for p in problems) and any(
+        "no container named 'node'" in p for p in problems
+    )
+    node["template"]["metadata"]["labels"] = {}
+    assert any("Trainer needs one" in p for p in trainer_problems(bad_runtime, job))
+    bad_name = json.loads(json.dumps(job))
+    bad_name["metadata"]["name"] = "1tj"
+    assert any("does not match" in p for p in validate(bad_name, TRAINJOB))
+    node["replicas"] = "1"
+    assert any("expected integer" in p for p in validate(bad_runtime, TRAININGRUNTIME))
+
+
+def test_a_name_starting_with_a_digit_becomes_an_rfc1035_label():
+    export = export_spec(ClusterSpec(name="9lives", nodes=2, rdzv_backend="c10d"), target="trainjob")
+    assert all_problems(export) == []
+    assert _objects(export, "TrainJob")[0]["metadata"]["name"] == "sim-9lives"
+
+
+def _sim(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it: `python -m sim ...` in a fresh process, from this checkout."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "sim", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_trainjob_end_to_end(tmp_path):
+    done = _sim("export", "k8s", "tour", "--target", "trainjob", "--image", "r/node:1", "-o", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lost = [line for line in done.stderr.splitlines() if "elastic policy" in line]
+    assert len(lost) == 1 and "Traceback" not in done.stderr
+    out = tmp_path / "out"
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert files == ["NOTES.md", "chaos/rbac.yaml", "chaos/workflow.yaml", "etcd.yaml", "job.yaml", "storage.yaml"]
+    kinds = [d["kind"] for d in yaml.safe_load_all((out / "job.yaml").read_text())]
+    assert kinds == ["TrainingRuntime", "TrainJob"]
+    notes = (out / "NOTES.md").read_text()
+    scenario = next(s for s in shipped_scenarios() if s.name == "tour")
+    assert lost == [export_scenario(scenario, target="trainjob").lost]  # the one line, as the export words it
+    scales = [(i, step) for i, step in enumerate(scenario.steps) if step.fault == "scale"]
+    assert scales
+    for index, step in scales:  # each scale step, named on the terminal and in NOTES.md
+        assert f"steps[{index}] (scale)" in lost[0]
+        assert f"steps[{index}] (scale, line {step.line}): scale is NOT exported" in notes
+    for says in ("no elastic policy", "--nnodes 1:3 becomes numNodes: 3", "--target pytorchjob"):
+        assert says in lost[0] and says in notes, says
+    assert "ElasticPolicy API was removed in v2.2.0" in notes and "kubectl scale pytorchjob/NAME" in notes
+    # The default target is still the elastic PyTorchJob, with no such line.
+    done = _sim("export", "k8s", "tour", "-o", "legacy", cwd=tmp_path)
+    assert done.returncode == 0 and "elastic policy" not in done.stderr
+    assert yaml.safe_load_all((tmp_path / "legacy" / "job.yaml").read_text()).__next__()["kind"] == "PyTorchJob"
+
+
+def test_cli_bad_target_is_one_line(tmp_path):
+    done = _sim("export", "k8s", "tour", "--target", "jobset", "-o", "out", cwd=tmp_path)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert "--target" in done.stderr and "'jobset'" in done.stderr and "trainjob" in done.stderr
+    assert not (tmp_path / "out").exists()
