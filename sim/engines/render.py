@@ -1,4 +1,7 @@
-"""ClusterSpec -> a Compose v2 project (a dict, written as YAML). Pure: no Docker."""
+"""ClusterSpec -> a Compose v2 project (a dict, written as YAML). Pure: no Docker.
+
+The project comes out escaped for Compose's interpolation, every string of it (compose_literal): what
+the checks passed (a mount's host path, a command line) is what the engine gets."""
 
 from __future__ import annotations
 
@@ -80,7 +83,7 @@ def render(
         # counts its users): a checkpoint disk that fills up, for the fill-disk fault.
         size = parse_size("--ckpt-size", spec.ckpt_size)
         project["volumes"]["ckpt"]["driver_opts"] = {"type": "tmpfs", "device": "tmpfs", "o": f"size={size}"}
-    return project
+    return compose_literal(project)
 
 
 def render_node(
@@ -113,10 +116,6 @@ def render_node(
     else:
         del env["SIM_EVENTS_DIR"]
     env.update(dict(spec.env))
-    # Compose interpolates `$VAR` from the host's environment: `$$` keeps a user's `$` as it is.
-    node["command"] = [_literal(arg) for arg in node["command"]]
-    for key, value in env.items():
-        env[key] = _literal(value)
     if spec.script is not None and spec.project_dir is None:
         node["volumes"].append(
             {"type": "bind", "source": str(Path(spec.script).parent), "target": USER_SCRIPT_DIR, "read_only": True}
@@ -191,6 +190,26 @@ def to_yaml(project: dict) -> str:
     return header + yaml.safe_dump(project, sort_keys=False, default_flow_style=False, width=1000)
 
 
-def _literal(value: object) -> object:
-    """A Compose string that reaches the container unchanged (no host-variable interpolation)."""
-    return value.replace("$", "$$") if isinstance(value, str) else value
+def compose_literal(document: object) -> object:
+    """The document with every string value escaped (`$` -> `$$`), so that Compose's interpolation of
+    `$VAR`, `${VAR-default}` from the host's environment gives each back as it is: a command, a label, a
+    bind source (a folder named `${X-..}` would otherwise become `..` after its path was checked).
+    Compose interpolates values only, never keys; `up` has no switch to turn interpolation off."""
+    if isinstance(document, str):
+        return document.replace("$", "$$")
+    if isinstance(document, dict):
+        return {key: compose_literal(value) for key, value in document.items()}
+    if isinstance(document, list):
+        return [compose_literal(value) for value in document]
+    return document
+
+
+def compose_unliteral(document: object) -> object:
+    """compose_literal's inverse (a rendered document read back): what Compose hands the engine."""
+    if isinstance(document, str):
+        return document.replace("$$", "$")
+    if isinstance(document, dict):
+        return {key: compose_unliteral(value) for key, value in document.items()}
+    if isinstance(document, list):
+        return [compose_unliteral(value) for value in document]
+    return document
