@@ -15,6 +15,7 @@ from sim.core.hostpaths import PROJECT_DIR_IN_NODE, PROJECT_EXCLUDES, PROJECT_ST
 from sim.core.paths import COMPOSE_TEMPLATE
 from sim.core.spec import USER_SCRIPT_DIR, ClusterSpec, node_name, parse_size
 from sim.core.torchrun import rdzv_endpoint, torchrun_argv
+from sim.engines.compose_escape import compose_literal
 
 # The skew-clock fault: Debian's libfaketime (images/node) preloaded into every process of a node, which
 # reads the node's clock offset ("+0", "+60s", "-10m") from CLOCK_OFFSET_FILE at most every 2 s. Only the
@@ -188,28 +189,3 @@ def to_yaml(project: dict) -> str:
         "# Rendered by elastic-sim (sim/engines/render.py). Plain Compose v2: docker compose -p NAME ps|logs|down\n"
     )
     return header + yaml.safe_dump(project, sort_keys=False, default_flow_style=False, width=1000)
-
-
-def compose_literal(document: object) -> object:
-    """The document with every string value escaped (`$` -> `$$`), so that Compose's interpolation of
-    `$VAR`, `${VAR-default}` from the host's environment gives each back as it is: a command, a label, a
-    bind source (a folder named `${X-..}` would otherwise become `..` after its path was checked).
-    Compose interpolates values only, never keys; `up` has no switch to turn interpolation off."""
-    if isinstance(document, str):
-        return document.replace("$", "$$")
-    if isinstance(document, dict):
-        return {key: compose_literal(value) for key, value in document.items()}
-    if isinstance(document, list):
-        return [compose_literal(value) for value in document]
-    return document
-
-
-def compose_unliteral(document: object) -> object:
-    """compose_literal's inverse (a rendered document read back): what Compose hands the engine."""
-    if isinstance(document, str):
-        return document.replace("$$", "$")
-    if isinstance(document, dict):
-        return {key: compose_unliteral(value) for key, value in document.items()}
-    if isinstance(document, list):
-        return [compose_unliteral(value) for value in document]
-    return document

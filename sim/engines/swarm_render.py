@@ -17,7 +17,7 @@ import re
 from sim.core import labels
 from sim.core.errors import UsageError
 from sim.core.spec import parse_size
-from sim.engines.render import compose_literal, compose_unliteral
+from sim.engines.compose_escape import compose_literal, compose_unliteral
 
 STACK_VERSION = "3.9"
 PLACEMENTS = ("spread", "packed")
