@@ -245,6 +245,10 @@ class EngineInfo(Protocol):
 
     def runtimes(self) -> set[str]: ...
 
+    def engine_id(self) -> str: ...  # the engine's own ID (docker info): what its locks are keyed by
+
+    def data_root(self) -> str: ...  # where the engine keeps its containers' files (docker info's DockerRootDir)
+
     def limits_support(self) -> LimitsSupport: ...
 
 
@@ -301,6 +305,7 @@ class Docker:
 
     def __init__(self, docker_bin: str = "docker"):
         self.docker_bin = docker_bin  # the CLI: Compose and image builds only
+        self._engine_id: str | None = None
 
     # --- connection --------------------------------------------------------------
 
@@ -561,6 +566,14 @@ class Docker:
 
     def events(self, label_filter: str) -> EventStream:
         return self._call("events", self._stream_api.events, decode=True, filters=_selector(label_filter))
+
+    def engine_id(self) -> str:
+        if self._engine_id is None:
+            self._engine_id = str(self._call("info", self.api.info).get("ID") or "")
+        return self._engine_id
+
+    def data_root(self) -> str:
+        return str(self._call("info", self.api.info).get("DockerRootDir") or "")
 
     def runtimes(self) -> set[str]:
         return set(self._call("info", self.api.info).get("Runtimes") or {})

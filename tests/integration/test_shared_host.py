@@ -5,12 +5,14 @@ refused by kind; locks are the engine's, not TMPDIR's; one engine for the SDK an
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from sim.core import labels
+from sim.core.errors import UsageError
 from sim.core.spec import ClusterSpec
 from sim.engines.cluster import Cluster
 from sim.engines.render import render, to_yaml
@@ -86,3 +88,41 @@ def test_compose_reads_back_every_string_of_the_rendered_file_as_rendered(docker
     assert node["environment"]["PRICE"] == "$5 ${HOME}"
     assert f"${{{UNSET}-x}}$HOME" in node["command"]
     assert node["labels"][labels.CLUSTER] == "t-dollar"
+
+
+SYSTEM_PATHS = ("/etc", "/usr", "/boot", "/proc", "/sys", "/var/log", "/etc/ssl", "/var", "/usr/local/bin")
+CREDENTIAL_PATHS = (".docker", ".kube", ".aws", ".config/gcloud", ".ssh", ".gnupg", ".azure", ".config/gh")
+
+
+@pytest.mark.parametrize("writable", [True, False], ids=["rw", "ro"])
+def test_system_engine_and_credential_folders_are_refused_by_kind(docker, tmp_path, monkeypatch, writable):
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    for folder in CREDENTIAL_PATHS:
+        (home / folder).mkdir(parents=True)
+    from sim.engines.cluster import check_engine_root  # the engine's root, beside the fixed list
+
+    mode = ":rw" if writable else ""
+    root = Path(docker.data_root())  # the engine's own answer: real, whatever --data-root says
+    cases = [(p, "a system folder") for p in SYSTEM_PATHS if Path(p).exists()]
+    cases += [(str(home / p), "a credential folder") for p in CREDENTIAL_PATHS]
+    cases += [(str(root), "the container engine's data root"), (str(root / "volumes"), "data root")]
+    cases += [(str(root.parent), "it holds the container engine's data root")]
+    for path, kind in cases:
+        with pytest.raises(UsageError, match=re.escape(kind)) as refused:
+            spec = ClusterSpec(name="t-kind", nodes=1, mounts=(f"{path}:/data{mode}",))
+            check_engine_root(spec, docker)
+        assert "refused" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_writable_etc_mount_is_one_line_and_nothing_is_made(docker):
+    name = unique_name("t-etc")
+    try:
+        result = run_sim("up", "--name", name, "--nodes", "1", "--detach", "--mount", "/etc:/data:rw")
+        assert result.returncode == 2, result.stderr[-2000:]
+        line = result.stderr.strip()
+        assert "\n" not in line and "Traceback" not in line
+        assert "'/etc'" in line and "refused, a system folder: /etc" in line
+    finally:
+        run_sim("down", name)
+    assert not Cluster(name, docker).exists()

@@ -22,8 +22,9 @@ from sim.core.spec import (
     node_need_mib,
     spec_from_options,
 )
-from sim.engines.cluster import LOCK_DIR_ENV, Cluster, check_engine_room, engine_room, other_clusters_memory
+from sim.engines.cluster import Cluster, check_engine_room, engine_room, other_clusters_memory
 from sim.engines.docker import Container, DockerError, Resources
+from sim.engines.locks import LOCK_DIR_ENV
 from sim.engines.swarm_render import SwarmLayout, to_stack
 
 # ------------------------------------------------------------------ the default memory limit
@@ -154,6 +155,9 @@ class RoomEngine:
     def __init__(self, nodes):
         self.nodes = nodes  # (cluster, node, state, memory label or None, memory limit)
         self.filters: list[str] = []
+
+    def engine_id(self) -> str:
+        return "room-engine"
 
     def containers(self, label_filter):
         self.filters.append(label_filter)
