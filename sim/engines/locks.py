@@ -171,7 +171,7 @@ def describe_process(pid: int) -> str:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return f"pid {pid}"
-    command = " ".join(a.decode(errors="replace") for a in argv if a)
+    command = " ".join(" ".join(a.decode(errors="replace").split()) for a in argv if a)  # one line
     return f"pid {pid} (user {_user(uid)}: {command[:200]})"
 
 

@@ -5,8 +5,10 @@ refused by kind; locks are the engine's, not TMPDIR's; one engine for the SDK an
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from sim.core.errors import UsageError
 from sim.core.spec import ClusterSpec
 from sim.engines.cluster import Cluster
 from sim.engines.render import render, to_yaml
-from tests.conftest import run_sim, unique_name
+from tests.conftest import ROOT, run_sim, unique_name
 
 pytestmark = pytest.mark.docker
 
@@ -125,4 +127,90 @@ def test_a_writable_etc_mount_is_one_line_and_nothing_is_made(docker):
         assert "'/etc'" in line and "refused, a system folder: /etc" in line
     finally:
         run_sim("down", name)
+    assert not Cluster(name, docker).exists()
+
+
+UP_ONE = ("--nodes", "1", "--nproc-per-node", "1", "--detach", "--", "--steps", "100000", "--step-time", "0.1")
+NOBODY = 65534
+HOLD_AS_NOBODY = (
+    "import fcntl, os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_CREAT, 0o644)\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "print('held', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def refused_up(name: str, env: dict) -> subprocess.CompletedProcess:
+    """`sim up` of `name`; whatever it made (the old code made a cluster) is removed after."""
+    try:
+        return run_sim("up", "--name", name, *UP_ONE, env=env, timeout=120)
+    finally:
+        run_sim("down", name)
+
+
+def test_the_name_lock_is_the_engines_whatever_tmpdir_says(docker, tmp_path):
+    name = unique_name("t-lock")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    holder_code = (
+        "import sys, time\n"
+        "from sim.engines.cluster import name_lock\n"
+        "from sim.engines.docker import Docker\n"
+        "with name_lock(Docker(), sys.argv[1]):\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", holder_code, name],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp_path / "a")},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        result = refused_up(name, {"TMPDIR": str(tmp_path / "b"), "SIM_LOCK_TIMEOUT": "2"})
+        assert result.returncode == 1, result.stderr[-2000:]
+        line = result.stderr.strip().splitlines()[-1]
+        assert f"another `sim up` or `sim down` of '{name}' is under way: pid {holder.pid}" in line, line
+        assert "after 2s" in line and "SIM_LOCK_TIMEOUT" in line and "Traceback" not in result.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not Cluster(name, docker).exists()
+
+
+def test_a_lock_another_user_holds_is_one_line_naming_them_and_has_a_timeout(docker):
+    from sim.engines.locks import engine_lock_dir
+
+    name = unique_name("t-lock")
+    path = engine_lock_dir(docker.engine_id()) / f"{name}.lock"
+    as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "/usr/bin/python3", "-c"]
+    holder = subprocess.Popen([*as_nobody, HOLD_AS_NOBODY, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert path.stat().st_uid == NOBODY
+        result = refused_up(name, {"SIM_LOCK_TIMEOUT": "2"})
+        assert result.returncode == 1, result.stderr[-2000:]
+        line = result.stderr.strip().splitlines()[-1]
+        assert f"pid {holder.pid} (user nobody (uid {NOBODY}): /usr/bin/python3 -c" in line, line
+        assert "[up] waiting:" in result.stderr and "Traceback" not in result.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+        path.unlink(missing_ok=True)
+    assert not Cluster(name, docker).exists()
+
+
+def test_a_lock_folder_another_user_made_first_is_refused_in_one_line(docker, tmp_path):
+    folder = tmp_path / "locks"
+    folder.mkdir()
+    os.chown(folder, NOBODY, NOBODY)
+    name = unique_name("t-lock")
+    result = refused_up(name, {"SIM_LOCK_DIR": str(folder)})
+    assert result.returncode == 2, result.stderr[-2000:]
+    line = result.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert f"lock folder {folder}: owned by nobody (uid {NOBODY}), not by root or you" in line
     assert not Cluster(name, docker).exists()
