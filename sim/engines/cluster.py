@@ -258,7 +258,7 @@ class Cluster:
                     stdout=log,
                     stderr=log,
                     start_new_session=True,
-                    env=os.environ.copy(),
+                    env=self.docker.cli_env,  # the engine this process resolved, whatever context is current later
                 )
             (self.state_dir / COLLECTOR_PID_FILE).write_text(str(proc.pid))
         finally:

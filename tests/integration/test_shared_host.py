@@ -4,11 +4,14 @@ refused by kind; locks are the engine's, not TMPDIR's; one engine for the SDK an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -214,3 +217,80 @@ def test_a_lock_folder_another_user_made_first_is_refused_in_one_line(docker, tm
     assert "\n" not in line and "Traceback" not in line
     assert f"lock folder {folder}: owned by nobody (uid {NOBODY}), not by root or you" in line
     assert not Cluster(name, docker).exists()
+
+
+class CountingProxy:
+    """A unix socket forwarding to the engine's, noting each connection's HTTP User-Agent: who came through."""
+
+    def __init__(self, path: Path, target: str = "/var/run/docker.sock"):
+        self.path, self.target, self.agents = path, target, set()
+        self.server = socket.socket(socket.AF_UNIX)
+        self.server.bind(str(path))
+        self.server.listen(64)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(self.target)
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, outbound: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if outbound:
+                    self.agents.update(
+                        m.decode(errors="replace") for m in re.findall(rb"User-Agent: ([^\r\n/]+)", data)
+                    )
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_docker_context_is_the_one_engine_of_the_sdk_and_of_compose(docker, tmp_path):
+    """The current context (a real one, made by the docker CLI in a config folder of the test's) points at
+    a socket of the test's that forwards to the engine: the SDK's calls and Compose's both come through it."""
+    config = tmp_path / "docker-config"
+    config.mkdir()
+    plugins = Path.home() / ".docker" / "cli-plugins"
+    if plugins.is_dir():
+        (config / "cli-plugins").symlink_to(plugins)
+    proxy = CountingProxy(tmp_path / "engine.sock")
+    cli = ["docker", "--config", str(config), "context"]
+    subprocess.run([*cli, "create", "via-proxy", "--docker", f"host=unix://{proxy.path}"], check=True, timeout=30)
+    subprocess.run([*cli, "use", "via-proxy"], check=True, timeout=30, capture_output=True)
+    env = {"DOCKER_CONFIG": str(config), "DOCKER_HOST": "", "DOCKER_CONTEXT": ""}
+    name = unique_name("t-context")
+    try:
+        result = run_sim("up", "--name", name, *UP_ONE, env=env)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert Cluster(name, docker).container("node0").state == "running"
+        gone = run_sim("down", name, env=env)
+        assert gone.returncode == 0, gone.stderr[-2000:]
+        assert not Cluster(name, docker).exists()
+        # Both sides of the tool drove the context's engine: the SDK (ping, labels, the collector) and Compose.
+        assert "docker-sdk-python" in proxy.agents, proxy.agents
+        assert any("compose" in agent.lower() for agent in proxy.agents), proxy.agents
+    finally:
+        run_sim("down", name)
+        proxy.close()
+
+
+def test_a_plain_tcp_engine_on_another_machine_is_refused_in_one_line():
+    result = run_sim("up", "--nodes", "1", "--detach", env={"DOCKER_HOST": "tcp://192.0.2.1:2375"}, timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    line = result.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert "DOCKER_HOST tcp://192.0.2.1:2375: plain TCP without TLS" in line

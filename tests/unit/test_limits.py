@@ -212,6 +212,7 @@ def test_docker_is_local_on_its_unix_socket_only(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/user/1000/docker.sock")
     assert Docker().local
     monkeypatch.setenv("DOCKER_HOST", "tcp://10.0.0.5:2376")
+    monkeypatch.setenv("DOCKER_TLS_VERIFY", "1")  # plain tcp:// to another machine is refused (test_shared_host)
     assert not Docker().local
 
 

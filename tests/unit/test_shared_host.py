@@ -3,9 +3,16 @@ tests/integration/test_shared_host.py."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
 import yaml
 
+from sim.core.errors import UsageError
 from sim.core.spec import ClusterSpec
+from sim.engines.docker import DEFAULT_HOST, resolve_engine
 from sim.engines.render import render, to_yaml
 from sim.engines.swarm_render import SwarmLayout, to_stack
 
@@ -21,3 +28,61 @@ def test_the_stack_file_escapes_every_string_once_what_it_adds_included():
     assert stack["volumes"]["ckpt"]["driver_opts"]["device"] == ":/srv/$${HOME}"
     assert stack["services"]["node0"]["environment"]["PRICE"] == "$$5"
     assert to_stack(yaml.safe_load(to_yaml(project)), layout, max_nodes=2) == stack
+
+
+def make_context(config: Path, name: str, host: str, *, tls: bool = False) -> None:
+    """A context as `docker context create` writes it (meta.json under the sha256 of its name)."""
+    key = hashlib.sha256(name.encode()).hexdigest()
+    meta = config / "contexts" / "meta" / key
+    meta.mkdir(parents=True)
+    endpoints = {"docker": {"Host": host, "SkipTLSVerify": False}}
+    (meta / "meta.json").write_text(json.dumps({"Name": name, "Metadata": {}, "Endpoints": endpoints}))
+    if tls:
+        (config / "contexts" / "tls" / key / "docker").mkdir(parents=True)
+
+
+def test_the_engine_is_resolved_as_the_docker_cli_does(tmp_path):
+    config = tmp_path / "cfg"
+    make_context(config, "remote", "unix:///run/other.sock")
+    base = {"DOCKER_CONFIG": str(config)}
+    assert resolve_engine(base).host == DEFAULT_HOST
+    (config / "config.json").write_text(json.dumps({"currentContext": "remote"}))
+    engine = resolve_engine(base)
+    assert (engine.host, engine.source) == ("unix:///run/other.sock", "Docker context 'remote'")
+    env = engine.cli_env({**base, "DOCKER_CONTEXT": "x"})
+    assert env["DOCKER_HOST"] == "unix:///run/other.sock" and "DOCKER_CONTEXT" not in env
+    assert resolve_engine({**base, "DOCKER_CONTEXT": "default"}).host == DEFAULT_HOST
+    assert resolve_engine({**base, "DOCKER_HOST": "unix:///x.sock"}).host == "unix:///x.sock"
+    with pytest.raises(UsageError, match=r"^Docker context 'gone' \(DOCKER_CONTEXT\): not found; `docker context ls`"):
+        resolve_engine({**base, "DOCKER_CONTEXT": "gone"})
+
+
+@pytest.mark.parametrize(
+    ("env", "refused"),
+    [
+        ({"DOCKER_HOST": "tcp://10.0.0.5:2375"}, True),
+        ({"DOCKER_HOST": "tcp://engine.example:2375"}, True),
+        ({"DOCKER_HOST": "tcp://10.0.0.5:2376", "DOCKER_TLS_VERIFY": "1"}, False),
+        ({"DOCKER_HOST": "tcp://10.0.0.5:2376", "DOCKER_CERT_PATH": "/certs"}, False),
+        ({"DOCKER_HOST": "tcp://127.0.0.1:2375"}, False),
+        ({"DOCKER_HOST": "tcp://localhost:2375"}, False),
+        ({"DOCKER_HOST": "tcp://[::1]:2375"}, False),
+        ({"DOCKER_HOST": "ssh://me@engine.example"}, False),
+    ],
+)
+def test_a_plain_tcp_engine_is_refused_unless_tls_or_this_machine(env, refused):
+    if refused:
+        with pytest.raises(UsageError, match="plain TCP without TLS"):
+            resolve_engine(env)
+    else:
+        assert resolve_engine(env).host == env["DOCKER_HOST"]
+
+
+def test_a_plain_tcp_context_is_refused_and_one_with_tls_files_is_not(tmp_path):
+    config = tmp_path / "cfg"
+    make_context(config, "plain", "tcp://10.0.0.5:2375")
+    make_context(config, "tls", "tcp://10.0.0.5:2376", tls=True)
+    with pytest.raises(UsageError, match="^Docker context 'plain' tcp://10.0.0.5:2375: plain TCP"):
+        resolve_engine({"DOCKER_CONFIG": str(config), "DOCKER_CONTEXT": "plain"})
+    engine = resolve_engine({"DOCKER_CONFIG": str(config), "DOCKER_CONTEXT": "tls"})
+    assert engine.cli_env({})["DOCKER_CERT_PATH"].endswith("/docker")
