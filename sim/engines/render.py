@@ -13,6 +13,7 @@ import yaml
 from sim.core import labels
 from sim.core.hostpaths import PROJECT_DIR_IN_NODE, PROJECT_EXCLUDES, PROJECT_STAGE_DIR
 from sim.core.paths import COMPOSE_TEMPLATE
+from sim.core.sidechannel import events_group
 from sim.core.spec import USER_SCRIPT_DIR, ClusterSpec, node_name, parse_size
 from sim.core.torchrun import rdzv_endpoint, torchrun_argv
 from sim.engines.compose_escape import compose_literal
@@ -114,6 +115,9 @@ def render_node(
     env.update(device_env(spec))
     if events_dir is not None:
         node["volumes"].append({"type": "bind", "source": str(events_dir), "target": env["SIM_EVENTS_DIR"]})
+        group = events_group(events_dir)
+        if group is not None:  # the harness's own group: the nodes write their records through it
+            node["group_add"] = [str(group)]
     else:
         del env["SIM_EVENTS_DIR"]
     env.update(dict(spec.env))

@@ -8,9 +8,12 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -56,6 +59,8 @@ def test_a_host_path_with_dollars_reaches_the_engine_as_it_was_checked(docker, i
         assert binds["/opt/sim/user"] == str(project), binds
         listed = Cluster(name, docker).exec("node0", "cat", "/data/marker")
         assert listed.stdout == "the folder that was checked"
+        # etcd is bounded too, as every node is (issue 37, 11).
+        assert docker.resources(Cluster(name, docker).container("etcd").id).memory == 512 * 2**20
     finally:
         run_sim("down", name)
     assert not Cluster(name, docker).exists()
@@ -294,3 +299,54 @@ def test_a_plain_tcp_engine_on_another_machine_is_refused_in_one_line():
     line = result.stderr.strip()
     assert "\n" not in line and "Traceback" not in line
     assert "DOCKER_HOST tcp://192.0.2.1:2375: plain TCP without TLS" in line
+
+
+def events_dir_as(uid: int, run_dir: Path) -> Path:
+    """prepare_events_dir run by a harness of another uid than root's and the nodes' (a forked child)."""
+    from sim.core.sidechannel import prepare_events_dir
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.setgroups([])
+            os.setegid(uid)
+            os.seteuid(uid)
+            prepare_events_dir(run_dir, node_uid=1000)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return run_dir / "events"
+
+
+def test_the_events_folder_of_a_third_users_harness_is_writable_by_the_nodes_only(docker, images):
+    base = Path(tempfile.mkdtemp(prefix="elastic-sim-events-"))
+    try:
+        os.chown(base, NOBODY, NOBODY)
+        events = events_dir_as(NOBODY, base / "run")
+        info = events.stat()
+        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (NOBODY, NOBODY, 0o2770), oct(info.st_mode)
+        node = render(
+            ClusterSpec(name="t-ev", nodes=1), node_image=images.node, etcd_image="e", run_id="r1", events_dir=events
+        )["services"]["node0"]
+        assert node["group_add"] == [str(NOBODY)]
+        # The node's user (1000, no capability) writes its records there through the group, as a node does.
+        write = ["run", "--rm", "--user", "1000:1000", "--cap-drop", "ALL", "--network", "none"]
+        write += ["--label", f"{labels.SESSION}={os.environ[labels.SESSION_ENV]}", "-v", f"{events}:/sim/events"]
+        touch = ["--entrypoint", "sh", images.node, "-c", "echo '{}' > /sim/events/node0.jsonl"]
+        ok = subprocess.run(["docker", *write, "--group-add", str(NOBODY), *touch], capture_output=True, text=True)
+        assert ok.returncode == 0, ok.stderr
+        assert (events / "node0.jsonl").stat().st_gid == NOBODY
+        denied = subprocess.run(["docker", *write, *touch], capture_output=True, text=True)
+        assert denied.returncode != 0  # any other uid of the machine, as the nodes without the group
+    finally:
+        shutil.rmtree(base)
+
+
+def test_the_image_probe_holds_no_capability(docker, images):
+    probe = docker.run_image(images.node, "sh", ["-c", "grep -E '^Cap(Eff|Prm|Bnd):' /proc/self/status"])
+    assert probe.returncode == 0, probe.stderr
+    caps = dict(line.split(":\t") for line in probe.stdout.splitlines())
+    assert caps == {"CapPrm": "0000000000000000", "CapEff": "0000000000000000", "CapBnd": "0000000000000000"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,20 @@ def test_a_plain_tcp_context_is_refused_and_one_with_tls_files_is_not(tmp_path):
         resolve_engine({"DOCKER_CONFIG": str(config), "DOCKER_CONTEXT": "plain"})
     engine = resolve_engine({"DOCKER_CONFIG": str(config), "DOCKER_CONTEXT": "tls"})
     assert engine.cli_env({})["DOCKER_CERT_PATH"].endswith("/docker")
+
+
+def test_a_node_name_with_dollars_is_drawn_as_written(tmp_path, capsys):
+    """A side-channel line names its own node; `n$^{$` went to matplotlib's math parser, and the report died."""
+    from sim.cli.main import main as sim_main
+
+    run, plain = tmp_path / "run", tmp_path / "plain"
+    for folder in (run, plain):
+        shutil.copytree(Path(__file__).resolve().parent.parent / "data" / "runs" / "engine_lost", folder)
+    lines = (run / "history.jsonl").read_text().splitlines()
+    worker = next(json.loads(line) for line in lines if json.loads(line)["type"] == "worker")
+    lines.append(json.dumps({**worker, "node": "n$^{$", "t": worker["t"] + 0.01}))
+    (run / "history.jsonl").write_text("\n".join(lines) + "\n")
+    verdict_code = sim_main(["report", str(plain)])  # that run's verdict: FAIL, exit 1
+    capsys.readouterr()
+    assert sim_main(["report", str(run)]) == verdict_code, capsys.readouterr().err
+    assert (run / "report" / "timeline.png").stat().st_size > 0
