@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -104,3 +105,27 @@ def test_a_node_name_with_dollars_is_drawn_as_written(tmp_path, capsys):
     capsys.readouterr()
     assert sim_main(["report", str(run)]) == verdict_code, capsys.readouterr().err
     assert (run / "report" / "timeline.png").stat().st_size > 0
+
+
+def test_a_lock_is_never_opened_through_a_link_and_its_timeout_is_checked(tmp_path, monkeypatch):
+    from sim.engines.locks import LockTimeout, engine_lock, engine_lock_dir
+
+    monkeypatch.setenv("SIM_LOCK_DIR", str(tmp_path / "locks"))
+    folder = engine_lock_dir("ABCD:EFGH/..")
+    assert folder == tmp_path / "locks" / "ABCD-EFGH" and oct(folder.stat().st_mode)[-4:] == "1777"
+    (folder / "x.lock").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UsageError, match=r"x.lock: cannot open it \(a link\)"):
+        with engine_lock("ABCD:EFGH/..", "x.lock", None, "test"):
+            pass
+    assert not (tmp_path / "elsewhere").exists()
+    monkeypatch.setenv("SIM_LOCK_TIMEOUT", "soon")
+    with pytest.raises(UsageError, match="^SIM_LOCK_TIMEOUT 'soon': not a number of seconds"):
+        with engine_lock("e", "y.lock", None, "test"):
+            pass
+    monkeypatch.setenv("SIM_LOCK_TIMEOUT", "0.3")
+    said = []
+    with engine_lock("e", "y.lock", None, "test"):
+        with pytest.raises(LockTimeout, match=rf"^waiting: pid {os.getpid()} \(user .*\) holds the lock .* after 0.3s"):
+            with engine_lock("e", "y.lock", said.append, "waiting"):
+                pass
+    assert said and f"pid {os.getpid()}" in said[0]
