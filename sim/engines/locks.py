@@ -1,10 +1,10 @@
 """Locks of one engine, shared by every process, user and state home that drives it.
 
-A lock is an fcntl.flock on a file in LOCK_ROOT/<engine id>/: keyed by the engine's own ID (docker
+A lock is an fcntl.flock on LOCK_ROOT/<engine id>.<name>.lock: keyed by the engine's own ID (docker
 info), never by TMPDIR, so two `up`s with different temp folders, homes or users still meet. The
-folders are root's, or the caller's, and sticky: a folder another user made first is refused, not
-trusted. A lock held by another process is waited for at most SIM_LOCK_TIMEOUT seconds, and that
-process is named (pid, user, command line, from /proc/locks).
+folder is root's (or the caller's) and sticky, so only a lock file's maker can remove it; a folder
+another user made first is refused, not trusted. A lock held by another process is waited for at most
+SIM_LOCK_TIMEOUT seconds, and that process is named (pid, user, command line, from /proc/locks).
 """
 
 from __future__ import annotations
@@ -57,15 +57,15 @@ def lock_timeout() -> float:
     return seconds
 
 
-def engine_lock_dir(engine_id: str) -> Path:
-    """LOCK_ROOT/<engine id>/, made (sticky, shared) or checked: root's or ours, no one else's."""
+def engine_lock_path(engine_id: str, file_name: str) -> Path:
+    """LOCK_ROOT/<engine id>.<file_name>, its folder made (sticky, shared) or checked: root's or ours."""
     key = re.sub(r"[^A-Za-z0-9._-]", "-", engine_id).strip(".-") or "engine"
     root = lock_root()
-    for folder in (*reversed(root.parents[: len(root.parents) - 1]), root, root / key):
+    for folder in (*reversed(root.parents[: len(root.parents) - 1]), root):
         if folder in (Path("/tmp"), Path("/run"), Path("/var/tmp")):
             continue  # the system's own shared folders: not ours to change
-        _shared_folder(folder, sticky=folder in (root, root / key))
-    return root / key
+        _shared_folder(folder, sticky=folder == root)
+    return root / f"{key}.{file_name}"
 
 
 def _shared_folder(folder: Path, *, sticky: bool) -> None:
@@ -85,7 +85,8 @@ def _shared_folder(folder: Path, *, sticky: bool) -> None:
     if info.st_uid not in (0, os.geteuid()):
         raise UsageError(
             f"lock folder {folder}: owned by {_user(info.st_uid)}, not by root or you, so its locks cannot be "
-            f"trusted; have it removed (`sudo rm -r {folder}`), or set {LOCK_DIR_ENV} to a folder of yours"
+            f"trusted; have root make the shared one once (`sudo install -d -m 1777 {LOCK_ROOT}`), or set "
+            f"{LOCK_DIR_ENV} to a folder of yours"
         )
     if mode & 0o022 and not mode & stat.S_ISVTX:
         raise UsageError(
@@ -96,11 +97,11 @@ def _shared_folder(folder: Path, *, sticky: bool) -> None:
 
 @contextlib.contextmanager
 def engine_lock(engine_id: str, file_name: str, progress: Progress | None, waiting_for: str):
-    """flock on LOCK_ROOT/<engine id>/file_name, for the block. Per open file: two threads of one
+    """flock on LOCK_ROOT/<engine id>.file_name, for the block. Per open file: two threads of one
     process exclude each other too. Held by another: its holder is said at once, and waited for at most
     lock_timeout() seconds (LockTimeout, one line naming it)."""
     timeout = lock_timeout()
-    path = engine_lock_dir(engine_id) / file_name
+    path = engine_lock_path(engine_id, file_name)
     fd = _open_lock(path)
     try:
         try:

@@ -190,10 +190,10 @@ def test_the_name_lock_is_the_engines_whatever_tmpdir_says(docker, tmp_path):
 
 
 def test_a_lock_another_user_holds_is_one_line_naming_them_and_has_a_timeout(docker):
-    from sim.engines.locks import engine_lock_dir
+    from sim.engines.locks import engine_lock_path
 
     name = unique_name("t-lock")
-    path = engine_lock_dir(docker.engine_id()) / f"{name}.lock"
+    path = engine_lock_path(docker.engine_id(), f"{name}.lock")
     as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "/usr/bin/python3", "-c"]
     holder = subprocess.Popen([*as_nobody, HOLD_AS_NOBODY, str(path)], stdout=subprocess.PIPE, text=True)
     try:

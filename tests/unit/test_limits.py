@@ -27,6 +27,13 @@ from sim.engines.docker import Container, DockerError, Resources
 from sim.engines.locks import LOCK_DIR_ENV
 from sim.engines.swarm_render import SwarmLayout, to_stack
 
+
+@pytest.fixture(autouse=True)
+def own_locks(monkeypatch, tmp_path):
+    """The room lock of a fake engine in a folder of the test's, not the machine's shared one."""
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path / "locks"))
+
+
 # ------------------------------------------------------------------ the default memory limit
 
 

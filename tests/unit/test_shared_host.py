@@ -108,12 +108,12 @@ def test_a_node_name_with_dollars_is_drawn_as_written(tmp_path, capsys):
 
 
 def test_a_lock_is_never_opened_through_a_link_and_its_timeout_is_checked(tmp_path, monkeypatch):
-    from sim.engines.locks import LockTimeout, engine_lock, engine_lock_dir
+    from sim.engines.locks import LockTimeout, engine_lock, engine_lock_path
 
     monkeypatch.setenv("SIM_LOCK_DIR", str(tmp_path / "locks"))
-    folder = engine_lock_dir("ABCD:EFGH/..")
-    assert folder == tmp_path / "locks" / "ABCD-EFGH" and oct(folder.stat().st_mode)[-4:] == "1777"
-    (folder / "x.lock").symlink_to(tmp_path / "elsewhere")
+    path = engine_lock_path("ABCD:EFGH/..", "x.lock")
+    assert path == tmp_path / "locks" / "ABCD-EFGH.x.lock" and oct(path.parent.stat().st_mode)[-4:] == "1777"
+    path.symlink_to(tmp_path / "elsewhere")
     with pytest.raises(UsageError, match=r"x.lock: cannot open it \(a link\)"):
         with engine_lock("ABCD:EFGH/..", "x.lock", None, "test"):
             pass
