@@ -133,7 +133,8 @@ def faketime_check(docker: Docker) -> DoctorCheck:
         fetch = shutil.which("apt-get") is not None and shutil.which("dpkg-deb") is not None
         detail = "node image not built yet; " + ("its build fetches Debian's libfaketime" if fetch else "no apt-get")
         return DoctorCheck(name, fetch, detail, "a Debian/Ubuntu host with apt-get and dpkg-deb", required=False)
-    code, out = _run([docker.docker_bin, "run", "--rm", node, "test", "-e", FAKETIME_LIB])
+    probe = docker.run_image(node, "test", ["-e", FAKETIME_LIB], timeout=20)
+    code, out = probe.returncode, (probe.stdout + probe.stderr).strip()
     detail = FAKETIME_LIB if code == 0 else f"{FAKETIME_LIB} missing ({out or f'exit {code}'})"
     return DoctorCheck(name, code == 0, detail, "python -m sim build (rebuilds the node image)", required=False)
 

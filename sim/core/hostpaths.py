@@ -3,7 +3,8 @@
 Every node sees what is given here, so a folder that would expose the host is refused before
 anything starts, with the reason: `/`, a home folder (or one that holds home folders), a shared temp
 folder (other users' files and agent sockets), a folder holding `.ssh`, a Docker socket or any other
-socket. Pure: reads the host's file system, never Docker.
+socket, and by kind (REFUSED_HOST_FOLDERS): a system folder, the engine's data root, a credential
+folder. Pure: reads the host's file system, never Docker (the engine's own data root is handed in).
 """
 
 from __future__ import annotations
@@ -29,6 +30,42 @@ DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
 # A mount may not cover what the harness puts in a node (ours), nor replace a system folder whole.
 OUR_NODE_PATHS = ("/opt/sim", "/opt/venv", "/ckpt", "/sim", "/var/lib/elastic-sim", "/usr/local/lib/faketime")
 SYSTEM_NODE_PATHS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/proc", "/sys", "/dev", "/var", "/run")
+# Host folders refused by kind, at, below or above them (one holding one), read-only too: a node, even one
+# without capabilities, reads and (root in a team image) writes what its uid may. `~/` is each home folder.
+SYSTEM_FOLDER = "a system folder"
+ENGINE_ROOT = "the container engine's data root (every container's files and the engine's state)"
+CREDENTIAL_FOLDER = "a credential folder (keys and tokens of clouds, clusters, registries)"
+REFUSED_HOST_FOLDERS: tuple[tuple[str, str], ...] = (
+    *((p, SYSTEM_FOLDER) for p in ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32")),
+    *((p, SYSTEM_FOLDER) for p in ("/proc", "/run", "/sbin", "/sys", "/usr", "/var/log", "/var/spool")),
+    *((p, ENGINE_ROOT) for p in ("/var/lib/docker", "/var/lib/containerd", "/var/snap/docker")),
+    *((p, ENGINE_ROOT) for p in ("~/.local/share/docker", "~/.local/share/containers")),
+    *(
+        (f"~/{p}", CREDENTIAL_FOLDER)
+        for p in (
+            ".ssh",
+            ".gnupg",
+            ".docker",
+            ".kube",
+            ".minikube",
+            ".aws",
+            ".azure",
+            ".oci",
+            ".config/gcloud",
+            ".config/gh",
+            ".config/hub",
+            ".config/containers",
+            ".config/doctl",
+            ".password-store",
+            ".terraform.d",
+            ".netrc",
+            ".git-credentials",
+            ".pypirc",
+            ".npmrc",
+            ".vault-token",
+        )
+    ),
+)
 _MOUNT_RE = re.compile(r"^(?P<host>[^:]+):(?P<target>[^:]+)(:(?P<mode>[a-z]+))?$")
 
 
@@ -66,8 +103,32 @@ def docker_sockets() -> set[Path]:
     return {_resolved(p) for p in found}
 
 
-def exposure(path: Path) -> str | None:
-    """Why bringing `path` (resolved) into every node would expose the host; None when it would not."""
+def refused_folders(engine_root: str | Path | None = None) -> list[tuple[Path, str]]:
+    """REFUSED_HOST_FOLDERS as this host's paths (each home's, resolved), and the engine's own data root."""
+    found = []
+    for pattern, kind in REFUSED_HOST_FOLDERS:
+        if pattern.startswith("~/"):
+            found += [(home / pattern[2:], kind) for home in home_folders()]
+        else:
+            found.append((Path(pattern), kind))
+    if engine_root:
+        found.append((Path(engine_root), ENGINE_ROOT))
+    return [(_resolved(path), kind) for path, kind in found]
+
+
+def refused_kind(path: Path, engine_root: str | Path | None = None) -> str | None:
+    """The kind of refused folder `path` (resolved) is, is in, or holds; None when none."""
+    for folder, kind in refused_folders(engine_root):
+        if path == folder or _inside(folder, path):
+            return f"{kind}: {folder}"
+        if _inside(path, folder):
+            return f"it holds {kind}: {folder}"
+    return None
+
+
+def exposure(path: Path, engine_root: str | Path | None = None) -> str | None:
+    """Why bringing `path` (resolved) into every node would expose the host; None when it would not.
+    `engine_root`: the engine's data root, as the engine says (docker info's DockerRootDir)."""
     if path == Path("/"):
         return "the host's whole file system"
     homes = home_folders()
@@ -78,10 +139,13 @@ def exposure(path: Path) -> str | None:
     if str(path) in SHARED_TEMP_DIRS:
         return "the shared temp folder (other users' files and agent sockets)"
     if ".ssh" in path.parts:
-        return "an SSH key folder"
+        return f"{CREDENTIAL_FOLDER}: an SSH key folder"
     for sock in docker_sockets():
         if sock == path or _inside(path, sock):
             return f"it holds the Docker socket {sock} (root on the host)"
+    kind = refused_kind(path, engine_root)
+    if kind:
+        return kind
     try:
         mode = path.stat().st_mode
     except OSError:
@@ -104,8 +168,8 @@ def exposure(path: Path) -> str | None:
     return None
 
 
-def check_exposure(flag: str, given: str | Path, path: Path, fix: str) -> None:
-    why = exposure(path)
+def check_exposure(flag: str, given: str | Path, path: Path, fix: str, engine_root: str | Path | None = None) -> None:
+    why = exposure(path, engine_root)
     if why:
         shown = f"'{given}'" if str(given) == str(path) else f"'{given}' ({path})"
         raise UsageError(f"{flag} {shown}: refused, {why}; {fix}")

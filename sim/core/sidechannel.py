@@ -33,8 +33,9 @@ MAX_PARTIAL = 1 << 20  # a line longer than this without its end is dropped
 def prepare_events_dir(run_dir: Path, node_uid: int | None = None) -> Path:
     """Make `<run_dir>/events/`, writable by the node's user (`node_uid` there: 1000 for our image, the
     team image's own user for --image) and by no other user here: owned by that uid, 0755 (as root we
-    give it away; as that uid it is ours). The nodes hold no capability, so even a root node writes only
-    what its uid owns. Only a harness running as a third user falls back to 0777."""
+    give it away; as that uid it is ours). A harness running as a third user cannot give it away: the
+    folder stays its own, in its own group, 2770 (files made in it keep that group), and the nodes join
+    that group (events_group; render's group_add), so no other user of the machine may write there."""
     node_uid = NODE_UID if node_uid is None else node_uid
     path = Path(run_dir) / EVENTS_DIR
     path.mkdir(parents=True, exist_ok=True)
@@ -44,8 +45,16 @@ def prepare_events_dir(run_dir: Path, node_uid: int | None = None) -> Path:
     elif os.geteuid() == node_uid:
         path.chmod(0o755)
     else:
-        path.chmod(0o777)
+        os.chown(path, -1, os.getegid())
+        path.chmod(0o2770)
     return path
+
+
+def events_group(events_dir: Path) -> int | None:
+    """The group the nodes must join to write in `events_dir`: its own where it is group-writable (made
+    by a harness whose uid is not the nodes'), else None."""
+    info = os.stat(events_dir)
+    return info.st_gid if info.st_mode & stat.S_IWGRP else None
 
 
 def worker_record(line: bytes | str, node: str) -> dict | None:

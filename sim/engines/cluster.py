@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import secrets
@@ -17,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -34,6 +32,7 @@ from sim.core.spec import SHIPPED_TRAINER_DEFAULTS, ClusterSpec, check_room_besi
 from sim.core.wait import Check, Condition, wait_for
 from sim.engines.docker import NO_MEMORY_LIMIT, RESOURCE_KINDS, Container, DockerError, DockerProvider, ExecResult
 from sim.engines.images import ImageBuilder, ImageSet
+from sim.engines.locks import engine_lock
 from sim.engines.render import render, to_yaml
 
 DEFAULT_START_TIMEOUT = 300.0
@@ -212,7 +211,7 @@ class Cluster:
     def down(self, *, save_logs: bool = True) -> dict[str, int]:
         """Remove everything carrying the cluster's label. Idempotent. Under the name's lock: an `up`
         of the same name waits until it is done."""
-        with name_lock(self.name):
+        with name_lock(self.docker, self.name):
             return self._down(save_logs=save_logs)
 
     def owners(self) -> set[str]:
@@ -259,7 +258,7 @@ class Cluster:
                     stdout=log,
                     stderr=log,
                     start_new_session=True,
-                    env=os.environ.copy(),
+                    env=self.docker.cli_env,  # the engine this process resolved, whatever context is current later
                 )
             (self.state_dir / COLLECTOR_PID_FILE).write_text(str(proc.pid))
         finally:
@@ -402,29 +401,27 @@ def engine_room(docker: DockerProvider, spec: ClusterSpec, flag: str, nodes: int
     if not getattr(docker, "local", False):
         yield
         return
-    with _host_lock(ROOM_LOCK_FILE, progress, "another cluster's nodes are being made on this engine"):
+    with engine_lock(
+        docker.engine_id(), ROOM_LOCK_FILE, progress, "another cluster's nodes are being made on this engine"
+    ):
         check_engine_room(docker, spec, flag, nodes)
         yield
 
 
 # --- one `up` or `down` of a name at a time -------------------------------------------------
 
-# Host-wide, not per state home: two homes on one engine must not race for one name either.
-LOCK_DIR_ENV = "SIM_LOCK_DIR"
+# Engine-wide, not per state home nor per TMPDIR: two homes or users on one engine must not race for
+# one name either (sim/engines/locks.py).
 # Not a cluster name (names have no dot): held while a room check's nodes are made (engine_room).
 ROOM_LOCK_FILE = "engine-room.lock"
 _held_locks: dict[str, int] = {}
 _held_guard = threading.Lock()
 
 
-def lock_dir() -> Path:
-    return Path(os.environ.get(LOCK_DIR_ENV) or Path(tempfile.gettempdir()) / "elastic-sim-locks")
-
-
 @contextlib.contextmanager
-def name_lock(name: str, progress: Progress | None = None):
-    """Hold the cluster name's lock (fcntl.flock on LOCK_DIR/NAME.lock): `up` and `down` of one name,
-    from any process or state home on this host, run one at a time. Re-entrant within a process (a
+def name_lock(docker: DockerProvider, name: str, progress: Progress | None = None):
+    """Hold the cluster name's lock on this engine (locks.engine_lock on NAME.lock): `up` and `down` of
+    one name, from any process, user or state home, run one at a time. Re-entrant within a process (a
     failed `up` removes what it made under the lock it holds)."""
     check_name(name, source="cluster")
     with _held_guard:
@@ -440,7 +437,8 @@ def name_lock(name: str, progress: Progress | None = None):
             with _held_guard:
                 _held_locks[name] -= 1
         return
-    with _host_lock(f"{name}.lock", progress, f"another `sim up` or `sim down` of '{name}' is under way"):
+    waiting_for = f"another `sim up` or `sim down` of '{name}' is under way"
+    with engine_lock(docker.engine_id(), f"{name}.lock", progress, waiting_for):
         with _held_guard:
             _held_locks[name] = 1
         try:
@@ -448,28 +446,6 @@ def name_lock(name: str, progress: Progress | None = None):
         finally:
             with _held_guard:
                 _held_locks.pop(name, None)
-
-
-@contextlib.contextmanager
-def _host_lock(file_name: str, progress: Progress | None, waiting_for: str):
-    """fcntl.flock on LOCK_DIR/file_name, for the block; says what it waits for when another holds it.
-    Per open file: two threads of one process exclude each other too."""
-    folder = lock_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):  # shared by every user of this host (sticky, as /tmp is)
-        if folder.stat().st_uid == os.getuid():
-            folder.chmod(0o1777)
-    fd = os.open(inside(folder, file_name), os.O_RDONLY | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if progress:
-                progress(f"[up] waiting: {waiting_for}")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
 
 
 def new_run_id() -> str:
@@ -563,9 +539,10 @@ def up(
     one name cannot both pass the check below. replace=True removes a cluster
     that holds the name, whoever owns it."""
     docker.ping()
+    check_engine_root(spec, docker)
     _ = docker.compose_argv  # fail now, before anything is made, if Compose v2 is missing
     cluster = Cluster(spec.name, docker, source="--name")
-    with name_lock(spec.name, progress):
+    with name_lock(docker, spec.name, progress):
         _clear_name(cluster, replace=replace, progress=progress)
         check_engine_room(docker, spec, "--nodes", spec.nodes)
         return _up(cluster, spec, docker, builder=builder, keep=keep, wait=wait, timeout=timeout, progress=progress)
@@ -666,6 +643,20 @@ def _up(
         elif not created:
             shutil.rmtree(cluster.state_dir, ignore_errors=True)
         raise
+
+
+def check_engine_root(spec: ClusterSpec, docker: DockerProvider) -> None:
+    """The host paths a spec brings in, checked again beside the engine's own data root, which only the
+    engine knows (`dockerd --data-root` may put it anywhere): refused before anything is made."""
+    from sim.core.hostpaths import check_exposure
+
+    root = docker.data_root()
+    if spec.project_dir is not None:
+        fix = "give your job's own folder (keep data out of it; bring that with --mount)"
+        check_exposure("--project-dir", spec.project_dir, Path(spec.project_dir), fix, root)
+    for host, target, writable in spec.mounts:
+        shown = f"--mount '{host}:{target}{':rw' if writable else ''}': host path"
+        check_exposure(shown, host, Path(host), "mount only the folder the job needs (e.g. its data folder)", root)
 
 
 def _check_nodes_can_read(spec: ClusterSpec, uid: int | None, gids: tuple[int, ...] | None) -> None:

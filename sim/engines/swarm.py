@@ -301,7 +301,7 @@ class SwarmDocker(Docker):
         # the shell takes its children along when it is told to end (follow_job terminates it).
         started = "".join(f'{command} & pids="$pids $!"; ' for command in commands)
         script = f"pids=''; {started}trap 'kill -KILL $pids 2>/dev/null' TERM INT HUP; wait"
-        return subprocess.Popen(["sh", "-c", script], **(pipe if capture else {}))
+        return subprocess.Popen(["sh", "-c", script], env=self.cli_env, **(pipe if capture else {}))
 
     def _deploy(self, project: str, path: Path, stack: dict, check: bool, timeout: float | None) -> Completed:
         path.write_text(yaml.safe_dump(stack, sort_keys=False, width=1000))

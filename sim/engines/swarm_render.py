@@ -10,7 +10,6 @@ Swarm generic resources, since `docker stack deploy` takes no `devices` or GPU d
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import re
@@ -18,6 +17,7 @@ import re
 from sim.core import labels
 from sim.core.errors import UsageError
 from sim.core.spec import parse_size
+from sim.engines.compose_escape import compose_literal, compose_unliteral
 
 STACK_VERSION = "3.9"
 PLACEMENTS = ("spread", "packed")
@@ -86,8 +86,10 @@ class SwarmLayout:
 
 def to_stack(project: dict, layout: SwarmLayout, *, max_nodes: int) -> dict:
     """The stack file for a rendered Compose project (as `render` returns it, or as its YAML reads
-    back). `max_nodes` fixes the packed layout, so scaling up keeps every running node in place."""
-    project = copy.deepcopy(project)
+    back). `max_nodes` fixes the packed layout, so scaling up keeps every running node in place.
+    `docker stack deploy` interpolates as Compose does: the project's strings are taken back to what
+    the engine is to get, and the whole stack escaped once, what this adds (an NFS export) included."""
+    project = compose_unliteral(project)
     stack = {"version": STACK_VERSION, "services": {}, "networks": {}, "volumes": {}}
     for name, service in project["services"].items():
         stack["services"][name] = _service(service, layout, max_nodes)
@@ -95,7 +97,7 @@ def to_stack(project: dict, layout: SwarmLayout, *, max_nodes: int) -> dict:
         stack["networks"][name] = {**network, "driver": "overlay", "attachable": True}
     for name, volume in project["volumes"].items():
         stack["volumes"][name] = _ckpt_volume(volume, layout) if name == "ckpt" else volume
-    return stack
+    return compose_literal(stack)
 
 
 def _service(service: dict, layout: SwarmLayout, max_nodes: int) -> dict:

@@ -45,6 +45,24 @@ def draw_timeline(
     """`window`: draw only these seconds since the run's start (`sim vet`'s picture of one fault). `devices`: a
     line under the title on what ran the devices ("devices emulated on CPU ..."), if said."""
     # Imported here: the summary and JSON need no matplotlib; Figure + Agg canvas, no pyplot, no display.
+    from matplotlib import rc_context
+
+    # Every text here is the history's (node names, fault labels, a side-channel line's fields): shown as
+    # written, never parsed as mathtext (`$...$`), which fails on a name like `n$^{$`.
+    with rc_context({"text.parse_math": False}):
+        _draw(timeline, path, title=title, verdict=verdict, profile=profile, window=window, devices=devices)
+
+
+def _draw(
+    timeline: Timeline,
+    path: Path,
+    *,
+    title: str,
+    verdict: Verdict,
+    profile: str,
+    window: tuple[float, float] | None,
+    devices: str | None,
+) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -176,20 +176,24 @@ def test_no_clock_skew_diagnosis_inside_the_keep_alive_window_or_when_the_agents
 
 
 class _Images:
-    def __init__(self, built: bool):
-        self.built = built
+    def __init__(self, built: bool, has_faketime: bool = True):
+        self.built, self.has_faketime = built, has_faketime
         self.docker_bin = "docker"
 
     def image_exists(self, tag: str) -> bool:
         return self.built
 
+    def run_image(self, image, entrypoint, args, timeout=120):
+        from sim.engines.docker import Completed
 
-def test_doctor_says_whether_the_node_image_has_libfaketime(monkeypatch):
-    monkeypatch.setattr(doctor, "_run", lambda argv, timeout=20: (0, "") if argv[-1] == FAKETIME_LIB else (1, ""))
+        found = self.has_faketime and list(args) == ["-e", FAKETIME_LIB]
+        return Completed(("docker", "run"), 0 if found else 1, "", "")
+
+
+def test_doctor_says_whether_the_node_image_has_libfaketime():
     check = doctor.faketime_check(_Images(built=True))
     assert (check.ok, check.detail, check.required) == (True, FAKETIME_LIB, False)
-    monkeypatch.setattr(doctor, "_run", lambda argv, timeout=20: (1, ""))
-    check = doctor.faketime_check(_Images(built=True))
+    check = doctor.faketime_check(_Images(built=True, has_faketime=False))
     assert not check.ok and check.detail == f"{FAKETIME_LIB} missing (exit 1)" and "sim build" in check.fix
     assert "not built yet" in doctor.faketime_check(_Images(built=False)).detail
 

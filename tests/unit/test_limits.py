@@ -22,9 +22,17 @@ from sim.core.spec import (
     node_need_mib,
     spec_from_options,
 )
-from sim.engines.cluster import LOCK_DIR_ENV, Cluster, check_engine_room, engine_room, other_clusters_memory
+from sim.engines.cluster import Cluster, check_engine_room, engine_room, other_clusters_memory
 from sim.engines.docker import Container, DockerError, Resources
+from sim.engines.locks import LOCK_DIR_ENV
 from sim.engines.swarm_render import SwarmLayout, to_stack
+
+
+@pytest.fixture(autouse=True)
+def own_locks(monkeypatch, tmp_path):
+    """The room lock of a fake engine in a folder of the test's, not the machine's shared one."""
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path / "locks"))
+
 
 # ------------------------------------------------------------------ the default memory limit
 
@@ -155,6 +163,9 @@ class RoomEngine:
         self.nodes = nodes  # (cluster, node, state, memory label or None, memory limit)
         self.filters: list[str] = []
 
+    def engine_id(self) -> str:
+        return "room-engine"
+
     def containers(self, label_filter):
         self.filters.append(label_filter)
         found = []
@@ -208,6 +219,7 @@ def test_docker_is_local_on_its_unix_socket_only(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/user/1000/docker.sock")
     assert Docker().local
     monkeypatch.setenv("DOCKER_HOST", "tcp://10.0.0.5:2376")
+    monkeypatch.setenv("DOCKER_TLS_VERIFY", "1")  # plain tcp:// to another machine is refused (test_shared_host)
     assert not Docker().local
 
 

@@ -708,7 +708,7 @@ def test_the_fake_provider_implements_the_interfaces_the_nemesis_takes_whole():
 def test_the_full_provider_is_the_small_interfaces_and_nothing_else():
     whole = set().union(*(_members(p) for p in PROVIDER_INTERFACES))
     assert _members(DockerProvider) == set()  # nothing of its own
-    assert all(callable(getattr(Docker, name, None)) or name == "compose_argv" for name in whole)
+    assert all(callable(getattr(Docker, name, None)) or name in ("compose_argv", "cli_env") for name in whole)
 
 
 @pytest.mark.parametrize("directory", ["/sim/events", "/ckpt/../sim/events", "ckpt", "/", "/tmp", "/ckptx"])

@@ -31,6 +31,9 @@ class FakeEngine:
     def ping(self) -> str:
         return "fake"
 
+    def engine_id(self) -> str:
+        return "fake-engine"
+
     def image_inspect(self, tag: str) -> dict | None:
         return None  # no label: our node image's uid
 
@@ -158,7 +161,7 @@ def test_the_owner_label_is_on_every_rendered_resource(home):
 
 
 def _hold(name: str, seconds: float, queue) -> None:
-    with cluster_mod.name_lock(name):
+    with cluster_mod.name_lock(FakeEngine(), name):
         queue.put(("in", time.monotonic()))
         time.sleep(seconds)
         queue.put(("out", time.monotonic()))
@@ -174,7 +177,8 @@ def test_the_name_lock_admits_one_process_at_a_time_and_is_reentrant(home):
         p.join(10)
     events = sorted((queue.get(timeout=1) for _ in range(4)), key=lambda e: e[1])
     assert [e[0] for e in events] == ["in", "out", "in", "out"]
-    with cluster_mod.name_lock("same"), cluster_mod.name_lock("same"):
+    engine = FakeEngine()
+    with cluster_mod.name_lock(engine, "same"), cluster_mod.name_lock(engine, "same"):
         pass  # a failed `up` removes what it made under the lock it holds
 
 

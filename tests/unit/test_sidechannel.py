@@ -39,8 +39,8 @@ def test_events_dir_is_writable_by_the_nodes_user(tmp_path):
     info = path.stat()
     if os.geteuid() in (0, 1000):  # the node's user owns it, no other user may write it
         assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (1000, 0o755)
-    else:
-        assert stat.S_IMODE(info.st_mode) == 0o777
+    else:  # its own, in its own group, which the nodes join (test_shared_host)
+        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (os.geteuid(), os.getegid(), 0o2770)
     assert prepare_events_dir(tmp_path / "run") == path  # again on a scale-up: no harm
 
 
@@ -59,8 +59,8 @@ def test_events_dir_is_given_to_a_team_images_user(tmp_path):
     path = prepare_events_dir(tmp_path / "run", node_uid=4242)
     if os.geteuid() == 0:
         assert (path.stat().st_uid, stat.S_IMODE(path.stat().st_mode)) == (4242, 0o755)
-    else:  # not ours to give away: any user may write it
-        assert stat.S_IMODE(path.stat().st_mode) == 0o777
+    else:  # not ours to give away: our group's, which the nodes join
+        assert stat.S_IMODE(path.stat().st_mode) == 0o2770
 
 
 def test_the_events_tail_follows_no_symlink_and_reads_a_bounded_amount(tmp_path):

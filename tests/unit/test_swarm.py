@@ -117,7 +117,7 @@ def test_gpus_are_swarm_generic_resources():
     assert node["environment"]["SIM_BACKEND"] == "nccl"
     # Swarm ignores shm_size; NCCL's shared memory comes as a tmpfs on /dev/shm instead.
     assert {"type": "tmpfs", "target": "/dev/shm", "tmpfs": {"size": 2**30}} in node["volumes"]
-    assert "resources" not in stack["services"]["etcd"]["deploy"]
+    assert stack["services"]["etcd"]["deploy"]["resources"] == {"limits": {"memory": "512m"}}  # no GPU for etcd
 
 
 def test_all_gpus_is_refused_with_the_fix():
