@@ -799,7 +799,8 @@ def last_call_wait(run: RunModel) -> Diagnosis | None:
         size = max((r.nodes or 0) for r in done if r.round == completed.round) if completed.round is not None else 0
         waited = completed.t - first.t
         # The premise: fewer than MAX nodes in the round, and a wait as long as the last call (less a poll).
-        if size and size < max_nodes and waited >= last_call - 1.0:
+        seen = any(w[2] is completed for w in waits)  # two faults in one regroup: one wait
+        if size and size < max_nodes and waited >= last_call - 1.0 and not seen:
             waits.append((fault, first, completed, size, waited))
     if not waits:
         return None
