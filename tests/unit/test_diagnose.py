@@ -1028,3 +1028,24 @@ def test_a_failed_run_with_no_known_cause_is_unexplained_with_each_node_s_last_r
     lines = found[0].evidence
     assert lines and {line.split()[0] for line in lines} >= {"node0", "node1"}
     assert "No known cause" in found[0].title
+
+
+def test_node_lost_just_after_the_round_completed_is_lost_before_ranks_too():
+    """A slower kill: node0 logged its own join of round 1, then was lost before the rank assignment. The same wait
+    follows (its part of the assignment never comes), so the same cause is named, node0 not counted as waiting."""
+    history, node_logs = captured_run("lost_before_ranks")
+    node_logs.pop("node0")  # its agent records from the history, where the late join is added
+    joined_t = min(r["t"] for r in history if r.get("event") == "rdzv_joined" and r.get("round") == 1)
+    shifted = []
+    for r in history:
+        kill = r.get("type") == "fault" and r.get("fault") == "kill-node"
+        died = r.get("type") == "docker" and r.get("node") == "node0" and r.get("action") in ("die", "kill")
+        if (kill or died) and joined_t - 10 < r["t"] < joined_t:
+            r = {**r, "t": joined_t + 1.0 + (r["t"] - 1_796_448_767.9)}  # after every join of round 1
+        shifted.append(r)
+    join = {"t": joined_t + 0.2, "type": "agent", "node": "node0", "event": "rdzv_joined", "round": 1,
+            "group_rank": 0, "nodes": 3}  # fmt: skip
+    found = diagnose(sorted([*shifted, join], key=lambda r: r["t"]), node_logs)
+    lost = next(d for d in found if d.code == "lost-before-ranks")
+    assert lost.title.startswith("node0 lost between joining round 1 and its rank assignment: node1, node2 wait")
+    assert any("after it completed, before the rank assignment" in line for line in lost.evidence)

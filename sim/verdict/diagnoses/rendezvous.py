@@ -35,6 +35,11 @@ ETCD_LOSS_EXIT_S = 15.0
 RECONNECT_TIMEOUT = re.compile(r"reconnect_timeout=(\d+(?:\.\d+)?)")
 
 
+# A node lost this long after a round's last join may have joined it (logged its own join) but not got its ranks:
+# torch's rank assignment follows the join within milliseconds when every participant is there.
+ROUND_ASSIGN_S = 2.0
+
+
 # A node lost this long before a round's group started may still have been counted in that round.
 ROUND_LOSS_S = 15.0
 
@@ -682,29 +687,31 @@ def lost_before_ranks(run: RunModel) -> Diagnosis | None:
     rounds = _rounds(run)
     for number, joined in sorted(rounds.items()):
         world = max((r.nodes for r in joined if r.nodes is not None), default=None)
-        # Agents of the round that never got their ranks (no "Rendezvous complete for workers" after joining it).
+        previous = max((r.t for n, rs in rounds.items() if n < number for r in rs), default=float("-inf"))
+        last_joined = max(r.t for r in joined)
+        # The premise: a node that entered this round's rendezvous and was lost before its rank assignment (before
+        # the round completed, or just after it: it may have logged its own join), with no ranks of its own.
+        lost = []
+        for node, loss in losses:
+            if not previous < loss.t <= last_joined + ROUND_ASSIGN_S:
+                continue
+            entered = [r for r in run.agent_events("rdzv_joining", node=node) if previous < r.t <= loss.t]
+            assigned = run.agent_events("rdzv_complete", node=node)
+            if entered and not any(entered[-1].t < r.t <= loss.t for r in assigned):
+                lost.append((node, loss, entered[-1]))
+        gone = {node for node, _, _ in lost}
+        # The others of the round that never got their ranks (no "Rendezvous complete for workers" after joining).
         waited = []
         for record in sorted(joined, key=lambda r: node_order(r.node)):
+            if record.node in gone:
+                continue
             # The agent's own traceback (its store wait ending) reads as a worker's exception in its log.
             news = (*AGENT_NEWS, "rdzv_complete", "rdzv_joining", "exception", "worker_exception")
             after = [r for r in run.agent_events(*news, node=record.node) if r.t > record.t]
             if after and after[0].event in ("rdzv_complete", "group_started", "rdzv_joining"):
                 continue
             waited.append((record, after[0] if after else None))
-        if not waited or (world is not None and len(waited) >= world):
-            continue  # everyone got the ranks, or every participant is waiting: nobody counted is missing
-        # The premise: a node that entered this round's rendezvous and was lost before its rank assignment.
-        previous = max((r.t for n, rs in rounds.items() if n < number for r in rs), default=float("-inf"))
-        last_joined = max(r.t for r in joined)
-        lost = []
-        for node, loss in losses:
-            if any(r.node == node for r, _ in waited) or not previous < loss.t <= last_joined:
-                continue
-            entered = [r for r in run.agent_events("rdzv_joining", node=node) if previous < r.t <= loss.t]
-            assigned = run.agent_events("rdzv_complete", node=node)
-            if entered and not any(entered[-1].t < r.t <= loss.t for r in assigned):
-                lost.append((node, loss, entered[-1]))
-        if lost:
+        if lost and waited and (world is None or len(waited) < world):
             return _lost_before_ranks(run, number, world, min(r.t for r in joined), lost, waited)
     return None
 
