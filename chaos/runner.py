@@ -84,6 +84,7 @@ class HistoryState:
         self.world_size: int | None = None  # as of the newest progress line
         self.last_progress_t = 0.0
         self.max_round = -1
+        self.joining: list[tuple[float, str | None]] = []  # (t, node) of each agent entering a rendezvous
         self.last_beat_t: float | None = None  # the newest training step seen, at any world size
         self.beats: list[tuple[float, int | None, int, object]] = []  # (t, world size, step, rank) of each step
 
@@ -100,6 +101,12 @@ class HistoryState:
                     self.world_size, self.last_progress_t = r.world_size, r.t
             elif isinstance(r, AgentRecord) and r.event == "rdzv_joined":
                 self.max_round = max(self.max_round, -1 if r.round is None else r.round)
+            elif isinstance(r, AgentRecord) and r.event == "rdzv_joining":
+                self.joining.append((r.t, r.node))
+
+    def agents_joining(self, since: float) -> int:
+        """How many agents entered a rendezvous (torch's "attempts to join the next round") since `since`."""
+        return len({node for t, node in self.joining if t > since})
 
     def steady(self, world_size: int, since: float) -> bool:
         """Training is steady at `world_size` since `since`: every rank of it (where ranks are told) trained
@@ -294,10 +301,19 @@ class ScenarioRunner:
                 previous_done = time.time()
                 if step.repeat_times > 1:
                     step = dataclasses.replace(
-                        step, trigger=dataclasses.replace(step.trigger, kind="after", value=step.repeat_every_s)
+                        step,
+                        trigger=dataclasses.replace(step.trigger, kind="after", value=step.repeat_every_s, lag_s=0.0),
                     )
 
     def _wait_trigger(
+        self, nemesis: Nemesis, trigger: Trigger, what: str, state: HistoryState, previous_done: float, deadline: float
+    ) -> None:
+        self._wait_reached(nemesis, trigger, what, state, previous_done, deadline)
+        if trigger.lag_s:  # `after` beside the trigger: that long after it was reached
+            lagged = Trigger("after", trigger.lag_s)
+            self._wait_reached(nemesis, lagged, what, state, time.time(), deadline)
+
+    def _wait_reached(
         self, nemesis: Nemesis, trigger: Trigger, what: str, state: HistoryState, previous_done: float, deadline: float
     ) -> None:
         kind, value = trigger.kind, trigger.value
@@ -323,6 +339,9 @@ class ScenarioRunner:
             if kind == "world_size" and state.world_size == value and state.last_progress_t > previous_done:
                 return
             if kind == "round" and state.max_round >= value:
+                return
+            # Inside a round, before it completes: the agents have entered it (and added themselves to it).
+            if kind == "joining" and state.agents_joining(previous_done) >= value:
                 return
             # A held fault (a lossy link, a straggler) acts until it is undone: steady counts from then.
             if kind == "recovered" and now > self._hold_end and state.steady(value, max(previous_done, self._hold_end)):

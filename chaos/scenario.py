@@ -45,7 +45,7 @@ from .parse import parse_duration
 from .targets import ETCD, ROLE_TARGETS
 
 OUTCOMES = ("recovers", "fails", "hangs")  # as sim.verdict.checkers.RunSpec.expected
-TRIGGER_KINDS = ("time", "step", "after", "world_size", "round", "recovered")
+TRIGGER_KINDS = ("time", "step", "after", "world_size", "round", "recovered", "joining")
 # `recovered: N`: every rank of a world of N trained this many steps in a row (by step number) since its
 # newest start, after the previous step acted (the job is steady again: `sim vet` waits for it between faults).
 RECOVERED_STEPS = 5
@@ -82,12 +82,15 @@ class Trigger:
 
     kind: str
     value: float | int
+    lag_s: float = 0.0  # `after` beside another trigger: fire this long after that one is reached
 
     def __post_init__(self) -> None:
+        if not isinstance(self.lag_s, (int, float)) or isinstance(self.lag_s, bool) or not self.lag_s >= 0:
+            raise UsageError(f"trigger lag {self.lag_s!r}: must be a number of seconds >= 0")
         if self.kind not in TRIGGER_KINDS:
             raise UsageError(f"trigger {self.kind!r}: unknown; use one of {', '.join(TRIGGER_KINDS)}")
         seconds = self.kind in ("time", "after")
-        least = 1 if self.kind in ("world_size", "recovered") else 0
+        least = 1 if self.kind in ("world_size", "recovered", "joining") else 0
         if (
             isinstance(self.value, bool)
             or not isinstance(self.value, (int, float) if seconds else int)
@@ -485,7 +488,7 @@ _TRAINER_BASE = {
     for flag, value in zip(DEFAULT_TRAINER_ARGS[::2], DEFAULT_TRAINER_ARGS[1::2], strict=True)
 }
 _STEP_KEYS = ("fault", "at", "duration", "repeat")
-_TRIGGER_EXAMPLES = {"step": 30, "world_size": 4, "round": 1, "recovered": 3}
+_TRIGGER_EXAMPLES = {"step": 30, "world_size": 4, "round": 1, "recovered": 3, "joining": 3}
 _EXPECT_KEYS = ("outcome", "checkers", "max_recovery_s", "max_steps_lost", "hang_s", "fail_fast_s")
 
 
@@ -687,12 +690,14 @@ def _read_step(item: _Field, where: _Where) -> Step:
 
 def _read_trigger(f: _Field, where: _Where) -> Trigger:
     fields = f.mapping(TRIGGER_KINDS)
+    # `after` beside another trigger is a lag: `{joining: 3, after: 3s}` fires 3 s after 3 agents joined.
+    lag = fields.pop("after").seconds() if "after" in fields and len(fields) == 2 else 0.0
     if len(fields) != 1:
         raise f.error(f"give exactly one of {', '.join(TRIGGER_KINDS)}; got {' and '.join(fields) or 'none'}")
     ((kind, value),) = fields.items()
     if kind in ("time", "after"):
-        return value.checked(Trigger, kind, value.seconds())
-    trigger = value.checked(Trigger, kind, value.whole(0, _TRIGGER_EXAMPLES[kind]))
+        return value.checked(Trigger, kind, value.seconds(), lag)
+    trigger = value.checked(Trigger, kind, value.whole(0, _TRIGGER_EXAMPLES[kind]), lag)
     if kind in ("world_size", "recovered") and trigger.value > where.max_world:
         raise value.error(f"{trigger.value} is never reached: at most max_nodes x nproc_per_node = {where.max_world}")
     if kind == "step" and where.last_step is not None and trigger.value > where.last_step:

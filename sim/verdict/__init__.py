@@ -70,6 +70,10 @@ class FaultRecovery:
     # from; recovery_s is None, and the steps/s while it was in force tell its cost.
     degraded: bool = False
     throughput_during: float | None = None
+    # Compound faults: this fault struck while the named earlier fault's regroup was still going on
+    # ("kill-worker node1"), or the named later fault struck during this one's regroup.
+    struck_during: str | None = None
+    regroup_cut_by: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -703,13 +703,17 @@ def check_recovery(run: RunModel, spec: RunSpec) -> CheckResult:
     for recovery in found:
         public = recovery.public()
         what = recovery.fault.describe()
+        if public.struck_during:  # a compound fault: it landed while another was still being recovered from
+            what += f" (struck during {public.struck_during}'s regroup)"
         if public.degraded:
             went = "training slowed" if public.fault == "slow-node" else "training went on"
             facts.append(f"{what}: {went}, no restart" + _throughput_words(public))
         elif public.recovery_s is None:
+            cut = f"; {public.regroup_cut_by} struck during its regroup" if public.regroup_cut_by else ""
             problems.append(
                 f"{what}: never recovered (no progress after it"
-                + (f"; workers restarted at {clock(recovery.restart.t)})" if recovery.restart else ")")
+                + (f"; workers restarted at {clock(recovery.restart.t)}" if recovery.restart else "")
+                + f"{cut})"
             )
         elif spec.max_recovery_s is not None and public.recovery_s > spec.max_recovery_s:
             problems.append(f"{what}: recovered in {public.recovery_s:.1f} s > max {spec.max_recovery_s:g} s")

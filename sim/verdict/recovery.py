@@ -90,6 +90,10 @@ class Recovery:
     throughput_after: float | None  # steps/s in the window after the recovery
     throughput_during: float | None = None  # steps/s while a degrading fault (straggler) was in force
     phases: RecoveryPhases = RecoveryPhases()  # where the time to the first step went
+    # Compound faults: the earlier fault whose regroup was still going on when this one struck, and the later
+    # fault that struck during this one's regroup (each recovery is still timed from its own fault).
+    struck_during: FaultEvent | None = None
+    cut_by: FaultEvent | None = None
 
     @property
     def degraded(self) -> bool:
@@ -131,7 +135,14 @@ class Recovery:
             throughput_after=self.throughput_after,
             degraded=self.degraded,
             throughput_during=self.throughput_during,
+            struck_during=_label(self.struck_during),
+            regroup_cut_by=_label(self.cut_by),
         )
+
+
+def _label(fault: FaultEvent | None) -> str | None:
+    """ "kill-worker node1": a fault as the report names it in another fault's row."""
+    return None if fault is None else " ".join(part for part in (fault.fault, fault.where) if part)
 
 
 def faults_during_training(run: RunModel) -> list[FaultEvent]:
@@ -142,9 +153,35 @@ def faults_during_training(run: RunModel) -> list[FaultEvent]:
 def recoveries(run: RunModel) -> tuple[Recovery, ...]:
     """How each fault during training was recovered from, in time order."""
     faults = faults_during_training(run)
-    return tuple(
-        _recovery(run, fault, faults[i + 1] if i + 1 < len(faults) else None) for i, fault in enumerate(faults)
-    )
+    found = [_recovery(run, fault, faults[i + 1] if i + 1 < len(faults) else None) for i, fault in enumerate(faults)]
+    return tuple(_compound(found))
+
+
+def _compound(found: list[Recovery]) -> list[Recovery]:
+    """Each fault that struck while an earlier fault's regroup was still going on (struck after that fault, before
+    its first step of training again): marked on both, the later one `struck_during` the newest such regroup."""
+    marked = list(found)
+    for i, later in enumerate(found):
+        earlier = [
+            j
+            for j in range(i)
+            if _regroups(found[j])
+            and found[j].fault.t_ok <= later.fault.t_invoke
+            and (found[j].t_recovered is None or found[j].t_recovered > later.fault.t_invoke)
+        ]
+        if not earlier:
+            continue
+        j = earlier[-1]
+        marked[i] = dataclasses.replace(marked[i], struck_during=found[j].fault)
+        if marked[j].cut_by is None:
+            marked[j] = dataclasses.replace(marked[j], cut_by=later.fault)
+    return marked
+
+
+def _regroups(recovery: Recovery) -> bool:
+    """The fault makes the job regroup (its workers end or a node goes): not a fault training rides on."""
+    fault = recovery.fault
+    return not recovery.degraded and not _rides_on(fault) and (fault.kind.ends_workers or fault.kind.loses_node)
 
 
 def _recovery(run: RunModel, fault: FaultEvent, next_fault: FaultEvent | None) -> Recovery:
@@ -164,6 +201,10 @@ def _recovery(run: RunModel, fault: FaultEvent, next_fault: FaultEvent | None) -
     ):
         restart = None  # training went on after this fault; the restart belongs to a later one
     first = run.first_step_after(max(restart.t, fault.t_ok) if restart else fault.t_ok)
+    if restart is None and _ends_workers(fault) and run.cohorts:
+        # torch restarts a group whose worker ended: with no restart seen, a step after the fault is one still
+        # in flight in the ending group, not a recovery (where starts are seen; else no restart can be told).
+        first = None
     # What tells where the recovery went lies before its first step (else the next fault, the run's end).
     phases_end = first.t if first else next_fault.t_invoke if next_fault else run.t_end
     world_after = run.world_at(first) if first else None

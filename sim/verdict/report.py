@@ -383,7 +383,20 @@ def fault_table(report: Report) -> tuple[list[str], list[list[str]]]:
     if report.job_end:
         return JOB_END_HEADERS, [_job_end_row(row) for row in report.job_end]
     unmeasured = "recovery" in report.training.not_measured
-    return FAULT_HEADERS, [_fault_row(r, never="n/a" if unmeasured else "never") for r in report.recoveries]
+    rows = [_fault_row(r, never="n/a" if unmeasured else "never") for r in report.recoveries]
+    notes = [_compound_note(r.recovery) for r in report.recoveries]
+    if not any(notes):
+        return FAULT_HEADERS, rows
+    return [*FAULT_HEADERS, "note"], [[*row, note] for row, note in zip(rows, notes, strict=True)]
+
+
+def _compound_note(recovery: FaultRecovery) -> str:
+    """A fault that struck during another's regroup, or whose regroup another cut: said in the faults table."""
+    if recovery.struck_during:
+        return f"struck during {recovery.struck_during}'s regroup"
+    if recovery.regroup_cut_by:
+        return f"regroup cut by {recovery.regroup_cut_by}"
+    return ""
 
 
 def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:

@@ -76,7 +76,12 @@ def judge(
     if live:
         checkers = tuple(name for name in (checkers or CHECKS_FOR[spec.expected]) if name not in ENDING_CHECKS)
     verdict = check_all(run, spec, only=checkers)
-    return verdict, diagnose(run, logs, loss_jump_tolerance=spec.loss_jump_tolerance)
+    found = diagnose(run, logs, loss_jump_tolerance=spec.loss_jump_tolerance)
+    if not verdict.valid and not found:
+        from sim.verdict.diagnoses.evidence import unexplained
+
+        found = [unexplained(run)]  # no rule's premise holds: say so, with what each node did last
+    return verdict, found
 
 
 def saved_logs(run_dir: Path) -> dict[str, str]:

@@ -240,6 +240,19 @@ def _ending(span: FaultSpan, job_end: JobEnd | None) -> FaultSpan:
 def _recovery_words(recovery: FaultRecovery | None) -> str:
     if recovery is None:
         return ""
+    if recovery.struck_during:  # a compound fault: said first, as the reason its figures read as they do
+        return f"struck during {_kind(recovery.struck_during)}'s regroup; {_own_recovery_words(recovery)}"
+    if recovery.regroup_cut_by and recovery.recovery_s is None:
+        return f"never recovered: {_kind(recovery.regroup_cut_by)} struck during its regroup"
+    return _own_recovery_words(recovery)
+
+
+def _kind(label: str) -> str:
+    """The fault's kind of a "kill-worker node1" label."""
+    return label.split(" ", 1)[0]
+
+
+def _own_recovery_words(recovery: FaultRecovery) -> str:
     if recovery.degraded:
         return "slowed, no restart" if recovery.fault == "slow-node" else "no restart"
     if recovery.recovery_s is None:

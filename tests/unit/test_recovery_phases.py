@@ -325,3 +325,53 @@ def test_a_real_worker_records_its_way_to_the_first_step(tmp_path):
     # torch.load, then dcp.load (its own reads inside it not counted again)
     assert [(r["n"], r["op"]) for r in loads] == [(1, "torch.load"), (2, "dcp.load")]
     assert 0 < loads[0]["seconds"] <= loads[1]["seconds"]
+
+
+# --------------------------------------------------------------------------- compound faults
+
+
+def test_a_fault_in_another_s_regroup_is_timed_from_its_own_strike_and_marked():
+    """node1's worker killed at step 12; 1 s later, before the new round started, node0's worker too; one round
+    restarts both. Each recovery runs from its own fault to the first step of that round, and the second is
+    marked as struck during the first one's regroup (in the recovery, the report's table and the timeline)."""
+    from sim.verdict.timeline import build_timeline
+
+    b = HistoryBuilder(nodes=2, nproc=1, steps=30)
+    b.start_workers()
+    b.train(12)
+    b.fault("kill-worker", "node1", take_s=0.4, node="node1")
+    b.add(type="agent", node="node1", event="worker_failed", exitcode=-9, local_rank=0, pid=1)
+    b.wait(1.0)
+    b.fault("kill-worker", "node0", take_s=0.4, node="node0")
+    b.group_failure()
+    b.wait(2.0)
+    b.start_workers(resumed_from=10)
+    b.train(30)
+    b.finish()
+    run = b.model()
+    first, second = (r.public() for r in recoveries(run))
+    assert first.struck_during is None and first.regroup_cut_by == "kill-worker node0"
+    assert second.struck_during == "kill-worker node1" and second.regroup_cut_by is None
+    assert first.t_recovered == second.t_recovered
+    assert first.recovery_s == pytest.approx(second.recovery_s + (second.t_fault - first.t_fault), abs=1e-3)
+    text = format_summary(b.verdict(), run, title="t", profile="fast")
+    assert "struck during kill-worker node1's regroup" in text and "regroup cut by kill-worker node0" in text
+    spans = build_timeline(run, b.verdict()).faults
+    assert spans[1].outcome.startswith("struck during kill-worker's regroup; recovered in")
+
+
+def test_a_worker_kill_whose_regroup_a_node_loss_cut_never_recovered():
+    """The captured compound run (tests/data/runs/lost_before_ranks): the steps still in flight 0.15 s after the
+    worker kill are not its recovery (the old figure: "recovered in 0.1 s"); node0's loss struck during its regroup,
+    and the scale-up during node0's."""
+    from pathlib import Path
+
+    from sim.core.history import History
+    from sim.verdict.runmodel import RunModel
+
+    folder = Path(__file__).resolve().parent.parent / "data" / "runs" / "lost_before_ranks"
+    run = RunModel(History(folder / "history.jsonl").read().records)
+    worker, node, scale = (r.public() for r in recoveries(run))
+    assert (worker.recovery_s, worker.struck_during, worker.regroup_cut_by) == (None, None, "kill-node node0")
+    assert (node.recovery_s, node.struck_during, node.regroup_cut_by) == (None, "kill-worker node1", "scale nodes=4")
+    assert (scale.recovery_s, scale.struck_during) == (None, "kill-node node0")

@@ -409,3 +409,18 @@ def test_a_kept_cluster_gets_its_pending_undos_and_faults_healed_unless_keep_fau
         assert nemesis.calls == [call]
     else:
         assert nemesis.calls[1:] == [undo]  # once: by the pending undo, then nothing is left to heal
+
+
+def test_joining_counts_the_agents_that_entered_a_rendezvous_since_a_time(tmp_path):
+    """`joining: N` fires inside a round: N agents logged torch's "attempts to join the next round" since the
+    previous step (each agent once; an older entry does not count)."""
+    history = History(tmp_path / "h.jsonl")
+    state = HistoryState(history.path)
+    history.append({"t": 5.0, "type": "agent", "node": "node0", "event": "rdzv_joining"})
+    history.append({"t": 11.0, "type": "agent", "node": "node1", "event": "rdzv_joining"})
+    history.append({"t": 11.5, "type": "agent", "node": "node1", "event": "rdzv_joining"})
+    history.append({"t": 12.0, "type": "agent", "node": "node2", "event": "rdzv_joining"})
+    state.update()
+    assert state.agents_joining(10.0) == 2
+    assert state.agents_joining(0.0) == 3
+    assert state.agents_joining(12.0) == 0

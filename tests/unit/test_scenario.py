@@ -235,7 +235,7 @@ def error_of(text: str) -> str:
             "  - fault: pause\n    target: node0\n    at: {step: 3, time: 5s}\n",
             8,
             "steps[0].at",
-            "exactly one of time, step, after, world_size, round, recovered; got step and time",
+            "exactly one of time, step, after, world_size, round, recovered, joining; got step and time",
         ),
         (
             "  - fault: pause\n    target: node0\n    at:\n      step: ten\n",
@@ -508,3 +508,15 @@ def test_the_quick_suite_runs_every_fault_kind_and_outcome_on_every_backend():
     quick_kinds, quick_outcomes = _kinds_and_outcomes(QUICK_SUITE)
     assert kinds - quick_kinds == set()
     assert outcomes - quick_outcomes == set()
+
+
+def test_after_beside_another_trigger_is_a_lag(tmp_path):
+    """`at: {joining: 3, after: 3s}`: 3 s after 3 agents entered a rendezvous (a fault inside the round)."""
+    path = tmp_path / "lag.yaml"
+    path.write_text(
+        "name: lag\ndescription: d\ncluster: {nodes: 3}\n"
+        "steps:\n  - fault: kill-node\n    target: node0\n    at: {joining: 3, after: 3s}\n"
+        "expect: {outcome: recovers}\n"
+    )
+    (step,) = load_scenario(path).steps
+    assert (step.trigger.kind, step.trigger.value, step.trigger.lag_s) == ("joining", 3, 3.0)

@@ -112,3 +112,26 @@ def _first_per_node(records: Iterable[Record]) -> list[Record]:
 
 def _frozen_node(pause: FaultRecord | DockerRecord) -> str | None:
     return pause.target if isinstance(pause, FaultRecord) else pause.node
+
+
+def unexplained(run: RunModel) -> Diagnosis:
+    """No rule's premise holds for a failed run: no known cause is named, and what each node's history said last is
+    shown instead (as many records per node as the evidence holds), for a person to read."""
+    by_node: dict[str, list[Record]] = {}
+    for record in run.records:
+        if isinstance(record, FaultRecord) and record.phase == "invoke":
+            continue  # an intent, named by its role ("rank0"): its outcome names the node
+        node = record.where if isinstance(record, FaultRecord) else getattr(record, "node", None)
+        if isinstance(node, str):
+            by_node.setdefault(node, []).append(record)
+    nodes = sorted(by_node, key=node_order)
+    per_node = max(1, MAX_EVIDENCE // max(len(nodes), 1))
+    return Diagnosis(
+        "unexplained",
+        "No known cause: each node's last records",
+        "The verdict failed, and no known cause's premise holds in this run's history and logs (each rule stays "
+        "silent when what it explains did not happen). What each node did last is below.",
+        [_line(r) for node in nodes for r in by_node[node][-per_node:]],
+        "Read the nodes' logs around these records (`python -m sim logs NAME`, or the run folder's logs/); if the "
+        "cause is one torch or the job shows often, it is worth a diagnosis of its own.",
+    )

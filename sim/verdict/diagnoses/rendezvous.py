@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from sim.core.faultkinds import kind_of
+from sim.core.faultkinds import kind_of, names_where
 from sim.core.history import AgentRecord, DockerRecord, FaultRecord, Record, RunRecord
 from sim.core.nodes import node_order
 from sim.verdict.diagnoses.evidence import (
@@ -16,6 +16,7 @@ from sim.verdict.diagnoses.evidence import (
     Diagnosis,
     _agent_nodes,
     _at,
+    _describe,
     _fault_records,
     _first_per_node,
     _line,
@@ -32,6 +33,15 @@ ETCD_LOSS_EXIT_S = 15.0
 
 # rendezvous-etcd-v3's words when it gives up on etcd: "(unreachable for 30 s, reconnect_timeout=30)".
 RECONNECT_TIMEOUT = re.compile(r"reconnect_timeout=(\d+(?:\.\d+)?)")
+
+
+# A node lost this long after a round's last join may have joined it (logged its own join) but not got its ranks:
+# torch's rank assignment follows the join within milliseconds when every participant is there.
+ROUND_ASSIGN_S = 2.0
+
+
+# A node lost this long before a round's group started may still have been counted in that round.
+ROUND_LOSS_S = 15.0
 
 
 # An agent in a rendezvous this long without completing it is waiting for nodes.
@@ -118,7 +128,13 @@ def _hung_after_restart(run: RunModel, first_failure: float) -> list[tuple[Agent
         started = mine[-1]
         lost = [r.t for r in run.docker if r.t > started.t and r.node == node and r.action in NODE_LOSS_DOCKER]
         quiet = min(lost, default=run.t_end) - started.t
-        if not any(t > started.t for t in beats) and quiet > FROZEN_HANG_S:
+        # A peer lost while the group set up its process group holds it too (init-peer-lost): not this premise.
+        peer_lost = any(
+            d.node != node and AGENT_CONTAINER.match(str(d.node)) and d.action in NODE_LOSS_DOCKER
+            for d in run.docker
+            if started.t - ROUND_LOSS_S <= d.t <= started.t + quiet
+        )
+        if not any(t > started.t for t in beats) and quiet > FROZEN_HANG_S and not peer_lost:
             hung.append((started, quiet))
     return hung
 
@@ -132,6 +148,11 @@ def waiting_for_nodes(run: RunModel) -> Diagnosis | None:
         return None
     live, lost = _live_nodes(run, until=min(r.t for r in [*timeouts, *waiting]))
     short = isinstance(min_nodes, int) and live is not None and len(live) < min_nodes
+    cut_off = _first_per_node(run.agent_events("keepalive_failed")) + _fault_records(run, "partition")
+    if isinstance(min_nodes, int) and live is not None and not short and not cut_off:
+        # The premise is false: enough nodes were live and none was cut off, so the rendezvous did not wait for
+        # nodes (a joiner waits for a round the others never come back to: another cause holds them).
+        return None
     evidence = []
     for record in timeouts:
         entered = [r for r in run.agent_events("rdzv_joining", node=record.node) if r.t <= record.t]
@@ -142,7 +163,6 @@ def waiting_for_nodes(run: RunModel) -> Diagnosis | None:
         evidence.append(_line(record, "RendezvousTimeoutError: not enough nodes joined in time"))
     evidence += [_line(r, f"agent in the rendezvous for {run.t_end - r.t:.0f} s, not complete") for r in waiting]
     evidence += [_line(r) for r in lost]
-    cut_off = _first_per_node(run.agent_events("keepalive_failed")) + _fault_records(run, "partition")
     evidence += [_line(r) for r in cut_off]
     need = (
         f"at least {min_nodes} nodes (--min-nodes) have joined"
@@ -176,6 +196,7 @@ def _waiting_now(run: RunModel) -> list[AgentRecord]:
     for node in _agent_nodes(run):
         mine = run.agent_events(
             "rdzv_joining",
+            "rdzv_joined",  # it joined a round: no longer waiting for nodes (what holds it is after the round)
             "rdzv_complete",
             "group_finished",
             "rdzv_closed",
@@ -602,4 +623,216 @@ def late_join_at_end(run: RunModel) -> Diagnosis | None:
         "(sim scale) while the job is steady, well before its end, so that it regroups and trains with them, "
         "and leave the job's last steps free of membership changes. On a real cluster, do not add nodes to a job "
         "that is finishing, or treat a joiner's RendezvousClosedError after the others succeeded as benign.",
+    )
+
+
+# torch's dynamic rendezvous' last call when --rdzv-conf gives none (dynamic_rendezvous.py, RendezvousTimeout).
+LAST_CALL_DEFAULT_S = 30
+
+
+# A last-call wait shorter than this is not worth a diagnosis (the fast profile's is 2 s).
+LAST_CALL_NOTABLE_S = 5.0
+
+
+# What bounds the survivors' wait for a lost node's part of the rank assignment, by backend: the store's own
+# timeout. torch's etcd backends hand the agents an EtcdStore (etcd_store.py) built without a timeout, so it takes
+# c10d's default store timeout (kDefaultTimeout, Store.hpp: 300 s); no --rdzv-conf key changes it (`timeout` is read
+# only by the legacy `etcd` backend's own rendezvous, join_timeout only by the join). c10d's TCPStore takes
+# read_timeout (60 s by default).
+STORE_TIMEOUT_S = 300
+
+
+C10D_READ_TIMEOUT_S = 60
+
+
+def _rdzv_conf_seconds(run: RunModel, key: str, default: float) -> float:
+    try:
+        return float(run.spec_fields.pairs["rdzv_conf"].get(key, default))
+    except (TypeError, ValueError):
+        return float(default)
+
+
+def _rounds(run: RunModel) -> dict[int, list[AgentRecord]]:
+    """Each rendezvous round's "has joined round N" records, by round number."""
+    rounds: dict[int, list[AgentRecord]] = {}
+    for record in run.agent_events("rdzv_joined"):
+        if record.round is not None:
+            rounds.setdefault(record.round, []).append(record)
+    return rounds
+
+
+def _node_losses(run: RunModel) -> list[tuple[str, Record]]:
+    """(node, the record that took it out): faults that lose a node, and Docker's die/kill of a node container."""
+    losses = [(f.where, f) for f in _fault_records(run, *_LOSING) if f.where and AGENT_CONTAINER.match(f.where)]
+    losses += [
+        (r.node, r)
+        for r in run.docker
+        if r.action in ("die", "kill")
+        and AGENT_CONTAINER.match(str(r.node))
+        and not any(node == r.node and abs(f.t - r.t) < 5.0 for node, f in losses)
+    ]
+    return sorted(losses, key=lambda pair: pair[1].t)
+
+
+_LOSING = names_where(lambda kind: kind.loses_node)
+
+
+def lost_before_ranks(run: RunModel) -> Diagnosis | None:
+    """(t) A node lost after it joined a round and before the round's rank assignment: the round completed with it
+    as a participant (its heartbeat was still fresh), and the survivors wait in the rendezvous store for its part of
+    torch's rank assignment (api.py, _assign_worker_ranks), until the store's timeout."""
+    losses = _node_losses(run)
+    if not losses:
+        return None
+    rounds = _rounds(run)
+    for number, joined in sorted(rounds.items()):
+        world = max((r.nodes for r in joined if r.nodes is not None), default=None)
+        previous = max((r.t for n, rs in rounds.items() if n < number for r in rs), default=float("-inf"))
+        last_joined = max(r.t for r in joined)
+        # The premise: a node that entered this round's rendezvous and was lost before its rank assignment (before
+        # the round completed, or just after it: it may have logged its own join), with no ranks of its own.
+        lost = []
+        for node, loss in losses:
+            if not previous < loss.t <= last_joined + ROUND_ASSIGN_S:
+                continue
+            entered = [r for r in run.agent_events("rdzv_joining", node=node) if previous < r.t <= loss.t]
+            assigned = run.agent_events("rdzv_complete", node=node)
+            if entered and not any(entered[-1].t < r.t <= loss.t for r in assigned):
+                lost.append((node, loss, entered[-1]))
+        gone = {node for node, _, _ in lost}
+        # The others of the round that never got their ranks (no "Rendezvous complete for workers" after joining).
+        waited = []
+        for record in sorted(joined, key=lambda r: node_order(r.node)):
+            if record.node in gone:
+                continue
+            # The agent's own traceback (its store wait ending) reads as a worker's exception in its log.
+            news = (*AGENT_NEWS, "rdzv_complete", "rdzv_joining", "exception", "worker_exception")
+            after = [r for r in run.agent_events(*news, node=record.node) if r.t > record.t]
+            if after and after[0].event in ("rdzv_complete", "group_started", "rdzv_joining"):
+                continue
+            waited.append((record, after[0] if after else None))
+        if lost and waited and (world is None or len(waited) < world):
+            return _lost_before_ranks(run, number, world, min(r.t for r in joined), lost, waited)
+    return None
+
+
+def _lost_before_ranks(
+    run: RunModel,
+    number: int,
+    world: int | None,
+    completed: float,
+    lost: list[tuple[str, Record, AgentRecord]],
+    waited: list[tuple[AgentRecord, AgentRecord | None]],
+) -> Diagnosis:
+    names = ", ".join(node for node, _, _ in lost)
+    survivors = ", ".join(r.node for r, _ in waited)
+    backend = run.spec_fields.rdzv_backend
+    c10d = backend == "c10d"
+    limit = _rdzv_conf_seconds(run, "read_timeout", C10D_READ_TIMEOUT_S) if c10d else STORE_TIMEOUT_S
+    store = (
+        f"c10d's TCPStore, whose waits end after read_timeout ({limit:g} s)"
+        if c10d
+        else f"torch's EtcdStore in etcd, whose waits end after c10d's default store timeout ({limit:g} s; "
+        "no --rdzv-conf key changes it)"
+    )
+    longest = max((end.t if end else run.t_end) - r.t for r, end in waited)
+    ended = [(r, end) for r, end in waited if end is not None]
+    outcome = (
+        f"; they waited {longest:.0f} s, then their agents failed ({_describe(ended[0][1])}) and the job ended"
+        if ended
+        else f"; they were still waiting at the run's end, {longest:.0f} s later"
+    )
+    evidence = []
+    for node, loss, entered in lost:
+        evidence.append(_line(entered, f"{node} entered the rendezvous"))
+        when = "before it completed" if loss.t <= completed else "after it completed, before the rank assignment"
+        evidence.append(_line(loss, f"{_describe(loss)}: {node} lost inside round {number}, {when}"))
+    for record, end in waited:
+        evidence.append(
+            _line(
+                record,
+                f"joined round {number} as rank {record.group_rank} in a world of {world or '?'} nodes, "
+                f"{names} counted; no rank assignment after it",
+            )  # fmt: skip
+        )
+        if end is not None:
+            evidence.append(_line(end))
+    window = _keep_alive_window(run)
+    return Diagnosis(
+        "lost-before-ranks",
+        f"{names} lost between joining round {number} and its rank assignment: {survivors} wait in the store",
+        f"{names} joined round {number} of the rendezvous and was lost before the round's rank assignment. torch "
+        f"keeps a participant in a round while its heartbeat is younger than keep_alive_interval x "
+        f"keep_alive_max_attempt ({window:g} s here), so the round completed with {names} counted (a world of "
+        f"{world or '?'} nodes; {len(waited)} came). After a round, torch's agents assign the workers' ranks "
+        "through the rendezvous store (api.py, _assign_worker_ranks): each agent writes its role info under "
+        "torchelastic/role_info/, the rank-0 agent reads every participant's and writes torchelastic/assigned_ranks/, "
+        "and every agent waits for its own. "
+        f"Nothing comes for {names}, so {survivors} wait in {store}, start no workers and do not regroup"
+        f"{outcome}.",
+        evidence,
+        "torch cannot notice this loss until the store's wait ends; shorten the window in which it can happen: "
+        "a lower last_call_timeout (the round completes that long after its first join, --rdzv-conf "
+        "last_call_timeout=2) or running at --max-nodes (the round completes as the last node joins), and a "
+        "keep-alive window (keep_alive_interval x keep_alive_max_attempt) short enough that a lost node drops out "
+        "of a round before it completes. Or set TORCH_ELASTIC_WORKER_IDENTICAL=1 for the agents (every node runs "
+        "the same number of workers): torch then computes the ranks without the store, the workers start, and the "
+        "loss shows in init_process_group, bounded by the timeout= the script gives it.",
+    )
+
+
+def last_call_wait(run: RunModel) -> Diagnosis | None:
+    """(u) A regroup that waited out torch's last call: with --nnodes MIN:MAX and fewer than MAX nodes, a round
+    completes last_call_timeout after its first agent joined it (dynamic_rendezvous.py, _add_to_participants)."""
+    min_nodes, max_nodes = run.spec_fields.min_nodes, run.spec_fields.max_nodes
+    if run.spec_fields.rdzv_backend == "static":
+        return None
+    if not (isinstance(min_nodes, int) and isinstance(max_nodes, int) and min_nodes < max_nodes):
+        return None  # MIN == MAX: a round completes when the last node joins, no last call
+    last_call = _rdzv_conf_seconds(run, "last_call_timeout", LAST_CALL_DEFAULT_S)
+    if last_call < LAST_CALL_NOTABLE_S:
+        return None
+    faults = [f for f in run.faults if not f.kind.degrading and not f.spares_training]
+    waits = []
+    for fault in faults:
+        entered = [r for r in run.agent_events("rdzv_joining") if r.t > fault.t_invoke]
+        if not entered:
+            continue
+        first = entered[0]
+        done = [r for r in run.agent_events("rdzv_joined") if r.t > first.t]
+        if not done:
+            continue
+        completed = done[0]
+        size = max((r.nodes or 0) for r in done if r.round == completed.round) if completed.round is not None else 0
+        waited = completed.t - first.t
+        # The premise: fewer than MAX nodes in the round, and a wait as long as the last call (less a poll).
+        seen = any(w[2] is completed for w in waits)  # two faults in one regroup: one wait
+        if size and size < max_nodes and waited >= last_call - 1.0 and not seen:
+            waits.append((fault, first, completed, size, waited))
+    if not waits:
+        return None
+    configured = "last_call_timeout" in run.spec_fields.pairs["rdzv_conf"]
+    setting = f"--rdzv-conf last_call_timeout={last_call:g}" if configured else "torch's default, 30 s"
+    evidence = []
+    for fault, first, completed, size, waited in waits:
+        evidence.append(_line(first, f"after {fault.fault} {fault.target or ''}: the first agent entered the "
+                              "rendezvous".replace("  ", " ")))  # fmt: skip
+        evidence.append(
+            _line(
+                completed,
+                f"round {completed.round} completed {waited:.1f} s later with {size} of at most {max_nodes} nodes",
+            )  # fmt: skip
+        )
+    total = sum(w[4] for w in waits)
+    return Diagnosis(
+        "last-call-wait",
+        f"Regroup slowed by the last call ({last_call:g} s): fewer than --max-nodes {max_nodes} nodes",
+        f"The job runs with --nnodes {min_nodes}:{max_nodes} and had fewer than {max_nodes} nodes, so torch's dynamic "
+        f"rendezvous completes a round only last_call_timeout ({setting}) after its first agent joined it, waiting "
+        f"for more nodes that never came (at --max-nodes it completes as the last one joins). {len(waits)} "
+        f"regroup(s) waited so, {total:.0f} s in all, on top of noticing the fault and restarting the workers.",
+        evidence,
+        f"Lower the last call (--rdzv-conf last_call_timeout=2; torch reads whole seconds), or run at the maximum "
+        f"(--nnodes {max_nodes}:{max_nodes}, or as many nodes as --max-nodes) so a round completes as the last node "
+        "joins. A shorter last call also narrows the window in which a node lost inside a round is still counted.",
     )
