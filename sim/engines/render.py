@@ -11,7 +11,7 @@ from sim.core import labels
 from sim.core.hostpaths import PROJECT_DIR_IN_NODE, PROJECT_EXCLUDES, PROJECT_STAGE_DIR
 from sim.core.paths import COMPOSE_TEMPLATE
 from sim.core.spec import USER_SCRIPT_DIR, ClusterSpec, node_name, parse_size
-from sim.core.torchrun import rdzv_endpoint, torchrun_argv
+from sim.core.torchrun import rdzv_endpoint, torchrun_argv, torchrun_env
 
 # The skew-clock fault: Debian's libfaketime (images/node) preloaded into every process of a node, which
 # reads the node's clock offset ("+0", "+60s", "-10m") from CLOCK_OFFSET_FILE at most every 2 s. Only the
@@ -112,6 +112,7 @@ def render_node(
         node["volumes"].append({"type": "bind", "source": str(events_dir), "target": env["SIM_EVENTS_DIR"]})
     else:
         del env["SIM_EVENTS_DIR"]
+    env.update(torchrun_env(spec))  # the etcd-v3 password: out of the command line
     env.update(dict(spec.env))
     # Compose interpolates `$VAR` from the host's environment: `$$` keeps a user's `$` as it is.
     node["command"] = [_literal(arg) for arg in node["command"]]
