@@ -19,6 +19,7 @@ import fcntl
 import functools
 import json
 import os
+import stat
 import threading
 import time
 import types
@@ -567,18 +568,21 @@ def _append_whole(fd: int, line: bytes, *, durable: bool) -> None:
     on an error the file is cut back to where the line began, so no torn line swallows the next record.
     A torn last line left by a crash gets its end first: this record starts on a line of its own."""
     fcntl.flock(fd, fcntl.LOCK_EX)  # released with the fd
-    start = os.fstat(fd).st_size
+    info = os.fstat(fd)
+    regular = stat.S_ISREG(info.st_mode)  # not /dev/null or a pipe: those have no end to mend, nor sync
+    start = info.st_size if regular else 0
     if start and os.pread(fd, 1, start - 1) != b"\n":
         line = b"\n" + line
     try:
         done = 0
         while done < len(line):
             done += os.write(fd, line[done:])  # a short count without an error: the rest goes on next
-        if durable:
+        if durable and regular:
             os.fsync(fd)
     except OSError:
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, start)
+        if regular:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
         raise
 
 

@@ -46,7 +46,7 @@ def cluster(docker, images):
 
 def processes(cluster: Cluster, node: str = "node0") -> list[tuple[str, str]]:
     """(ps STAT, command line) of each process in the node, read from the host (works on a paused node)."""
-    top = cluster.docker.api.top(cluster.container(node).id, ps_args="-o stat,args")
+    top = cluster.docker.api.top(cluster.container(node).id, ps_args="-o pid,stat,args")
     titles = top["Titles"]
     return [(row[titles.index("STAT")], row[titles.index("COMMAND")]) for row in top["Processes"]]
 

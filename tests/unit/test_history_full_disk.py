@@ -25,7 +25,8 @@ def docker(action: str, t: float) -> dict:
 
 
 class Disk:
-    """os.write as a nearly full disk does it: `room` bytes more, in short writes, then ENOSPC."""
+    """os.write as a nearly full disk does it: half of what is asked each time (a short write, no error),
+    `room` bytes in all, then ENOSPC."""
 
     def __init__(self, room: int):
         self.room, self.real = room, os.write
@@ -33,7 +34,7 @@ class Disk:
     def write(self, fd: int, data: bytes) -> int:
         if self.room <= 0:
             raise OSError(errno.ENOSPC, "No space left on device")
-        n = min(len(data), max(1, self.room // 2), self.room)
+        n = min(max(1, len(data) // 2), self.room)  # never all of it at once: a short write
         self.room -= n
         return self.real(fd, data[:n])
 
