@@ -11,6 +11,7 @@ Started by `sim up`, it ends by itself once the cluster's containers are gone.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -87,7 +88,7 @@ class Collector:
         except HistoryWriteError:
             self.lost.add(record)
         except HistoryError as error:  # off the schema: a bug, or a crafted line; the others go on
-            print(f"collector: record dropped: {error}", file=sys.stderr)
+            _say(f"collector: record dropped: {error}")
 
     def _say_lost(self) -> bool:
         """Write the pending "records_lost" record, if any; False while the history still takes nothing."""
@@ -99,7 +100,7 @@ class Collector:
         except HistoryWriteError:
             self.lost.put_back(pending)
             return False
-        print(f"collector: {pending['lost']} records lost (the history could not be written)", file=sys.stderr)
+        _say(f"collector: {pending['lost']} records lost (the history could not be written)")
         return True
 
     def _read_events(self, events: EventStream) -> None:
@@ -143,7 +144,7 @@ class Collector:
                 for record in self.events.poll():
                     self._append(record)
             except Exception as error:  # noqa: BLE001 - one bad poll must not end the side channel for good
-                print(f"collector: side channel: {type(error).__name__}: {error}", file=sys.stderr)
+                _say(f"collector: side channel: {type(error).__name__}: {error}")
             if finished:
                 return
 
@@ -252,6 +253,12 @@ class _ClusterGone:
             return Check(now - self.started > STARTUP_GRACE_S, detail="no container ever came")
         self.gone_since = self.gone_since or now
         return Check(now - self.gone_since > GONE_FOR_S, detail="every container is gone")
+
+
+def _say(line: str) -> None:
+    """A line to the collector's log, which sits on the state disk: a full one must not end a thread."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr, flush=True)
 
 
 def _redactor(cluster: Cluster) -> Callable[[str], str]:

@@ -80,7 +80,8 @@ def test_the_collector_survives_a_full_state_disk_and_records_what_it_lost(docke
         assert contents.skipped_lines == 0, "a torn line in the history"
         lost = [r for r in contents.records if r.TYPE == "run" and r.event == "records_lost"]
         assert lost and lost[0].lost >= 2, lost  # pause and unpause at least (trainer lines too)
-        assert full_at - 1 <= lost[0].lost_from <= lost[0].lost_to <= back_at + 5, lost[0]
+        # Lost while the disk was full (a log line read late carries its older time).
+        assert full_at - 60 <= lost[0].lost_from <= lost[0].lost_to <= back_at + 5, lost[0]
         # Every line is whole JSON: none swallowed the next.
         assert all("type" in line for line in history_lines(run_dir))
     finally:

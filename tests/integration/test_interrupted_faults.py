@@ -56,7 +56,8 @@ def worker_states(cluster: Cluster) -> list[str]:
 
 
 def watchers(cluster: Cluster) -> list[str]:
-    return [args for stat, args in processes(cluster) if "elastic-sim-act=" in args]
+    """freeze-during-checkpoint's node script (nodescripts.KILL_IN_WRITE), found by what it reads."""
+    return [args for stat, args in processes(cluster) if args.startswith("python3 -c") and "/fdinfo/" in args]
 
 
 def faults_in_force(cluster: Cluster) -> str:
