@@ -226,7 +226,9 @@ def cmd_faults(args, _):
     print(f"{'ID':<20} {'FAULT':<10} {'TARGET':<30} SINCE")
     for fault in active:
         since = time.strftime("%H:%M:%S", time.localtime(fault.since))
-        print(f"{fault.id:<20} {fault.fault:<10} {fault.target:<30} {since}")
+        # An intent whose call has not finished: acting now, or interrupted (heal undoes it as if it acted).
+        intent = "  (recorded before it acted; no outcome yet)" if fault.acting else ""
+        print(f"{fault.id:<20} {fault.fault:<10} {fault.target:<30} {since}{intent}")
     return 0
 
 

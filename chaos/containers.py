@@ -84,9 +84,9 @@ class ContainerFaults:
             info = self._info(name)
             if info.state == "paused":
                 raise UsageError(f"{name}: already paused; `sim unpause {name}` resumes it")
-            self.docker.pause(info.id)
             fault_id = f"pause-{name}"
-            self._remember({"id": fault_id, "fault": "pause", "target": name, "detail": "frozen"})
+            with self._claimed(fault_id, None, lambda: {"fault": "pause", "target": name, "detail": "frozen"}):
+                self.docker.pause(info.id)  # the intent first: a pause interrupted here is still healed
             return {"id": fault_id, "node": name}
 
         return self.invoke("pause", target, pause_container, seed=self.seed)

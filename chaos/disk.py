@@ -44,8 +44,12 @@ class DiskFaults:
             refused = f"{node}: a filler is in place already; `sim heal {fault_id}` first"
             # Recorded before it writes: the filler's path is the script's (the folder's .sim-filler).
             planned = {"fault": "fill", "target": node, "file": posixpath.join(directory, ".sim-filler")}
-            with self._claimed(fault_id, refused, lambda: {**planned, "detail": "filler being written"}):
-                done = self._node_script(node, "filling the disk", nodescripts.FILL, directory, leave, FILL_AT_MOST)
+            # The filler runs on in the node if our call is interrupted: the intent names it, for heal to end.
+            act = nodescripts.ACT_MARKER.format(fault_id)
+            with self._claimed(fault_id, refused, lambda: {**planned, "act": act, "detail": "filler being written"}):
+                done = self._node_script(
+                    node, "filling the disk", nodescripts.FILL, directory, leave, FILL_AT_MOST, act=act
+                )
             self._remember(
                 {**planned, "id": fault_id, "file": done["file"], "detail": f"{done['written'] >> 20} MiB filler"}
             )
@@ -73,8 +77,8 @@ class DiskFaults:
                 "start it with --ckpt-size, e.g. --ckpt-size 64m"
             )
 
-    def _node_script(self, node: str, what: str, script: str, *args: object) -> dict:
-        result = self.cluster.exec(node, *nodescripts.argv(script, *args), timeout=120)
+    def _node_script(self, node: str, what: str, script: str, *args: object, act: str | None = None) -> dict:
+        result = self.cluster.exec(node, *nodescripts.argv(script, *args, act=act), timeout=120)
         if result.exit_code == nodescripts.WRONG_REQUEST:
             hint = "; give the cluster a size-limited one (ckpt_size)" if script is nodescripts.FILL else ""
             raise UsageError(f"{node}: {what}: {_last(result.stderr)}{hint}")

@@ -41,6 +41,10 @@ class InForce:
     rate_bps: int | None = None
     netem: Mapping = dataclasses.field(default_factory=dict)
     iface: str | None = None
+    # An intent: recorded before the fault acted, with no outcome since (interrupted mid-act, or acting
+    # now). Heal undoes it as if it had acted, and first ends its act (`act`) where that runs on.
+    acting: bool = False
+    act: str | None = None  # the marker of the node script that acts (fill, freeze): it outlives our exec call
     extra: Mapping = dataclasses.field(default_factory=dict)  # keys a newer writer added
 
     @classmethod
@@ -79,22 +83,26 @@ class FaultStore:
             faults[:] = [f for f in faults if f.id != fault.id] + [dataclasses.replace(fault, since=time.time())]
 
     @contextlib.contextmanager
-    def claimed(self, fault_id: str, refusal: str, record: Callable[[], dict]) -> Iterator[None]:
-        """Record a fault in force before it acts: the "already in force?" check, the "before" values
-        (`record()`) and the record, under the store's one lock, so two `sim` processes cannot both pass
-        the check, nor save the other's fault as the value to restore; a crash while it acts leaves a
-        record `heal --all` sees. A definite refusal while acting (a SimError, not a time-out) forgets it."""
+    def claimed(self, fault_id: str, refusal: str | None, record: Callable[[], dict]) -> Iterator[None]:
+        """Record a fault's intent before it acts: the "already in force?" check (None: a new one replaces
+        it), the "before" values (`record()`) and the record, under the store's one lock, so two `sim`
+        processes cannot both pass the check, nor save the other's fault as the value to restore. A crash
+        or a signal while it acts leaves the intent (`acting`), which `heal` and cleanup undo. A definite
+        refusal while acting (a SimError, not a time-out) forgets it; the act done, the intent is an outcome."""
         with self.locked() as faults:
-            if any(f.id == fault_id for f in faults):
+            if refusal is not None and any(f.id == fault_id for f in faults):
                 raise UsageError(refusal)
-            faults.append(InForce.parse({**record(), "id": fault_id, "since": time.time()}))
+            intent = InForce.parse({**record(), "id": fault_id, "since": time.time(), "acting": True})
+            faults[:] = [f for f in faults if f.id != fault_id] + [intent]
         try:
             yield
         except ExecTimeout:
-            raise  # it may have acted: the record stays for `heal`
+            raise  # it may have acted: the intent stays for `heal`
         except SimError:
             self.forget(fault_id)
             raise
+        with self.locked() as faults:
+            faults[:] = [dataclasses.replace(f, acting=False) if f.id == fault_id else f for f in faults]
 
     def forget(self, fault_id: str) -> None:
         with self.locked() as faults:

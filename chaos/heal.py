@@ -6,6 +6,9 @@ A node may have been killed, stopped or scaled away since its fault: what lived 
 network namespace went with them (a pause, a link fault, a held or frozen worker); what lives in the
 container's settings or files stays with a stopped container (a CPU quota, a clock offset, a filler file),
 and a filler on the shared checkpoint volume outlives the container.
+
+A fault is recorded as an intent before it acts (chaos/faultstore.py `acting`): one interrupted mid-act is
+undone as if it had acted, its node script ended first (EndAct), a worker it may have stopped continued.
 """
 
 from __future__ import annotations
@@ -31,7 +34,16 @@ class ClearLink:
 @dataclasses.dataclass(frozen=True)
 class ContinueWorker:
     node: str
-    pid: int | None  # the worker may be gone since: fine
+    pid: int | None  # the worker may be gone since: fine; None: every worker of the node (which one is unknown)
+
+
+@dataclasses.dataclass(frozen=True)
+class EndAct:
+    """End the node script of an interrupted fault (a filler still writing, a watcher still waiting to stop a
+    worker): our exec call ended, the process in the node did not."""
+
+    node: str
+    marker: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +64,7 @@ class RemoveFile:
     file: str
 
 
-Action = Unpause | ClearLink | ContinueWorker | RestoreCpu | ResetClock | RemoveFile
+Action = Unpause | ClearLink | ContinueWorker | RestoreCpu | ResetClock | RemoveFile | EndAct
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,10 +118,12 @@ def _plan_one(fault: InForce, states: dict[str, str]) -> Undo | Keep:
     if kind in ("pause", "freeze") and state == "paused":
         actions.append(Unpause(node))
         state = states[node] = "running"
+    if fault.acting and fault.act and state == "running":
+        actions.append(EndAct(node, fault.act))  # first: a watcher left running would stop a worker after
     if kind == "link" and state == "running":
         actions.append(ClearLink(node))
     elif kind == "freeze" and state == "running":
-        actions.append(ContinueWorker(node, fault.pid))
+        actions.append(ContinueWorker(node, fault.pid))  # an intent knows no pid yet: every worker
     elif kind == "slow" and state is not None:  # a stopped container's quota applies again at its start
         actions.append(RestoreCpu(node, fault.cpu_quota or -1, fault.cpu_period or CPU_PERIOD_US))
     elif kind == "skew" and state is not None:

@@ -26,6 +26,7 @@ from sim.engines.docker import ExecTimeout
 from sim.engines.procs import PROBE_ARGV, NodeProcesses, parse_probe
 from sim.engines.swarm import refusal
 
+from . import nodescripts
 from .containers import CLOCK_NOT_PRELOADED, CLOCK_SCRIPT, ContainerFaults
 from .disk import FILL_AT_MOST, DiskFaults
 from .faultstore import FaultStore, InForce
@@ -33,6 +34,7 @@ from .heal import (
     Action,
     ClearLink,
     ContinueWorker,
+    EndAct,
     HealPlan,
     Keep,
     RemoveFile,
@@ -68,6 +70,9 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
         self.seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
         self.rng = random.Random(self.seed)
         self.store = FaultStore(cluster.state_dir / "faults.json")
+        # Every fault id this nemesis recorded (its intent, before it acted): a run's cleanup heals these,
+        # those interrupted mid-call included, whose call never returned their id.
+        self.recorded: list[str] = []
 
     # --- the one audited call ----------------------------------------------------
 
@@ -194,7 +199,14 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
         elif isinstance(action, ClearLink):
             self._clear_link(action.node)
         elif isinstance(action, ContinueWorker):
-            self.cluster.exec(action.node, "kill", "-CONT", str(action.pid))  # the worker may be gone since: fine
+            # The worker may be gone since: fine. No pid (an intent): every worker, as resume-worker does.
+            pids = [action.pid] if action.pid is not None else [w.pid for w in self.processes(action.node).workers]
+            for pid in pids:
+                self.cluster.exec(action.node, "kill", "-CONT", str(pid))
+        elif isinstance(action, EndAct):
+            ended = self.cluster.exec(action.node, *nodescripts.argv(nodescripts.END_ACT, action.marker))
+            if not ended.ok:
+                raise FaultError(f"{action.node}: ending an interrupted fault's script failed: {_last(ended.stderr)}")
         elif isinstance(action, RestoreCpu):
             self.docker.update_resources(
                 self._info(action.node).id, cpu_quota=action.cpu_quota, cpu_period=action.cpu_period
@@ -212,9 +224,14 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
         return self.store.active()
 
     def _remember(self, fault: Mapping) -> None:
+        self.recorded.append(fault["id"])
         self.store.remember(fault)
 
-    def _claimed(self, fault_id: str, refusal: str, record: Callable[[], dict]) -> contextlib.AbstractContextManager:
+    def _claimed(
+        self, fault_id: str, refusal: str | None, record: Callable[[], dict]
+    ) -> contextlib.AbstractContextManager:
+        """The fault's intent recorded before it acts (FaultStore.claimed)."""
+        self.recorded.append(fault_id)
         return self.store.claimed(fault_id, refusal, record)
 
     def _forget(self, fault_id: str) -> None:

@@ -78,26 +78,26 @@ class NetworkFaults:
                     if rate_bps is not None
                     else netcmd.netem_qdisc(iface, **netem)
                 )
-            result = self._run_script(name, argvs)
-            if not result.ok:
-                if netem and netcmd.netem_unsupported(result.stderr):
-                    raise UnsupportedFaultError(
-                        "netem: this kernel has no netem qdisc (delay, jitter, duplicate, corrupt); "
-                        "use --loss or --rate, which work here (see `sim doctor`)"
-                    )
-                raise FaultError(f"{name}: link fault failed: {_last(result.stderr)}")
             fault_id = f"link-{name}"
-            self._remember(
-                {
-                    "id": fault_id,
-                    "fault": "link",
-                    "target": name,
-                    "loss_pct": loss_pct,
-                    "rate_bps": rate_bps,
-                    "netem": netem,
-                    "iface": iface,
-                }
-            )
+            record = {
+                "fault": "link",
+                "target": name,
+                "loss_pct": loss_pct,
+                "rate_bps": rate_bps,
+                "netem": netem,
+                "iface": iface,
+            }
+            # The intent first (a new one replaces the node's link fault): rules installed by a call
+            # interrupted while it ran are still cleared by heal.
+            with self._claimed(fault_id, None, lambda: record):
+                result = self._run_script(name, argvs)
+                if not result.ok:
+                    if netem and netcmd.netem_unsupported(result.stderr):
+                        raise UnsupportedFaultError(
+                            "netem: this kernel has no netem qdisc (delay, jitter, duplicate, corrupt); "
+                            "use --loss or --rate, which work here (see `sim doctor`)"
+                        )
+                    raise FaultError(f"{name}: link fault failed: {_last(result.stderr)}")
             return {
                 "id": fault_id,
                 "node": name,

@@ -76,11 +76,23 @@ free = stat.f_bavail * stat.f_frsize
 if free > most:
     sys.exit(print(f'{root} has {free >> 20} MiB free: not a size-limited disk', file=sys.stderr) or 3)
 path, chunk, written = os.path.join(root, '.sim-filler'), b'\0' * (1 << 20), 0
-with open(path, 'ab') as f:
+# A new file, never a link: the job runs as this uid and could point .sim-filler at a host folder (the
+# events mount, a :rw mount) to have the filler write gigabytes there. Opened in the folder already checked.
+folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+try:
+    fd = os.open('.sim-filler', os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder)
+except FileExistsError:
+    why = 'exists already (a filler left in place, or a link put there): remove it first'
+    sys.exit(print(f'{path} {why}', file=sys.stderr) or 3)
+finally:
+    os.close(folder)
+with os.fdopen(fd, 'wb', buffering=0) as f:
+    if os.fstat(f.fileno()).st_dev != os.stat('/ckpt').st_dev:
+        os.unlink(path)
+        sys.exit(print(f'{path}: another filesystem than /ckpt', file=sys.stderr) or 3)
     try:
         while written < free - leave:
             written += f.write(chunk[:max(1, min(len(chunk), free - leave - written))])
-            f.flush()
     except OSError:
         pass  # ENOSPC: full
 stat = os.statvfs(root)
@@ -173,8 +185,32 @@ sys.exit(print(f'no worker opened a file under {root} for writing within {within
 """
 
 
-def argv(script: str, *args: object) -> list[str]:
-    return ["python3", "-c", script, *map(str, args)]
+# argv: MARKER. Ends (SIGKILL) every process of the node with MARKER among its arguments: the node script of
+# a fault interrupted mid-act, which our exec call's end did not end (a filler still writing, a watcher
+# that would stop a worker later). Prints the pids it ended.
+END_ACT = r"""
+import json, os, signal, sys
+marker, ended = sys.argv[1].encode(), []
+for p in os.listdir('/proc'):
+    if not p.isdigit() or int(p) == os.getpid():
+        continue
+    try:
+        with open(f'/proc/{p}/cmdline', 'rb') as f:
+            words = f.read().split(b'\0')
+        if marker in words[1:]:
+            os.kill(int(p), signal.SIGKILL)
+            ended.append(int(p))
+    except (OSError, ProcessLookupError):
+        continue
+print(json.dumps({'ended': ended}))
+"""
+
+ACT_MARKER = "elastic-sim-act={}"  # the last argument of a fault's node script: END_ACT finds it by it
+
+
+def argv(script: str, *args: object, act: str | None = None) -> list[str]:
+    """`python3 -c SCRIPT ARGS...`; `act`: a marker (ACT_MARKER) as the last argument, which the script ignores."""
+    return ["python3", "-c", script, *map(str, args), *([act] if act else [])]
 
 
 def parse_result(node: str, what: str, stdout: str) -> dict:

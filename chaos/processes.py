@@ -9,7 +9,7 @@ import math
 import signal as signals
 import time
 
-from sim.core.errors import FaultError, SimError, UsageError
+from sim.core.errors import FaultError, SimError
 from sim.engines.docker import NO_MEMORY_LIMIT
 from sim.engines.procs import Worker
 
@@ -223,10 +223,14 @@ class ProcessFaults:
                     raise
             time.sleep(WRITER_POLL_S)
 
-    def _signal_in_write(self, node: str, directory: str, within: float, sig: signals.Signals) -> dict:
+    def _signal_in_write(
+        self, node: str, directory: str, within: float, sig: signals.Signals, act: str | None = None
+    ) -> dict:
         """Signal the first worker of `node` that opens a file under `directory` for writing, at once."""
         watched = self.cluster.exec(
-            node, *nodescripts.argv(nodescripts.KILL_IN_WRITE, directory, within, int(sig)), timeout=within + 15
+            node,
+            *nodescripts.argv(nodescripts.KILL_IN_WRITE, directory, within, int(sig), act=act),
+            timeout=within + 15,
         )
         if watched.exit_code == nodescripts.NEVER_CAME:
             raise FaultError(f"{node}: {_last(watched.stderr)}")
@@ -245,14 +249,17 @@ class ProcessFaults:
         def freeze_the_writer() -> dict:
             node, left = self._writer_node(target, within)
             fault_id = f"freeze-{node}"
-            if any(f.id == fault_id for f in self.active()):
-                raise UsageError(f"{node}: already frozen; `sim heal {fault_id}` first")
-            caught = self._signal_in_write(node, directory, left, signals.SIGSTOP)
-            try:
-                self.docker.pause(self._info(node).id)
-            except SimError:
-                self.cluster.exec(node, "kill", "-CONT", str(caught["pid"]))
-                raise
+            # The intent first: the watcher stops a worker in the node, and goes on doing so if our call is
+            # interrupted; heal ends the watcher, unpauses the node and continues its workers.
+            act = nodescripts.ACT_MARKER.format(fault_id)
+            intent = {"fault": "freeze", "target": node, "act": act, "detail": "waiting for a checkpoint write"}
+            with self._claimed(fault_id, f"{node}: already frozen; `sim heal {fault_id}` first", lambda: intent):
+                caught = self._signal_in_write(node, directory, left, signals.SIGSTOP, act=act)
+                try:
+                    self.docker.pause(self._info(node).id)
+                except SimError:
+                    self.cluster.exec(node, "kill", "-CONT", str(caught["pid"]))
+                    raise
             self._remember(
                 {
                     "id": fault_id,

@@ -249,13 +249,15 @@ class ScenarioRunner:
     def _heal_own(self, nemesis: Nemesis) -> None:
         """The cluster stays (--keep, --cluster): undo what this run did (also after Ctrl-C or SIGTERM).
         Pending undos first, as their timers would have; then any fault still in force that this run
-        made, or, on a cluster of its own (--keep), any fault in force (one recorded before it acted)."""
+        made or recorded the intent of (a call interrupted mid-act never returned its id), or, on a cluster of
+        its own (--keep), any fault in force."""
         for _, undo in self._undo_timers:
             undo()
         try:
             active = nemesis.active()
             own = self.cluster_name is None
-            left = [f.id for f in active if own or f.id in self._made]
+            mine = {*self._made, *nemesis.recorded}
+            left = [f.id for f in active if own or f.id in mine]
             for fault_id in left:
                 self.progress(f"[chaos] healing {fault_id} (the cluster stays; --keep-faults leaves faults)")
                 nemesis.heal(fault_id)

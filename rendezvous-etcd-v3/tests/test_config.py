@@ -77,3 +77,17 @@ def test_a_password_over_http_only_to_loopback_or_when_allowed():
     assert EtcdConfig.from_rdzv("https://h:2379", {"user": "u", "password": "p"}).password == "p"
     allowed = EtcdConfig.from_rdzv("h:2379", {"user": "u", "password": "p", "allow_plain_password": "1"})
     assert allowed.password == "p"
+
+
+def test_password_from_the_environment(monkeypatch):
+    """password_env: the password never on the command line (every process can read /proc/PID/cmdline)
+    nor in torch's INFO line that prints the rdzv conf."""
+    monkeypatch.setenv("RDZV_PW_TEST", "s3cret-from-env")
+    config = EtcdConfig.from_rdzv("127.0.0.1", {"user": "u", "password_env": "RDZV_PW_TEST"})
+    assert (config.user, config.password) == ("u", "s3cret-from-env")
+    assert "s3cret" not in repr(config)
+    monkeypatch.delenv("RDZV_PW_TEST")
+    with pytest.raises(ConfigError, match="password_env=RDZV_PW_TEST: no such environment variable"):
+        EtcdConfig.from_rdzv("127.0.0.1", {"user": "u", "password_env": "RDZV_PW_TEST"})
+    with pytest.raises(ConfigError, match="both password and password_env"):
+        EtcdConfig.from_rdzv("127.0.0.1", {"user": "u", "password": "a", "password_env": "RDZV_PW_TEST"})

@@ -31,6 +31,18 @@ def test_user_and_password(start_etcd):
     assert backend.set_state(b"v1")[2] is True
 
 
+def test_password_from_the_environment_authenticates(start_etcd, monkeypatch):
+    """password_env: what `sim` uses, so the password is on no command line and in no INFO line of the conf."""
+    server = start_etcd()
+    _enable_root_auth(server, "s3cret-env")
+    monkeypatch.setenv("RDZV_TEST_PASSWORD", "s3cret-env")
+    backend = _backend(server, user="root", password_env="RDZV_TEST_PASSWORD")
+    assert backend.set_state(b"v1")[2] is True
+    monkeypatch.setenv("RDZV_TEST_PASSWORD", "wrong")
+    with pytest.raises(RendezvousConnectionError, match="authentication failed"):
+        _backend(server, user="root", password_env="RDZV_TEST_PASSWORD").get_state()
+
+
 def test_expired_auth_token_is_renewed(start_etcd, monkeypatch):
     server = start_etcd("--auth-token-ttl", "1")
     _enable_root_auth(server, "pw")

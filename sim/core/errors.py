@@ -46,3 +46,8 @@ class UnsupportedFaultError(FaultError, UsageError):
 
 class HistoryError(SimError, ValueError):
     """A run's history holds a record off the schema (sim/core/history.py), or lacks one the verdict needs."""
+
+
+class HistoryWriteError(SimError):
+    """A record could not be written to the run's history (its disk full, gone): it is not there, and no
+    part of it is."""

@@ -13,10 +13,13 @@ The run start record carries the schema version; a history without one is versio
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import json
 import os
+import stat
 import threading
 import time
 import types
@@ -25,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from sim.core.errors import HistoryError
+from sim.core.errors import HistoryError, HistoryWriteError
 
 FILE_NAME = "history.jsonl"
 SCHEMA_VERSION = 1
@@ -34,6 +37,8 @@ SCHEMA_VERSION = 1
 MAX_WHOLE_NUMBER = 10**12
 MAX_TIME = 1e11  # unix seconds (the year 5138): a clock further ahead is broken
 FAULT_PHASES = ("invoke", "ok", "fail", "info")
+# Records that must survive a crash of the machine, not only of the process: fsynced when written.
+DURABLE_TYPES = ("run", "fault")
 # What the node image's instrumentation writes through the side channel (sim/core/sidechannel.py).
 # "imported" (torch imported), "pg_ready" (init_process_group returned) and "load" (checkpoint
 # loads so far) time a start's way to its first step; histories before them lack them. "save" is one
@@ -238,7 +243,8 @@ class Record:
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
 class RunRecord(Record):
     """The run itself: "start" (what ran), "scenario" (a chaos run's plan), "step_not_fired", "engine_lost"
-    (the collector found the Docker engine gone: `why`), "end"."""
+    (the collector found the Docker engine gone: `why`), "records_lost" (the collector could not write `lost`
+    records, stamped `lost_from` to `lost_to`: the history's disk was full), "end"."""
 
     TYPE: ClassVar[str] = "run"
     event: str
@@ -255,6 +261,9 @@ class RunRecord(Record):
     expected: str | None = None
     checkers: tuple[str, ...] | None = None
     why: str | None = None
+    lost: int | None = None  # records_lost
+    lost_from: float | None = None
+    lost_to: float | None = None
 
     @property
     def spec_fields(self) -> RecordedSpec:
@@ -519,13 +528,18 @@ class History:
         if data.get("type") == "run" and data.get("event") == "start":
             data.setdefault("schema", SCHEMA_VERSION)
         parsed = parse_record(data)
-        line = json.dumps(data, sort_keys=False, default=str) + "\n"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = (json.dumps(data, sort_keys=False, default=str) + "\n").encode()
         with self._lock:
-            # O_APPEND: concurrent writers (two CLI calls) never interleave a line.
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # its start record holds --env
             try:
-                os.write(fd, line.encode())
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                # O_APPEND and one lock for every writer (the collector, CLI calls): lines never interleave.
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)  # its start record holds --env
+            except OSError as error:
+                raise HistoryWriteError(f"{self.path}: record not written ({error.strerror or error})") from None
+            try:
+                _append_whole(fd, line, durable=parsed.TYPE in DURABLE_TYPES)
+            except OSError as error:
+                raise HistoryWriteError(f"{self.path}: record not written ({error.strerror or error})") from None
             finally:
                 os.close(fd)
         return parsed
@@ -547,6 +561,29 @@ class History:
 
     def records(self) -> Iterator[Record]:
         return iter(self.read().records)
+
+
+def _append_whole(fd: int, line: bytes, *, durable: bool) -> None:
+    """Append the whole line or nothing. A short write (a full disk) is written on until done or an error;
+    on an error the file is cut back to where the line began, so no torn line swallows the next record.
+    A torn last line left by a crash gets its end first: this record starts on a line of its own."""
+    fcntl.flock(fd, fcntl.LOCK_EX)  # released with the fd
+    info = os.fstat(fd)
+    regular = stat.S_ISREG(info.st_mode)  # not /dev/null or a pipe: those have no end to mend, nor sync
+    start = info.st_size if regular else 0
+    if start and os.pread(fd, 1, start - 1) != b"\n":
+        line = b"\n" + line
+    try:
+        done = 0
+        while done < len(line):
+            done += os.write(fd, line[done:])  # a short count without an error: the rest goes on next
+        if durable and regular:
+            os.fsync(fd)
+    except OSError:
+        if regular:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+        raise
 
 
 class HistoryTail:

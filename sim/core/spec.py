@@ -12,7 +12,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from sim.core.errors import UsageError
@@ -406,25 +406,33 @@ class ClusterSpec:
         those of ENV_SHOWN_KEYS (torch switches the verdict reads), or all of them with --env-show."""
         if self.env_show:
             return self.env
-        return tuple((key, value if key in ENV_SHOWN_KEYS else ENV_MASK) for key, value in self.env)
+        return mask_pairs(self.env, lambda key: key not in ENV_SHOWN_KEYS)
+
+    def masked_rdzv_conf(self) -> tuple[tuple[str, str], ...]:
+        """The --rdzv-conf pairs as others see them: a secret-named key's value (password) `***`."""
+        return mask_pairs(self.rdzv_conf, is_secret_key)
 
     def redact(self, text: str) -> str:
-        """`text` with every masked --env value replaced by `***` (a script that prints its environment)."""
+        """`text` with every secret value replaced by `***` (a script that prints its environment, torch's
+        line that prints the rdzv conf): what saved logs, the collector and exports show."""
         for value in sorted(self.secret_values(), key=len, reverse=True):
             text = text.replace(value, ENV_MASK)
         return text
 
     def secret_values(self) -> list[str]:
-        """The --env values masked_env hides that are long enough to find in a log (4 characters or more:
-        masking "1" or "INFO" everywhere would garble every line)."""
-        if self.env_show:
-            return []
-        return [v for k, v in self.env if k not in ENV_SHOWN_KEYS and len(v) >= ENV_MASK_MIN_CHARS]
+        """The values masked_env and masked_rdzv_conf hide that are long enough to find in a log (4 characters
+        or more: masking "1" or "INFO" everywhere would garble every line). --env-show shows --env values,
+        never a password."""
+        hidden = [] if self.env_show else [v for k, v in self.env if k not in ENV_SHOWN_KEYS]
+        hidden += [v for k, v in self.rdzv_conf if is_secret_key(k)]
+        return [v for v in dict.fromkeys(hidden) if len(v) >= ENV_MASK_MIN_CHARS]
 
     def record_dict(self) -> dict:
-        """The spec as the run's history records it: --env values masked (spec.json keeps them, 0600)."""
+        """The spec as the run's history records it: --env values and secret --rdzv-conf values masked
+        (spec.json keeps them, 0600)."""
         data = json.loads(self.to_json())
         data["env"] = [list(pair) for pair in self.masked_env()]
+        data["rdzv_conf"] = [list(pair) for pair in self.masked_rdzv_conf()]
         return data
 
     # --- persistence (spec.json in the cluster's state folder) ----------
@@ -703,6 +711,26 @@ def max_workers_in_memory(memory_mib: int) -> int:
 ENV_MASK = "***"
 ENV_MASK_MIN_CHARS = 4
 ENV_SHOWN_KEYS = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",)
+# --rdzv-conf values are settings (timeouts) the verdict reads, but a key named like these holds a secret
+# (the etcd-v3 backend's `password`): masked as --env values are.
+SECRET_KEY = re.compile(r"pass(word|wd|phrase)?|secret|token|credential|api[_-]?key|private[_-]?key", re.IGNORECASE)
+# The etcd-v3 password reaches torchrun in this variable (`password_env=`), not on its command line, which
+# every process of the node reads (/proc/PID/cmdline) and torch prints at INFO (sim/core/torchrun.py).
+RDZV_PASSWORD_ENV = "SIM_RDZV_PASSWORD"
+
+
+# A switch about a secret is no secret: allow_plain_password=1 stays readable.
+SWITCH_KEY = re.compile(r"^(allow|use|enable|disable|require|no)_", re.IGNORECASE)
+
+
+def is_secret_key(key: str) -> bool:
+    """A setting whose name says its value is a secret (password, token, api_key...), not a switch about one."""
+    return SECRET_KEY.search(key) is not None and not SWITCH_KEY.match(key)
+
+
+def mask_pairs(pairs: Sequence[tuple[str, str]], masked: Callable[[str], bool]) -> tuple[tuple[str, str], ...]:
+    """The one way (key, value) pairs are shown to others: the value of every key `masked` names is ***."""
+    return tuple((key, ENV_MASK if masked(key) else value) for key, value in pairs)
 
 
 def spec_from_options(options: Mapping[str, object], script_args: Sequence[str] | None) -> ClusterSpec:

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from sim.core.spec import C10D_PORT, ETCD_CLIENT_PORT, STATIC_MASTER_PORT, ClusterSpec, node_name
+from sim.core.spec import (
+    C10D_PORT,
+    ETCD_CLIENT_PORT,
+    RDZV_PASSWORD_ENV,
+    STATIC_MASTER_PORT,
+    ClusterSpec,
+    node_name,
+)
 
 
 def rdzv_endpoint(spec: ClusterSpec) -> str:
@@ -48,7 +55,19 @@ def torchrun_argv(spec: ClusterSpec, node_index: int, rdzv_id: str) -> list[str]
             rdzv_id,
         ]
         if spec.rdzv_conf:
-            argv += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in spec.rdzv_conf)]
+            argv += ["--rdzv-conf", ",".join(_conf_word(k, v) for k, v in spec.rdzv_conf)]
     argv.append(spec.script_in_node)
     argv += list(spec.effective_script_args)
     return argv
+
+
+def torchrun_env(spec: ClusterSpec) -> dict[str, str]:
+    """What torchrun reads from its environment, not its command line: the etcd-v3 password, which
+    every process of the node could read in /proc/PID/cmdline and torch prints in its INFO line of the conf."""
+    password = dict(spec.rdzv_conf).get("password")
+    return {RDZV_PASSWORD_ENV: password} if password else {}
+
+
+def _conf_word(key: str, value: str) -> str:
+    # The etcd-v3 backend reads `password_env` (rendezvous-etcd-v3/config.py); torchrun_env sets the variable.
+    return f"password_env={RDZV_PASSWORD_ENV}" if key == "password" else f"{key}={value}"

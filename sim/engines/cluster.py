@@ -204,8 +204,10 @@ class Cluster:
             except SimError:
                 path.write_text("")  # gone since the listing: as `logs` answers then
         secrets = _run_secrets(run_folder)
-        for path in target.glob("*.log") if secrets else ():
-            redact_file(path, secrets)
+        for path in target.glob("*.log"):
+            if secrets:
+                redact_file(path, secrets)
+            path.chmod(0o600)  # what the job printed is its owner's to read
         return target
 
     def down(self, *, save_logs: bool = True) -> dict[str, int]:
@@ -251,7 +253,8 @@ class Cluster:
         waits until its pid is written: a collector nobody knows of could not be stopped."""
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
         try:
-            with open(self.run_dir / "collector.log", "ab") as log:
+            log_fd = os.open(self.run_dir / "collector.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            with open(log_fd, "ab") as log:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", COLLECTOR_MODULE, self.name],
                     stdin=subprocess.DEVNULL,
@@ -725,7 +728,9 @@ def redact_file(path: Path, values: Sequence[str], *, chunk: int = REDACT_CHUNK)
         return
     keep = max(map(len, needles)) - 1
     tmp = path.with_name(f".{path.name}.redacting")
-    with open(path, "rb") as src, open(tmp, "wb") as out:
+    tmp.unlink(missing_ok=True)
+    out_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with open(path, "rb") as src, open(out_fd, "wb") as out:
         carry = b""
         while block := src.read(chunk):
             data = carry + block
@@ -776,5 +781,7 @@ def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: s
         os.replace(tmp, cluster.state_dir / name)
     rdir = run_dir(spec.name, run_id)
     rdir.mkdir(parents=True, exist_ok=True)
+    # 0700: the run's logs, history and report are its owner's (a job may print a secret before we mask it).
+    rdir.chmod(0o700)
     shutil.copy(cluster.compose_file, rdir / "compose.yaml")
     shutil.copy(cluster.state_dir / "spec.json", rdir / "spec.json")

@@ -11,6 +11,7 @@ Started by `sim up`, it ends by itself once the cluster's containers are gone.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -19,7 +20,7 @@ from collections.abc import Callable
 
 from sim.core import labels
 from sim.core.agentlog import NodeLogParser, parse_docker_timestamp
-from sim.core.errors import DockerUnavailableError, SimError
+from sim.core.errors import DockerUnavailableError, HistoryError, HistoryWriteError, SimError
 from sim.core.history import FILE_NAME, History
 from sim.core.sidechannel import EVENTS_DIR, EventsTail, ProgressMatcher
 from sim.core.wait import Check, wait_for
@@ -50,6 +51,7 @@ class Collector:
         self.events = EventsTail(cluster.run_dir / EVENTS_DIR)
         self.progress = _progress_matcher(cluster)
         self.redact = _redactor(cluster)  # --env values out of the lines the history keeps
+        self.lost = _Lost()  # records the history could not take (its disk full), said once space is back
 
     def run(self) -> None:
         events = self.cluster.docker.events(labels.cluster_filter(self.cluster.name))
@@ -65,13 +67,41 @@ class Collector:
         wait_for(gone, timeout=None, interval=LIVENESS_POLL_S, sleep=self.stop.wait)
         if gone.engine_lost is not None:
             lost = {"t": gone.engine_lost_at, "type": "run", "event": "engine_lost", "cluster": self.cluster.name}
-            self.history.append({**lost, "why": gone.engine_lost})
+            self._append({**lost, "why": gone.engine_lost})
             print(f"collector: {gone.engine_lost}; stopped following cluster '{self.cluster.name}'", file=sys.stderr)
         events.close()
         for thread in list(self._followers.values()):
             thread.join(timeout=5)
         tail_done.set()
         tail.join(timeout=5)
+        self._say_lost()  # space may have come back since the last record
+
+    def _append(self, record: dict) -> None:
+        """Append a record; one the history cannot take (its disk full) is counted, not fatal: the collector
+        goes on, and the next record that can be written follows a "records_lost" record saying how many
+        were lost, and when."""
+        if not self._say_lost():
+            self.lost.add(record)
+            return
+        try:
+            self.history.append(record)
+        except HistoryWriteError:
+            self.lost.add(record)
+        except HistoryError as error:  # off the schema: a bug, or a crafted line; the others go on
+            _say(f"collector: record dropped: {error}")
+
+    def _say_lost(self) -> bool:
+        """Write the pending "records_lost" record, if any; False while the history still takes nothing."""
+        pending = self.lost.take()
+        if pending is None:
+            return True
+        try:
+            self.history.append(pending)
+        except HistoryWriteError:
+            self.lost.put_back(pending)
+            return False
+        _say(f"collector: {pending['lost']} records lost (the history could not be written)")
+        return True
 
     def _read_events(self, events: EventStream) -> None:
         try:
@@ -79,7 +109,7 @@ class Collector:
                 record = self._docker_record(event)
                 if record is None:
                     continue
-                self.history.append(record)
+                self._append(record)
                 if event.get("Type") == "container" and record["action"] == "start":
                     self._follow(event.get("id") or event["Actor"]["ID"])
         except (OSError, SimError):
@@ -110,8 +140,11 @@ class Collector:
         """Worker records, polled until `done`, then once more: the workers are gone by then."""
         while True:
             finished = done.wait(EVENTS_POLL_S)
-            for record in self.events.poll():
-                self.history.append(record)
+            try:
+                for record in self.events.poll():
+                    self._append(record)
+            except Exception as error:  # noqa: BLE001 - one bad poll must not end the side channel for good
+                _say(f"collector: side channel: {type(error).__name__}: {error}")
             if finished:
                 return
 
@@ -134,7 +167,7 @@ class Collector:
         except (OSError, SimError):
             pass  # the container is gone, or the engine (requests' errors are OSErrors): its log ended with it
         for record in parser.close():
-            self.history.append(record)
+            self._append(record)
 
     def _record_line(self, cid: str, node: str, since: float | None, parser: NodeLogParser, line: str) -> None:
         t, body = parse_docker_timestamp(line)
@@ -144,11 +177,43 @@ class Collector:
             self._last_t[cid] = t
         body = self.redact(body)
         for record in parser.feed(t, body):
-            self.history.append(record)
+            self._append(record)
         if self.progress is not None:
             progress = self.progress.match(node, t, body)
             if progress is not None:
-                self.history.append(progress)
+                self._append(progress)
+
+
+class _Lost:
+    """Records the history could not take: how many, and the span of their times (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count, self._first, self._last = 0, 0.0, 0.0
+
+    def add(self, record: dict) -> None:
+        t = record.get("t") if isinstance(record.get("t"), (int, float)) else time.time()
+        self._merge(1, t, t)
+
+    def take(self) -> dict | None:
+        """The "records_lost" record of what is pending, and nothing pending after; None if nothing is."""
+        with self._lock:
+            if not self._count:
+                return None
+            record = {"type": "run", "event": "records_lost", "lost": self._count}
+            record |= {"lost_from": self._first, "lost_to": self._last}
+            self._count = 0
+            return record
+
+    def put_back(self, record: dict) -> None:
+        self._merge(record["lost"], record["lost_from"], record["lost_to"])
+
+    def _merge(self, count: int, first: float, last: float) -> None:
+        with self._lock:
+            if self._count:
+                first, last = min(first, self._first), max(last, self._last)
+            self._count += count
+            self._first, self._last = first, last
 
 
 class _ClusterGone:
@@ -188,6 +253,12 @@ class _ClusterGone:
             return Check(now - self.started > STARTUP_GRACE_S, detail="no container ever came")
         self.gone_since = self.gone_since or now
         return Check(now - self.gone_since > GONE_FOR_S, detail="every container is gone")
+
+
+def _say(line: str) -> None:
+    """A line to the collector's log, which sits on the state disk: a full one must not end a thread."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr, flush=True)
 
 
 def _redactor(cluster: Cluster) -> Callable[[str], str]:

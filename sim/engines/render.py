@@ -15,7 +15,7 @@ from sim.core.hostpaths import PROJECT_DIR_IN_NODE, PROJECT_EXCLUDES, PROJECT_ST
 from sim.core.paths import COMPOSE_TEMPLATE
 from sim.core.sidechannel import events_group
 from sim.core.spec import USER_SCRIPT_DIR, ClusterSpec, node_name, parse_size
-from sim.core.torchrun import rdzv_endpoint, torchrun_argv
+from sim.core.torchrun import rdzv_endpoint, torchrun_argv, torchrun_env
 from sim.engines.compose_escape import compose_literal
 
 # The skew-clock fault: Debian's libfaketime (images/node) preloaded into every process of a node, which
@@ -120,6 +120,7 @@ def render_node(
             node["group_add"] = [str(group)]
     else:
         del env["SIM_EVENTS_DIR"]
+    env.update(torchrun_env(spec))  # the etcd-v3 password: out of the command line
     env.update(dict(spec.env))
     if spec.script is not None and spec.project_dir is None:
         node["volumes"].append(

@@ -12,9 +12,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "CI.md").read_text(encoding="utf-8")
 # The README and every page of the docs site (docs/): where a user reads about a command.
-README = "\n".join(
-    p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-)
+README = "\n".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
 
 
 def _yaml_blocks() -> list[dict]:

@@ -36,3 +36,45 @@ def test_redact_file_finds_a_value_split_across_reads(tmp_path, chunk):
     path.write_bytes(b"a hf_s3cretvalue b\n" * 3 + b"hf_s3cretvalu" + b"pa55word")
     redact_file(path, ["hf_s3cretvalue", "pa55word"], chunk=chunk)
     assert path.read_bytes() == b"a *** b\n" * 3 + b"hf_s3cretvalu***"
+
+
+# --- the etcd-v3 password (issue 37 finding 6) ----------------------------------------------------------
+
+PASSWORD = "rdzv-pa55-w0rd"
+V3 = ClusterSpec(
+    rdzv_backend="etcd-v3",
+    rdzv_conf=(("join_timeout", "60"), ("user", "root"), ("password", PASSWORD), ("allow_plain_password", "1")),
+)
+
+
+def test_the_rdzv_password_is_masked_in_the_start_record_and_redacted_from_lines():
+    recorded = run_start_record(V3, "r1", None)
+    assert PASSWORD not in str(recorded)
+    assert dict(map(tuple, recorded["spec"]["rdzv_conf"])) == {
+        "join_timeout": "60",
+        "user": "root",
+        "password": "***",
+        "allow_plain_password": "1",
+    }  # the settings the verdict reads stay readable
+    assert V3.redact(f"rdzv_configs={{'password': '{PASSWORD}'}}") == "rdzv_configs={'password': '***'}"
+    # --env-show shows --env values, never the password.
+    shown = ClusterSpec(rdzv_conf=V3.rdzv_conf, env=(("A", "value-a"),), env_show=True)
+    assert shown.secret_values() == [PASSWORD]
+
+
+def test_the_rdzv_password_reaches_torchrun_in_its_environment_not_its_command_line():
+    from sim.core.spec import RDZV_PASSWORD_ENV, is_secret_key
+    from sim.engines.render import render
+    from tests.unit.test_render import IMAGES
+
+    node = render(V3, **IMAGES)["services"]["node0"]
+    assert PASSWORD not in " ".join(node["command"])
+    assert f"password_env={RDZV_PASSWORD_ENV}" in " ".join(node["command"])
+    assert node["environment"][RDZV_PASSWORD_ENV] == PASSWORD
+    assert "user=root" in " ".join(node["command"])
+    keys = ("password", "api_key", "TOKEN", "join_timeout", "user", "allow_plain_password")
+    assert [k for k in keys if is_secret_key(k)] == [
+        "password",
+        "api_key",
+        "TOKEN",
+    ]

@@ -9,6 +9,7 @@ from chaos.faultstore import InForce
 from chaos.heal import (
     ClearLink,
     ContinueWorker,
+    EndAct,
     Keep,
     RemoveFile,
     ResetClock,
@@ -118,3 +119,44 @@ def test_an_in_force_record_round_trips_through_the_store_and_keeps_keys_it_does
     assert store.active() == [record]  # a partition's target is its description, not a node
     store.forget("partition-x")
     assert store.active() == []
+
+
+# --- intents: a fault recorded before it acted, interrupted mid-act (issue 37 finding 7) ---------------
+
+
+def test_an_interrupted_freeze_ends_its_watcher_then_continues_every_worker_of_the_node():
+    intent = fault("freeze", acting=True, act="elastic-sim-act=freeze-node1")  # no pid: none was caught yet
+    (step,) = plan_heal([intent], {**RUNNING, "node1": "paused"}).steps
+    assert step == Undo(
+        "freeze-node1",
+        (Unpause("node1"), EndAct("node1", "elastic-sim-act=freeze-node1"), ContinueWorker("node1", None)),
+    )
+    (running,) = plan_heal([intent], RUNNING).steps  # interrupted before the pause
+    assert running.actions == (EndAct("node1", "elastic-sim-act=freeze-node1"), ContinueWorker("node1", None))
+
+
+def test_an_interrupted_fill_ends_its_filler_before_removing_the_file_and_a_finished_one_only_removes():
+    filler = {"file": "/ckpt/.sim-filler", "act": "elastic-sim-act=fill-node1"}
+    (cut,) = plan_heal([fault("fill", acting=True, **filler)], RUNNING).steps
+    assert cut.actions == (EndAct("node1", filler["act"]), RemoveFile("node1", "/ckpt/.sim-filler"))
+    (done,) = plan_heal([fault("fill", **filler)], RUNNING).steps
+    assert done.actions == (RemoveFile("node1", "/ckpt/.sim-filler"),)
+    # Its node gone: the filler went with its exec; another node removes the file on the shared volume.
+    (gone,) = plan_heal([fault("fill", acting=True, **filler)], {**RUNNING, "node1": "exited"}).steps
+    assert gone.actions == (RemoveFile("node0", "/ckpt/.sim-filler"),)
+
+
+def test_an_intent_is_recorded_before_the_act_and_stays_when_the_call_is_interrupted(tmp_path):
+    from chaos.faultstore import FaultStore
+
+    store = FaultStore(tmp_path / "faults.json")
+    with (
+        pytest.raises(KeyboardInterrupt),
+        store.claimed("pause-node1", None, lambda: {"fault": "pause", "target": "node1"}),
+    ):
+        assert [(f.id, f.acting) for f in store.active()] == [("pause-node1", True)]  # before it acts
+        raise KeyboardInterrupt
+    assert [(f.id, f.acting) for f in store.active()] == [("pause-node1", True)]  # heal --all undoes it
+    with store.claimed("pause-node1", None, lambda: {"fault": "pause", "target": "node1"}):
+        pass
+    assert [(f.id, f.acting) for f in store.active()] == [("pause-node1", False)]  # acted: an outcome

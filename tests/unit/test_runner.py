@@ -57,6 +57,7 @@ class RecordingNemesis:
     def __init__(self):
         self.calls = []
         self.cluster = self
+        self.recorded = []  # Nemesis.recorded: the fault ids whose intent it recorded
 
     def nodes(self):
         return [SimpleNamespace(node=n) for n in NODES]
@@ -424,3 +425,15 @@ def test_joining_counts_the_agents_that_entered_a_rendezvous_since_a_time(tmp_pa
     assert state.agents_joining(10.0) == 2
     assert state.agents_joining(0.0) == 3
     assert state.agents_joining(12.0) == 0
+
+
+def test_a_kept_cluster_gets_a_fault_healed_whose_call_was_interrupted_mid_act():
+    """Issue 37 finding 7: the call never returned its id (SIGTERM while fill-disk's exec ran), but the
+    nemesis recorded its intent: cleanup heals it; a fault another process made stays."""
+    runner = ScenarioRunner(
+        parse_scenario(SCENARIO_HEAD, "t.yaml"), "etcd-v2", docker=object(), progress=print, cluster_name="c"
+    )
+    nemesis = RecordingNemesis()
+    nemesis.recorded.append("link-node1")  # recorded before it acted; the call was cut
+    runner._heal_own(nemesis)
+    assert [c for c in nemesis.calls if c[0] == "heal"] == [("heal", ("link-node1",), {})]

@@ -38,7 +38,8 @@ def test_freeze_during_checkpoint_stops_the_writer_then_pauses_the_node_and_heal
         CAUGHT["file"],
     )
     (watched,) = [i for i, c in enumerate(fake.calls) if c[0] == "exec" and nodescripts.KILL_IN_WRITE in c[2]]
-    assert fake.calls[watched][2][-3:] == ["/ckpt", "5", str(int(signal.SIGSTOP))]  # stopped, not killed
+    assert fake.calls[watched][2][-4:-1] == ["/ckpt", "5", str(int(signal.SIGSTOP))]  # stopped, not killed
+    assert fake.calls[watched][2][-1] == "elastic-sim-act=freeze-node0"  # heal ends it if our call is cut
     assert fake.calls.index(("pause", "id-node0")) > watched  # then the whole node freezes
     assert [f.id for f in nem.active()] == ["freeze-node0"]
     with pytest.raises(UsageError, match="already frozen"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -107,15 +108,7 @@ class EtcdConfig:
     def from_rdzv(cls, endpoint: str | None, conf: dict[str, Any]) -> EtcdConfig:
         """Build from ``--rdzv-endpoint`` and the ``--rdzv-conf`` mapping (unknown keys belong to the handler)."""
         protocol, endpoints = parse_endpoints(endpoint)
-        password = _optional(conf, "password")
-        password_file = _optional(conf, "password_file")
-        if password_file is not None:
-            if password is not None:
-                raise ConfigError("rdzv-conf has both password and password_file: give one")
-            try:
-                password = Path(password_file).read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"rdzv-conf password_file={password_file} cannot be read ({exc.strerror})") from None
+        password = _password(conf)
         return cls(
             endpoints=endpoints,
             protocol=str(conf.get("protocol", protocol)).strip().lower(),
@@ -166,6 +159,31 @@ def _parse_host_port(item: str) -> Endpoint:
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ConfigError(f"rdzv-endpoint {item!r} has a bad port: write HOST:PORT with a port in 1-65535")
     return Endpoint(host, int(port_text))
+
+
+def _password(conf: dict[str, Any]) -> str | None:
+    """The password: given as it is, or read from a file or an environment variable (either keeps it out
+    of the command line, which every process of the machine can read, and out of torch's log of the conf)."""
+    given = {key: _optional(conf, key) for key in ("password", "password_file", "password_env")}
+    named = [key for key, value in given.items() if value is not None]
+    if len(named) > 1:
+        raise ConfigError(f"rdzv-conf has both {named[0]} and {named[1]}: give one")
+    if given["password_file"] is not None:
+        try:
+            return Path(given["password_file"]).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"rdzv-conf password_file={given['password_file']} cannot be read ({exc.strerror})"
+            ) from None
+    if given["password_env"] is not None:
+        value = os.environ.get(given["password_env"])
+        if not value:
+            raise ConfigError(
+                f"rdzv-conf password_env={given['password_env']}: no such environment variable (or it is empty); "
+                "set it in the agent's environment"
+            )
+        return value
+    return given["password"]
 
 
 def _optional(conf: dict[str, Any], key: str) -> str | None:
