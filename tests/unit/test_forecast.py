@@ -1,0 +1,249 @@
+"""chaos/forecast.py: the model on hand-made measurements against figures worked out by hand, the published
+rates, and the measurements read from captured vet histories."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from chaos.forecast import (
+    LLAMA3,
+    FailureRates,
+    KindCost,
+    Measurements,
+    forecast,
+    forecast_scale,
+    llama3_rates,
+    measure,
+    measurements_from,
+    parse_mtbf,
+    parse_scales,
+    render,
+    scaled_rates,
+    shares,
+    soak_measure,
+    soak_prediction,
+    table_rates,
+    young_interval,
+)
+from sim.core.errors import UsageError
+from sim.core.history import History
+from sim.verdict.runmodel import RunModel
+
+from .histories import T0
+
+RUNS = Path(__file__).parent.parent / "data" / "runs"
+
+# By hand: one node loss every 10 h for the job (100 nodes, each 0.001 failures per hour = 1/36000 per second),
+# each costing 360 s of recovery; a save every 590 s of training, each blocking 10 s (a cycle of 600 s).
+#   restarts   = 360 / 36000                         = 0.01
+#   re-done    = (600 / 2) / 36000                   = 0.0083333
+#   left       = 1 - 0.01 - 0.0083333                = 0.9816667
+#   checkpoint = 0.9816667 * 10 / 600                = 0.0163611
+#   goodput    = 0.9816667 * 590 / 600               = 0.9653056
+#   τ*         = sqrt(2 * 10 * 36000) = sqrt(720000) = 848.528 s
+#   at τ*: re-done = (858.528 / 2) / 36000 = 0.0119240; left = 0.9780760;
+#          goodput = 0.978076 * 848.528 / 858.528 = 0.978076 * 0.988352 = 0.966683
+HAND = Measurements(
+    step_s=1.0,
+    kinds=(KindCost("kill-node", 360.0, {"detection_s": 60.0, "rendezvous_s": 240.0, "worker_start_s": 60.0}, 295),),
+    save_s=10.0,
+    interval_steps=590,
+    nodes=3,
+)
+HAND_RATES = FailureRates({"kill-node": 0.001}, "by hand")
+
+
+def test_the_model_on_hand_made_measurements_matches_the_figures_worked_out_by_hand():
+    scale = forecast_scale(HAND, HAND_RATES, nodes=100, gpus_per_node=8)
+    assert scale.gpus == 800
+    assert scale.per_day == pytest.approx(2.4)
+    assert scale.mtbf_h == pytest.approx(10.0)
+    assert scale.shares.restarts == pytest.approx(0.01)
+    assert scale.shares.redone == pytest.approx(0.0083333, abs=1e-7)
+    assert scale.shares.checkpoint == pytest.approx(0.0163611, abs=1e-7)
+    assert scale.shares.goodput == pytest.approx(0.9653056, abs=1e-7)
+    assert scale.young_s == pytest.approx(848.528, abs=1e-3)
+    assert scale.goodput_at_young == pytest.approx(0.966683, abs=1e-6)
+    parts = scale.shares
+    assert parts.restarts + parts.redone + parts.checkpoint + parts.goodput == pytest.approx(1.0)
+
+
+def test_youngs_interval_is_the_square_root_of_twice_the_save_cost_times_the_mtbf():
+    assert young_interval(10.0, 36000.0) == pytest.approx(848.528, abs=1e-3)
+    assert young_interval(30.0, 3 * 3600.0) == pytest.approx(805.0, abs=0.1)  # √(2·30·10800) = √648000
+
+
+def test_youngs_interval_is_the_best_interval_of_the_model_to_first_order():
+    rates, costs = {"kill-node": 1 / 36000}, {"kill-node": HAND.kinds[0]}
+    best = max(range(100, 3000, 10), key=lambda tau: shares(rates, costs, tau, 10.0).goodput)
+    assert abs(best - 848.5) < 0.05 * 848.5
+
+
+def test_the_levers_say_the_checkpoint_interval_and_the_biggest_phase_of_the_costliest_kind():
+    scale = forecast_scale(HAND, HAND_RATES, nodes=100, gpus_per_node=8)
+    text = "\n".join(scale.levers)
+    assert "checkpoint every 14 min (Young's τ*) instead of every 10 min: goodput 96.5 % → 96.7 %" in text
+    # rendezvous is 240 s of the 360: without it, restarts 120/36000 and the rest as before.
+    left = 1 - 120 / 36000 - 300 / 36000
+    assert "node loss is 100.0 % of the loss: its 360 s recovery is mostly rendezvous (240 s" in text
+    assert f"goodput 96.5 % → {100 * left * 590 / 600:.1f} %" in text  # 97.2 %
+    assert scale.levers[0].startswith("node loss")  # the bigger gain first (1.6 points against 0.1)
+
+
+def test_no_checkpoint_means_every_restart_redoes_the_job():
+    m = Measurements(step_s=1.0, kinds=(KindCost("kill-worker", 5.0),))
+    scale = forecast_scale(m, FailureRates({"kill-worker": 0.01}, "by hand"), 10, 8)
+    assert scale.shares.goodput == 0.0 and scale.young_s is None
+    assert scale.levers[0].startswith("checkpoint at all")
+
+
+def test_a_kind_the_vet_did_not_measure_takes_its_stand_ins_cost_and_says_so():
+    rates = FailureRates({"kill-node": 0.001, "partition": 0.001}, "by hand")
+    made = forecast(HAND, rates, (100,), 8)
+    partition = next(k for k in made.scales[0].kinds if k.kind == "partition")
+    assert partition.stand_in == "kill-node" and partition.cost.recovery_s == 360.0
+    assert "partition was not vetted: its measured stand-in is kill-node's recovery" in made.assumptions
+
+
+def test_llama3_rates_are_the_papers_419_interruptions_in_54_days_on_2048_nodes():
+    assert sum(c.count for c in LLAMA3) == 419
+    rates = llama3_rates()
+    assert rates.node_mtbf_h == pytest.approx(54 * 24 * 2048 / 419)
+    scale = forecast_scale(HAND, rates, nodes=2048, gpus_per_node=8)
+    assert scale.per_day == pytest.approx(419 / 54)  # about one every three hours
+    assert scale.mtbf_h == pytest.approx(54 * 24 / 419)
+    node_loss = sum(c.count for c in LLAMA3 if c.kind == "kill-node")
+    assert rates.per_node_hour["kill-node"] / sum(rates.per_node_hour.values()) == pytest.approx(node_loss / 419)
+    assert any("Faulty GPU 148" in line for line in rates.mapping)
+    assert "Llama 3" in rates.source
+
+
+def test_a_node_mtbf_keeps_llama3s_mix_and_a_table_gives_each_kind_its_own():
+    hours = parse_mtbf("--mtbf-node", "200d")
+    assert hours == 4800.0
+    rates = scaled_rates(llama3_rates(), hours, "200d")
+    assert rates.node_mtbf_h == pytest.approx(4800.0)
+    table = table_rates({"kill-node": "100d", "kill-worker": "2400h"}, "pyproject")
+    assert table.per_node_hour == {"kill-node": pytest.approx(1 / 2400), "kill-worker": pytest.approx(1 / 2400)}
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda: parse_mtbf("--mtbf-node", "soon"), "--mtbf-node 'soon': not a time between failures"),
+        (lambda: parse_mtbf("--mtbf-node", "0d"), "use e.g. 200d"),
+        (lambda: parse_scales("64,lots"), "--nodes '64,lots': give node counts"),
+        (lambda: parse_scales("0"), "give node counts"),
+        (lambda: table_rates({"meteor": "1d"}, "pyproject"), "meteor: not a kind the forecast rates"),
+        (lambda: Measurements(step_s=1.0, kinds=()), "the vet recovered from no fault"),
+    ],
+)
+def test_bad_input_is_one_line_naming_it(call, words):
+    with pytest.raises(UsageError, match=None) as raised:
+        call()
+    assert words in str(raised.value) and "\n" not in str(raised.value)
+
+
+def _vet_dict(run_dir: Path) -> dict:
+    return {
+        "nodes": 3,
+        "nproc_per_node": 1,
+        "run_dirs": [str(run_dir)],
+        "faults": [
+            {
+                "kind": "kill-worker",
+                "outcome": "survived",
+                "recovery_s": 7.5,
+                "phases": {"detection_s": 1.0, "rendezvous_s": 2.5, "worker_start_s": 4.0},
+                "steps_lost": 6,
+                "restarts": 1,
+            },
+            {"kind": "kill-node", "outcome": "failed", "recovery_s": 30.0},  # failed: not a measurement
+        ],
+    }
+
+
+def test_measurements_come_from_the_vets_histories_saves_steps_and_settings():
+    run = RunModel(History(RUNS / "vet_gauntlet" / "history.jsonl").read().records)
+    m = measurements_from(_vet_dict(RUNS / "vet_gauntlet"), [run], "captured")
+    assert [k.kind for k in m.kinds] == ["kill-worker"]
+    assert m.interval_steps == 10  # fixed_name_ckpt.py's --ckpt-every default
+    assert 0.1 <= m.step_s < 0.12  # its --step-time 0.1 plus the step itself
+    assert 0.0005 < m.save_s < 0.01  # a small model's torch.save, fsync and rename
+    assert m.saves_seen == 40
+    assert m.settings["last_call_timeout"] == "2"
+
+
+def test_forecast_reads_vet_json_and_prints_every_figure_with_its_source(tmp_path):
+    (tmp_path / "vet.json").write_text(json.dumps(_vet_dict(RUNS / "vet_gauntlet")))
+    made = forecast(measure(tmp_path), llama3_rates())
+    text = render(made)
+    assert "goodput" in text and "τ*" in text and "biggest lever:" in text
+    assert "Meta, The Llama 3 Herd of Models" in text
+    assert "save cost δ" in text and "measured" in text
+    assert "kill-node was not vetted: its measured stand-in is kill-worker's recovery" in text
+    data = made.as_dict()
+    assert [s["nodes"] for s in data["scales"]] == [64, 512, 2048]
+    assert all(0 < s["shares"]["goodput"] < 1 for s in data["scales"])
+    json.dumps(data)  # plain data
+
+
+def test_a_missing_or_wrong_vet_json_is_one_line(tmp_path):
+    with pytest.raises(UsageError, match="no such file; run `sim vet`"):
+        measure(tmp_path)
+    (tmp_path / "vet.json").write_text("[1, 2]")
+    with pytest.raises(UsageError, match="not a vet.json"):
+        measure(tmp_path)
+
+
+def _soak_history() -> list[dict]:
+    """A job at 1 step/s, a checkpoint every 10 steps, killed at t=20 (step 20), 45 (step 40) and 70 (step 60,
+    the last), each recovery 5 s, resuming from the checkpoint just written."""
+    records = [{"t": T0, "type": "run", "event": "start", "spec": {"nodes": 2, "nproc_per_node": 1}}]
+    t, step, pid, n = T0, 0, 100, 0
+
+    def start():
+        for rank in (0, 1):
+            records.append(
+                {"t": t, "type": "worker", "event": "start", "node": f"node{rank}", "rank": rank, "pid": pid + rank}
+            )
+
+    start()
+    for kill_at in (20.0, 45.0, 70.0):
+        while t < T0 + kill_at - 1e-9:
+            t, step, n = t + 1, step + 1, n + 1
+            records += [
+                {"t": t, "type": "worker", "event": "step", "node": f"node{r}", "rank": r, "pid": pid + r, "step": step}
+                | {"n": n}
+                for r in (0, 1)
+            ]
+        records.append({"t": t + 0.1, "type": "fault", "op": f"f{kill_at}", "fault": "kill-worker", "phase": "invoke"})
+        records.append({"t": t + 0.2, "type": "fault", "op": f"f{kill_at}", "fault": "kill-worker", "phase": "ok"})
+        t, pid, n = t + 5, pid + 10, 0
+        step = step // 10 * 10
+        start()
+    return records
+
+
+def test_the_soak_measure_counts_the_steps_gained_between_the_first_fault_and_the_last():
+    measured = soak_measure(RunModel(_soak_history()))
+    assert measured.faults == 2
+    assert measured.window_s == pytest.approx(50.0, abs=0.01)
+    # step 20 at the first kill, 60 at the last: 40 steps of 1 s in 50 s (two recoveries of 5 s, nothing re-done)
+    assert measured.step_s == pytest.approx(1.0)
+    assert measured.steps == 40
+    assert measured.goodput == pytest.approx(0.8)
+
+
+def test_the_soak_prediction_is_the_model_at_the_soaks_rate():
+    m = Measurements(step_s=1.0, kinds=(KindCost("kill-worker", 5.0),), save_s=0.0, interval_steps=10)
+    predicted = soak_prediction(m, "kill-worker", faults=2, window_s=50.0)
+    # restarts 2*5/50 = 0.2; re-done 2*(10/2)/50 = 0.2; goodput 0.6
+    assert predicted.restarts == pytest.approx(0.2)
+    assert predicted.redone == pytest.approx(0.2)
+    assert predicted.goodput == pytest.approx(0.6)
+    assert not math.isnan(predicted.checkpoint)
