@@ -217,6 +217,7 @@ class Measurements:
     saves_seen: int = 0
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the rdzv_conf the vet ran with
     source: str = ""
+    given: frozenset[str] = frozenset()  # the fields the user gave instead of the vet's (save_s, interval_steps)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.step_s) and self.step_s > 0):
@@ -352,10 +353,23 @@ def measure(vet_path: Path) -> Measurements:
         raise UsageError(f"{path}: not a vet.json ({error}); give the vet.json `sim vet` wrote") from None
     if not isinstance(vet, dict) or "faults" not in vet:
         raise UsageError(f"{path}: not a vet.json (no faults); give the vet.json `sim vet` wrote")
-    runs = read_runs(vet, path.parent)
+    return measure_vet(vet, path.parent, str(path))
+
+
+def with_given(m: Measurements, save_s: float | None = None, interval_steps: float | None = None) -> Measurements:
+    """`m` with the save cost and the checkpoint interval the user gave in place of the vet's (named as given)."""
+    given = {
+        name: value for name, value in (("save_s", save_s), ("interval_steps", interval_steps)) if value is not None
+    }
+    return dataclasses.replace(m, **given, given=m.given | frozenset(given)) if given else m
+
+
+def measure_vet(vet: Mapping[str, Any], base: Path, source: str) -> Measurements:
+    """The measurements of a vet's result (vet.json's dict, or VetResult.as_dict()); run folders relative to `base`."""
+    runs = read_runs(vet, base)
     if not runs:
-        raise UsageError(f"{path}: none of its runs' histories is there (run_dirs); forecast where the vet ran")
-    return measurements_from(vet, runs, str(path))
+        raise UsageError(f"{source}: none of its runs' histories is there (run_dirs); forecast where the vet ran")
+    return measurements_from(vet, runs, source)
 
 
 # ---------------------------------------------------------------- the model
@@ -437,6 +451,7 @@ class Forecast:
                 "interval_steps": m.interval_steps,
                 "interval_s": m.interval_s,
                 "saves_seen": m.saves_seen,
+                "given": sorted(m.given),
                 "settings": dict(m.settings),
                 "kinds": [dataclasses.asdict(k) for k in m.kinds],
                 "vet_nodes": m.nodes,
@@ -534,14 +549,24 @@ def assumptions(m: Measurements, rates: FailureRates, vet_nodes: int) -> tuple[s
         "a failure that restarts the workers loses on average half a checkpoint cycle, (τ + δ)/2",
         f"step time {m.step_s:.3f} s: measured (median of rank 0's steady steps in the vet's runs)",
     ]
-    if m.save_s is None:
-        said.append("save cost δ: NOT measured (no save with its duration seen): taken as 0, so no τ*")
+    if "save_s" in m.given:
+        said.append(f"save cost δ {m.save_s:.3f} s: GIVEN (--save-cost), not measured")
+    elif m.save_s is None:
+        said.append(
+            "save cost δ: NOT measured (the vet saw no save with its duration): taken as 0, so no τ*; "
+            "give --save-cost, or vet the job saving more often"
+        )
     else:
         said.append(
             f"save cost δ {m.save_s:.3f} s: measured (the slowest rank's torch.save, median of {m.saves_seen} saves)"
         )
-    if m.interval_steps is None:
-        said.append("checkpoint interval: none seen (fewer than two saves): every restart re-does the whole job")
+    if "interval_steps" in m.given:
+        said.append(f"checkpoint interval τ {m.interval_steps:g} steps = {m.interval_s:.1f} s: GIVEN (--ckpt-every)")
+    elif m.interval_steps is None:
+        said.append(
+            "checkpoint interval: NOT measured (the vet saw fewer than two saves: its faults struck first): "
+            "every restart re-does the whole job; give --ckpt-every, or vet the job saving more often"
+        )
     else:
         said.append(
             f"checkpoint interval τ {m.interval_steps:g} steps = {m.interval_s:.1f} s: measured (the saved steps)"

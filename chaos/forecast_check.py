@@ -104,6 +104,17 @@ def soak_scenario(
     )
 
 
+def check_inputs(m: Measurements, kind: str, every_s: float, duration_s: float) -> None:
+    """The soak's inputs, checked before anything starts (one line each)."""
+    if every_s < 10:
+        raise UsageError(f"--every {every_s:g}s: too often to recover in between; give 10s or more, e.g. 60s")
+    if duration_s < 2 * every_s:
+        raise UsageError(f"--soak {duration_s:g}s: shorter than two faults; give at least twice --every")
+    if kind not in {k.kind for k in m.kinds}:
+        measured = ", ".join(k.kind for k in m.kinds)
+        raise UsageError(f"--check-kind {kind}: the vet did not measure it; use one it did: {measured}")
+
+
 def run_check(
     m: Measurements,
     spec: ClusterSpec,
@@ -116,13 +127,7 @@ def run_check(
     docker=None,
     progress: Callable[[str], None] = print,
 ) -> CheckResult:
-    if kind not in {k.kind for k in m.kinds}:
-        measured = ", ".join(k.kind for k in m.kinds)
-        raise UsageError(f"--check-kind {kind}: the vet did not measure it; use one it did: {measured}")
-    if every_s < 10:
-        raise UsageError(f"--every {every_s:g}s: too often to recover in between; give 10s or more, e.g. 60s")
-    if duration_s < 2 * every_s:
-        raise UsageError(f"--soak {duration_s:g}s: shorter than two faults; give at least twice --every")
+    check_inputs(m, kind, every_s, duration_s)
     world = spec.nodes * spec.nproc_per_node
     scenario = soak_scenario(world, kind, every_s, duration_s, seed, spec.rdzv_backend)
     faults = len(scenario.steps)

@@ -819,6 +819,10 @@ def _add_forecast(sub: argparse._SubParsersAction) -> None:
         help="a node's mean time between failures (e.g. 200d), in Llama 3's mix of kinds; per kind: "
         "[tool.elastic-sim.mtbf] in pyproject.toml (default: Llama 3's rates)",
     )
+    forecast.add_argument(
+        "--ckpt-every", type=int, metavar="STEPS", help="the checkpoint interval the job keeps (default: the vet's)"
+    )
+    forecast.add_argument("--save-cost", metavar="TIME", help="how long a save blocks training (default: the vet's)")
     forecast.add_argument("--out", metavar="DIR", help="where forecast.json goes (default: the vet's folder)")
     forecast.add_argument("--check", action="store_true", help="run a real soak of the job and compare (minutes)")
     forecast.add_argument("--every", default="60s", metavar="TIME", help="--check: a fault this often (default 60s)")
@@ -842,10 +846,10 @@ def forecast_rates(mtbf_node: str | None, tool: Mapping[str, object]):
 def vet_forecast(vet, rates):
     """`sim vet --forecast`: the forecast at the default scales from the vet just run (None, said, where its
     runs cannot give one: no fault recovered, no step seen)."""
-    from chaos.forecast import forecast, measurements_from, read_runs
+    from chaos.forecast import forecast, measure_vet
 
     try:
-        measured = measurements_from(vet.as_dict(), read_runs(vet.as_dict(), Path.cwd()), "this vet")
+        measured = measure_vet(vet.as_dict(), Path.cwd(), "this vet")
     except UsageError as error:
         print(f"sim vet: no forecast: {error}")
         return None
@@ -855,7 +859,7 @@ def vet_forecast(vet, rates):
 def cmd_forecast(args: argparse.Namespace, _: list[str] | None) -> int:
     import json
 
-    from chaos.forecast import forecast, measure, parse_scales, render
+    from chaos.forecast import forecast, measure, parse_scales, render, with_given
     from chaos.parse import parse_duration
 
     scales = parse_scales(args.scales)
@@ -864,17 +868,22 @@ def cmd_forecast(args: argparse.Namespace, _: list[str] | None) -> int:
     rates = forecast_rates(args.mtbf_node, read_tool_config(Path.cwd()))
     every, soak = parse_duration(args.every), parse_duration(args.soak)
     vet_path = Path(args.vet)
-    measured = measure(vet_path)
+    if args.ckpt_every is not None and args.ckpt_every < 1:
+        raise UsageError(f"--ckpt-every {args.ckpt_every}: give the steps between two saves, 1 or more")
+    save_cost = parse_duration(args.save_cost) if args.save_cost is not None else None
+    measured = with_given(measure(vet_path), save_cost, args.ckpt_every)
+    if args.check:  # its inputs checked before anything is printed or started
+        from chaos.forecast_check import check_inputs, run_check, vet_job
+
+        check_inputs(measured, args.check_kind, every, soak)
+        vet = json.loads(Path(measured.source).read_text(encoding="utf-8"))
+        spec = vet_job(vet, Path(measured.source).parent)
     made = forecast(measured, rates, scales, args.gpus_per_node)
     print(render(made))
     out = Path(args.out) if args.out else Path(measured.source).parent
     out.mkdir(parents=True, exist_ok=True)
     data = made.as_dict()
     if args.check:
-        from chaos.forecast_check import run_check, vet_job
-
-        vet = json.loads(Path(measured.source).read_text(encoding="utf-8"))
-        spec = vet_job(vet, Path(measured.source).parent)
         checked = run_check(
             measured,
             spec,

@@ -27,8 +27,10 @@ from chaos.forecast import (
     soak_measure,
     soak_prediction,
     table_rates,
+    with_given,
     young_interval,
 )
+from chaos.vet import FaultScore, VetResult, write_outputs
 from sim.core.errors import UsageError
 from sim.core.history import History
 from sim.verdict.runmodel import RunModel
@@ -247,3 +249,72 @@ def test_the_soak_prediction_is_the_model_at_the_soaks_rate():
     assert predicted.redone == pytest.approx(0.2)
     assert predicted.goodput == pytest.approx(0.6)
     assert not math.isnan(predicted.checkpoint)
+
+
+def test_the_pytest_plugins_sim_forecast_forecasts_a_vet_json(sim_forecast, tmp_path):
+    (tmp_path / "vet.json").write_text(json.dumps(_vet_dict(RUNS / "vet_gauntlet")))
+    made = sim_forecast(tmp_path / "vet.json", nodes=[512], gpus_per_node=4, mtbf_node="100d")
+    (scale,) = made.scales
+    assert (scale.nodes, scale.gpus) == (512, 2048)
+    assert scale.per_day == pytest.approx(512 / 100)  # one failure per node per 100 days
+    assert scale.levers and 0 < scale.shares.goodput < 1
+
+
+def test_what_the_user_gives_replaces_the_vets_figure_and_is_named_given():
+    m = with_given(Measurements(step_s=0.5, kinds=(KindCost("kill-worker", 5.0),)), save_s=20.0, interval_steps=600)
+    assert (m.save_s, m.interval_s) == (20.0, 300.0)
+    said = "\n".join(forecast(m, HAND_RATES, (100,), 8).assumptions)
+    assert "save cost δ 20.000 s: GIVEN (--save-cost)" in said
+    assert "checkpoint interval τ 600 steps = 300.0 s: GIVEN (--ckpt-every)" in said
+    plain = "\n".join(forecast(with_given(HAND), HAND_RATES, (100,), 8).assumptions)
+    assert "GIVEN" not in plain and "save cost δ 10.000 s: measured" in plain
+
+
+def test_vet_forecast_goes_into_vet_json_and_vet_html(tmp_path):
+    score = FaultScore("kill-node", "node crash", "survived", "the job goes on", recovery_s=360.0)
+    vet = VetResult("train.py", "etcd-v2", 3, 1, (score,), (), 60.0)
+    made = forecast(HAND, HAND_RATES, (100,), 8)
+    write_outputs(vet, tmp_path, forecast=made)
+    data = json.loads((tmp_path / "vet.json").read_text())
+    assert data["forecast"]["scales"][0]["young_s"] == pytest.approx(848.528, abs=1e-3)
+    page = (tmp_path / "vet.html").read_text()
+    assert "Forecast at scale" in page and "14 min" in page
+    write_outputs(vet, tmp_path / "plain")  # without --forecast: no forecast
+    assert "forecast" not in json.loads((tmp_path / "plain" / "vet.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--nodes", "64,many"], "--nodes '64,many': give node counts"),
+        (["--mtbf-node", "often"], "--mtbf-node 'often': not a time between failures"),
+        (["--gpus-per-node", "0"], "--gpus-per-node 0: give 1 or more"),
+        (["--ckpt-every", "0"], "--ckpt-every 0: give the steps between two saves"),
+        (["--save-cost", "fast"], "duration 'fast': not a duration"),
+        (["--check", "--every", "2s"], "--every 2s: too often to recover in between"),
+        (["--check", "--soak", "1m"], "--soak 60s: shorter than two faults"),
+        (["--check", "--check-kind", "partition"], "--check-kind partition: the vet did not measure it"),
+    ],
+)
+def test_sim_forecast_bad_input_is_one_line_and_exit_2(argv, words, tmp_path, capsys, monkeypatch):
+    from sim.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "vet.json").write_text(json.dumps(_vet_dict(RUNS / "vet_gauntlet")))
+    assert main(["forecast", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "forecast.json").exists()  # nothing half-made
+
+
+def test_sim_forecast_prints_the_table_and_writes_forecast_json(tmp_path, capsys, monkeypatch):
+    from sim.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "vet.json").write_text(json.dumps(_vet_dict(RUNS / "vet_gauntlet")))
+    (tmp_path / "pyproject.toml").write_text('[tool.elastic-sim.mtbf]\nkill-node = "100d"\n')
+    assert main(["forecast", "--nodes", "100", "--gpus-per-node", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "pyproject.toml [tool.elastic-sim.mtbf] (per node: kill-node 100d)" in out
+    data = json.loads((tmp_path / "forecast.json").read_text())
+    assert data["scales"][0]["per_day"] == pytest.approx(1.0)  # 100 nodes, each one loss in 100 days
