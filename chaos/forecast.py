@@ -27,6 +27,7 @@ import itertools
 import math
 import re
 import statistics
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -277,9 +278,14 @@ def save_costs(run: RunModel) -> tuple[list[float], list[int]]:
 
 
 def interval_of(steps: Sequence[int]) -> float | None:
-    """The steps between saves the job keeps: the most common gap between consecutive saved steps."""
-    gaps = [b - a for a, b in itertools.pairwise(steps) if b > a]
-    return float(statistics.mode(gaps)) if gaps else None
+    """The steps between saves the job keeps: the most common gap between the saved steps (sorted, each once). One
+    saved step: that step (a job saves at multiples of its interval, `step % k == 0`: a vet that strikes as soon as
+    the job is steady may see only the first save, at k). None: no save seen."""
+    unique = sorted(set(steps))
+    gaps = [b - a for a, b in itertools.pairwise(unique)]
+    if gaps:
+        return float(statistics.mode(gaps))
+    return float(unique[0]) if unique and unique[0] > 0 else None
 
 
 def run_settings(records: Iterable[Any]) -> dict[str, str]:
@@ -521,8 +527,15 @@ def levers(scale: ScaleForecast, per_s: Mapping[str, float], costs: Mapping[str,
             found.append(
                 (
                     better - now,
-                    f"{said}: its {top.cost.recovery_s:.0f} s recovery is mostly {which.removesuffix('_s')} "
-                    f"({seconds:.0f} s, {nature}); without it goodput {pct(now)} → {pct(better)}",
+                    f"{said}: "
+                    + (
+                        f"its {top.cost.recovery_s:.0f} s recovery is mostly {which.removesuffix('_s')} "
+                        f"({seconds:.0f} s"
+                        if seconds > top.cost.recovery_s / 2
+                        else f"its recovery's biggest phase is {which.removesuffix('_s')} ({seconds:.0f} s of "
+                        f"{top.cost.recovery_s:.0f} s"
+                    )
+                    + f", {nature}); without it goodput {pct(now)} → {pct(better)}",
                 )
             )
         else:
@@ -569,7 +582,8 @@ def assumptions(m: Measurements, rates: FailureRates, vet_nodes: int) -> tuple[s
         )
     else:
         said.append(
-            f"checkpoint interval τ {m.interval_steps:g} steps = {m.interval_s:.1f} s: measured (the saved steps)"
+            f"checkpoint interval τ {m.interval_steps:g} steps = {m.interval_s:.1f} s: measured (the most common gap "
+            "between the saved steps; one saved step: that step, the job saving at its multiples)"
         )
     said.append(
         f"recovery times measured on {vet_nodes} nodes here, under rdzv settings {settings}; their phases "
@@ -649,14 +663,17 @@ def render(f: Forecast, width: int = 118) -> str:
             + ")"
             for k in s.kinds
         )
-        lines.append(f"  {mix}"[:width])
+        lines += textwrap.wrap(mix, width, initial_indent="  ", subsequent_indent="    ")
         for i, lever in enumerate(s.levers):
-            lines.append(("  biggest lever: " if i == 0 else "  then: ") + lever)
+            head = "  biggest lever: " if i == 0 else "  then: "
+            lines += textwrap.wrap(head + lever, width, subsequent_indent="    ")
     lines.append("")
     lines.append("the failure mix (our kinds from the source's categories):")
-    lines += [f"  {line}"[:width] for line in f.rates.mapping]
+    for line in f.rates.mapping:
+        lines += textwrap.wrap(line, width, initial_indent="  ", subsequent_indent="    ")
     lines.append("assumptions:")
-    lines += [f"  - {a}" for a in f.assumptions]
+    for said in f.assumptions:
+        lines += textwrap.wrap(said, width, initial_indent="  - ", subsequent_indent="    ")
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ from chaos.forecast import (
     Measurements,
     forecast,
     forecast_scale,
+    interval_of,
     llama3_rates,
     measure,
     measurements_from,
@@ -318,3 +319,9 @@ def test_sim_forecast_prints_the_table_and_writes_forecast_json(tmp_path, capsys
     assert "pyproject.toml [tool.elastic-sim.mtbf] (per node: kill-node 100d)" in out
     data = json.loads((tmp_path / "forecast.json").read_text())
     assert data["scales"][0]["per_day"] == pytest.approx(1.0)  # 100 nodes, each one loss in 100 days
+
+
+def test_the_interval_is_the_common_gap_between_saved_steps_or_the_one_saved_step():
+    assert interval_of([10, 20, 30, 10, 20, 50]) == 10  # resumed saves repeat a step; a gap over a fault is rare
+    assert interval_of([50]) == 50  # the vet struck before the second save
+    assert interval_of([]) is None
