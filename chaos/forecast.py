@@ -6,11 +6,12 @@ Nothing here runs Docker; `measure` only reads files the vet wrote.
 
 The model, per scale (N nodes). Each fault kind k strikes every node at its own rate (independent
 failures), so the job sees it at N·λ_k. Each costs its measured recovery R_k (fault to first step)
-and, when it restarts the workers, the work since the last checkpoint: on average half a
+and slow start S_k (the steps its first seconds after fell short of the speed before it) and, when it
+restarts the workers, the work since the last checkpoint: on average half a
 checkpoint cycle, (τ + δ)/2, with τ the training time between saves and δ the time a save blocks
 training. Of the time left, δ/(τ + δ) goes to saves. So, as shares of wall time:
 
-    restarts   = Σ N·λ_k·R_k
+    restarts   = Σ N·λ_k·(R_k + S_k)
     re-done    = Σ N·λ_k·(τ + δ)/2        (kinds that restart the workers)
     checkpoint = (1 − restarts − re-done)·δ/(τ + δ)
     goodput    = (1 − restarts − re-done)·τ/(τ + δ)
@@ -34,6 +35,7 @@ from typing import Any
 
 from sim.core.errors import UsageError
 from sim.core.history import FILE_NAME, History, RunRecord, WorkerRecord
+from sim.verdict.recovery import THROUGHPUT_WINDOW_S
 from sim.verdict.runmodel import RunModel
 
 HOURS_PER_DAY = 24.0
@@ -192,10 +194,20 @@ class KindCost:
     phases: Mapping[str, float | None] = dataclasses.field(default_factory=dict)
     steps_lost: int | None = None
     restarts: bool = True  # it restarts the workers: the work since the last checkpoint is done again
+    # The slow start after it: the steps the first THROUGHPUT_WINDOW_S seconds after the recovery fell short of the
+    # window before the fault, as seconds of training (a restarted job's first steps are slower: warm-up).
+    slow_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.recovery_s) and self.recovery_s >= 0):
-            raise UsageError(f"{self.kind}: recovery {self.recovery_s!r} s: must be a time of zero or more")
+        for name in ("recovery_s", "slow_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise UsageError(f"{self.kind}: {name} {value!r}: must be a time of zero or more")
+
+    @property
+    def lost_s(self) -> float:
+        """The time it costs besides re-done work: its recovery and its slow start."""
+        return self.recovery_s + self.slow_s
 
     @property
     def biggest_phase(self) -> tuple[str, float] | None:
@@ -294,6 +306,15 @@ def run_settings(records: Iterable[Any]) -> dict[str, str]:
     return {k: str(v) for k, v in conf.items() if k in SETTING_KEYS}
 
 
+def slow_start(fault: Mapping[str, Any], window_s: float) -> float:
+    """Seconds of training a fault's slow start cost: the window after its recovery at the throughput measured
+    there, short of the throughput before it (0 where it was as fast, or either is unknown)."""
+    before, after = fault.get("throughput_before"), fault.get("throughput_after")
+    if not before or after is None or after >= before:
+        return 0.0
+    return round(window_s * (1 - after / before), 3)
+
+
 def measurements_from(vet: Mapping[str, Any], runs: Sequence[RunModel], source: str = "") -> Measurements:
     """The measurements in a vet's result (vet.json's dict) and its runs' models: pure."""
     kinds = []
@@ -302,7 +323,10 @@ def measurements_from(vet: Mapping[str, Any], runs: Sequence[RunModel], source: 
             continue
         lost = f.get("steps_lost")
         restarted = bool(f.get("restarts")) or bool(lost)
-        kinds.append(KindCost(f["kind"], float(f["recovery_s"]), dict(f.get("phases") or {}), lost, restarted))
+        phases = dict(f.get("phases") or {})
+        kinds.append(
+            KindCost(f["kind"], float(f["recovery_s"]), phases, lost, restarted, slow_start(f, THROUGHPUT_WINDOW_S))
+        )
     step_times = [s for s in (step_seconds(run) for run in runs) if s is not None]
     if not step_times:
         raise UsageError(f"{source or 'the vet'}: its runs show no training steps; vet a job that steps")
@@ -395,7 +419,7 @@ def shares(rates_s: Mapping[str, float], costs: Mapping[str, KindCost], tau: flo
     """The model (the module's docstring): `rates_s` the job's failures per second by kind, `costs` each kind's
     measured cost, τ the training seconds between saves, δ a save's seconds. No checkpoint (τ infinite): the
     work since the job's start is lost, and re-done work takes everything."""
-    restarts = sum(rate * costs[k].recovery_s for k, rate in rates_s.items())
+    restarts = sum(rate * costs[k].lost_s for k, rate in rates_s.items())
     restarting = sum(rate for k, rate in rates_s.items() if costs[k].restarts)
     redone = restarting * (tau + delta) / 2 if math.isfinite(tau) else (1.0 if restarting else 0.0)
     left = max(0.0, 1.0 - restarts - redone)
@@ -483,7 +507,7 @@ def forecast_scale(m: Measurements, rates: FailureRates, nodes: int, gpus_per_no
     young = young_interval(delta, 1.0 / restarting) if m.save_s and restarting else None
     at_young = shares(per_s, costs, young, delta).goodput if young else None
     lost = {
-        k: r * costs[k].recovery_s + (r * (tau + delta) / 2 if costs[k].restarts and math.isfinite(tau) else 0.0)
+        k: r * costs[k].lost_s + (r * (tau + delta) / 2 if costs[k].restarts and math.isfinite(tau) else 0.0)
         for k, r in per_s.items()
     }
     lost_total = sum(lost.values()) or 1.0
@@ -642,7 +666,10 @@ def render(f: Forecast, width: int = 118) -> str:
     ]
     for k in m.kinds:
         phases = ", ".join(f"{p.removesuffix('_s')} {v:.1f}" for p, v in k.phases.items() if v is not None)
-        lines.append(f"  {k.kind:18} recovery {k.recovery_s:5.1f} s  steps lost {k.steps_lost}  ({phases or '-'})")
+        lines.append(
+            f"  {k.kind:18} recovery {k.recovery_s:5.1f} s + slow start {k.slow_s:4.1f} s  steps lost "
+            f"{k.steps_lost}  ({phases or '-'})"
+        )
     head = (
         f"{'nodes':>6} {'GPUs':>6} {'int/day':>8} {'MTBF':>8} {'restarts':>9} {'re-done':>8} {'ckpt':>6} "
         f"{'goodput':>8} {'τ*':>7} {'at τ*':>7}"

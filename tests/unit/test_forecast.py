@@ -164,6 +164,8 @@ def _vet_dict(run_dir: Path) -> dict:
                 "phases": {"detection_s": 1.0, "rendezvous_s": 2.5, "worker_start_s": 4.0},
                 "steps_lost": 6,
                 "restarts": 1,
+                "throughput_before": 10.0,
+                "throughput_after": 6.0,
             },
             {"kind": "kill-node", "outcome": "failed", "recovery_s": 30.0},  # failed: not a measurement
         ],
@@ -174,6 +176,8 @@ def test_measurements_come_from_the_vets_histories_saves_steps_and_settings():
     run = RunModel(History(RUNS / "vet_gauntlet" / "history.jsonl").read().records)
     m = measurements_from(_vet_dict(RUNS / "vet_gauntlet"), [run], "captured")
     assert [k.kind for k in m.kinds] == ["kill-worker"]
+    # 10 s after the recovery at 6 steps/s against 10 before: 4 s of training short (THROUGHPUT_WINDOW_S is 10 s)
+    assert m.kinds[0].slow_s == pytest.approx(4.0) and m.kinds[0].lost_s == pytest.approx(11.5)
     assert m.interval_steps == 10  # fixed_name_ckpt.py's --ckpt-every default
     assert 0.1 <= m.step_s < 0.12  # its --step-time 0.1 plus the step itself
     assert 0.0005 < m.save_s < 0.01  # a small model's torch.save, fsync and rename
