@@ -664,11 +664,17 @@ def render(f: Forecast, width: int = 118) -> str:
         + ", interval τ "
         + ("-" if m.interval_s is None else f"{m.interval_steps:g} steps = {m.interval_s:.1f} s"),
     ]
+    lines.append("  phases in s: [S] set by torch's settings, kept as measured; [G] grows with the job, a lower bound")
+    tags = {"settings": "S", "grows": "G"}
     for k in m.kinds:
-        phases = ", ".join(f"{p.removesuffix('_s')} {v:.1f}" for p, v in k.phases.items() if v is not None)
-        lines.append(
-            f"  {k.kind:18} recovery {k.recovery_s:5.1f} s + slow start {k.slow_s:4.1f} s  steps lost "
-            f"{k.steps_lost}  ({phases or '-'})"
+        phases = ", ".join(
+            f"{p.removesuffix('_s')} {v:.1f}[{tags[PHASE_NATURE[p][0]]}]"
+            for p, v in k.phases.items()
+            if v is not None and p in PHASE_NATURE
+        )
+        said = f"{k.kind}: recovery {k.recovery_s:.1f} s + slow start {k.slow_s:.1f} s, steps lost {k.steps_lost}"
+        lines += textwrap.wrap(
+            f"{said} ({phases or 'no phases'})", width, initial_indent="  ", subsequent_indent="    "
         )
     head = (
         f"{'nodes':>6} {'GPUs':>6} {'int/day':>8} {'MTBF':>8} {'restarts':>9} {'re-done':>8} {'ckpt':>6} "
