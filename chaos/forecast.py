@@ -35,7 +35,7 @@ from typing import Any
 
 from sim.core.errors import UsageError
 from sim.core.history import FILE_NAME, History, RunRecord, WorkerRecord
-from sim.verdict.recovery import THROUGHPUT_WINDOW_S
+from sim.verdict.recovery import THROUGHPUT_WINDOW_S, recoveries
 from sim.verdict.runmodel import RunModel
 
 HOURS_PER_DAY = 24.0
@@ -752,6 +752,10 @@ class SoakMeasure:
     faults: int  # faults that struck inside the window (all but the last)
     steps: int  # net progress: the step reached at the window's end less the one at its start
     step_s: float  # the soak's own steady step time
+    # The soak's own recoveries from the faults in the window, as the vet measures them: the mean recovery and
+    # slow start (None: none measured). The model given these tells its own error from its inputs'.
+    recovery_s: float | None = None
+    slow_s: float | None = None
 
     @property
     def goodput(self) -> float:
@@ -776,11 +780,22 @@ def soak_measure(run: RunModel) -> SoakMeasure:
     step_s = step_seconds(run)
     if first is None or last is None or step_s is None:
         raise UsageError("the soak's history shows no training steps around its faults: nothing to measure")
-    return SoakMeasure(end - begin, len(invokes) - 1, last - first, step_s)
+    inside = [r.public() for r in recoveries(run) if begin <= r.fault.t_invoke < end]
+    times = [r.recovery_s for r in inside if r.recovery_s is not None]
+    slow = [slow_start(dataclasses.asdict(r), THROUGHPUT_WINDOW_S) for r in inside if r.recovery_s is not None]
+    return SoakMeasure(
+        end - begin,
+        len(invokes) - 1,
+        last - first,
+        step_s,
+        statistics.mean(times) if times else None,
+        statistics.mean(slow) if slow else None,
+    )
 
 
-def soak_prediction(m: Measurements, kind: str, faults: int, window_s: float) -> Shares:
-    """The model at the vet's own scale for a soak: `faults` faults of `kind` in `window_s` seconds."""
-    cost, _ = m.cost(kind)
+def soak_prediction(m: Measurements, kind: str, faults: int, window_s: float, cost: KindCost | None = None) -> Shares:
+    """The model at the vet's own scale for a soak: `faults` faults of `kind` in `window_s` seconds, each costing
+    what the vet measured (or `cost`)."""
+    cost = cost or m.cost(kind)[0]
     tau = m.interval_s if m.interval_s is not None else math.inf
     return shares({kind: faults / window_s}, {kind: cost}, tau, m.save_s or 0.0)

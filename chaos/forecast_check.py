@@ -36,6 +36,7 @@ class CheckResult:
     measured: SoakMeasure
     predicted: Shares
     run_dir: str
+    given_soak: Shares | None = None  # the model given the soak's own recoveries: its error apart from its inputs'
 
     @property
     def error(self) -> float:
@@ -54,6 +55,7 @@ class CheckResult:
             "measured": {**dataclasses.asdict(self.measured), "goodput": self.measured.goodput},
             "predicted": dataclasses.asdict(self.predicted),
             "error": self.error,
+            "given_soak_recoveries": None if self.given_soak is None else dataclasses.asdict(self.given_soak),
             "within": self.within,
             "tolerance": TOLERANCE,
             "run_dir": self.run_dir,
@@ -68,6 +70,19 @@ class CheckResult:
             f"checkpoint {100 * p.checkpoint:.1f} %): {100 * self.error:+.1f} %, "
             + ("within" if self.within else "NOT within")
             + f" {100 * TOLERANCE:.0f} %"
+            + self._given_soak()
+        )
+
+    def _given_soak(self) -> str:
+        """The model's error apart from its inputs': its goodput given the soak's own recoveries."""
+        m, g = self.measured, self.given_soak
+        if g is None or m.recovery_s is None:
+            return ""
+        apart = (g.goodput - m.goodput) / m.goodput
+        return (
+            f"\n  the vet measured this kind's recovery once; the soak's own recoveries averaged {m.recovery_s:.1f} s "
+            f"+ {m.slow_s or 0:.1f} s slow start: given those, the model says {100 * g.goodput:.1f} % "
+            f"({100 * apart:+.1f} %)"
         )
 
 
@@ -145,7 +160,15 @@ def run_check(
     run = RunModel(History(result.run_dir / FILE_NAME).read().records)
     if result.unfired:
         raise UsageError(f"the soak did not run as planned: {result.unfired} (its history: {result.run_dir})")
+    return judge(m, kind, every_s, seed, run, str(result.run_dir))
+
+
+def judge(m: Measurements, kind: str, every_s: float, seed: int, run: RunModel, run_dir: str) -> CheckResult:
+    """The soak's goodput beside the model's, from the vet's measurements and from the soak's own recoveries."""
     measured = soak_measure(run)
-    return CheckResult(
-        kind, every_s, seed, measured, soak_prediction(m, kind, measured.faults, measured.window_s), str(result.run_dir)
-    )
+    predicted = soak_prediction(m, kind, measured.faults, measured.window_s)
+    given = None
+    if measured.recovery_s is not None:
+        own = dataclasses.replace(m.cost(kind)[0], recovery_s=measured.recovery_s, slow_s=measured.slow_s or 0.0)
+        given = soak_prediction(m, kind, measured.faults, measured.window_s, own)
+    return CheckResult(kind, every_s, seed, measured, predicted, run_dir, given)

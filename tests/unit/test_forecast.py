@@ -329,3 +329,19 @@ def test_the_interval_is_the_common_gap_between_saved_steps_or_the_one_saved_ste
     assert interval_of([10, 20, 30, 10, 20, 50]) == 10  # resumed saves repeat a step; a gap over a fault is rare
     assert interval_of([50]) == 50  # the vet struck before the second save
     assert interval_of([]) is None
+
+
+def test_the_check_judges_the_vets_forecast_and_the_model_given_the_soaks_own_recoveries():
+    from chaos.forecast_check import judge
+
+    m = Measurements(step_s=1.0, kinds=(KindCost("kill-worker", 1.0),), save_s=0.0, interval_steps=10)
+    checked = judge(m, "kill-worker", 25.0, 7, RunModel(_soak_history()), "run")
+    assert checked.measured.recovery_s == pytest.approx(5.8)  # the fault's ok (+0.2 s) to the next step (+6 s)
+    # the vet's 1 s: restarts 2*1/50 = 0.04, re-done 2*5/50 = 0.2: 0.76 against the measured 0.8 (-5 %)
+    assert checked.predicted.goodput == pytest.approx(0.76)
+    assert checked.error == pytest.approx(-0.05) and checked.within
+    # the soak's own 5.8 s: restarts 2*5.8/50 = 0.232: 0.568
+    assert checked.given_soak.goodput == pytest.approx(0.568)
+    line = checked.line()
+    assert "goodput measured 80.0 %" in line and "forecast 76.0 %" in line and "-5.0 %, within 10 %" in line
+    assert "given those, the model says 56.8 % (-29.0 %)" in line
