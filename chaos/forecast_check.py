@@ -128,6 +128,11 @@ def check_inputs(m: Measurements, kind: str, every_s: float, duration_s: float) 
     if kind not in {k.kind for k in m.kinds}:
         measured = ", ".join(k.kind for k in m.kinds)
         raise UsageError(f"--check-kind {kind}: the vet did not measure it; use one it did: {measured}")
+    if m.interval_steps is None:  # the model would take every restart to re-do the whole job: nothing to check
+        raise UsageError(
+            "--check: the vet saw no checkpoint save (its faults struck before the first); give the steps between "
+            "the job's saves, --ckpt-every N, or vet it saving more often"
+        )
 
 
 def run_check(

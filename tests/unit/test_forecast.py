@@ -288,6 +288,15 @@ def test_vet_forecast_goes_into_vet_json_and_vet_html(tmp_path):
     assert "forecast" not in json.loads((tmp_path / "plain" / "vet.json").read_text())
 
 
+def test_check_refuses_a_vet_that_saw_no_save_before_anything_starts():
+    from chaos.forecast_check import check_inputs
+
+    m = Measurements(step_s=0.1, kinds=(KindCost("kill-worker", 5.0),))
+    with pytest.raises(UsageError, match="the vet saw no checkpoint save .*--ckpt-every N"):
+        check_inputs(m, "kill-worker", 60.0, 600.0)
+    check_inputs(with_given(m, interval_steps=10), "kill-worker", 60.0, 600.0)  # given: it may run
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
