@@ -595,7 +595,8 @@ def assumptions(m: Measurements, rates: FailureRates, vet_nodes: int) -> tuple[s
         )
     else:
         said.append(
-            f"save cost δ {m.save_s:.3f} s: measured (the slowest rank's torch.save, median of {m.saves_seen} saves)"
+            f"save cost δ {m.save_s:.3f} s: measured (the slowest rank's torch.save, the median of "
+            f"{m.saves_seen} save{'' if m.saves_seen == 1 else 's'})"
         )
     if "interval_steps" in m.given:
         said.append(f"checkpoint interval τ {m.interval_steps:g} steps = {m.interval_s:.1f} s: GIVEN (--ckpt-every)")
@@ -731,12 +732,26 @@ def render_html(f: Forecast) -> str:
         )
         rows.append("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in cells) + "</tr>")
     levers = "".join(f"<li><b>{s.nodes} nodes:</b> {esc(s.levers[0])}</li>" for s in f.scales if s.levers)
+    measured = "".join(
+        f"<tr><td>{esc(k.kind)}</td><td>{k.recovery_s:.1f} s</td><td>{k.slow_s:.1f} s</td><td>{k.steps_lost}</td><td>"
+        + esc(
+            ", ".join(
+                f"{p.removesuffix('_s')} {v:.1f} s ({PHASE_NATURE[p][0]})"
+                for p, v in k.phases.items()
+                if v is not None and p in PHASE_NATURE
+            )
+        )
+        + "</td></tr>"
+        for k in f.measurements.kinds
+    )
     said = "".join(f"<li>{esc(a)}</li>" for a in f.assumptions)
     mapping = "".join(f"<li>{esc(line)}</li>" for line in f.rates.mapping)
     return (
         "<h2>Forecast at scale</h2>"
         f"<table><tr>{''.join(f'<th>{h}</th>' for h in heads)}</tr>{''.join(rows)}</table>"
-        f"<p><b>Biggest levers</b></p><ul>{levers}</ul>"
+        f"<p><b>Biggest levers</b></p><ul>{levers}</ul><p><b>Measured by the vet</b> (phases: set by torch's "
+        "settings, or growing with the job)</p><table><tr><th>kind</th><th>recovery</th><th>slow start</th>"
+        f"<th>steps lost</th><th>phases</th></tr>{measured}</table>"
         f"<p><b>Failure mix</b></p><ul>{mapping}</ul><p><b>Assumptions</b></p><ul>{said}</ul>"
     )
 
