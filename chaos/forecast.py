@@ -523,6 +523,9 @@ def forecast_scale(m: Measurements, rates: FailureRates, nodes: int, gpus_per_no
     return dataclasses.replace(scale, levers=levers(scale, per_s, costs, delta))
 
 
+MIN_LEVER_GAIN = 0.001  # a lever besides the biggest is named when it lifts goodput by 0.1 points or more
+
+
 def levers(scale: ScaleForecast, per_s: Mapping[str, float], costs: Mapping[str, KindCost], delta: float) -> tuple:
     """What would lift goodput most, one sentence each, biggest gain first."""
     found: list[tuple[float, str]] = []
@@ -575,7 +578,9 @@ def levers(scale: ScaleForecast, per_s: Mapping[str, float], costs: Mapping[str,
                 f"goodput {pct(base)} → {pct(faster)}",
             )
         )
-    return tuple(text for _, text in sorted(found, key=lambda g: -g[0]))
+    ranked = sorted(found, key=lambda g: -g[0])
+    # The biggest always; the others only where they move goodput by a tenth of a point or more.
+    return tuple(text for i, (gain, text) in enumerate(ranked) if i == 0 or gain >= MIN_LEVER_GAIN)
 
 
 def assumptions(m: Measurements, rates: FailureRates, vet_nodes: int) -> tuple[str, ...]:
