@@ -41,6 +41,8 @@ from sim.verdict.runmodel import RunModel
 from sim.verdict.runreport import ENDING_CHECKS, saved_logs
 
 from .faults import FAULTS, PROVOCATIONS, Provocation
+from .forecast import Forecast
+from .forecast import render_html as forecast_html
 from .runner import ScenarioResult, ScenarioRunner
 from .scenario import PROFILES, Expectation, Scenario, Step, Trigger
 
@@ -967,7 +969,9 @@ def render_html(vet: VetResult, pictures: Mapping[str, bytes], extra: str = "") 
     )
 
 
-def write_outputs(vet: VetResult, out_dir: Path, junit: Path | None = None, forecast=None) -> dict[str, Path]:
+def write_outputs(
+    vet: VetResult, out_dir: Path, junit: Path | None = None, forecast: Forecast | None = None
+) -> dict[str, Path]:
     """vet.json, vet.html (and JUnit XML); `forecast` (chaos.forecast.Forecast, `sim vet --forecast`) in both."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"json": out_dir / "vet.json", "html": out_dir / "vet.html"}
@@ -980,12 +984,7 @@ def write_outputs(vet: VetResult, out_dir: Path, junit: Path | None = None, fore
     except Exception as error:  # noqa: BLE001 (a picture that cannot be drawn must not lose the scorecard)
         pictures = {}
         print(f"[vet] timelines not drawn: {error}")
-    if forecast is not None:
-        from .forecast import render_html as forecast_html
-
-        extra = forecast_html(forecast)
-    else:
-        extra = ""
+    extra = forecast_html(forecast) if forecast is not None else ""
     files["html"].write_text(render_html(vet, pictures, extra), encoding="utf-8")
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
