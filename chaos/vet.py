@@ -41,6 +41,8 @@ from sim.verdict.runmodel import RunModel
 from sim.verdict.runreport import ENDING_CHECKS, saved_logs
 
 from .faults import FAULTS, PROVOCATIONS, Provocation
+from .forecast import Forecast
+from .forecast import render_html as forecast_html
 from .runner import ScenarioResult, ScenarioRunner
 from .scenario import PROFILES, Expectation, Scenario, Step, Trigger
 
@@ -901,7 +903,8 @@ def fault_timelines(vet: VetResult) -> dict[str, bytes]:
     return pictures
 
 
-def render_html(vet: VetResult, pictures: Mapping[str, bytes]) -> str:
+def render_html(vet: VetResult, pictures: Mapping[str, bytes], extra: str = "") -> str:
+    """The page; `extra`: HTML sections after the scorecard's (`sim vet --forecast`'s forecast)."""
     esc = html.escape
     rows = []
     for f in vet.faults:
@@ -962,20 +965,27 @@ def render_html(vet: VetResult, pictures: Mapping[str, bytes]) -> str:
         "</style></head><body>"
         f"<h1>sim vet: {verdict}</h1><p>{esc(vet.script or 'the shipped trainer')} on {vet.nodes} nodes x "
         f"{vet.nproc_per_node} workers, {esc(vet.backend)}, {vet.wall_s:.0f} s</p>"
-        f"<table>{head}</tr>{''.join(rows)}</table>" + "".join(sections) + "</body></html>\n"
+        f"<table>{head}</tr>{''.join(rows)}</table>" + extra + "".join(sections) + "</body></html>\n"
     )
 
 
-def write_outputs(vet: VetResult, out_dir: Path, junit: Path | None = None) -> dict[str, Path]:
+def write_outputs(
+    vet: VetResult, out_dir: Path, junit: Path | None = None, forecast: Forecast | None = None
+) -> dict[str, Path]:
+    """vet.json, vet.html (and JUnit XML); `forecast` (chaos.forecast.Forecast, `sim vet --forecast`) in both."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"json": out_dir / "vet.json", "html": out_dir / "vet.html"}
-    files["json"].write_text(json.dumps(vet.as_dict(), indent=2, default=str) + "\n", encoding="utf-8")
+    data = vet.as_dict()
+    if forecast is not None:
+        data["forecast"] = forecast.as_dict()
+    files["json"].write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
     try:
         pictures = fault_timelines(vet)
     except Exception as error:  # noqa: BLE001 (a picture that cannot be drawn must not lose the scorecard)
         pictures = {}
         print(f"[vet] timelines not drawn: {error}")
-    files["html"].write_text(render_html(vet, pictures), encoding="utf-8")
+    extra = forecast_html(forecast) if forecast is not None else ""
+    files["html"].write_text(render_html(vet, pictures, extra), encoding="utf-8")
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(junit_xml(vet), encoding="utf-8")

@@ -15,6 +15,10 @@
         cluster = sim_cluster(project_dir=".", script="train.py", requirements="requirements.txt",
                               mounts=["./data:/data"], image=None)
 
+    def test_my_job_at_scale(sim_vet, sim_forecast):      # what failures cost it at 512 nodes (pure: no Docker)
+        made = sim_forecast(sim_vet("train.py", faults="kill-worker,kill-node"), nodes=[512])
+        assert made.scales[0].shares.goodput > 0.9, made.scales[0].levers
+
     def test_worker_crash(sim_scenario):
         for result in sim_scenario("worker-crash"):      # a shipped name or a YAML path
             assert_verdict(result)
@@ -111,5 +115,36 @@ def sim_vet(sim_docker) -> Callable[..., object]:
         if out_dir is not None:
             write_outputs(result, Path(out_dir))
         return result
+
+    return run
+
+
+@pytest.fixture
+def sim_forecast() -> Callable[..., object]:
+    """`sim forecast` from a test: `sim_forecast(vet, nodes=(64, 512, 2048), gpus_per_node=8, mtbf_node=None)`,
+    `vet` a chaos.vet.VetResult (sim_vet's) or the path of a vet.json (or its folder); returns the
+    chaos.forecast.Forecast (its `scales`, each with `shares.goodput`, `young_s` and `levers`). Failure rates:
+    Llama 3's, or Llama 3's mix at a node MTBF of `mtbf_node` ("200d")."""
+    from pathlib import Path
+
+    from chaos.forecast import (
+        DEFAULT_SCALES,
+        forecast,
+        llama3_rates,
+        measure,
+        measure_vet,
+        parse_mtbf,
+        scaled_rates,
+    )
+
+    def run(vet, *, nodes=DEFAULT_SCALES, gpus_per_node=8, mtbf_node=None):
+        if isinstance(vet, (str, os.PathLike)):
+            measured = measure(Path(vet))
+        else:
+            measured = measure_vet(vet.as_dict(), Path.cwd(), "this vet")
+        rates = llama3_rates()
+        if mtbf_node is not None:
+            rates = scaled_rates(rates, parse_mtbf("mtbf_node", mtbf_node), mtbf_node)
+        return forecast(measured, rates, tuple(nodes), gpus_per_node)
 
     return run

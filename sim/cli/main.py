@@ -204,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="clusters at once, each with its share of the faults (default 2; 1 on a swarm; 1: one after another)",
     )
+    vet.add_argument(
+        "--forecast", action="store_true", help="also forecast the job at scale (`sim forecast`) into vet.json/.html"
+    )
 
     down = sub.add_parser("down", help="remove a cluster (containers, network, volumes), keeping its logs")
     _cluster_name(down, default=None)
@@ -262,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     swarm_sub.add_parser("remove-host", help="forget a swarm host's engine").add_argument("host")
     swarm_sub.add_parser("hosts", help="each swarm host and the engine sim reaches it by")
     _add_export(sub, up)
+    _add_forecast(sub)
     from chaos.cli import register as register_faults
 
     COMMANDS.update(register_faults(sub))
@@ -443,14 +447,20 @@ def cmd_vet(args: argparse.Namespace, script_args: list[str] | None) -> int:
     parallel = cluster_count(args.parallel, spec)
     whole = " (the whole gauntlet)" if kinds == DEFAULT_GAUNTLET else ""
     print(f"sim vet: {len(kinds)} fault kind(s){whole}: {', '.join(kinds)}", flush=True)
+    rates = forecast_rates(None, read_tool_config(Path.cwd())) if args.forecast else None
     vet, _ = run_vet(spec, kinds, chosen=faults is not None, docker=_docker(), keep=args.keep, parallel=parallel)
-    files = write_outputs(vet, Path(args.out), Path(args.junit) if args.junit else None)
+    made = vet_forecast(vet, rates) if rates is not None else None
+    files = write_outputs(vet, Path(args.out), Path(args.junit) if args.junit else None, forecast=made)
     print(scorecard(vet))
+    if made is not None:
+        from chaos.forecast import render
+
+        print(render(made))
     print("  " + "   ".join(f"{kind}: {path}" for kind, path in files.items()))
     return 0 if vet.passed else 1
 
 
-TOOL_KEYS = ("script", "args", "nodes", "faults")
+TOOL_KEYS = ("script", "args", "nodes", "faults", "mtbf")
 
 
 def read_tool_config(folder: Path) -> dict:
@@ -475,9 +485,16 @@ def read_tool_config(folder: Path) -> dict:
             "args": isinstance(value, list) and all(isinstance(v, str) for v in value),
             "nodes": isinstance(value, int) and not isinstance(value, bool),
             "faults": isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value)),
+            "mtbf": isinstance(value, dict),
         }[key]
         if not ok:
-            example = {"script": '"train.py"', "args": '["--epochs", "5"]', "nodes": "3", "faults": '["kill-worker"]'}
+            example = {
+                "script": '"train.py"',
+                "args": '["--epochs", "5"]',
+                "nodes": "3",
+                "faults": '["kill-worker"]',
+                "mtbf": '{kill-node = "200d"}',
+            }
             raise UsageError(f"{path}: [tool.elastic-sim] {key} = {value!r}: use e.g. {key} = {example[key]}")
     if "script" in table:
         table["script"] = str(folder / table["script"])
@@ -789,7 +806,114 @@ def cmd_export(args: argparse.Namespace, script_args: list[str] | None) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- sim forecast
+
+
+def _add_forecast(sub: argparse._SubParsersAction) -> None:
+    forecast = sub.add_parser(
+        "forecast",
+        help="what failures will cost this job at scale, from a vet's measurements (goodput, τ*, levers)",
+        description="Forecast the vetted job at the given scales: interruptions per day; the time lost to "
+        "restarts, re-done work and checkpoints; goodput; Young's checkpoint interval and the biggest lever. "
+        "From the vet's measurements (recovery per fault kind with its phases, the save cost, the checkpoint "
+        "interval, the step time) and published failure rates (Llama 3's, by default), every assumption "
+        "printed. --check runs a real soak of the job here and sets its goodput beside the forecast's.",
+    )
+    forecast.add_argument("vet", nargs="?", default=".", help="the vet's vet.json or its folder (default .)")
+    forecast.add_argument(
+        "--nodes", dest="scales", default="64,512,2048", metavar="N,N", help="scales (default 64,512,2048)"
+    )
+    forecast.add_argument("--gpus-per-node", type=int, default=8, metavar="G", help="GPUs per node (default 8)")
+    forecast.add_argument(
+        "--mtbf-node",
+        metavar="TIME",
+        help="a node's mean time between failures (e.g. 200d), in Llama 3's mix of kinds; per kind: "
+        "[tool.elastic-sim.mtbf] in pyproject.toml (default: Llama 3's rates)",
+    )
+    forecast.add_argument(
+        "--ckpt-every", type=int, metavar="STEPS", help="the checkpoint interval the job keeps (default: the vet's)"
+    )
+    forecast.add_argument("--save-cost", metavar="TIME", help="how long a save blocks training (default: the vet's)")
+    forecast.add_argument("--out", metavar="DIR", help="where forecast.json goes (default: the vet's folder)")
+    forecast.add_argument("--check", action="store_true", help="run a real soak of the job and compare (minutes)")
+    forecast.add_argument("--every", default="60s", metavar="TIME", help="--check: a fault this often (default 60s)")
+    forecast.add_argument("--soak", default="10m", metavar="TIME", help="--check: the soak's length (default 10m)")
+    forecast.add_argument("--check-kind", default="kill-worker", metavar="KIND", help="--check: the fault kind")
+    forecast.add_argument("--seed", type=int, default=1, help="--check: the soak's seed (default 1)")
+    forecast.add_argument("--name", default="soak", help="--check: the soak's cluster name (default soak)")
+
+
+def forecast_rates(mtbf_node: str | None, tool: Mapping[str, object]):
+    """The failure rates: --mtbf-node over pyproject.toml's [tool.elastic-sim.mtbf] over Llama 3's."""
+    from chaos.forecast import llama3_rates, parse_mtbf, scaled_rates, table_rates
+
+    if mtbf_node is not None:
+        return scaled_rates(llama3_rates(), parse_mtbf("--mtbf-node", mtbf_node), mtbf_node)
+    if "mtbf" in tool:
+        return table_rates(tool["mtbf"], "pyproject.toml [tool.elastic-sim.mtbf]")  # type: ignore[arg-type]
+    return llama3_rates()
+
+
+def vet_forecast(vet, rates):
+    """`sim vet --forecast`: the forecast at the default scales from the vet just run (None, said, where its
+    runs cannot give one: no fault recovered, no step seen)."""
+    from chaos.forecast import forecast, measure_vet
+
+    try:
+        measured = measure_vet(vet.as_dict(), Path.cwd(), "this vet")
+    except UsageError as error:
+        print(f"sim vet: no forecast: {error}")
+        return None
+    return forecast(measured, rates)
+
+
+def cmd_forecast(args: argparse.Namespace, _: list[str] | None) -> int:
+    import json
+
+    from chaos.forecast import forecast, measure, parse_scales, render, with_given
+    from chaos.parse import parse_duration
+
+    scales = parse_scales(args.scales)
+    if args.gpus_per_node < 1:
+        raise UsageError(f"--gpus-per-node {args.gpus_per_node}: give 1 or more GPUs per node")
+    rates = forecast_rates(args.mtbf_node, read_tool_config(Path.cwd()))
+    every, soak = parse_duration(args.every), parse_duration(args.soak)
+    vet_path = Path(args.vet)
+    if args.ckpt_every is not None and args.ckpt_every < 1:
+        raise UsageError(f"--ckpt-every {args.ckpt_every}: give the steps between two saves, 1 or more")
+    save_cost = parse_duration(args.save_cost) if args.save_cost is not None else None
+    measured = with_given(measure(vet_path), save_cost, args.ckpt_every)
+    if args.check:  # its inputs checked before anything is printed or started
+        from chaos.forecast_check import check_inputs, run_check, vet_job
+
+        check_inputs(measured, args.check_kind, every, soak)
+        vet = json.loads(Path(measured.source).read_text(encoding="utf-8"))
+        spec = vet_job(vet, Path(measured.source).parent)
+    made = forecast(measured, rates, scales, args.gpus_per_node)
+    print(render(made))
+    out = Path(args.out) if args.out else Path(measured.source).parent
+    out.mkdir(parents=True, exist_ok=True)
+    data = made.as_dict()
+    if args.check:
+        checked = run_check(
+            measured,
+            spec,
+            kind=args.check_kind,
+            every_s=every,
+            duration_s=soak,
+            seed=args.seed,
+            name=args.name,
+            docker=_docker(),
+        )
+        data["check"] = checked.as_dict()
+        print(checked.line())
+    (out / "forecast.json").write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    print(f"  json: {out / 'forecast.json'}")
+    return 0 if not args.check or data["check"]["within"] else 1
+
+
 COMMANDS = {
+    "forecast": cmd_forecast,
     "export": cmd_export,
     "swarm": cmd_swarm,
     "up": cmd_up,
