@@ -369,7 +369,9 @@ class UserImages:
         registry has no such build or its libraries do not cover what the packages need."""
         info = self.docker.image_inspect(node_image) or {}
         version = probe.torch or ""
-        key = _digest(info.get("Id", node_image), version, sources.key, platform.machine())
+        # By the node image's tag (a digest of its inputs), not its id: a rebuild of the same inputs (another
+        # checkout's build removed it) finds this multi-GB image still current.
+        key = _digest(node_image, version, sources.key, platform.machine())
         tag = f"{USER_REPO}/torch:{key}"
         if self.docker.image_exists(tag):
             self.progress(f"[torch] up to date (the registry's torch {version}: {tag})")
