@@ -841,11 +841,17 @@ class ScratchContainer:
     id: str
 
     def put(
-        self, files: Mapping[str, bytes], *, uid: int = 0, trees: Mapping[str, Path] = MappingProxyType({})
+        self,
+        files: Mapping[str, bytes],
+        *,
+        uid: int = 0,
+        trees: Mapping[str, Path] = MappingProxyType({}),
+        exclude: Iterable[str] = (),
     ) -> None:
         """Write `files` (absolute path in the container -> content) and copy host `trees` (absolute path in the
-        container -> host folder: regular files and folders only, links left out) into the container, owned
-        by `uid`. Parent folders are made."""
+        container -> host folder: regular files and folders only, links and folders named in `exclude` left
+        out) into the container, owned by `uid`. Parent folders are made."""
+        excluded = set(exclude)
         with tempfile.TemporaryFile() as buffer:
             with tarfile.open(fileobj=buffer, mode="w") as tar:
                 made: set[str] = set()
@@ -871,8 +877,9 @@ class ScratchContainer:
                 for dest, folder in trees.items():
                     add_dir(dest)
                     for source in sorted(folder.rglob("*")):
-                        target = f"{dest.rstrip('/')}/{source.relative_to(folder).as_posix()}"
-                        if source.is_symlink():
+                        relative = source.relative_to(folder)
+                        target = f"{dest.rstrip('/')}/{relative.as_posix()}"
+                        if source.is_symlink() or excluded.intersection(relative.parts):
                             continue
                         if source.is_dir():
                             add_dir(target)

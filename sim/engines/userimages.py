@@ -32,9 +32,10 @@ from pathlib import Path
 
 from sim.core import labels as sim_labels
 from sim.core.errors import ImageBuildError, UsageError
+from sim.core.hostpaths import PROJECT_EXCLUDES
 from sim.core.spec import ClusterSpec, check_torch_pin, image_torch_version
 from sim.engines.docker import Docker, ScratchContainer
-from sim.engines.images import FAKETIME_PACKAGE, ImageBuilder, _digest, _link_or_copy, _tree_digest, fill_once
+from sim.engines.images import FAKETIME_PACKAGE, ImageBuilder, _digest, _link_or_copy, fill_once
 
 USER_REPO = "elastic-sim-user"
 # The oldest torch the agent-side pieces work with: the etcd-v3 backend is found through the
@@ -240,7 +241,7 @@ class UserImages:
             python,
             platform.machine(),
             sources.key,
-            *(_tree_digest(path) for _, path in local),
+            *(_package_digest(path) for _, path in local),
         )
         tag = f"{USER_REPO}/requirements:{key}"
         if self.docker.image_exists(tag):
@@ -289,7 +290,7 @@ class UserImages:
             torch,
             platform.machine(),
             sources.key,
-            *(_tree_digest(path) for _, path in local),
+            *(_package_digest(path) for _, path in local),
         )
         return fill_once(
             self.builder.cache_dir / f"user-wheelhouse-{key}",
@@ -323,7 +324,7 @@ class UserImages:
             files[CERT_IN_CONTAINER] = Path(sources.cert).read_bytes()
         trees = {f"{WORK}/local/{number}": path for number, path in local_requirements(requirements)}
         with self.docker.scratch(over, labels={**labels, ROLE_LABEL: RESOLVER_ROLE}, user=str(uid)) as box:
-            box.put(files, uid=uid, trees=trees)
+            box.put(files, uid=uid, trees=trees, exclude=PROJECT_EXCLUDES)
             env = sources.env()
             report = f"{WORK}/report.json"
             pip = [python, "-m", "pip"]
@@ -735,6 +736,18 @@ def local_requirements(requirements: Path) -> list[tuple[int, Path]]:
             )
         found.append((number, target[0]))
     return found
+
+
+def _package_digest(folder: Path) -> str:
+    """A local package folder's content, as the throwaway container gets it (PROJECT_EXCLUDES left out)."""
+    parts: list[bytes | str] = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d not in PROJECT_EXCLUDES)
+        for name in sorted(names):
+            path = Path(root) / name
+            if path.is_file() and not path.is_symlink():
+                parts += [str(path.relative_to(folder)), path.read_bytes()]
+    return _digest(*parts)
 
 
 def in_container_requirements(requirements: Path) -> str:

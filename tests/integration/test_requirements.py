@@ -86,8 +86,10 @@ def test_a_failed_resolve_is_one_line_and_leaves_no_container(docker, images, tm
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("elastic-sim-no-such-package==1.0\n")
     spec = ClusterSpec(name="reqs-missing", requirements=str(requirements))
+    lines: list[str] = []
     with pytest.raises(UsageError) as refused:
-        job_images(spec, docker, progress=lambda line: None)
+        job_images(spec, docker, builder=ImageBuilder(docker, progress=lines.append), progress=lines.append)
+    assert any("in a throwaway container of" in line for line in lines), lines  # pip ran there, not here
     assert str(refused.value).startswith(
         f"--requirements '{requirements}': cannot install 'elastic-sim-no-such-package==1.0': pip says:"
     ), refused.value
@@ -99,18 +101,22 @@ def test_ctrl_c_during_a_resolve_removes_the_container(docker, images, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-m", "sim", "up", "--name", "reqs-ctrl-c", "--nodes", "1", "--script",
             str(repo / "train.py"), "--detach"]  # fmt: skip
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "up.log"
+    with open(log, "w") as out_file:
+        proc = subprocess.Popen(argv, env=env, stdout=out_file, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 240
+        # (its image builds wait for the build lock while another `up` on this machine builds)
+        deadline = time.monotonic() + 600
         while not resolvers(docker) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert resolvers(docker), f"no resolver container seen (exit {proc.poll()})"
+        assert resolvers(docker), f"no resolver container seen (exit {proc.poll()}): {log.read_text()[-3000:]}"
         time.sleep(3)  # pip is in the package's setup.py now
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
+    out = log.read_text()
     assert proc.returncode != 0, out
     assert resolvers(docker) == [], out
     assert not marker.exists()
