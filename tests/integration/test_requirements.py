@@ -168,6 +168,10 @@ cluster:
   project_dir: {VISIONJOB}
   script: {VISIONJOB / "train.py"}
   requirements: {requirements}
+  # A CPU (gloo) script: no CUDA emulation. Under it, the registry's CUDA build of torch answers torch.accelerator
+  # for real (Adam's graph-capture check asks for the current stream: no driver), which the emulation does not
+  # cover yet (issue 36 item 2); the CPU build answers "no accelerator" without a driver.
+  devices: gpu
   script_args: ["--steps", "60"]
   progress: 'step (?P<step>\\d+) loss (?P<loss>[\\d.]+)'
 profile: fast
