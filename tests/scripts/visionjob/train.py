@@ -1,10 +1,10 @@
 """A small box-regression job on torchvision's compiled ops, DDP on gloo, checkpointed and resumed.
 
-The shape of a detection job's training loop: images augmented with torchvision.transforms.v2 (flip, colour
-jitter), a small conv backbone, torchvision.ops.roi_align over each image's proposal boxes (a compiled op,
-forward and backward), a box head trained with a smooth L1 loss (its IoU with the target logged), and the predictions
-filtered with torchvision.ops.nms (a compiled op) for the step's metric. Rank 0 saves model + optimizer + step
-to one file every --ckpt-every steps (atomically); every start resumes from it.
+The shape of a detection job's training loop: images augmented with torchvision.transforms.v2 (colour jitter),
+a small conv backbone, torchvision.ops.roi_align over each image's proposal boxes (a compiled op, forward and
+backward), a box head trained with a smooth L1 loss and a score head whose target is the box's IoU over 0.5,
+and the predictions filtered with torchvision.ops.nms (a compiled op). Rank 0 saves model + optimizer + step to
+one file every --ckpt-every steps (atomically); every start resumes from it.
 
 Needs torchvision (requirements.txt beside it). Prints "step N loss X iou I kept K" on rank 0.
 """
@@ -93,16 +93,19 @@ def main():
     for step in range(start + 1, args.steps + 1):
         images, proposals, targets = batch(step, rank, args.batch_size)
         boxes, scores = model(augment(images), proposals)
-        loss = torch.nn.functional.smooth_l1_loss(boxes, targets)
+        with torch.no_grad():
+            iou = box_iou(boxes, targets).diagonal()
+        # The box head regresses the target; the score head learns which boxes hit it (IoU over 0.5).
+        objectness = torch.nn.functional.binary_cross_entropy_with_logits(scores, (iou > 0.5).float())
+        loss = torch.nn.functional.smooth_l1_loss(boxes, targets) + objectness
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         with torch.no_grad():
             kept = nms(boxes.detach(), scores.detach().sigmoid(), iou_threshold=0.5)
-            iou = box_iou(boxes.detach(), targets).diagonal().mean()
         time.sleep(args.step_time)
         if rank == 0:
-            print(f"step {step} loss {loss.item():.4f} iou {iou.item():.3f} kept {kept.numel()}", flush=True)
+            print(f"step {step} loss {loss.item():.4f} iou {iou.mean().item():.3f} kept {kept.numel()}", flush=True)
             if step % args.ckpt_every == 0:
                 state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
                 torch.save(state, path + ".tmp")
