@@ -188,5 +188,5 @@ timeout: 5m
     assert_verdict(result)
     assert result.verdict.recoveries, result.summary
     logs = "\n".join(p.read_text(errors="replace") for p in (result.run_dir / "logs").glob("*"))
-    assert "torchvision 0.28.0 on torch 2.13.0+cu130" in logs and "done: 60 steps" in logs
+    assert "torchvision 0.28.0+cu130 on torch 2.13.0+cu130" in logs and "done: 60 steps" in logs
     assert "operator torchvision::nms does not exist" not in logs
