@@ -951,9 +951,11 @@ class ScratchContainer:
                     names.append(name)
         return names
 
-    def commit(self, tag: str, *, config: Mapping) -> None:
-        """The container's file system as image `tag`, with `config` (an image's Config: user, env, labels...)."""
+    def commit(self, tag: str, *, config: Mapping, message: str = "") -> None:
+        """The container's file system as image `tag`, with `config` (an image's Config: user, env, labels...);
+        `message`: the layer's comment in `docker history`."""
         repository, _, version = tag.rpartition(":")
+        api = self.docker.api
         self.docker._call(
-            "commit", self.docker.api.commit, self.id, repository=repository, tag=version, conf=dict(config)
+            "commit", api.commit, self.id, repository=repository, tag=version, conf=dict(config), message=message
         )

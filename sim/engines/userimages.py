@@ -428,7 +428,9 @@ class UserImages:
                     raise ImageBuildError(f"[torch] `{' '.join(argv[:4])} ...` failed: {pip_failure(lines, 1)}")
             config = dict(info.get("Config") or {})
             config["Labels"] = {**(config.get("Labels") or {}), IMAGE_LABEL: "torch"}
-            box.commit(tag, config=config)
+            box.commit(
+                tag, config=config, message=f"elastic-sim: the registry's torch {version} build over {node_image}"
+            )
         return tag
 
     # --- the team's own image -------------------------------------------------------------
