@@ -159,6 +159,9 @@ class ClusterSpec:
     project_dir: str | None = None
     mounts: tuple[tuple[str, str, bool], ...] = ()
     requirements: str | None = None
+    # The pyproject.toml whose `[tool.elastic-sim] requirements` named `requirements` (not given by the user's
+    # command): said when it is used, so a script's folder cannot bring its packages in unseen.
+    requirements_found_in: str | None = None
     image: str | None = None
 
     def __post_init__(self) -> None:
@@ -285,7 +288,10 @@ class ClusterSpec:
 
     def _check_requirements(self) -> None:
         if self.requirements is None and self.script is not None:
-            object.__setattr__(self, "requirements", pyproject_requirements(Path(self.script).parent, self.project_dir))
+            found = pyproject_requirements(Path(self.script).parent, self.project_dir)
+            if found is not None:
+                object.__setattr__(self, "requirements", found[0])
+                object.__setattr__(self, "requirements_found_in", found[1])
         if self.requirements is None:
             return
         path = Path(self.requirements).expanduser()
@@ -505,9 +511,9 @@ def check_torch_pin(path: str, torch_version: str, image: str) -> None:
             )
 
 
-def pyproject_requirements(*folders: str | Path | None) -> str | None:
+def pyproject_requirements(*folders: str | Path | None) -> tuple[str, str] | None:
     """`[tool.elastic-sim] requirements = "..."` in the first pyproject.toml found in `folders`
-    (the script's, then the project's), as a path relative to that pyproject.toml."""
+    (the script's, then the project's), as a path relative to that pyproject.toml: (the file, the pyproject)."""
     import tomllib
 
     for folder in folders:
@@ -531,7 +537,7 @@ def pyproject_requirements(*folders: str | Path | None) -> str | None:
                 f"{pyproject}: [tool.elastic-sim] requirements = {value!r}: no such file; give a path "
                 "relative to this pyproject.toml"
             )
-        return str(path.resolve())
+        return str(path.resolve()), str(pyproject.resolve())
     return None
 
 

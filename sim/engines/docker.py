@@ -15,12 +15,15 @@ import dataclasses
 import functools
 import hashlib
 import importlib.util
+import io
 import ipaddress
 import json
 import os
 import shutil
 import signal
 import subprocess
+import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -760,6 +763,40 @@ class Docker:
         # No buildx here: the legacy builder, said explicitly so the client does not try BuildKit.
         return stream([*argv, str(context)], on_line, env={**self.cli_env, "DOCKER_BUILDKIT": "0"})
 
+    @contextlib.contextmanager
+    def scratch(
+        self, image: str, *, labels: Mapping[str, str], user: str, network: bool = True, memory: int = 4 << 30
+    ) -> Iterator[ScratchContainer]:
+        """A throwaway container of `image` for work that must not run on the host (a package's build code):
+        no host folder mounted (files go in and out as tar archives), no capability, none to gain, the
+        bridge network when `network` (the package index) else none, `labels` on it so a sweep finds one a
+        killed harness left. Removed when the block ends, also on an error or Ctrl-C."""
+        host_config = self.api.create_host_config(
+            network_mode="bridge" if network else "none",
+            cap_drop=["ALL"],
+            security_opt=[NO_NEW_PRIVILEGES],
+            mem_limit=memory,
+            pids_limit=4096,
+        )
+        # Kept alive by a sleeping Python (every image we use has one); the work runs in execs.
+        command = ["python3", "-c", "import time\nwhile True: time.sleep(3600)"]
+        cid = self._call(
+            "create",
+            self.api.create_container,
+            image,
+            command=command,
+            entrypoint=[],
+            user=user,
+            labels=dict(labels),
+            host_config=host_config,
+        )["Id"]
+        try:
+            self._call("start", self.api.start, cid)
+            yield ScratchContainer(self, cid)
+        finally:
+            with contextlib.suppress(sdk_errors.APIError, requests.exceptions.RequestException):
+                self.api.remove_container(cid, force=True)
+
     # --- Compose (the CLI: up, down and logs of the rendered file) ------------------------
 
     def _run(self, argv: Sequence[str], timeout: float | None) -> Completed:
@@ -937,3 +974,131 @@ def _lines(chunks: Iterable[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[str
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no answer"
+
+
+@dataclasses.dataclass(frozen=True)
+class ScratchContainer:
+    """A running throwaway container (Docker.scratch): files in and out as tar archives, commands as execs."""
+
+    docker: Docker
+    id: str
+
+    def put(
+        self,
+        files: Mapping[str, bytes],
+        *,
+        uid: int = 0,
+        trees: Mapping[str, Path] = MappingProxyType({}),
+        exclude: Iterable[str] = (),
+    ) -> None:
+        """Write `files` (absolute path in the container -> content) and copy host `trees` (absolute path in the
+        container -> host folder: regular files and folders only, links and folders named in `exclude` left
+        out) into the container, owned by `uid`. Parent folders are made."""
+        excluded = set(exclude)
+        with tempfile.TemporaryFile() as buffer:
+            with tarfile.open(fileobj=buffer, mode="w") as tar:
+                made: set[str] = set()
+
+                def add_dir(path: str) -> None:
+                    parts = path.strip("/").split("/")
+                    for depth in range(1, len(parts) + 1):
+                        name = "/".join(parts[:depth])
+                        if name and name not in made:
+                            made.add(name)
+                            info = tarfile.TarInfo(name)
+                            info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, uid, uid
+                            tar.addfile(info)
+
+                def add_file(path: str, data: bytes, mode: int = 0o644) -> None:
+                    add_dir(path.rsplit("/", 1)[0])
+                    info = tarfile.TarInfo(path.strip("/"))
+                    info.size, info.mode, info.uid, info.gid = len(data), mode, uid, uid
+                    tar.addfile(info, fileobj=io.BytesIO(data))
+
+                for path, data in files.items():
+                    add_file(path, data)
+                for dest, folder in trees.items():
+                    add_dir(dest)
+                    for source in sorted(folder.rglob("*")):
+                        relative = source.relative_to(folder)
+                        target = f"{dest.rstrip('/')}/{relative.as_posix()}"
+                        if source.is_symlink() or excluded.intersection(relative.parts):
+                            continue
+                        if source.is_dir():
+                            add_dir(target)
+                        elif source.is_file():
+                            add_file(target, source.read_bytes(), 0o755 if os.access(source, os.X_OK) else 0o644)
+            buffer.seek(0)
+            self.docker._call("put archive", self.docker.api.put_archive, self.id, "/", buffer.read())
+
+    def run(
+        self,
+        argv: Sequence[str],
+        on_line: Callable[[str], None],
+        *,
+        env: Mapping[str, str] | None = None,
+        user: str = "",
+        timeout: float = STREAM_TIMEOUT_S,
+    ) -> int:
+        """argv in the container, each output line (stdout and stderr) to on_line; its exit status. One that has
+        not ended after `timeout` seconds raises ExecTimeout (the container's removal then ends it)."""
+        api = self.docker._stream_api  # no read timeout: pip may be silent for minutes (unpacking torch)
+        exec_id = self.docker._call(
+            "exec", api.exec_create, self.id, list(argv), user=user, environment=dict(env or {})
+        )["Id"]
+        got: dict = {}
+
+        def pump() -> None:
+            pending = ""
+            try:
+                for chunk in api.exec_start(exec_id, stream=True):
+                    pending += chunk.decode(errors="replace")
+                    *lines, pending = pending.split("\n")
+                    for line in lines:
+                        on_line(line.rstrip("\r"))
+                if pending:
+                    on_line(pending)
+                got["code"] = api.exec_inspect(exec_id)["ExitCode"]
+            except (sdk_errors.APIError, requests.exceptions.RequestException) as error:
+                got["error"] = error
+
+        thread = threading.Thread(target=pump, name="elastic-sim-scratch-exec", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            raise ExecTimeout(f"`{' '.join(argv)[:60]}` did not finish within {timeout:g}s")
+        if "error" in got:
+            raise DockerError(f"docker exec failed: {_reason(got['error'])}")
+        return int(got["code"])
+
+    def get_files(self, folder: str, dest: Path, accept: Callable[[str], bool]) -> list[str]:
+        """Copy the regular files directly in `folder` whose names `accept` takes into `dest` (nothing else: the
+        container ran code that is not ours, so no link, no folder, no path leaves it); their names."""
+        stream_, _ = self.docker._call("get archive", self.docker.api.get_archive, self.id, folder.rstrip("/") + "/.")
+        names: list[str] = []
+        with tempfile.TemporaryFile() as buffer:
+            for chunk in stream_:
+                buffer.write(chunk)
+            buffer.seek(0)
+            with tarfile.open(fileobj=buffer, mode="r|") as tar:
+                for member in tar:
+                    parts = member.name.split("/")
+                    name = parts[-1]
+                    if not member.isreg() or len([p for p in parts if p not in ("", ".")]) != 1 or not accept(name):
+                        continue
+                    source = tar.extractfile(member)
+                    if source is None:
+                        continue
+                    with open(dest / name, "wb") as out:
+                        shutil.copyfileobj(source, out)
+                    names.append(name)
+        return names
+
+    def commit(self, tag: str, *, config: Mapping, message: str = "") -> None:
+        """The container's file system as image `tag`, with `config` (an image's Config: user, env, labels...);
+        `message`: the layer's comment in `docker history`."""
+        repository, _, version = tag.rpartition(":")
+        api = self.docker.api
+        self.docker._call(
+            "commit", api.commit, self.id, repository=repository, tag=version, conf=dict(config), message=message
+        )

@@ -12,22 +12,30 @@ Both live under `elastic-sim-user/`, apart from the images that `ImageBuilder` r
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import fcntl
+import functools
 import json
+import os
 import platform
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from email.parser import HeaderParser
 from pathlib import Path
 
+from sim.core import labels as sim_labels
 from sim.core.errors import ImageBuildError, UsageError
+from sim.core.hostpaths import PROJECT_EXCLUDES
 from sim.core.spec import ClusterSpec, check_torch_pin, image_torch_version
-from sim.engines.docker import Docker, stream
-from sim.engines.images import FAKETIME_PACKAGE, ImageBuilder, _digest, _link_or_copy, fill_once, platform_args
+from sim.engines.docker import Docker, ScratchContainer
+from sim.engines.images import FAKETIME_PACKAGE, ImageBuilder, _digest, _link_or_copy, fill_once
 
 USER_REPO = "elastic-sim-user"
 # The oldest torch the agent-side pieces work with: the etcd-v3 backend is found through the
@@ -45,6 +53,25 @@ TOOLS = {
     "bash": "the etcd wait before the agent starts (etcd-v2, etcd-v3 backends)",
     "tar": "the project copy (falls back to cp without excludes)",
 }
+# The requirements' resolve: a throwaway container's folder for our files (requirements, constraints, pip.conf,
+# the CA bundle, the job's local packages) and the wheels it makes, copied out as archives.
+WORK = "/tmp/elastic-sim-requirements"
+CERT_IN_CONTAINER = f"{WORK}/ca-bundle.crt"
+ROLE_LABEL, RESOLVER_ROLE = sim_labels.ROLE, "requirements-resolver"
+NODE_UID_LABEL, IMAGE_LABEL = sim_labels.NODE_UID, sim_labels.IMAGE
+WHEEL_FILE = re.compile(r"^[A-Za-z0-9_.+!-]+\.whl$")
+CHECK_SCRIPT = "check_torch_parts.py"  # images/requirements: loads the compiled torch parts at build time
+# torch's own shared libraries, as a compiled extension names them in its DT_NEEDED entries.
+TORCH_LIBRARY = re.compile(r"^(libtorch|libc10|libcaffe2|libshm)[A-Za-z0-9_]*\.so(\.[0-9.]+)?$")
+SHARED_OBJECT = re.compile(r"\.so(\.[0-9]+)*$")
+# Run in the throwaway container: the torch wheel pip downloaded there, and the shared libraries it holds.
+LIST_TORCH_WHEEL = """
+import json, os, sys, zipfile
+wheel = next(n for n in os.listdir(sys.argv[1]) if n.startswith("torch-") and n.endswith(".whl"))
+names = zipfile.ZipFile(os.path.join(sys.argv[1], wheel)).namelist()
+libs = sorted({n.rsplit("/", 1)[1] for n in names if n.startswith("torch/lib/") and ".so" in n.rsplit("/", 1)[1]})
+print("ELASTIC_SIM_TORCH " + json.dumps({"wheel": wheel, "libs": libs}))
+"""
 PROBE = r"""
 import json, os, shutil, sys, sysconfig, importlib.metadata as md
 out = {"python": sys.executable, "version": "%d.%d" % sys.version_info[:2], "uid": os.getuid()}
@@ -56,6 +83,9 @@ out["site"] = site
 try:
     import torch
     out["torch"] = torch.__version__.split("+")[0]
+    out["torch_build"] = torch.__version__
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    out["torch_libs"] = sorted(n for n in os.listdir(lib) if ".so" in n) if os.path.isdir(lib) else []
 except Exception as error:
     out["torch_error"] = f"{type(error).__name__}: {error}"
 out["dists"] = sorted({(d.metadata["Name"] or "").lower().replace("_", "-") for d in md.distributions()})
@@ -84,6 +114,8 @@ class ImageProbe:
     dists: tuple[str, ...]
     tools: dict
     pip: bool
+    torch_build: str | None = None  # torch's full version, its local part included (2.13.0+cpu)
+    torch_libs: tuple[str, ...] = ()  # the shared libraries in torch/lib (libtorch_cpu.so, libc10.so, ...)
 
     @property
     def missing_tools(self) -> list[str]:
@@ -121,6 +153,8 @@ def probe_image(docker: Docker, image: str) -> ImageProbe:
                 dists=tuple(data["dists"]),
                 tools=data["tools"],
                 pip=data["pip"],
+                torch_build=data.get("torch_build"),
+                torch_libs=tuple(data.get("torch_libs") or ()),
             )
         last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
     raise UsageError(f"--image {image!r}: no Python runs in it (python3, python: {last}); the nodes run torchrun")
@@ -150,12 +184,12 @@ class UserImages:
             return node_image
         with open(self.builder.cache_dir / "build.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            python, version, torch, where = "/opt/venv/bin/python", "3.11", image_torch_version(), "the node image"
+            python, torch, where = "/opt/venv/bin/python", image_torch_version(), "the node image"
             if spec.image is not None:
                 probe = probe_image(self.docker, spec.image)
                 check_torch(probe)
                 node_image = self.own_image(probe)
-                python, version, torch, where = probe.python, probe.version, probe.torch, f"--image {spec.image}"
+                python, torch, where = probe.python, probe.torch, f"--image {spec.image}"
                 if spec.requirements is not None and not probe.pip:
                     raise UsageError(
                         f"--requirements with --image {spec.image!r}: the image has no pip to install them; "
@@ -163,67 +197,241 @@ class UserImages:
                     )
             if spec.requirements is not None:
                 check_torch_pin(spec.requirements, torch, where)
-                node_image = self.requirements_layer(node_image, Path(spec.requirements), python, version, torch)
+                if spec.requirements_found_in is not None:
+                    self.progress(
+                        f"[requirements] {spec.requirements}: named by [tool.elastic-sim] requirements in "
+                        f"{spec.requirements_found_in} (not given with --requirements); installing its packages"
+                    )
+                node_image = self.requirements_layer(
+                    node_image,
+                    Path(spec.requirements),
+                    python,
+                    torch,
+                    labels=sim_labels.cluster_labels(spec.name),
+                    own_image=spec.image,
+                )
         return node_image
 
     # --- requirements -------------------------------------------------------------------
 
-    def requirements_layer(self, over: str, requirements: Path, python: str, version: str, torch: str) -> str:
+    def requirements_layer(
+        self,
+        over: str,
+        requirements: Path,
+        python: str,
+        torch: str,
+        *,
+        labels: Mapping[str, str],
+        own_image: str | None = None,
+    ) -> str:
+        """The requirements installed in a layer over `over` (our node image, or the own layer of `own_image`).
+        Resolved and downloaded in a throwaway container (no package's build code runs here); a package with
+        compiled torch parts built for another torch build than the image's gets the registry's own torch
+        build under it (our node image) or is refused (an own image); its parts are loaded at build time."""
         dockerfile = self.builder.images_dir / "requirements" / "Dockerfile"
+        check = self.builder.images_dir / "requirements" / CHECK_SCRIPT
         content = requirements.read_bytes()
-        key = _digest(over, content, dockerfile.read_bytes(), python, platform.machine())
+        sources = pip_sources(host_pip_config())
+        local = local_requirements(requirements)
+        key = _digest(
+            over,
+            content,
+            dockerfile.read_bytes(),
+            check.read_bytes(),
+            python,
+            platform.machine(),
+            sources.key,
+            *(_package_digest(path) for _, path in local),
+        )
         tag = f"{USER_REPO}/requirements:{key}"
         if self.docker.image_exists(tag):
             self.progress(f"[requirements] up to date ({requirements.name}: {tag})")
             return tag
-        wheelhouse = self.wheelhouse(requirements, version, torch)
+        wheelhouse = self.wheelhouse(requirements, over, python, torch, labels=labels, sources=sources)
+        parts = [found for wheel in sorted(wheelhouse.glob("*.whl")) if (found := torch_parts(wheel)) is not None]
+        base = over
+        if parts:
+            probe = probe_image(self.docker, over)
+            unmet = unmet_torch_parts(requirements, parts, probe, own_image)
+            if unmet:
+                base = self.registry_torch_image(over, probe, unmet, requirements, labels, sources)
         with tempfile.TemporaryDirectory(prefix="elastic-sim-requirements-") as tmp:
             ctx = Path(tmp)
             shutil.copy(dockerfile, ctx / "Dockerfile")
+            shutil.copy(check, ctx / CHECK_SCRIPT)
             shutil.copytree(wheelhouse, ctx / "wheelhouse", copy_function=_link_or_copy)
-            args = {"FROM_IMAGE": over, "PYTHON": python, "RUN_AS": image_user(self.docker.image_inspect(over))}
+            args = {
+                "FROM_IMAGE": base,
+                "PYTHON": python,
+                "RUN_AS": image_user(self.docker.image_inspect(over)),
+                "TORCH_PARTS": json.dumps({part.name: list(part.libraries) for part in parts}) if parts else "",
+            }
             self.builder._docker_build("requirements", tag, ctx, args)
         return tag
 
-    def wheelhouse(self, requirements: Path, version: str, torch: str) -> Path:
-        """The requirements' wheels, for a CPython `version` Linux image, fetched once by content. torch itself is
-        the image's: pinned to it and never kept (a package that needs torch finds it installed)."""
-        key = _digest(requirements.read_bytes(), version, torch, platform.machine())
+    def wheelhouse(
+        self,
+        requirements: Path,
+        over: str,
+        python: str,
+        torch: str,
+        *,
+        labels: Mapping[str, str],
+        sources: PipSources | None = None,
+    ) -> Path:
+        """The requirements' wheels for image `over`, resolved against what it holds (its torch stays: a package
+        that needs torch finds it installed), fetched once by content, in a throwaway container of `over`."""
+        sources = sources or pip_sources(host_pip_config())
+        local = local_requirements(requirements)
+        key = _digest(
+            requirements.read_bytes(),
+            over,
+            python,
+            torch,
+            platform.machine(),
+            sources.key,
+            *(_package_digest(path) for _, path in local),
+        )
         return fill_once(
             self.builder.cache_dir / f"user-wheelhouse-{key}",
-            lambda partial: self._download(requirements, version, torch, partial),
+            lambda partial: self._resolve(requirements, over, python, torch, labels, sources, partial),
         )
 
-    def _download(self, requirements: Path, version: str, torch: str, partial: Path) -> None:
-        self.progress(f"[requirements] pip download of {requirements} (once per content)")
-        constraints = partial / ".constraints.txt"
-        constraints.write_text(f"torch=={torch}\n")
-        pip = [sys.executable, "-m", "pip"]
-        argv = [*pip, "download", "-d", str(partial), "-c", str(constraints), *platform_args(version)]
-        runtime = next(self.builder.cache_dir.glob("wheelhouse-*"), None)
-        if runtime is not None and (runtime / ".complete").exists():
-            argv += ["--find-links", str(runtime)]  # torch and its dependencies: already on disk
-        self._pip(argv + ["-r", str(requirements)], requirements)
-        for sdist in [*partial.glob("*.tar.gz"), *partial.glob("*.zip")]:
-            self._pip([*pip, "wheel", "--no-deps", "-w", str(partial), str(sdist)], requirements)
-            sdist.unlink()
-        for wheel in partial.glob("*.whl"):  # the image's own: installed already
-            if re.match(r"^(torch|nvidia_[a-z0-9_]+|triton)-", wheel.name):
-                wheel.unlink()
-        constraints.unlink()
+    def _resolve(
+        self,
+        requirements: Path,
+        over: str,
+        python: str,
+        torch: str,
+        labels: Mapping[str, str],
+        sources: PipSources,
+        partial: Path,
+    ) -> None:
+        info = self.docker.image_inspect(over) or {}
+        uid = int(((info.get("Config") or {}).get("Labels") or {}).get(NODE_UID_LABEL) or 0)
+        self.progress(
+            f"[requirements] resolving {requirements} in a throwaway container of {over} "
+            "(pip there: no package's build code runs on this machine)"
+        )
+        if sources.left_out:
+            self.progress(f"[requirements] left out (folders of this machine): {', '.join(sources.left_out)}")
+        files = {
+            f"{WORK}/requirements.txt": in_container_requirements(requirements).encode(),
+            f"{WORK}/constraints.txt": sources.constraints_text(torch).encode(),
+            f"{WORK}/pip.conf": sources.pip_conf().encode(),
+        }
+        if sources.cert is not None:
+            files[CERT_IN_CONTAINER] = Path(sources.cert).read_bytes()
+        trees = {f"{WORK}/local/{number}": path for number, path in local_requirements(requirements)}
+        with self.docker.scratch(over, labels={**labels, ROLE_LABEL: RESOLVER_ROLE}, user=str(uid)) as box:
+            box.put(files, uid=uid, trees=trees, exclude=PROJECT_EXCLUDES)
+            env = sources.env()
+            report = f"{WORK}/report.json"
+            pip = [python, "-m", "pip"]
+            self._pip_in(
+                box,
+                [*pip, "install", "--dry-run", "--report", report]
+                + ["-r", f"{WORK}/requirements.txt", "-c", f"{WORK}/constraints.txt"],
+                requirements,
+                env,
+            )
+            box.get_files(WORK, partial, accept=lambda name: name == "report.json")
+            urls = report_urls(json.loads((partial / "report.json").read_text()))
+            (partial / "report.json").unlink()
+            if urls:
+                self._pip_in(box, [*pip, "wheel", "--no-deps", "-w", f"{WORK}/wheelhouse", *urls], requirements, env)
+                box.get_files(f"{WORK}/wheelhouse", partial, accept=lambda name: bool(WHEEL_FILE.match(name)))
 
-    def _pip(self, argv: list[str], requirements: Path) -> None:
+    def _pip_in(self, box: ScratchContainer, argv: list[str], requirements: Path, env: Mapping[str, str]) -> None:
         lines: list[str] = []
 
         def on_line(line: str) -> None:
             lines.append(line.rstrip())
-            if line.startswith(("Saved", "Collecting", "Successfully")):
+            if line.startswith(("Saved", "Collecting", "Successfully", "Building wheel", "Would install")):
                 self.progress(f"[requirements] {line.rstrip()}")
 
-        code = stream(argv, on_line)
-        if code == 0:
-            return
-        raise UsageError(f"--requirements '{requirements}': {pip_failure(lines, code)}")
+        code = box.run(argv, on_line, env=env)
+        if code != 0:
+            raise UsageError(f"--requirements '{requirements}': {pip_failure(lines, code)}")
+
+    def registry_torch_image(
+        self,
+        node_image: str,
+        probe: ImageProbe,
+        unmet: Sequence[TorchParts],
+        requirements: Path,
+        labels: Mapping[str, str],
+        sources: PipSources,
+    ) -> str:
+        """Our node image with the registry's own torch build of the image's version in place of ours (the
+        build packages with compiled torch parts are made against): downloaded and installed in a throwaway
+        container and committed (a multi-GB wheelhouse through a build context would stay in the image as a
+        dead layer: the legacy builder has no RUN --mount). Refused, before anything is built, where the
+        registry has no such build or its libraries do not cover what the packages need."""
+        info = self.docker.image_inspect(node_image) or {}
+        version = probe.torch or ""
+        # By the node image's tag (a digest of its inputs), not its id: a rebuild of the same inputs (another
+        # checkout's build removed it) finds this multi-GB image still current.
+        key = _digest(node_image, version, sources.key, platform.machine())
+        tag = f"{USER_REPO}/torch:{key}"
+        if self.docker.image_exists(tag):
+            self.progress(f"[torch] up to date (the registry's torch {version}: {tag})")
+            return tag
+        needers = ", ".join(f"{part.name} {part.version}" for part in unmet)
+        self.progress(
+            f"[torch] {needers}: its compiled parts need {', '.join(_missing(unmet, probe.torch_libs))}, which the "
+            f"node image's torch {probe.torch_build} lacks: building {tag}, the node image with the registry's own "
+            f"torch {version} build (once; about 2.6 GB to download with its CUDA libraries, minutes)"
+        )
+        python = probe.python
+        files = {
+            f"{WORK}/pip.conf": sources.pip_conf().encode(),
+            f"{WORK}/constraints.txt": sources.constraints_text(None).encode(),
+        }
+        if sources.cert is not None:
+            files[CERT_IN_CONTAINER] = Path(sources.cert).read_bytes()
+        lines: list[str] = []
+
+        def on_line(line: str) -> None:
+            lines.append(line.rstrip())
+            if line.startswith(("Saved", "Collecting", "Successfully", "Installing", "ELASTIC_SIM")):
+                self.progress(f"[torch] {line.rstrip()}")
+
+        def run(argv: list[str]) -> int:
+            lines.clear()
+            return box.run(argv, on_line, env=sources.env())
+
+        refuse = functools.partial(torch_build_refusal, requirements, unmet, probe, "the node image")
+        # As root: pip replaces torch in the image's own site-packages (the commit keeps the image's user).
+        with self.docker.scratch(node_image, labels={**labels, ROLE_LABEL: RESOLVER_ROLE}, user="0") as box:
+            box.put(files)
+            pip = [python, "-m", "pip"]
+            wheels = f"{WORK}/torch"
+            if run([*pip, "download", "--no-deps", "-d", wheels, f"torch==={version}"]) != 0:
+                raise UsageError(
+                    refuse(f"the registry has no torch {version} build of its own ({pip_failure(lines, 1)})")
+                )
+            if run([python, "-c", LIST_TORCH_WHEEL, wheels]) != 0:
+                raise ImageBuildError(f"[torch] reading the registry's torch wheel failed: {lines[-1:]}")
+            listed = json.loads(next(x for x in lines if x.startswith("ELASTIC_SIM_TORCH ")).split(" ", 1)[1])
+            still = sorted({lib for part in unmet for lib in part.missing(listed["libs"])})
+            if still:
+                raise UsageError(refuse(f"the registry's torch {version} lacks them too ({', '.join(still)})"))
+            wheel = f"{wheels}/{listed['wheel']}"
+            for argv in (
+                [*pip, "install", "--no-cache-dir", "--force-reinstall", "--no-deps", wheel],
+                [*pip, "install", "--no-cache-dir", "-c", f"{WORK}/constraints.txt", wheel],  # its CUDA libraries
+                ["rm", "-rf", WORK],
+                [python, "-c", "import torch; print('ELASTIC_SIM torch', torch.__version__, 'loads')"],
+            ):
+                if run(argv) != 0:
+                    raise ImageBuildError(f"[torch] `{' '.join(argv[:4])} ...` failed: {pip_failure(lines, 1)}")
+            config = dict(info.get("Config") or {})
+            config["Labels"] = {**(config.get("Labels") or {}), IMAGE_LABEL: "torch"}
+            box.commit(
+                tag, config=config, message=f"elastic-sim: the registry's torch {version} build over {node_image}"
+            )
+        return tag
 
     # --- the team's own image -------------------------------------------------------------
 
@@ -347,3 +555,356 @@ def doctor_lines(docker: Docker, image: str) -> list[tuple[bool, str, str]]:
     rows.append((True, "clock faults", "libfaketime is added by elastic-sim's layer (glibc images)"))
     rows.append((True, "etcd-v3 backend", "added by elastic-sim's layer"))
     return rows
+
+
+# --- what the throwaway container's pip sees ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PipSources:
+    """The host's pip configuration as the requirements' throwaway container gets it: the package indexes it
+    can reach (http, https) and this machine's CA bundle and constraint files, copied in; folders of this
+    machine (find-links folders, file:// indexes) are left out, and said so: the container reaches the
+    index, no host folder."""
+
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    trusted_hosts: tuple[str, ...] = ()
+    cert: str | None = None  # a host file: the CA bundle pip verifies the index with (copied in)
+    constraints: tuple[str, ...] = ()  # the constraint files' requirement lines (copied in)
+    timeout: str | None = None
+    left_out: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """What changes a resolve: the sources, not the CA bundle's path."""
+        return json.dumps([self.index_url, self.extra_index_urls, self.find_links, self.constraints])
+
+    def pip_conf(self) -> str:
+        lines = ["[global]"]
+        if self.index_url:
+            lines.append(f"index-url = {self.index_url}")
+        for key, values in (
+            ("extra-index-url", self.extra_index_urls),
+            ("find-links", self.find_links),
+            ("trusted-host", self.trusted_hosts),
+        ):
+            if values:
+                lines.append(f"{key} = {' '.join(values)}")
+        if self.cert is not None:
+            lines.append(f"cert = {CERT_IN_CONTAINER}")
+        if self.timeout:
+            lines.append(f"timeout = {self.timeout}")
+        return "\n".join(lines) + "\n"
+
+    def constraints_text(self, torch: str | None) -> str:
+        """The host's constraints, and torch pinned to the image's (None: left as the host's say)."""
+        lines = list(self.constraints)
+        if torch is not None:
+            lines = [line for line in lines if requirement_name(line) != "torch"] + [f"torch=={torch}"]
+        return "\n".join(lines) + "\n"
+
+    def env(self) -> dict[str, str]:
+        env = {
+            "PIP_CONFIG_FILE": f"{WORK}/pip.conf",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PIP_NO_INPUT": "1",
+            "PIP_ROOT_USER_ACTION": "ignore",
+            "HOME": f"{WORK}/home",  # the image's user may have none; sdist builds write there
+        }
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"):
+            if os.environ.get(name):
+                env[name] = os.environ[name]
+        return env
+
+
+PIP_OPTION_ORDER = (":env:", "download", "install", "wheel", "global")  # pip's own precedence, first wins
+
+
+def host_pip_config() -> dict[str, str]:
+    """`pip config list` of the Python that runs elastic-sim: KEY (section.option) -> value."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60, check=False
+    )
+    return parse_pip_config(done.stdout)
+
+
+def parse_pip_config(text: str) -> dict[str, str]:
+    found = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        try:
+            found[key.strip()] = str(ast.literal_eval(value.strip()))
+        except (ValueError, SyntaxError):
+            found[key.strip()] = value.strip().strip("'\"")
+    return found
+
+
+def _remote(location: str) -> bool:
+    return location.startswith(("http://", "https://"))
+
+
+def pip_sources(config: Mapping[str, str], read: Callable[[str], str] | None = None) -> PipSources:
+    """What the throwaway container's pip sees, from the host's `pip config list` (parse_pip_config)."""
+    read = read or (lambda path: Path(path).read_text())
+
+    def option(name: str) -> str | None:
+        for section in PIP_OPTION_ORDER:
+            value = config.get(f"{section}.{name}")
+            if value is not None:
+                return value
+        return None
+
+    def many(name: str) -> list[str]:
+        return (option(name) or "").split()
+
+    left_out: list[str] = []
+    index_url = option("index-url")
+    if index_url is not None and not _remote(index_url):
+        left_out.append(index_url)
+        index_url = None
+    remote: dict[str, list[str]] = {}
+    for name in ("extra-index-url", "find-links"):
+        remote[name] = [value for value in many(name) if _remote(value)]
+        left_out += [value for value in many(name) if not _remote(value)]
+    constraints: list[str] = []
+    for path in many("constraint"):
+        try:
+            text = read(path)
+        except OSError:
+            continue
+        constraints += [line.split("#")[0].strip() for line in text.splitlines() if line.split("#")[0].strip()]
+    constraints = [line for line in constraints if not line.startswith("-")]  # options, nested files: not here
+    cert = option("cert")
+    return PipSources(
+        index_url=index_url,
+        extra_index_urls=tuple(remote["extra-index-url"]),
+        find_links=tuple(remote["find-links"]),
+        trusted_hosts=tuple(many("trusted-host")),
+        cert=cert if cert and Path(cert).is_file() else None,
+        constraints=tuple(constraints),
+        timeout=option("timeout") or option("default-timeout"),
+        left_out=tuple(left_out),
+    )
+
+
+def requirement_name(line: str) -> str:
+    match = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line)
+    return re.sub(r"[-_.]+", "-", match.group(1)).lower() if match else ""
+
+
+# --- the requirements file's own folders --------------------------------------------------------------------
+
+_LOCAL_PREFIXES = ("./", "../", "/", "~", "file:")
+
+
+def _local_target(line: str, folder: Path) -> tuple[Path, str] | None:
+    """(the folder, its extras) of a requirement line that names a package folder of this machine."""
+    text = line.split(" #")[0].strip()
+    if text.startswith(("-e ", "--editable ", "--editable=")):
+        text = re.sub(r"^(-e|--editable)[ =]\s*", "", text)
+    if not text.startswith(_LOCAL_PREFIXES) and text not in (".", ".."):
+        return None
+    match = re.match(r"^(.*?)(\[[^\]]*\])?$", text)
+    location, extras = (match.group(1), match.group(2) or "") if match else (text, "")
+    if location.startswith("file:"):
+        location = re.sub(r"^file:(//)?", "", location)
+    path = Path(location).expanduser()
+    return (path if path.is_absolute() else folder / path).resolve(), extras
+
+
+def local_requirements(requirements: Path) -> list[tuple[int, Path]]:
+    """(line number, folder) of each line naming a package folder of this machine (`./mypkg`, `-e ../lib`,
+    `file:///src/pkg`): copied into the throwaway container, where its build code runs. Relative to the
+    requirements file's folder. A nested `-r`/`-c` file or a missing folder is refused in one line."""
+    found = []
+    for number, raw in enumerate(requirements.read_text().splitlines(), 1):
+        line = raw.split(" #")[0].strip()
+        if re.match(r"^(-r|-c|--requirement|--constraint)\b", line):
+            raise UsageError(
+                f"--requirements '{requirements}' line {number}: {line!r} names another file, which the "
+                "resolve (in a container of ours) does not see; list its packages in this file"
+            )
+        target = _local_target(line, requirements.parent)
+        if target is None:
+            continue
+        if not target[0].is_dir():
+            raise UsageError(
+                f"--requirements '{requirements}' line {number}: {target[0]} is no package folder; "
+                "give a folder with a pyproject.toml or setup.py"
+            )
+        found.append((number, target[0]))
+    return found
+
+
+def _package_digest(folder: Path) -> str:
+    """A local package folder's content, as the throwaway container gets it (PROJECT_EXCLUDES left out)."""
+    parts: list[bytes | str] = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d not in PROJECT_EXCLUDES)
+        for name in sorted(names):
+            path = Path(root) / name
+            if path.is_file() and not path.is_symlink():
+                parts += [str(path.relative_to(folder)), path.read_bytes()]
+    return _digest(*parts)
+
+
+def in_container_requirements(requirements: Path) -> str:
+    """The requirements file as the throwaway container reads it: each local package folder at its copy
+    (WORK/local/LINE), installed as a package (not editable: the node has no source folder to point at)."""
+    local = dict(local_requirements(requirements))
+    out = []
+    for number, raw in enumerate(requirements.read_text().splitlines(), 1):
+        if number in local:
+            target = _local_target(raw, requirements.parent)
+            extras = target[1] if target else ""
+            out.append(f"{WORK}/local/{number}{extras}")
+        else:
+            out.append(raw)
+    return "\n".join(out) + "\n"
+
+
+def report_urls(report: Mapping) -> list[str]:
+    """What pip's installation report (`pip install --dry-run --report`) would install, as URLs for `pip
+    wheel --no-deps`: each index file with its hash (pip checks it), each local folder as it is."""
+    urls = []
+    for item in report.get("install") or []:
+        info = item.get("download_info") or {}
+        url = info.get("url")
+        if not url:
+            continue
+        hashes = (info.get("archive_info") or {}).get("hashes") or {}
+        if "sha256" in hashes and "#" not in url:
+            url = f"{url}#sha256={hashes['sha256']}"
+        urls.append(url)
+    return urls
+
+
+# --- compiled torch parts -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchParts:
+    """A wheel's compiled parts that link torch's own libraries (a torch C++ extension: torchvision's _C.so):
+    they load only on a torch build that has those libraries, of the version the wheel pins."""
+
+    name: str
+    version: str
+    torch_pin: str | None  # its Requires-Dist on torch (`==2.13.0`), if any
+    libraries: Mapping[str, tuple[str, ...]]  # member path -> the torch libraries it needs (DT_NEEDED)
+
+    @property
+    def needed(self) -> tuple[str, ...]:
+        return tuple(sorted({lib for libs in self.libraries.values() for lib in libs}))
+
+    def missing(self, available: Iterable[str]) -> tuple[str, ...]:
+        have = set(available)
+        return tuple(lib for lib in self.needed if lib not in have)
+
+
+def torch_parts(wheel: Path) -> TorchParts | None:
+    """The wheel's compiled torch parts, from its metadata: a package that requires torch and ships shared
+    objects whose dynamic section names torch's libraries (libtorch*, libc10*). None: it has none."""
+    with zipfile.ZipFile(wheel) as archive:
+        metadata_name = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), None)
+        if metadata_name is None:
+            return None
+        metadata = HeaderParser().parsestr(archive.read(metadata_name).decode(errors="replace"))
+        pins = [
+            req
+            for req in metadata.get_all("Requires-Dist") or []
+            if requirement_name(req) == "torch" and "extra" not in req
+        ]
+        if not pins:
+            return None
+        libraries = {}
+        for member in archive.namelist():
+            if SHARED_OBJECT.search(member.rsplit("/", 1)[-1]):
+                needed = tuple(lib for lib in elf_needed(archive.read(member)) if TORCH_LIBRARY.match(lib))
+                if needed:
+                    libraries[member] = needed
+    if not libraries:
+        return None
+    pin = re.sub(r"^\s*torch\s*", "", pins[0].split(";")[0]).strip().strip("()").strip() or None
+    return TorchParts(metadata["Name"] or wheel.name.split("-")[0], metadata["Version"] or "", pin, libraries)
+
+
+def elf_needed(data: bytes) -> list[str]:
+    """The DT_NEEDED entries (shared libraries it links) of a 64-bit little-endian ELF file; [] for anything
+    else. Read from the dynamic segment, its string table found through the loadable segments."""
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return []
+    phoff = struct.unpack_from("<Q", data, 0x20)[0]
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    loads, dynamic = [], None
+    for index in range(phnum):
+        at = phoff + index * phentsize
+        if at + 56 > len(data):
+            return []
+        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from("<IIQQQQ", data, at)
+        if p_type == 1:
+            loads.append((p_vaddr, p_offset, p_filesz))
+        elif p_type == 2:
+            dynamic = (p_offset, p_filesz)
+    if dynamic is None:
+        return []
+    needed, strtab = [], None
+    for at in range(dynamic[0], min(dynamic[0] + dynamic[1], len(data) - 15), 16):
+        tag, value = struct.unpack_from("<qQ", data, at)
+        if tag == 0:
+            break
+        if tag == 1:
+            needed.append(value)
+        elif tag == 5:
+            strtab = value
+    if strtab is None:
+        return []
+    base = next((offset + strtab - vaddr for vaddr, offset, size in loads if vaddr <= strtab < vaddr + size), None)
+    if base is None:
+        return []
+    names = []
+    for value in needed:
+        end = data.find(b"\0", base + value)
+        names.append(data[base + value : end].decode(errors="replace"))
+    return names
+
+
+def unmet_torch_parts(
+    requirements: Path, parts: Sequence[TorchParts], probe: ImageProbe, own_image: str | None
+) -> list[TorchParts]:
+    """The packages whose compiled torch parts the image's torch build cannot load: [] (all load), those that
+    need the registry's own torch build under our node image, or, over the team's own image (whose torch is
+    theirs to choose), a refusal naming the mismatch and the way out."""
+    unmet = [part for part in parts if part.missing(probe.torch_libs)]
+    if unmet and own_image is not None:
+        raise UsageError(torch_build_refusal(requirements, unmet, probe, f"--image {own_image}"))
+    return unmet
+
+
+def _missing(parts: Iterable[TorchParts], available: Iterable[str]) -> list[str]:
+    have = tuple(available)
+    return sorted({lib for part in parts for lib in part.missing(have)})
+
+
+def torch_build_refusal(
+    requirements: Path, unmet: Sequence[TorchParts], probe: ImageProbe, where: str, why: str | None = None
+) -> str:
+    """One line: which packages' compiled parts the image's torch build cannot load, why, and the way out."""
+    packages = ", ".join(
+        f"{part.name} {part.version}" + (f" (requires torch{part.torch_pin})" if part.torch_pin else "")
+        for part in unmet
+    )
+    lacking = ", ".join(_missing(unmet, probe.torch_libs))
+    line = (
+        f"--requirements '{requirements}': {packages}: its compiled parts were built for another torch build "
+        f"than {where}'s torch {probe.torch_build or probe.torch} (they need {lacking}, which it lacks)"
+    )
+    if why:
+        line += f", and {why}"
+    return (
+        f"{line}; use --image with an image whose torch is the build they were made for (e.g. the registry's "
+        f"torch=={probe.torch}), or a build of them made for {probe.torch_build or probe.torch}"
+    )

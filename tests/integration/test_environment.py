@@ -96,13 +96,21 @@ RUN python3 -m venv /tmp/pip && /tmp/pip/bin/pip install --no-cache-dir --no-ind
 @pytest.fixture(scope="module")
 def team_image(docker, images, tmp_path_factory):
     """Built from what is here: our base image plus torch from the runtime wheelhouse, and the seed job's
-    requirements from their wheelhouse (pip download, kept by content), in system Python."""
+    requirements from their wheelhouse (resolved in a throwaway container of the node image, kept by content), in
+    system Python."""
+    from sim.core.labels import cluster_labels
     from sim.core.spec import image_torch_version
     from sim.engines.images import ImageBuilder, _digest, _link_or_copy
     from sim.engines.userimages import UserImages
 
     builder = ImageBuilder(docker)
-    seedjob = UserImages(builder, docker).wheelhouse(SEEDJOB / "requirements.txt", "3.11", image_torch_version())
+    seedjob = UserImages(builder, docker).wheelhouse(
+        SEEDJOB / "requirements.txt",
+        images.node,
+        "/opt/venv/bin/python",
+        image_torch_version(),
+        labels=cluster_labels("env-team-image"),
+    )
     wheels = [*builder.wheelhouse().glob("*.whl"), *seedjob.glob("*.whl")]
     key = _digest(images.base, SYSTEM_PYTHON_DOCKERFILE, *sorted(w.name for w in wheels))
     tag = f"elastic-sim-test/team-system-python:{key}"
