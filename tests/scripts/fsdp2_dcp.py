@@ -6,6 +6,7 @@ with to_empty(device=...) and initializes them, and keeps torch.distributed.chec
 of the sharded model and optimizer: every start resumes from the newest.
 
     torchrun --nproc-per-node 2 fsdp2_dcp.py [--steps N] [--ckpt-dir DIR] [--ckpt-every N] [--step-time S]
+                                             [--pg-timeout S] [--mixed-precision]
 
 Prints "step N loss X" on rank 0.
 """
@@ -21,7 +22,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 
@@ -81,6 +82,7 @@ def main():
     parser.add_argument("--ckpt-every", type=int, default=10)
     parser.add_argument("--step-time", type=float, default=0.0)
     parser.add_argument("--pg-timeout", type=float, default=60.0)
+    parser.add_argument("--mixed-precision", action="store_true", help="bfloat16 parameters, float32 reduction")
     args = parser.parse_args()
 
     min_gpus = 2
@@ -99,9 +101,12 @@ def main():
     torch.manual_seed(0)
     with torch.device("meta"):
         model = Transformer(vocab, dim=64, heads=4, layers=4, seq_len=seq_len)
+    fsdp_kwargs = {"mesh": mesh}
+    if args.mixed_precision:
+        fsdp_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, **fsdp_kwargs)
+    fully_shard(model, **fsdp_kwargs)
     assert isinstance(model, FSDPModule) and isinstance(model.output.weight, DTensor)
     model.to_empty(device=device)
     model.reset_parameters()
@@ -122,7 +127,7 @@ def main():
         offsets = torch.randint(0, vocab, (batch, 1), generator=generator)
         tokens = ((offsets + torch.arange(seq_len + 1)) * 7 % vocab).to(device)
         logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        loss = F.cross_entropy(logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
         optimizer.step()
