@@ -2,7 +2,9 @@
 FSDP2 on a CUDA device mesh), unchanged, on CPU-only nodes with devices emulated, under a worker SIGKILL
 then a node loss. Under NCCL's failure timing a node loss holds the survivors in their collective until
 the script's timeout=, then the watchdog aborts them and torchrun regroups: the report says the devices
-were emulated, lists the emulated calls, and names nccl-dead-peer."""
+were emulated, lists the emulated calls, and names nccl-dead-peer. The device-generic corpus (the current
+PyTorch examples' shape: torch.accelerator gate, device_id=, torch.amp, FSDP2 with DCP) trains, is killed
+once, and resumes its own checkpoint."""
 
 from __future__ import annotations
 
