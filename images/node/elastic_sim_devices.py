@@ -8,16 +8,21 @@ through elastic_sim_instrument's import hook, for the script's `import torch`, t
     set_device/current_device, get_device_name/properties, synchronize, the memory statistics:
     FAKE numbers, the process's resident memory growth since torch was imported, over a fake 80 GiB
     device; Stream, Event with elapsed_time, stream(), nvtx ranges);
+  - torch.accelerator (the device-generic API) answers the same to the script: is_available,
+    device_count, current_accelerator ("cuda"), set_device_index/device_index/current_device_index,
+    synchronize, current_stream, the memory calls; torch's own modules get the CPU's answers (they run
+    on it); get_default_backend_for_device("cuda") is "nccl", which process groups then make gloo;
   - "cuda", "cuda:i", torch.device("cuda", i) and a bare index i, wherever a tensor or a module is
     placed (Tensor.to/.cuda/new_*, Module.to/.cuda/.to_empty, the factory functions' device=,
     torch.set_default_device and `with torch.device("cuda")`, torch.load's map_location as a
     string, a device, a dict or a callable, storage.cuda()) mean the CPU;
   - DataLoader(pin_memory=True) and Tensor.pin_memory() do not pin (CPU-only torch cannot);
   - process groups: the nccl backend ("nccl", "cpu:gloo,cuda:nccl", new_group(backend="nccl")) is
-    gloo; device_id= and barrier(device_ids=) are dropped; init_device_mesh("cuda") and
+    gloo; device_id= is checked against the emulated count as torch does, then dropped, as is
+    barrier(device_ids=); init_device_mesh("cuda") and
     DeviceMesh("cuda") are CPU meshes; DDP(device_ids=, output_device=) wraps the CPU module;
-  - precision: torch.autocast("cuda"), torch.amp.GradScaler("cuda") and torch.cuda.amp.* run as
-    disabled (said once per run, on rank 0's stderr);
+  - precision: torch.autocast("cuda"), torch.amp.GradScaler("cuda") and torch.cuda.amp.* run as the
+    CPU's autocast and GradScaler("cpu"), float16 by default as on CUDA (said once, on rank 0's stderr);
   - NCCL's failure timing (SIM_FAILURE_TIMING=nccl, the default): gloo fails a collective at once
     when a peer process is gone; NCCL does not see it, the collective blocks until the process
     group's timeout, and ProcessGroupNCCL's watchdog then takes the process down (SIGABRT). So a
@@ -25,8 +30,8 @@ through elastic_sim_instrument's import hook, for the script's `import torch`, t
     the rest of the timeout (the script's `timeout=` to init_process_group, else NCCL's default,
     NCCL_DEFAULT_TIMEOUT_S), prints the watchdog's lines and aborts. SIM_FAILURE_TIMING=gloo keeps
     gloo's timing.
-What cannot be emulated (a CUDA extension, CUDA kernels in triton/flash-attn, a collective gloo
-lacks) fails with a line that starts with PREFIX, names it and the way out (`--gpus`).
+What cannot be emulated (a CUDA extension, CUDA graphs, CUDA kernels in triton/flash-attn, a collective
+gloo lacks) fails with a line that starts with PREFIX, names it and the way out (`--gpus`).
 
 It writes to the side channel (elastic_sim_progress.write_record): an "emulated" record (what is
 emulated) at torch's import, an "emulated_group" record (the failure timing in force) when the
@@ -377,6 +382,7 @@ def install(torch, emulator: Emulator) -> None:
     """Every patch, each on its own: one that fails (a torch without that API) leaves the others."""
     for patch in (
         _patch_cuda,
+        _patch_accelerator,
         _patch_placement,
         _patch_load,
         _patch_pinning,
@@ -493,6 +499,9 @@ def _patch_cuda(torch, emu: Emulator) -> None:
         def query(self):
             return True
 
+        def is_capturing(self):
+            return False  # no CUDA graphs here: torch.accelerator.Graph is refused
+
         def record_event(self, event=None):
             event = event or Event()
             event.record(self)
@@ -570,8 +579,9 @@ def _patch_cuda(torch, emu: Emulator) -> None:
         "device_of": device_guard,
     }
     silent = ("is_available", "device_count", "current_device", "initial_seed", "is_initialized", "init")
+    values["CUDAGraph"] = values["graph"] = refused("CUDA graphs (torch.cuda.CUDAGraph, torch.cuda.graph)")
     for name, value in values.items():
-        if name in ("Stream", "Event", "device", "device_of") or name in silent:
+        if name in ("Stream", "Event", "device", "device_of", "CUDAGraph", "graph") or name in silent:
             setattr(cuda, name, value)
         else:
             setattr(cuda, name, counted(name, value))
@@ -585,6 +595,141 @@ def _patch_cuda(torch, emu: Emulator) -> None:
     for storage in (getattr(torch, "UntypedStorage", None), getattr(torch.storage, "TypedStorage", None)):
         if storage is not None:
             storage.cuda = _wraps(storage.cuda, lambda self, *a, **k: (emu.count("storage.cuda"), self)[1])
+
+
+def refused(what: str):
+    """A call the emulation cannot run: it fails at once, by name, with the way out."""
+
+    def refuse(*args, **kwargs):
+        raise unsupported(what)
+
+    return refuse
+
+
+def _patch_accelerator(torch, emu: Emulator) -> None:
+    """torch.accelerator (the device-generic API of torch >= 2.6) answers as torch.cuda does: one of
+    per_node "cuda" devices, the same current index, the same fake memory figures. torch's own modules
+    still get the CPU's answers: they run on the CPU here, and some ask on every optimizer step (Adam's
+    graph-capture check) or would then take a CUDA path (object collectives, mesh splits, DataLoader
+    pinning)."""
+    import collections
+    import sys
+
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None:
+        return
+    getframe = sys._getframe
+    cuda = torch.cuda
+
+    def from_torch() -> bool:
+        name = getframe(2).f_globals.get("__name__", "")
+        return name == "torch" or name.startswith("torch.")
+
+    def index_of(device) -> int:
+        if isinstance(device, str):
+            device = torch.device(device if ":" in device or not device.isdigit() else int(device))
+        if isinstance(device, torch.device):
+            return emu.device if device.index is None else device.index
+        return emu.device if device is None else int(device)
+
+    def set_index(device) -> None:
+        emu.device = index_of(device)
+
+    class device_index:  # with torch.accelerator.device_index(i): the current index for the block
+        def __init__(self, device, /):
+            self.idx, self.prev_idx = device, -1
+
+        def __enter__(self):
+            if self.idx is not None:
+                self.prev_idx, emu.device = emu.device, index_of(self.idx)
+
+        def __exit__(self, *exc):
+            if self.idx is not None:
+                emu.device = self.prev_idx
+            return False
+
+    def memory_stats(device=None, /):
+        stats = cuda.memory_stats()
+        return collections.OrderedDict(sorted(stats.items()))
+
+    values = {
+        "is_available": lambda: True,
+        "device_count": lambda: emu.per_node,
+        "current_accelerator": lambda check_available=False: torch.device("cuda"),
+        "current_device_index": lambda: emu.device,
+        "current_device_idx": lambda: emu.device,
+        "set_device_index": set_index,
+        "set_device_idx": set_index,
+        "device_index": device_index,
+        "synchronize": lambda device=None, /: None,
+        "current_stream": lambda device=None, /: cuda.current_stream(),
+        "set_stream": lambda stream: None,
+        "get_device_capability": lambda device=None, /: {
+            "supported_dtypes": {
+                torch.float32,
+                torch.float16,
+                torch.bfloat16,
+                torch.float64,
+                torch.int64,
+                torch.int32,
+                torch.int8,
+                torch.uint8,
+                torch.bool,
+            }  # fmt: skip
+        },
+        "empty_cache": lambda: None,
+        "empty_host_cache": lambda: None,
+        "memory_stats": memory_stats,
+        "memory_allocated": lambda device=None, /: emu.allocated(),
+        "max_memory_allocated": lambda device=None, /: emu.peak(),
+        "memory_reserved": lambda device=None, /: cuda.memory_reserved(),
+        "max_memory_reserved": lambda device=None, /: cuda.max_memory_reserved(),
+        "reset_accumulated_memory_stats": lambda device=None, /: None,
+        "reset_peak_memory_stats": lambda device=None, /: emu.reset_peak(),
+        "get_memory_info": lambda device=None, /: cuda.mem_get_info(),
+    }
+    memory = getattr(accelerator, "memory", None)
+    for name, value in values.items():
+        original = getattr(accelerator, name, None)
+        if original is None:
+            continue  # an older torch without it: the script's call fails as it would there
+        replaced = _for_scripts(original, value, from_torch, emu.counter(f"torch.accelerator.{name}"))
+        setattr(accelerator, name, replaced)
+        if memory is not None and getattr(memory, name, None) is original:
+            setattr(memory, name, replaced)
+    if hasattr(accelerator, "Graph"):
+        accelerator.Graph = refused("CUDA graphs (torch.accelerator.Graph)")
+
+    import torch.distributed as dist
+
+    if dist.is_available() and hasattr(dist, "get_default_backend_for_device"):
+        default_backend = dist.get_default_backend_for_device
+        bump = emu.counter("get_default_backend_for_device(cuda)")
+
+        def backend_for(device):
+            if str(getattr(device, "type", device)).startswith("cuda"):
+                bump()
+                return "nccl"  # as on GPUs; init_process_group then makes it gloo
+            return default_backend(device)
+
+        dist.get_default_backend_for_device = _wraps(default_backend, backend_for)
+        dist.distributed_c10d.get_default_backend_for_device = dist.get_default_backend_for_device
+
+
+def _for_scripts(original, emulated, from_torch, bump):
+    """`emulated` for the script's calls (counted), `original` for torch's own."""
+
+    def call(*args, **kwargs):
+        if from_torch():
+            return original(*args, **kwargs)
+        bump()
+        return emulated(*args, **kwargs)
+
+    if isinstance(original, type):  # device_index: a function now, which functools.wraps cannot dress as a class
+        call.__name__, call.__qualname__, call.__doc__ = original.__name__, original.__qualname__, original.__doc__
+        call.__elastic_sim_emulated__ = True
+        return call
+    return _wraps(original, call)
 
 
 def _patch_placement(torch, emu: Emulator) -> None:
@@ -740,7 +885,9 @@ def _patch_pinning(torch, emu: Emulator) -> None:
 
 
 def _patch_precision(torch, emu: Emulator) -> None:
-    said = "autocast and GradScaler for cuda run as disabled (no mixed precision on the CPU emulation)"
+    # CPU autocast runs float16 (and bfloat16) in torch 2.13, and GradScaler("cpu") scales, unscales and
+    # skips the steps whose gradients overflowed: the script's mixed precision really runs, on CPU kernels.
+    said = "autocast and GradScaler for cuda run on the CPU's autocast, in the dtype asked (CUDA's float16 by default)"
     base_autocast = torch.amp.autocast_mode.autocast
 
     class autocast(base_autocast):
@@ -748,7 +895,7 @@ def _patch_precision(torch, emu: Emulator) -> None:
             if str(device_type).startswith("cuda"):
                 emu.count("autocast(cuda)")
                 emu.say_once("amp", said)
-                device_type, enabled = "cpu", False
+                device_type, dtype = "cpu", dtype or torch.float16  # CUDA's default; the CPU's is bfloat16
             super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
     class cuda_autocast(autocast):
@@ -762,7 +909,7 @@ def _patch_precision(torch, emu: Emulator) -> None:
             if str(device).startswith("cuda"):
                 emu.count("GradScaler(cuda)")
                 emu.say_once("amp", said)
-                device, kwargs["enabled"] = "cpu", False
+                device = "cpu"
             super().__init__(device, *args, **kwargs)
 
     class CudaGradScaler(GradScaler):
@@ -797,7 +944,8 @@ def _patch_distributed(torch, emu: Emulator) -> None:
             backend = mapped_backend(backend)
         if kwargs.get("device_id") is not None:
             emu.count("init_process_group(device_id=)")
-            kwargs["device_id"] = None
+            _check_device_id(torch, kwargs["device_id"], emu.per_node)
+            kwargs["device_id"] = None  # a group bound to no device: gloo's
         timeout = kwargs.get("timeout", args[1] if len(args) > 1 else None)
         result = init(backend, *args, **kwargs)
         emu.timeout_s = timeout.total_seconds() if timeout is not None else None
@@ -877,6 +1025,22 @@ def _patch_distributed(torch, emu: Emulator) -> None:
     from elastic_sim_instrument import AfterImport
 
     AfterImport({"torch.distributed.device_mesh": mesh_hooks}, on_error=lambda: None).install()
+
+
+def _check_device_id(torch, device_id, count: int) -> None:
+    """torch's own checks of init_process_group's device_id, against the emulated device count (torch 2.13's
+    words): a script whose device_id is wrong on GPUs fails here too."""
+    if isinstance(device_id, int):
+        device_id = torch.device("cuda", device_id)
+    if not isinstance(device_id, torch.device) or device_id.type != "cuda":
+        return
+    if device_id.index is None:
+        raise ValueError("Please use a device_id with index.")
+    if device_id.index >= count:
+        raise ValueError(
+            f"device_id {device_id} is out of range. Please use a device index less than "
+            f"the number of accelerators available: {count}."
+        )
 
 
 def _numel(args, kwargs):

@@ -2,7 +2,9 @@
 FSDP2 on a CUDA device mesh), unchanged, on CPU-only nodes with devices emulated, under a worker SIGKILL
 then a node loss. Under NCCL's failure timing a node loss holds the survivors in their collective until
 the script's timeout=, then the watchdog aborts them and torchrun regroups: the report says the devices
-were emulated, lists the emulated calls, and names nccl-dead-peer."""
+were emulated, lists the emulated calls, and names nccl-dead-peer. The device-generic corpus (the current
+PyTorch examples' shape: torch.accelerator gate, device_id=, torch.amp, FSDP2 with DCP) trains, is killed
+once, and resumes its own checkpoint."""
 
 from __future__ import annotations
 
@@ -86,3 +88,91 @@ def test_gpu_script_survives_a_worker_kill_and_a_node_loss(sim_scenario, docker,
     assert EMULATED in result.summary and "failure timing gloo's" in result.summary
     for call in calls:
         assert call in result.summary, result.summary
+
+
+# --- the device-generic corpus: the current PyTorch distributed examples' shape ------------------------
+
+
+def generic_scenario(tmp_path: Path, name: str, cluster: list[str], kill_at: int) -> Path:
+    """2 nodes of 2 workers (the scripts gate on at least 2 accelerators per node), NCCL's failure timing
+    (the default), one worker kill. The scenario's time runs from before its cluster is made (a requirements
+    layer built, or an image rebuilt on a busy engine, spends it): 8 minutes, not the 5 that a start-up
+    and this job need."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        "\n".join(
+            [
+                f"name: {name}",
+                "description: a device-generic script (torch.accelerator), unchanged on emulated devices",
+                "cluster:",
+                "  nodes: 2",
+                "  nproc_per_node: 2",
+                "  max_restarts: 3",
+                "  rdzv_backend: etcd-v2",
+                *(f"  {line}" for line in cluster),
+                f"  progress: '{STEP_LOSS}'",
+                "profile: fast",
+                "seed: 3",
+                "steps:",
+                "  - fault: kill-worker",
+                "    target: node1",
+                f"    at: {{step: {kill_at}}}",
+                "expect:",
+                "  outcome: recovers",
+                "timeout: 8m",
+                "",
+            ]
+        )
+    )
+    return path
+
+
+GENERIC_CALLS = (
+    "torch.accelerator.is_available",
+    "torch.accelerator.device_count",
+    "torch.accelerator.current_accelerator",
+    "torch.accelerator.set_device_index",
+    "get_default_backend_for_device(cuda)",
+    "init_process_group(nccl)",
+    "init_process_group(device_id=)",
+)
+
+
+def assert_trained_and_recovered(result, calls: tuple[str, ...], resumed: str) -> None:
+    assert_verdict(result)
+    [kill] = result.verdict.recoveries
+    assert kill.recovery_s is not None, result.summary
+    assert result.verdict.result("progress").measured, result.summary  # training seen, after the kill too
+    assert "devices emulated on CPU (2 per node), NCCL → gloo" in result.summary, result.summary
+    for call in (*GENERIC_CALLS, *calls):
+        assert call in result.summary, (call, result.summary)
+    logs = "\n".join(p.read_text(errors="replace") for p in (result.run_dir / "logs").glob("*"))
+    assert "Unable to locate sufficient" not in logs  # the accelerator gate let it train
+    assert resumed in logs, logs[-4000:]  # the restart resumed the script's own checkpoint
+
+
+def test_hydra_ddp_amp_trainer_trains_and_resumes_after_a_worker_kill(sim_scenario, docker, images, tmp_path):
+    """tests/scripts/ddp_hydra/: hydra (from its requirements), AMP with torch.amp.GradScaler, DataLoader
+    workers, a snapshot of its own; device from torch.accelerator, device_id= bound."""
+    project = SCRIPTS / "ddp_hydra"
+    cluster = [
+        f"project_dir: {project}",
+        f"script: {project / 'train.py'}",
+        f"requirements: {project / 'requirements.txt'}",
+        "script_args: ['train.max_epochs=16']",
+    ]
+    (result,) = sim_scenario(str(generic_scenario(tmp_path, "dev-ddp-hydra", cluster, kill_at=15)))
+    calls = ("GradScaler(cuda)", "autocast(cuda)", "DDP(device_ids=)", "DataLoader(pin_memory=True)")
+    assert_trained_and_recovered(result, calls, "Resuming training from snapshot at epoch")
+
+
+def test_fsdp2_meta_init_dcp_trainer_trains_and_resumes_after_a_worker_kill(sim_scenario, docker, images, tmp_path):
+    """tests/scripts/fsdp2_dcp.py: meta-device init, fully_shard per layer over init_device_mesh("cuda"),
+    to_empty(device="cuda:N"), DCP save and resume."""
+    cluster = [
+        f"script: {SCRIPTS / 'fsdp2_dcp.py'}",
+        "script_args: ['--steps', '80', '--step-time', '0.1', '--ckpt-every', '10']",
+    ]
+    (result,) = sim_scenario(str(generic_scenario(tmp_path, "dev-fsdp2-dcp", cluster, kill_at=25)))
+    calls = ("init_device_mesh(cuda)", "Module.to_empty(cuda)")
+    assert_trained_and_recovered(result, calls, "resumed from the DCP checkpoint of step")

@@ -122,7 +122,7 @@ GPU_SCRIPT = textwrap.dedent("""
     scaler = torch.amp.GradScaler("cuda")
     with torch.autocast("cuda", dtype=torch.float16):
         y = model(x)
-    assert y.dtype == torch.float32  # disabled: no float16 on the CPU emulation
+    assert y.dtype == torch.float16  # the CPU's autocast, in CUDA's dtype
     with torch.cuda.amp.autocast():
         pass
     torch.cuda.amp.GradScaler()
@@ -168,7 +168,7 @@ def test_a_gpu_script_runs_unchanged_and_its_emulated_calls_are_counted(tmp_path
     result = run_worker(tmp_path, GPU_SCRIPT, str(free_port()), SIM_EVENTS_DIR=str(events), SIM_INSTRUMENT="0")
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout == "ran\n"
-    assert result.stderr.count("autocast and GradScaler for cuda run as disabled") == 1  # said once
+    assert result.stderr.count("autocast and GradScaler for cuda run on the CPU's autocast") == 1  # said once
     written = records(events)
     [announced] = [r for r in written if r["event"] == "emulated"]
     assert (announced["devices"], announced["per_node"], announced["failure_timing"]) == ("emulated", 4, "nccl")
@@ -195,6 +195,147 @@ def test_a_gpu_script_runs_unchanged_and_its_emulated_calls_are_counted(tmp_path
         "init_device_mesh(cuda)",
     ):
         assert calls.get(name, 0) >= 1, (name, calls)
+
+
+GENERIC_SCRIPT = textwrap.dedent("""
+    import os, sys, tempfile
+    import torch, torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    acc = torch.accelerator
+    assert acc.is_available() and acc.device_count() == 4
+    assert acc.current_accelerator() == torch.device("cuda") and acc.current_accelerator(True).type == "cuda"
+    acc.set_device_index(3); assert acc.current_device_index() == 3 and torch.cuda.current_device() == 3
+    with acc.device_index(1):
+        assert acc.current_device_index() == 1
+    assert acc.current_device_index() == 3
+    acc.set_device_index("cuda:2"); acc.set_device_index(torch.device("cuda", 2))
+    assert acc.current_device_index() == 2
+    acc.synchronize(); acc.synchronize(torch.device("cuda:2")); acc.current_stream().synchronize()
+    assert not acc.current_stream().is_capturing()
+    assert torch.float16 in acc.get_device_capability()["supported_dtypes"]
+    acc.empty_cache(); acc.reset_peak_memory_stats(); acc.reset_accumulated_memory_stats()
+    assert acc.memory_allocated() >= 0 and acc.max_memory_allocated() >= acc.memory_allocated()
+    assert acc.memory_reserved() >= 0 and acc.max_memory_reserved() >= 0
+    assert acc.memory_stats()["allocated_bytes.all.current"] >= 0
+    free, total = acc.get_memory_info(); assert 0 < free <= total
+    # torch's own modules still get the CPU's answers: they run on it.
+    probe = {"__name__": "torch._elastic_sim_probe", "torch": torch}
+    exec("answer = (torch.accelerator.is_available(), torch.accelerator.current_accelerator())", probe)
+    assert probe["answer"] == (False, None), probe["answer"]
+    for refused in (acc.Graph, torch.cuda.CUDAGraph):
+        try:
+            refused()
+        except RuntimeError as error:
+            assert str(error).startswith("elastic-sim device emulation: CUDA graphs"), error
+        else:
+            raise AssertionError("a CUDA graph was not refused")
+    device = torch.device(f"{acc.current_accelerator()}:1")
+    assert dist.get_default_backend_for_device(device) == "nccl"
+    assert dist.get_default_backend_for_device("cpu") == "gloo"
+    try:
+        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:1", rank=0, world_size=1,
+                                device_id=torch.device("cuda:4"))
+    except ValueError as error:
+        assert "device_id cuda:4 is out of range" in str(error) and ": 4." in str(error), error
+    else:
+        raise AssertionError("an out-of-range device_id was taken")
+    dist.init_process_group(backend=dist.get_default_backend_for_device(device), device_id=device,
+                            init_method="tcp://127.0.0.1:%s" % sys.argv[1], rank=0, world_size=1)
+    assert dist.get_backend() == "gloo"
+    # AMP: the CPU's autocast in float16, a scaler that really scales.
+    scaler = torch.amp.GradScaler(device.type)
+    assert scaler.is_enabled() and scaler.get_scale() == 65536.0
+    linear = torch.nn.Linear(4, 4).to(device)
+    optimizer = torch.optim.SGD(linear.parameters(), lr=0.1)
+    with torch.amp.autocast(device_type=device.type, dtype=torch.float16):
+        out = linear(torch.randn(2, 4, device=device))
+    assert out.dtype == torch.float16
+    scaler.scale(out.float().sum()).backward(); scaler.step(optimizer); scaler.update()
+    linear.weight.grad = torch.full_like(linear.weight, float("inf"))  # an overflow: the step is skipped
+    before = linear.weight.detach().clone()
+    scaler.step(optimizer); scaler.update()
+    assert torch.equal(before, linear.weight) and scaler.get_scale() < 65536.0
+    # FSDP2: meta-device init, fully_shard per layer over a CUDA mesh, to_empty, DCP save and load.
+    mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("dp",))
+    assert mesh.device_type == "cpu"
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device=device)
+    assert isinstance(model[0].weight, DTensor) and model[0].weight.device.type == "cpu"
+    for layer in model:
+        layer.reset_parameters()
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 8, device=device)).sum().backward(); optimizer.step()
+    model_state, optim_state = get_state_dict(model, optimizer)
+    folder = tempfile.mkdtemp()
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=folder)
+    saved = model[0].weight.full_tensor().clone()
+    with torch.no_grad():
+        model[0].weight.zero_()
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=folder)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    assert torch.equal(model[0].weight.full_tensor(), saved)
+    dist.destroy_process_group()
+    print("ran")
+""")
+
+
+def test_a_device_generic_script_runs_unchanged_and_its_emulated_calls_are_counted(tmp_path):
+    """torch.accelerator, get_default_backend_for_device, device_id=, AMP, meta init with to_empty, FSDP2
+    on a CUDA mesh and DCP: the calls of the current PyTorch examples, on a CPU-only torch."""
+    events = tmp_path / "events"
+    events.mkdir()
+    result = run_worker(tmp_path, GENERIC_SCRIPT, str(free_port()), SIM_EVENTS_DIR=str(events), SIM_INSTRUMENT="0")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout == "ran\n"
+    calls = [r for r in records(events) if r["event"] == "emulated_calls"][-1]["calls"]
+    for name in (
+        "torch.accelerator.is_available",
+        "torch.accelerator.device_count",
+        "torch.accelerator.current_accelerator",
+        "torch.accelerator.set_device_index",
+        "torch.accelerator.device_index",
+        "torch.accelerator.current_device_index",
+        "torch.accelerator.synchronize",
+        "torch.accelerator.current_stream",
+        "torch.accelerator.get_device_capability",
+        "torch.accelerator.empty_cache",
+        "torch.accelerator.memory_allocated",
+        "torch.accelerator.max_memory_allocated",
+        "torch.accelerator.memory_reserved",
+        "torch.accelerator.max_memory_reserved",
+        "torch.accelerator.memory_stats",
+        "torch.accelerator.reset_peak_memory_stats",
+        "torch.accelerator.reset_accumulated_memory_stats",
+        "torch.accelerator.get_memory_info",
+        "get_default_backend_for_device(cuda)",
+        "init_process_group(nccl)",
+        "init_process_group(device_id=)",
+        "GradScaler(cuda)",
+        "autocast(cuda)",
+        "Module.to(cuda)",
+        "Module.to_empty(cuda)",
+        "init_device_mesh(cuda)",
+    ):
+        assert calls.get(name, 0) >= 1, (name, calls)
+    assert "torch.accelerator.Graph" not in calls  # refused, not emulated
+
+
+def test_an_accelerator_gate_sees_the_emulated_count(tmp_path):
+    """The examples' gate (at least 2 accelerators) passes with 2 workers per node and says so with 1."""
+    gate = "import torch\nprint(torch.accelerator.is_available() and torch.accelerator.device_count() >= 2)\n"
+    assert run_worker(tmp_path, gate, SIM_DEVICES_PER_NODE="2").stdout == "True\n"
+    assert run_worker(tmp_path, gate, SIM_DEVICES_PER_NODE="1").stdout == "False\n"
 
 
 def test_without_emulation_torch_is_left_alone(tmp_path):
