@@ -182,8 +182,10 @@ class ScenarioRunner:
 
     def run(self) -> ScenarioResult:
         scenario, expected = self.scenario, self.scenario.expect.outcome(self.backend)
-        deadline = time.monotonic() + scenario.timeout_s
         cluster = self._cluster()
+        # Counted once the cluster is up: its start (an image build, a wait on another cluster's build or
+        # on the engine's room) has a limit of its own, and must not eat the scenario's.
+        deadline = time.monotonic() + scenario.timeout_s
         run_dir = cluster.run_dir
         history = History(run_dir / FILE_NAME)
         history.append(
