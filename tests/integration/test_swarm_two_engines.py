@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from sim.core.errors import ClusterError
-from sim.core.history import History, TrainerRecord
+from sim.core.history import AgentRecord, History, TrainerRecord
 from sim.core.wait import Condition, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.full]
@@ -74,21 +74,20 @@ def sim(sockets: dict, home: Path, *args: str, timeout: float = 600) -> subproce
     )
 
 
-def trainer_steps(home: Path, name: str) -> list[TrainerRecord]:
+def history(home: Path, name: str) -> list:
     (run,) = (home / "runs").glob(f"{name}-*")
-    records = History(run / "history.jsonl").records()
-    return [r for r in records if isinstance(r, TrainerRecord) and r.kind == "progress"]
+    return list(History(run / "history.jsonl").records())
 
 
 def recovered_at_world(home: Path, name: str, world: int, after: float) -> Condition:
-    """10 steps at `world` by a round newer than any before `after`: a restart count above every one
-    seen before it (each agent of a new round restarts its workers), not steps still in flight."""
+    """10 steps at `world` taken after an agent joined a round newer than `after` (torch's own
+    "rendezvous complete" line): steps of the old round still in flight do not count."""
 
     def ok() -> bool:
-        steps = trainer_steps(home, name)
-        before = max((r.restart or 0 for r in steps if r.t <= after), default=-1)
-        new = [r for r in steps if r.t > after and r.world_size == world and (r.restart or 0) > before]
-        return bool(new) and sum(r.world_size == world and r.t >= new[0].t for r in steps) >= 10
+        records = history(home, name)
+        joined = [r.t for r in records if isinstance(r, AgentRecord) and r.event == "rdzv_joined" and r.t > after]
+        steps = [r for r in records if isinstance(r, TrainerRecord) and r.kind == "progress"]
+        return bool(joined) and sum(r.world_size == world and r.t > joined[0] for r in steps) >= 10
 
     return Condition(f"10 steps at world {world} in a round after {after:.0f}", ok)
 
@@ -99,8 +98,8 @@ def await_recovery(sockets: dict, home: Path, name: str, world: int, after: floa
         wait_for(recovered_at_world(home, name, world, after), timeout=timeout, interval=2)
     except ClusterError as error:
         status = sim(sockets, home, "status", name)
-        seen = sorted({(r.node, r.world_size, r.restart) for r in trainer_steps(home, name) if r.t > after})
-        pytest.fail(f"{error}\n{status.stdout}{status.stderr}\n(node, world, restart) since: {seen}")
+        rounds = [(r.node, r.round) for r in history(home, name) if isinstance(r, AgentRecord) and r.t > after]
+        pytest.fail(f"{error}\n{status.stdout}{status.stderr}\nagents' rounds since: {rounds}")
 
 
 def placement(socket: str, name: str) -> dict[str, str]:
