@@ -14,8 +14,10 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from sim.core import hostpaths
 from sim.core.errors import DockerUnavailableError, SimError, UsageError
 from sim.core.paths import cache_home, state_home
+from sim.core.sidechannel import NODE_UID
 from sim.core.spec import (
     DEFAULT_NAME,
     DEFAULT_PIDS,
@@ -143,6 +145,11 @@ def add_job_options(parser: argparse.ArgumentParser) -> None:
         help="swarm: node i on host i mod H (spread, default) or hosts filled in order (packed)",
     )
     parser.add_argument("--ckpt-nfs", metavar="SERVER:/EXPORT", help="swarm: the checkpoint volume on NFS (many hosts)")
+    parser.add_argument(
+        "--ckpt-dir",
+        metavar="DIR",
+        help="swarm: the checkpoint volume is this folder, one shared file system at the same path on every host",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -382,14 +389,23 @@ def check_start_timeout(seconds: float) -> None:
 def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
     spec = spec_from_options(vars(args), script_args)
     check_start_timeout(args.timeout)  # nothing is made before every input is checked
-    if spec.engine != "swarm" and (args.ckpt_nfs or args.placement != "spread"):
-        raise UsageError("--placement and --ckpt-nfs place nodes on Swarm hosts; add --engine swarm or drop them")
+    if spec.engine != "swarm" and (args.ckpt_nfs or args.ckpt_dir or args.placement != "spread"):
+        raise UsageError(
+            "--placement, --ckpt-nfs and --ckpt-dir place nodes on Swarm hosts; add --engine swarm or drop them"
+        )
+    ckpt_dir = hostpaths.check_shared_ckpt_dir(args.ckpt_dir, NODE_UID) if args.ckpt_dir else None
     docker = _docker()
     if spec.engine == "swarm":
         from sim.engines.swarm import up as swarm_up
 
         cluster = swarm_up(
-            spec, docker, placement=args.placement, ckpt_nfs=args.ckpt_nfs, keep=args.keep, timeout=args.timeout
+            spec,
+            docker,
+            placement=args.placement,
+            ckpt_nfs=args.ckpt_nfs,
+            ckpt_dir=ckpt_dir,
+            keep=args.keep,
+            timeout=args.timeout,
         )
     else:
         cluster = cluster_mod.up(spec, docker, keep=args.keep, timeout=args.timeout, replace=args.replace)
@@ -437,10 +453,10 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
 def cmd_vet(args: argparse.Namespace, script_args: list[str] | None) -> int:
     from chaos.vet import DEFAULT_GAUNTLET, cluster_count, prepare, run_vet, scorecard, write_outputs
 
-    if args.placement != "spread" or args.ckpt_nfs:
+    if args.placement != "spread" or args.ckpt_nfs or args.ckpt_dir:
         raise UsageError(
             "sim vet runs its clusters on one host (this engine, or a one-host swarm with --engine swarm); "
-            "drop --placement and --ckpt-nfs"
+            "drop --placement, --ckpt-nfs and --ckpt-dir"
         )
     options, script_args, faults = vet_options(vars(args), script_args, read_tool_config(Path.cwd()))
     spec, kinds = prepare(options, script_args, faults, args.quick)  # every input checked before anything starts
@@ -760,7 +776,10 @@ def _add_export(sub: argparse._SubParsersAction, up: argparse.ArgumentParser) ->
     k8s.add_argument("--namespace", default="default", help="the namespace of every object (default: default)")
     # The job options, exactly as `sim up` takes them; --image is the worker image, in a registry the cluster
     # pulls from (default: elastic-sim's node image, pushed there).
-    job_options = {"engine", "placement", "ckpt_nfs", "detach", "verbose", "keep", "timeout", "replace", "help"}
+    job_options = {
+        *("engine", "placement", "ckpt_nfs", "ckpt_dir"),
+        *("detach", "verbose", "keep", "timeout", "replace", "help"),
+    }
     for action in up._actions:
         if action.dest not in job_options:
             k8s._add_action(action)

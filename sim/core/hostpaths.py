@@ -315,3 +315,21 @@ def _human(size: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size} B"
+
+
+def check_shared_ckpt_dir(given: str, node_uid: int) -> str:
+    """`--ckpt-dir`: an existing folder, not one that exposes the host, that the nodes' user may write;
+    the resolved path (every host must mount the same file system there)."""
+    path = Path(given).expanduser()
+    if not path.is_dir():
+        raise UsageError(f"--ckpt-dir {given!r}: no such folder on this machine; make it on the shared file system")
+    resolved = _resolved(path)
+    check_exposure("--ckpt-dir", given, resolved, "give a folder of its own for the job's checkpoints")
+    info = resolved.stat()
+    if not (info.st_uid == node_uid and info.st_mode & stat.S_IWUSR or info.st_mode & stat.S_IWOTH):
+        raise UsageError(
+            f"--ckpt-dir {given!r}: the nodes' user (uid {node_uid}) cannot write it (mode "
+            f"{stat.S_IMODE(info.st_mode):04o}, owner uid {info.st_uid}); `chown {node_uid} {resolved}` on the "
+            "shared file system"
+        )
+    return str(resolved)

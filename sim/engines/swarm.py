@@ -70,10 +70,9 @@ LISTEN_ADDR = "127.0.0.1:2377"  # a swarm made here serves this machine only; mu
 ETCD_START_S = 120.0
 GONE_S = 60.0
 # Faults that cannot work when /ckpt is an NFS export (as on every swarm of several hosts), and why.
-REFUSED_ON_NFS = {
-    "fill-disk": "/ckpt is the NFS export {nfs} that every host shares: filling it fills the NFS server's disk "
-    "(and every other user of that export), not a size-limited disk of this cluster; use a one-host swarm "
-    "or Compose with --ckpt-size",
+REFUSED_ON_SHARED_CKPT = {
+    "fill-disk": "/ckpt is {shared}, which every host shares: filling it fills that disk (and every other "
+    "user of it), not a size-limited disk of this cluster; use a one-host swarm or Compose with --ckpt-size",
 }
 
 
@@ -471,9 +470,9 @@ class MergedEvents:
 def refusal(cluster: Cluster, fault: str, target: str | None) -> str | None:
     """Why `fault` cannot work on this cluster (None: it can, on whichever host runs the task)."""
     docker = cluster.docker
-    if not isinstance(docker, SwarmDocker) or docker.layout.ckpt_nfs is None or fault not in REFUSED_ON_NFS:
+    if not isinstance(docker, SwarmDocker) or docker.layout.shared_ckpt is None or fault not in REFUSED_ON_SHARED_CKPT:
         return None
-    reason = REFUSED_ON_NFS[fault].format(nfs=docker.layout.ckpt_nfs)
+    reason = REFUSED_ON_SHARED_CKPT[fault].format(shared=docker.layout.shared_ckpt)
     return f"{fault} on {target or 'the cluster'}: refused on Swarm cluster '{cluster.name}': {reason}"
 
 
@@ -593,6 +592,7 @@ def up(
     *,
     placement: str = "spread",
     ckpt_nfs: str | None = None,
+    ckpt_dir: str | None = None,
     keep: bool = False,
     timeout: float,
     progress: Progress = to_stderr,
@@ -605,10 +605,11 @@ def up(
     existed = Cluster(spec.name, docker).exists()
     # Every input is checked before the swarm is made: the stack of a stand-in rendering.
     stand_in = render(spec, node_image="check", etcd_image="check", run_id="check")
-    to_stack(stand_in, SwarmLayout(placement=placement, ckpt_nfs=ckpt_nfs), max_nodes=spec.max_nodes or spec.nodes)
+    shared = {"ckpt_nfs": ckpt_nfs, "ckpt_dir": ckpt_dir}
+    to_stack(stand_in, SwarmLayout(placement=placement, **shared), max_nodes=spec.max_nodes or spec.nodes)
     ensure_swarm(docker, progress)
     try:
-        layout = SwarmLayout(hosts=swarm_hosts(docker), placement=placement, ckpt_nfs=ckpt_nfs)
+        layout = SwarmLayout(hosts=swarm_hosts(docker), placement=placement, **shared)
         provider = SwarmDocker(layout, docker.docker_bin)
         require_engines(provider, spec)
         return start(spec, provider, keep=keep, timeout=timeout, progress=progress)

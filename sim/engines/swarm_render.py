@@ -49,11 +49,14 @@ class SwarmLayout:
     constraints. `placement`: spread (node i on host i mod H) or packed (hosts filled in order,
     ceil(max_nodes / H) nodes each): both depend on the node's index only, so a scale-up never
     moves a running node. `ckpt_nfs`: SERVER:/EXPORT for the checkpoint volume that every host
-    must reach; a local volume serves one host only."""
+    must reach; `ckpt_dir`: instead, a host folder that is one shared file system at the same path on
+    every host (an NFS or cluster file system the hosts mount themselves); a local volume serves one
+    host only."""
 
     hosts: tuple[str, ...] = ()
     placement: str = "spread"
     ckpt_nfs: str | None = None
+    ckpt_dir: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hosts", tuple(self.hosts))
@@ -68,11 +71,27 @@ class SwarmLayout:
             raise UsageError(
                 f"--ckpt-nfs {self.ckpt_nfs!r}: not SERVER:/EXPORT; use e.g. --ckpt-nfs 10.0.0.5:/srv/ckpt"
             )
-        if len(self.hosts) > 1 and self.ckpt_nfs is None:
+        if self.ckpt_nfs is not None and self.ckpt_dir is not None:
+            raise UsageError("--ckpt-nfs and --ckpt-dir: both name the shared checkpoint disk; give one of them")
+        if self.ckpt_dir is not None and not self.ckpt_dir.startswith("/"):
+            raise UsageError(
+                f"--ckpt-dir {self.ckpt_dir!r}: not an absolute path; use e.g. --ckpt-dir /mnt/shared/ckpt"
+            )
+        if len(self.hosts) > 1 and self.shared_ckpt is None:
             raise UsageError(
                 f"{len(self.hosts)} swarm hosts: a local checkpoint volume is one per host, so a node moved or "
-                "restarted elsewhere would not find the job's checkpoint; give --ckpt-nfs SERVER:/EXPORT"
+                "restarted elsewhere would not find the job's checkpoint; give --ckpt-nfs SERVER:/EXPORT, or "
+                "--ckpt-dir DIR for a folder every host mounts at that path"
             )
+
+    @property
+    def shared_ckpt(self) -> str | None:
+        """The checkpoint disk every host shares, in words (None: a local volume)."""
+        if self.ckpt_nfs is not None:
+            return f"the NFS export {self.ckpt_nfs}"
+        if self.ckpt_dir is not None:
+            return f"the shared folder {self.ckpt_dir}"
+        return None
 
     def host_of(self, index: int, max_nodes: int) -> str | None:
         """The host node `index` runs on (None: Swarm chooses, on a one-host layout)."""
@@ -148,13 +167,17 @@ def _gpu_resources(devices: list[dict]) -> list[dict]:
 
 
 def _ckpt_volume(volume: dict, layout: SwarmLayout) -> dict:
-    if layout.ckpt_nfs is None:
+    if layout.shared_ckpt is None:
         return volume
     if volume.get("driver_opts"):
+        flag = "--ckpt-nfs" if layout.ckpt_nfs else "--ckpt-dir"
         raise UsageError(
-            "--ckpt-size with --ckpt-nfs: the size makes /ckpt a tmpfs on one host, the NFS export is the "
+            f"--ckpt-size with {flag}: the size makes /ckpt a tmpfs on one host, {layout.shared_ckpt} is the "
             "disk every host shares; drop one of them"
         )
+    if layout.ckpt_dir is not None:
+        # The local driver's bind: each host's engine mounts its own path, which is the shared file system.
+        return {**volume, "driver": "local", "driver_opts": {"type": "none", "o": "bind", "device": layout.ckpt_dir}}
     match = _NFS_RE.fullmatch(layout.ckpt_nfs)
     assert match is not None  # SwarmLayout checked it
     return {

@@ -4,6 +4,7 @@ Each rule here stands on a probe of a real engine (docs/SWARM.md): what `docker 
 refuses or ignores, and what a fault needs of the running stack."""
 
 import dataclasses
+import os
 
 import pytest
 import yaml
@@ -142,6 +143,16 @@ def test_checkpoint_volume_local_or_nfs():
     assert "driver_opts" not in stack_of(ClusterSpec(name="sw-a"), SwarmLayout(ckpt_nfs="n:/x"))["volumes"]["etcd-data"]
 
 
+def test_a_shared_checkpoint_folder_is_the_local_drivers_bind_of_that_path_on_every_host():
+    layout = SwarmLayout(hosts=("h0", "h1"), ckpt_dir="/mnt/shared/ckpt")
+    shared = stack_of(ClusterSpec(name="sw-a", nodes=2), layout)["volumes"]["ckpt"]
+    assert shared["driver"] == "local"
+    assert shared["driver_opts"] == {"type": "none", "o": "bind", "device": "/mnt/shared/ckpt"}
+    assert shared["labels"][labels.CLUSTER] == "sw-a"
+    with pytest.raises(UsageError, match="--ckpt-size with --ckpt-dir: .* the shared folder /mnt/shared/ckpt"):
+        stack_of(ClusterSpec(name="sw-a", nodes=2, ckpt_size="64m"), layout)
+
+
 def test_nfs_and_a_sized_tmpfs_are_refused_together():
     with pytest.raises(UsageError, match="--ckpt-size with --ckpt-nfs"):
         stack_of(ClusterSpec(name="sw-a", nodes=2, ckpt_size="64m"), SwarmLayout(ckpt_nfs="nfs:/srv/ckpt"))
@@ -153,7 +164,9 @@ def test_nfs_and_a_sized_tmpfs_are_refused_together():
         ({"placement": "diagonal"}, "--placement 'diagonal': unknown; use one of spread, packed"),
         ({"ckpt_nfs": "/srv/ckpt"}, "--ckpt-nfs '/srv/ckpt': not SERVER:/EXPORT"),
         ({"ckpt_nfs": "nfs:srv"}, "not SERVER:/EXPORT"),
-        ({"hosts": ("h0", "h1")}, "2 swarm hosts: a local checkpoint volume is one per host.*--ckpt-nfs"),
+        ({"hosts": ("h0", "h1")}, "2 swarm hosts: a local checkpoint volume is one per host.*--ckpt-nfs.*--ckpt-dir"),
+        ({"ckpt_nfs": "n:/x", "ckpt_dir": "/x"}, "--ckpt-nfs and --ckpt-dir: .* give one of them"),
+        ({"ckpt_dir": "shared/ckpt"}, "--ckpt-dir 'shared/ckpt': not an absolute path"),
         ({"hosts": ("h0", "h0"), "ckpt_nfs": "n:/x"}, "a host is named twice"),
         ({"hosts": ("h 0",)}, "not a hostname"),
     ],
@@ -262,3 +275,19 @@ def test_an_engine_in_a_broken_swarm_is_refused_with_the_fix(engine):
     docker, _ = engine(state="error")
     with pytest.raises(SimError, match="this engine's swarm is error; fix it"):
         ensure_swarm(docker, progress=lambda _: None)
+
+
+def test_a_shared_checkpoint_folder_must_exist_expose_nothing_and_be_the_nodes_to_write(tmp_path):
+    from sim.core.hostpaths import check_shared_ckpt_dir
+
+    with pytest.raises(UsageError, match="--ckpt-dir '.*/missing': no such folder on this machine"):
+        check_shared_ckpt_dir(str(tmp_path / "missing"), 1000)
+    with pytest.raises(UsageError, match="--ckpt-dir '/': refused, the host's whole file system"):
+        check_shared_ckpt_dir("/", 1000)
+    folder = tmp_path / "ckpt"
+    folder.mkdir(mode=0o755)
+    os.chown(folder, 0, 0)
+    with pytest.raises(UsageError, match=r"the nodes' user \(uid 1000\) cannot write it .*`chown 1000 "):
+        check_shared_ckpt_dir(str(folder), 1000)
+    os.chown(folder, 1000, 1000)
+    assert check_shared_ckpt_dir(str(folder), 1000) == str(folder.resolve())

@@ -242,7 +242,7 @@ EVERY_HOST = {"partition", "heal", "etcd-isolate"}  # rules in every container's
 
 def test_every_fault_is_either_routed_or_refused():
     assert set(CASES) | set(REFUSED) == set(FAULTS)  # a new fault must be classified here and in docs/SWARM.md
-    assert set(REFUSED) == set(swarm.REFUSED_ON_NFS)
+    assert set(REFUSED) == set(swarm.REFUSED_ON_SHARED_CKPT)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -276,10 +276,17 @@ def test_a_fault_that_cannot_work_on_several_hosts_is_refused_before_anything(tm
     with pytest.raises(UnsupportedFaultError) as refused:
         fault.invoke(nemesis, fault.make_options(REFUSED["fill-disk"]))
     assert str(refused.value).startswith(
-        f"fill-disk on node1: refused on Swarm cluster 'demo': /ckpt is the NFS export {NFS} that every host shares"
+        f"fill-disk on node1: refused on Swarm cluster 'demo': /ckpt is the NFS export {NFS}, which every host shares"
     )
     assert "\n" not in str(refused.value)
     assert here.calls == there.calls == [] and not history.path.exists()
+
+
+def test_fill_disk_is_refused_on_a_shared_checkpoint_folder_too():
+    layout = SwarmLayout(hosts=("hosta", "hostb"), ckpt_dir="/mnt/shared/ckpt")
+    docker = SwarmDocker(layout, hosts=SwarmHosts("hosta", {"hosta": FakeHost("hosta", {})}))
+    reason = swarm.refusal(Cluster("demo", docker), "fill-disk", "node1")
+    assert reason and "/ckpt is the shared folder /mnt/shared/ckpt, which every host shares" in reason
 
 
 def test_fill_disk_still_works_on_a_one_host_swarm_without_nfs():
