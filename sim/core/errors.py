@@ -46,3 +46,7 @@ class UnsupportedFaultError(FaultError, UsageError):
 
 class HistoryError(SimError, ValueError):
     """A run's history holds a record off the schema (sim/core/history.py), or lacks one the verdict needs."""
+
+
+class JobNeverTrainedError(SimError):
+    """The job under test never trained (no optimizer step, no collective): nothing of it can be judged."""
