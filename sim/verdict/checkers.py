@@ -160,7 +160,8 @@ def no_training_reason(run: RunModel) -> str:
         return f"no training seen: no worker ever started (by {clock(run.t_end)})"
     ended = job_ended(run)
     if not ended:
-        return f"no training seen: {NO_TRAINING_SEEN}, up to the run's end at {clock(run.t_end)}, the job still running"
+        last = f"{clock(run.t_end)} (the history's last record)"
+        return f"no training seen: {NO_TRAINING_SEEN}, by {last}, the job still running"
     how = exits_words(exits)
     if how is None and run.agent_events("group_finished"):
         how = "every agent's workers finished (exit 0)"
@@ -957,8 +958,9 @@ def cannot_finish(run: RunModel, now: float, hang_s: float = RunSpec.hang_s) -> 
                 gave_up.append((node, last.t, last.exit_code))
         elif last is not None:
             survivors.append(node)
-    if not gave_up or not survivors:
-        return None
+    finished = {r.node for r in run.agent_events("group_finished")}
+    if not gave_up or not survivors or all(node in finished for node in survivors):
+        return None  # every node still up has its workers done: it waits out torch's exit barrier, the job ended
     regrouped = [
         r.t for r in run.agent if r.node in survivors and r.event in ("group_started", "rdzv_joined", "rdzv_complete")
     ]

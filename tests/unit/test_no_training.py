@@ -207,6 +207,9 @@ def test_no_verdict_while_a_fault_holds_or_the_rest_regroup_or_all_ended():
     regrouped.wait(30)
     regrouped.start_workers(nodes=["node1"])  # node1 regrouped alone and trains: not stuck
     assert cannot_finish(regrouped.model(), t + 61) is None
+    done, t = _gave_up_run()
+    done.add(type="agent", node="node1", event="group_finished")  # node1 finished: it waits in torch's exit barrier
+    assert cannot_finish(done.model(), t + 120) is None
     run.die("node1", 1)
     assert cannot_finish(run.model(), gave_up + 120) is None  # every node exited: the job ended
 
