@@ -34,7 +34,7 @@ def _logs(line: str) -> dict[str, str]:
             "[default] worker group successfully finished. Waiting 300 seconds for other agents to finish.\n"
         )
         for node in ("node0", "node1")
-    }
+    } | {"etcd": "2023-11-14T22:13:25.0Z 2023-11-14 22:13:25.000000 W | etcdserver: request took too long\n"}
 
 
 def test_a_job_that_exits_0_before_training_fails_and_says_so():

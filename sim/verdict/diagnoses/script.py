@@ -350,7 +350,7 @@ def ended_without_training(run: RunModel, logs: dict[str, str] | None = None) ->
     finished = run.agent_events("group_finished")
     how = exits_words(exits) or ("every agent's workers finished (exit 0)" if finished else "its workers exited")
     last: list[tuple[str, float | None, str]] = []  # (node, t, line): each node's last lines
-    for node in sorted(logs or {}, key=node_order):
+    for node in sorted(set(logs or {}) & set(run.agent_nodes), key=node_order):  # not etcd's log
         last += [(node, t, line) for t, line in script_output(logs[node])[-LAST_LINES:]]
     latest = max(last, key=lambda item: item[1] or 0.0) if last else None
     quoted = _clip(latest[2], LAST_LINE_CHARS) if latest else None
