@@ -212,8 +212,10 @@ class ScenarioRunner:
 
     def run(self) -> ScenarioResult:
         scenario, expected = self.scenario, self.scenario.expect.outcome(self.backend)
-        deadline = time.monotonic() + scenario.timeout_s
         cluster = self._cluster()
+        # The experiment's own time, from a running cluster: an image build or a slow start (a busy machine) does not
+        # eat it, or a step would "never strike" in 0 s.
+        deadline = time.monotonic() + scenario.timeout_s
         run_dir = cluster.run_dir
         history = History(run_dir / FILE_NAME)
         history.append(

@@ -77,7 +77,7 @@ timeout: 3m
     trained = result.verdict.result("trained")
     assert not trained.valid and trained.reasons[0].startswith("the job ended without training"), result.summary
     assert "Unable to locate sufficient 2 gpus to run this example. Exiting." in result.summary
-    assert result.unfired.startswith("kill-worker node1 (line 11) never struck: waiting for the job reaching step 5")
+    assert result.unfired.startswith("kill-worker node1 (line 10) never struck: waiting for the job reaching step 5")
     assert "the job never trained" in result.unfired and "trigger" not in result.unfired, result.unfired
 
 
