@@ -258,7 +258,7 @@ def cmd_chaos(args, _):
     for result in results:
         print(result.summary)
     for result in results:
-        mark = "PASS" if result.passed else "FAIL"
+        mark = "PASS" if result.passed else "CANNOT TELL" if result.verdict.undetermined else "FAIL"
         print(
             f"{mark} {result.scenario} [{result.backend}] expected {result.expected}; seed {result.seed}; "
             f"timeline {result.timeline}"

@@ -131,6 +131,43 @@ def _at(beat: tuple) -> float:
     return beat[0]
 
 
+def trigger_words(trigger: Trigger) -> str:
+    """What a trigger waits for, in the user's words."""
+    kind, value = trigger.kind, trigger.value
+    return {
+        "step": f"the job reaching step {value}",
+        "time": f"{value:g} s of training",
+        "after": f"{value:g} s after the step before",
+        "world_size": f"training at world size {value}",
+        "round": f"rendezvous round {value}",
+        "recovered": f"training steady at world size {value} ({RECOVERED_STEPS} steps in a row on every rank)",
+    }[kind]
+
+
+def step_words(step: Step | None) -> str:
+    """A step as the user wrote it: its fault and target (and its line in the scenario file); None: the run's end."""
+    if step is None:
+        return "the end of the run"
+    options = step.options.given()
+    target = options.get("target") or (f"to {options['nodes']} nodes" if "nodes" in options else None)
+    words = f"{step.fault} {target}" if target else step.fault
+    return words + (f" (line {step.line})" if step.line else "")
+
+
+def not_fired_words(step: Step | None, trigger: Trigger, state: HistoryState, now: float, why: str) -> str:
+    """Why a step never fired, and what the job was doing: no runner terms."""
+    if state.last_beat_t is None:
+        doing = "the job never trained (no optimizer step, collective or step line was seen)"
+    else:
+        world = f" at world size {state.world_size}" if state.world_size is not None else ""
+        doing = f"the job last trained {now - state.last_beat_t:.0f} s before{world}"
+    if step is None:
+        return (
+            f"the job was not steady again after the last fault: waiting for {trigger_words(trigger)}, {why}; {doing}"
+        )
+    return f"{step_words(step)} never struck: waiting for {trigger_words(trigger)}, {why}; {doing}"
+
+
 class ScenarioRunner:
     def __init__(
         self,
@@ -213,7 +250,7 @@ class ScenarioRunner:
                 self.progress(f"[chaos] {unfired}")
             if self.stop_after is not None and unfired is None:
                 try:
-                    self._wait_trigger(nemesis, self.stop_after, "the end of the run", state, time.time(), deadline)
+                    self._wait_trigger(nemesis, self.stop_after, None, state, time.time(), deadline)
                     self.progress("[chaos] steady after the last step: ending the run")
                 except StepNotFired as why:
                     unfired = str(why)
@@ -296,8 +333,7 @@ class ScenarioRunner:
         previous_done = time.time()
         for step in self.scenario.steps:
             for _ in range(max(step.repeat_times, 1)):
-                what = f"step '{step.fault}' (line {step.line})"
-                self._wait_trigger(nemesis, step.trigger, what, state, previous_done, deadline)
+                self._wait_trigger(nemesis, step.trigger, step, state, previous_done, deadline)
                 self.progress(f"[chaos] {step.fault} {getattr(step.options, 'target', '')}".rstrip())
                 self._fire(nemesis, step)
                 if self.fired is not None:
@@ -310,17 +346,31 @@ class ScenarioRunner:
                     )
 
     def _wait_trigger(
-        self, nemesis: Nemesis, trigger: Trigger, what: str, state: HistoryState, previous_done: float, deadline: float
+        self,
+        nemesis: Nemesis,
+        trigger: Trigger,
+        step: Step | None,
+        state: HistoryState,
+        previous_done: float,
+        deadline: float,
     ) -> None:
-        self._wait_reached(nemesis, trigger, what, state, previous_done, deadline)
+        """Wait until `trigger` holds for `step` (None: the run's end, the job steady after the last step)."""
+        self._wait_reached(nemesis, trigger, step, state, previous_done, deadline)
         if trigger.lag_s:  # `after` beside the trigger: that long after it was reached
             lagged = Trigger("after", trigger.lag_s)
-            self._wait_reached(nemesis, lagged, what, state, time.time(), deadline)
+            self._wait_reached(nemesis, lagged, step, state, time.time(), deadline)
 
     def _wait_reached(
-        self, nemesis: Nemesis, trigger: Trigger, what: str, state: HistoryState, previous_done: float, deadline: float
+        self,
+        nemesis: Nemesis,
+        trigger: Trigger,
+        step: Step | None,
+        state: HistoryState,
+        previous_done: float,
+        deadline: float,
     ) -> None:
         kind, value = trigger.kind, trigger.value
+        waited_from = time.monotonic()
         if self.step_timeout_s is not None:
             deadline = min(deadline, time.monotonic() + self.step_timeout_s)
         next_liveness_check = time.monotonic()
@@ -328,7 +378,10 @@ class ScenarioRunner:
             if time.monotonic() >= next_liveness_check:  # first: a short `after` must not fire into an ended job
                 next_liveness_check = time.monotonic() + 2.0
                 if self._job_ended(nemesis.cluster):
-                    raise StepNotFired(f"the job ended before the trigger {kind}={value} of {what} was reached")
+                    state.update()
+                    raise StepNotFired(
+                        not_fired_words(step, trigger, state, time.time(), "the job ended (every node exited) first")
+                    )
             self._check_cancel()
             state.update()
             self._end_holds_once_recovered(state)
@@ -351,8 +404,10 @@ class ScenarioRunner:
             if kind == "recovered" and now > self._hold_end and state.steady(value, max(previous_done, self._hold_end)):
                 return
             if time.monotonic() > deadline:
-                limit = "step" if self.step_timeout_s else "scenario"
-                raise StepNotFired(f"trigger {kind}={value} of {what} not reached before the {limit} timeout")
+                waited = time.monotonic() - waited_from
+                limit = "for one fault" if self.step_timeout_s else "for the whole scenario"
+                why = f"it did not come in {waited:.0f} s, the time allowed {limit}"
+                raise StepNotFired(not_fired_words(step, trigger, state, time.time(), why))
             time.sleep(POLL_S)
 
     def _fire(self, nemesis: Nemesis, step: Step) -> None:

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from sim.core.errors import UsageError
+from sim.core.errors import JobNeverTrainedError, UsageError
 from sim.core.history import FILE_NAME, FaultRecord, History
 from sim.core.nodes import node_order
 from sim.core.spec import ClusterSpec, check_room_beside, node_name, spec_from_options
 from sim.engines.cluster import job_images, other_clusters_memory
 from sim.engines.docker import Docker
-from sim.verdict.checkers import CHECKS_FOR
+from sim.verdict.checkers import CHECKS_FOR, no_training_reason
 from sim.verdict.diagnose import Diagnosis, diagnose
 from sim.verdict.pitfalls import PITFALL_CODES, mixed_sources, resume_sources
 from sim.verdict.recovery import Recovery, recoveries
@@ -475,6 +475,9 @@ def score_gauntlet(plan: Plan, result: ScenarioResult) -> list[FaultScore]:
             own = [_diagnosis_dict(d) for d in found if d.code in PITFALL_CODES]
             timeless = [_diagnosis_dict(d) for d in found if _evidence_time(d, invoke.t) is None]
             attributed = _unique(own + [d for d in in_window + timeless if d["code"] not in PITFALL_CODES])
+        # A fault the job never got steady after did not recover: no recovery figure (a step that came through
+        # before the fault took hold, or a regroup that did not last, is no recovery).
+        recovered = recovery if steady_after else None
         scores.append(
             FaultScore(
                 planned.kind,
@@ -485,14 +488,14 @@ def score_gauntlet(plan: Plan, result: ScenarioResult) -> list[FaultScore]:
                 target=str(planned.step.options.given().get("target") or "") or None,
                 t_fault=invoke.t,
                 t_end=t_end,
-                recovery_s=_recovery_s(recovery),
-                phases=recovery.phases.as_dict() if recovery else {},
-                steps_lost=recovery.steps_lost if recovery else None,
+                recovery_s=_recovery_s(recovered),
+                phases=recovered.phases.as_dict() if recovered else {},
+                steps_lost=recovered.steps_lost if recovered else None,
                 restarts=restarts,
                 restarts_used=used,
                 restart_budget=budget,
                 throughput_before=recovery.throughput_before if recovery else None,
-                throughput_after=recovery.throughput_after if recovery else None,
+                throughput_after=recovered.throughput_after if recovered else None,
                 diagnoses=tuple(attributed),
                 run_dir=str(run_dir),
                 evidence=tuple(last_records(contents.records, invoke.t, t_end)) if problems and not attributed else (),
@@ -668,6 +671,7 @@ class _Lane:
                 result = self._run(solo, dataclasses.replace(spec, name=f"{spec.name[:33]}{suffix}"), fired)
                 fired = None
                 self.run_dirs.append(str(result.run_dir))
+                require_training(result.run_dir)
                 self.scores.append(score_solo(planned, result))
         finally:
             if fired is not None:  # nothing ran here: the others need not wait
@@ -703,9 +707,24 @@ class _Lane:
             scenario, spec, fired, stop_after=Trigger("recovered", plan.final_world), step_timeout_s=STEP_BUDGET_S
         )
         self.run_dirs.append(str(result.run_dir))
+        require_training(result.run_dir)
         self.ended_early = result.unfired
         self.scores += score_gauntlet(plan, result)
         self.pitfalls = job_pitfalls(result.run_dir)
+
+
+def require_training(run_dir: Path) -> None:
+    """A vet whose job never trained stops here, before any fault could be scored, with one line saying why: the
+    first diagnosis's first sentence (the script's last words, its error), else how its workers ended."""
+    run = RunModel(History(run_dir / FILE_NAME).read().records)
+    if run.trained:
+        return
+    found = diagnose(run, saved_logs(run_dir))
+    why = found[0].title if found else no_training_reason(run)
+    raise JobNeverTrainedError(
+        f"the job never trained, so no fault was run: {why[0].lower() + why[1:]}; "
+        f"`python -m sim report {run_dir}` shows the run"
+    )
 
 
 def _told(progress: Progress, plan: Plan, clusters: int) -> Progress:
@@ -824,7 +843,10 @@ def scorecard(vet: VetResult, width: int = 118) -> str:
             note = "ended fast and cleanly (own cluster)"
         row = f"{_MARK[f.outcome]:4} {f.label[:34]:34} {_s(f.recovery_s):>8} {lost:>5} {restarts:>9} "
         row += f"{_rate(f.throughput_before, f.throughput_after):>11}  "
-        lines.append((row + note)[:width])
+        # The note in full, wrapped under its column: a MISS or FAIL says why in words, never cut off mid-word.
+        wrapped = textwrap.wrap(note, max(width - len(row), 30)) or [""]
+        lines.append(row + wrapped[0])
+        lines += [" " * len(row) + more for more in wrapped[1:]]
     survived = sum(f.outcome == "survived" for f in vet.faults)
     failed = [f for f in vet.faults if not f.ok]
     lines.append(
@@ -837,7 +859,9 @@ def scorecard(vet: VetResult, width: int = 118) -> str:
             lines.append(f"  pitfall of the job: {d['title']}.")
             lines += textwrap.wrap(f"Fix: {d['fix']}", width, initial_indent="    ", subsequent_indent="      ")
     if vet.job_ended_early:
-        lines.append(f"  the gauntlet was cut short: {vet.job_ended_early}"[:width])
+        lines += textwrap.wrap(
+            f"the gauntlet was cut short: {vet.job_ended_early}", width, initial_indent="  ", subsequent_indent="    "
+        )
     for f in failed:
         for d in f.diagnoses[:2]:
             lines.append(f"  {f.label}: {d['title']}.")

@@ -14,13 +14,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 from sim.core.history import (
     FILE_NAME,
     AgentRecord,
     DockerRecord,
     FaultRecord,
+    History,
     HistoryTail,
     Record,
     RunRecord,
@@ -29,6 +30,8 @@ from sim.core.history import (
 )
 from sim.core.wait import Check, wait_for
 from sim.engines.cluster import Cluster, ContainerInfo, JobFinished
+from sim.verdict.checkers import Stuck, cannot_finish
+from sim.verdict.runmodel import RunModel
 
 COMPACT_EVERY = 10  # the shipped trainer's progress: rank 0, every tenth step
 NODE_LINE_INTERVAL_S = 5.0  # instrumented workers' records: at most a line per node this often
@@ -228,13 +231,29 @@ def nodes_up(containers: Sequence[ContainerInfo], run_id: str) -> tuple[int, int
     return sum(c.state in ("running", "paused", "restarting") for c in nodes), len(nodes)
 
 
+class FollowEnd(NamedTuple):
+    """How following a job ended: in words, and, for a job that cannot finish, why (its nodes still run)."""
+
+    text: str
+    stuck: Stuck | None = None
+
+
 def follow_job(
-    cluster: Cluster, out: TextIO = sys.stdout, *, verbose: bool = False, poll_s: float = 1.0, quiet_s: float = QUIET_S
-) -> str:
-    """Print the job as it runs until every node container has exited; returns how it ended."""
+    cluster: Cluster,
+    out: TextIO = sys.stdout,
+    *,
+    verbose: bool = False,
+    poll_s: float = 1.0,
+    quiet_s: float = QUIET_S,
+    hang_s: float | None = None,
+) -> FollowEnd:
+    """Print the job as it runs until every node container has exited, or (with `hang_s`) until it cannot
+    finish: an agent gave up and the rest made no progress for hang_s with no fault in force
+    (sim.verdict.checkers.cannot_finish). Returns how it ended."""
     raw = _print_raw_logs(cluster, out) if verbose else None
     tail = HistoryTail(cluster.run_dir / FILE_NAME)
     view = FollowView()
+    stuck = _CannotFinish(cluster, hang_s) if hang_s is not None else None
 
     def show_new() -> bool:
         records = tail.poll()
@@ -244,7 +263,9 @@ def follow_job(
         return bool(records)
 
     try:
-        ended = wait_for(_Showing(JobFinished(cluster), show_new), timeout=None, interval=poll_s, raise_errors=False)
+        ended = wait_for(
+            _Showing(JobFinished(cluster), show_new, stuck), timeout=None, interval=poll_s, raise_errors=False
+        )
         # The nodes' last lines (summary, root cause) reach the history just after they exit.
         wait_for(_Quiet(show_new, quiet_s), timeout=5 * quiet_s, interval=min(poll_s, quiet_s / 4), raise_errors=False)
     finally:
@@ -252,20 +273,50 @@ def follow_job(
             raw.terminate()
             raw.wait()
     if ended.failure:
-        return f"stopped following: {ended.failure} (the cluster was removed)"
+        return FollowEnd(f"stopped following: {ended.failure} (the cluster was removed)")
+    if stuck is not None and stuck.found is not None:
+        return FollowEnd("stopped following: the job cannot finish (its nodes still run)", stuck.found)
     exits = ", ".join(f"{c.node} {c.exit_code if c.exit_code is not None else c.status}" for c in cluster.nodes())
-    return f"job ended: every node container exited (exit codes: {exits})"
+    return FollowEnd(f"job ended: every node container exited (exit codes: {exits})")
+
+
+class _CannotFinish:
+    """Whether the job can no longer finish (sim.verdict.checkers.cannot_finish), asked of the whole history at most
+    every `every_s`, and only once a node has exited non-zero while another still runs (the premise: an agent gave
+    up): a job that trains costs no history read."""
+
+    def __init__(self, cluster: Cluster, hang_s: float, every_s: float = 5.0):
+        self.cluster, self.hang_s, self.every_s = cluster, hang_s, every_s
+        self.next_check = 0.0
+        self.found: Stuck | None = None
+
+    def check(self) -> bool:
+        now = time.monotonic()
+        if now < self.next_check:
+            return False
+        self.next_check = now + self.every_s
+        nodes = self.cluster.nodes()
+        if not any(c.state in ("exited", "dead") and c.exit_code not in (0, None) for c in nodes):
+            return False
+        if all(c.state in ("exited", "dead") for c in nodes):
+            return False  # the job ended: JobFinished says so
+        contents = History(self.cluster.run_dir / FILE_NAME).read()
+        self.found = cannot_finish(RunModel(contents.records), time.time(), self.hang_s)
+        return self.found is not None
 
 
 class _Showing:
-    """A strategy that first shows what is new, then asks the one it wraps."""
+    """A strategy that first shows what is new, then asks the one it wraps (and, if given, whether the job
+    cannot finish: then it is ready too)."""
 
-    def __init__(self, inner: JobFinished, show_new: Callable[[], bool]):
-        self.inner, self.show_new = inner, show_new
+    def __init__(self, inner: JobFinished, show_new: Callable[[], bool], stuck: _CannotFinish | None = None):
+        self.inner, self.show_new, self.stuck = inner, show_new, stuck
         self.description = inner.description
 
     def check(self) -> Check:
         self.show_new()
+        if self.stuck is not None and self.stuck.check():
+            return Check(True, detail="the job cannot finish")
         return self.inner.check()
 
 

@@ -430,11 +430,14 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
     if args.detach:
         return 0
     from sim.cli.logs import follow_job
+    from sim.verdict.checkers import RunSpec
     from sim.verdict.runreport import report_run
 
     print("following the job until it ends (Ctrl-C stops following; the cluster keeps running)", flush=True)
     try:
-        print(follow_job(cluster, verbose=args.verbose), flush=True)
+        # A job that cannot finish (an agent gave up, the rest wait in vain) ends the following too.
+        ended = follow_job(cluster, verbose=args.verbose, hang_s=RunSpec.hang_s)
+        print(ended.text, flush=True)
     except KeyboardInterrupt:
         print(f"\nstopped following; cluster '{name}' is still running (`python -m sim down{flag}` removes it)")
         return 0
@@ -444,10 +447,26 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
             f"`python -m sim report {cluster.run_dir}` shows what was recorded and `python -m sim down{flag}` "
             "removes what is left"
         ) from None
-    verdict, summary = report_run(cluster.run_dir)
+    _save_logs(cluster)
+    verdict, summary = report_run(cluster.run_dir, stuck=ended.stuck)
     print(summary)
+    if ended.stuck is not None:
+        print(
+            f"cluster '{name}' stays as it is (its other nodes still wait) for `sim report` and `sim logs`; "
+            f"`python -m sim down{flag}` removes it"
+        )
+        return 1
     print(f"the stopped cluster stays for `sim report` and `sim logs`; `python -m sim down{flag}` removes it")
     return 0 if verdict.valid else 1
+
+
+def _save_logs(cluster) -> None:
+    """The nodes' logs into the run folder now (`down` saves them again, whole): the diagnoses quote the script's
+    own last lines from them, in this verdict and in a later `sim report`."""
+    try:
+        cluster.save_logs()
+    except (SimError, OSError) as error:
+        print(f"(the nodes' logs could not be saved for the report: {error})", file=sys.stderr)
 
 
 def cmd_vet(args: argparse.Namespace, script_args: list[str] | None) -> int:
@@ -637,6 +656,13 @@ def cmd_report(args: argparse.Namespace, _: list[str] | None) -> int:
     up, total = _nodes_up(run_dir)
     if up:
         print(f"run {run_dir.name} is still running ({up} of {total} nodes up); the verdict below is provisional")
+    elif total:  # ended, its cluster not removed (`up --detach`): the logs `down` would save, for the diagnoses
+        from sim.cli.logs import live_run
+        from sim.core.history import FILE_NAME, History
+
+        live = live_run(History(run_dir / FILE_NAME).records())
+        if live is not None:
+            _save_logs(cluster_mod.Cluster(live[0], _docker()))
     verdict, summary = report_run(run_dir, expected=args.expect, live=bool(up))
     print(summary)
     return 0 if verdict.valid else 1

@@ -51,3 +51,7 @@ class HistoryError(SimError, ValueError):
 class HistoryWriteError(SimError):
     """A record could not be written to the run's history (its disk full, gone): it is not there, and no
     part of it is."""
+
+
+class JobNeverTrainedError(SimError):
+    """The job under test never trained (no optimizer step, no collective): nothing of it can be judged."""

@@ -177,6 +177,8 @@ class RecordedSpec(_Nested):
     devices: str | None = None
     failure_timing: str | None = None
     instrument: bool | None = None
+    script: str | None = None  # the user's script on the host; None: the shipped trainer (or a history before it)
+    progress_regex: str | None = None  # --progress-regex
     memory: str | None = None  # --memory as given ("none": lifted); None: the default
     memory_limit: int | None = None  # bytes each node got; None: no limit (or a history before bounds)
     pids: int | None = None

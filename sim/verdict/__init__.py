@@ -84,9 +84,22 @@ class Verdict:
     recoveries: tuple[FaultRecovery, ...]
     restarts_per_node: dict  # node -> restarts used (torch counts per agent)
     rounds: int  # rendezvous rounds seen
+    # Nothing could see whether the job trained (no instrumentation, no progress lines) and nothing else failed:
+    # the verdict is neither PASS nor FAIL but CANNOT TELL (valid is False: never a pass).
+    undetermined: bool = False
 
     def result(self, name: str) -> CheckResult | None:
         return next((r for r in self.results if r.name == name), None)
+
+    @property
+    def word(self) -> str:
+        """PASS, FAIL, or CANNOT TELL."""
+        if self.undetermined:
+            return CANNOT_TELL
+        return "PASS" if self.valid else "FAIL"
+
+
+CANNOT_TELL = "CANNOT TELL"
 
 
 # How the report words each expected outcome.

@@ -22,7 +22,7 @@ from sim.core.errors import HistoryError, UsageError
 from sim.core.history import DockerRecord, TrainerRecord, WorkerRecord
 from sim.verdict import CheckResult, FaultRecovery, Verdict
 from sim.verdict.recovery import LOSS_JUMP_TOLERANCE, Recovery, loss_across_resumes, recoveries
-from sim.verdict.runmodel import Beat, Cohort, FaultEvent, RunModel, clock
+from sim.verdict.runmodel import STEP_SOURCE_WORDS, Beat, Cohort, FaultEvent, RunModel, clock
 
 EXPECTED = ("recovers", "fails", "hangs")
 # The shipped trainer's checkpoint files (trainer/train.py's checkpoint_path) and their temp files.
@@ -123,6 +123,79 @@ def _require_positive(name: str, value: object) -> None:
 
 
 # ---------------------------------------------------------------- checkers
+
+
+def check_trained(run: RunModel, spec: RunSpec) -> CheckResult:
+    """Training was seen: an optimizer step, or a collective call after the process group's set-up (the
+    instrumentation's), or a step line (a progress regex's, the shipped trainer's). A run that never trained
+    passes nothing, whatever else it did: it FAILs, or, where nothing could have seen training, it cannot tell."""
+    metrics = {"training_seen": run.trained, "first_training_t": run.beats[0].t if run.beats else None}
+    if run.trained:
+        first = (run.beats or run.zombies)[0]
+        return CheckResult(
+            "trained", True, (f"training seen from {clock(first.t)} ({_training_source(run)})",), metrics
+        )
+    if not (spec.instrumented or run.step_lines_expected):
+        return CheckResult(
+            "trained",
+            False,
+            (
+                "cannot tell whether the job trained: nothing could see it (--no-instrument, and no progress regex); "
+                "drop --no-instrument, or pass --progress-regex with a (?P<step>...) group matching the script's "
+                "step lines",
+            ),
+            metrics,
+            measured=False,
+        )
+    return CheckResult("trained", False, (no_training_reason(run),), metrics)
+
+
+NO_TRAINING_SEEN = "no optimizer step and no collective call after the process group's set-up in any worker"
+
+
+def no_training_reason(run: RunModel) -> str:
+    """Why the run shows no training, in words: whether the job ended, and how its workers exited."""
+    exits = run.worker_exits()
+    if not run.starts and not run.agent_events("group_started"):
+        return f"no training seen: no worker ever started (by {clock(run.t_end)})"
+    ended = job_ended(run)
+    if not ended:
+        last = f"{clock(run.t_end)} (the history's last record)"
+        return f"no training seen: {NO_TRAINING_SEEN}, by {last}, the job still running"
+    how = exits_words(exits)
+    if how is None and run.agent_events("group_finished"):
+        how = "every agent's workers finished (exit 0)"
+    return f"the job ended without training: {NO_TRAINING_SEEN}" + (f"; {how}" if how else "")
+
+
+def job_ended(run: RunModel) -> bool:
+    """Every node's container has exited, or an agent's workers finished (the job's end from torch's side)."""
+    return bool(run.agent_events("group_finished")) or (
+        bool(run.agent_nodes)
+        and all((last := run.lifecycle(node)) is not None and last.action == "die" for node in run.agent_nodes)
+    )
+
+
+def exits_words(exits: dict[tuple, int | None]) -> str | None:
+    """ "every rank exited 0", or "rank 0 exited 1, rank 1 exited 0" (each rank's last exit); None: none seen."""
+    if not exits:
+        return None
+    last: dict[object, int | None] = {}
+    for (_, rank, _), code in exits.items():
+        last[rank] = code
+    codes = set(last.values())
+    if len(codes) == 1:
+        code = next(iter(codes))
+        return f"every rank exited {'with an unknown code' if code is None else code}"
+    return ", ".join(
+        f"rank {rank} exited {code}" for rank, code in sorted(last.items(), key=lambda i: _rank_order(i[0]))
+    )
+
+
+def _training_source(run: RunModel) -> str:
+    if run.step_source != "none":
+        return STEP_SOURCE_WORDS[run.step_source]
+    return "collective calls (the instrumentation)"
 
 
 def check_completed(run: RunModel, spec: RunSpec) -> CheckResult:
@@ -843,9 +916,92 @@ def _last_fault_before(run: RunModel, t: float) -> FaultEvent | None:
     return before[-1] if before else None
 
 
+# ---------------------------------------------------------------- a job that cannot finish (while it runs)
+
+# torch 2.13's process-group timeout by default (torch.distributed.constants.default_pg_timeout): init_process_group's
+# waits in the store and every collective's, for gloo (NCCL's own default is 10 minutes).
+DEFAULT_PG_TIMEOUT_S = 1800
+# torch's rendezvous join timeout by default (dynamic_rendezvous: join_timeout), unless --rdzv-conf sets one.
+DEFAULT_JOIN_TIMEOUT_S = 600
+
+
+@dataclasses.dataclass(frozen=True)
+class Stuck:
+    """A job that cannot finish: an agent gave up (its node exited non-zero), and the rest have made no progress
+    since, past the hang window, with no fault in force: torch's own timeouts would end it, much later."""
+
+    gave_up: tuple[tuple[str, float, int | None], ...]  # (node, when its container exited, exit code)
+    quiet_since: float
+    quiet_s: float
+    waiting: tuple[str, ...]  # per survivor: what it waits for, and how long torch would let it
+
+    def words(self) -> list[str]:
+        """The lines `up` prints before its verdict."""
+        gave = ", ".join(
+            f"{node}'s agent gave up at {clock(t)} (its node exited {'?' if code is None else code})"
+            for node, t, code in self.gave_up
+        )
+        return [
+            f"the job cannot finish: {gave}, and the rest made no progress for {self.quiet_s:.0f} s since "
+            f"{clock(self.quiet_since)}, with no fault in force",
+            *self.waiting,
+        ]
+
+
+def cannot_finish(run: RunModel, now: float, hang_s: float = RunSpec.hang_s) -> Stuck | None:
+    """Whether a running job can no longer finish, at time `now` (the caller's clock; nothing here reads one): an
+    agent gave up (its node's container exited non-zero, not taken out by a fault) while other nodes still run;
+    since then (and since the last training, regroup or fault) no progress for longer than hang_s; and no fault in
+    force now. None otherwise: the job is running, regrouping, or has ended (every node exited)."""
+    removed = run.removed_on_purpose()
+    gave_up, survivors = [], []
+    for node in run.agent_nodes:
+        last = run.lifecycle(node)
+        if last is not None and last.action == "die":
+            if last.exit_code != 0 and node not in removed:
+                gave_up.append((node, last.t, last.exit_code))
+        elif last is not None:
+            survivors.append(node)
+    finished = {r.node for r in run.agent_events("group_finished")}
+    if not gave_up or not survivors or all(node in finished for node in survivors):
+        return None  # every node still up has its workers done: it waits out torch's exit barrier, the job ended
+    regrouped = [
+        r.t for r in run.agent if r.node in survivors and r.event in ("group_started", "rdzv_joined", "rdzv_complete")
+    ]
+    faults = [f.t_ok for f in run.faults] + [h.t_ok for h in run.heals]
+    quiet_since = max([min(t for _, t, _ in gave_up), *run.beat_times[-1:], *regrouped, *faults])
+    if now - quiet_since <= hang_s:
+        return None
+    if any(fault.kind.reversible and run.healed_at(fault) is None for fault in run.faults):
+        return None  # a pause, partition or link fault still holds: the silence may be its doing
+    return Stuck(tuple(gave_up), quiet_since, now - quiet_since, tuple(_waits_for(run, node) for node in survivors))
+
+
+def _waits_for(run: RunModel, node: str) -> str:
+    """What a surviving node waits for, in words, and how long torch would let it."""
+    started = run.agent_events("group_started", node=node)
+    joining = run.agent_events("rdzv_joining", "rdzv_joined", node=node)
+    if not started or (joining and joining[-1].t > started[-1].t):
+        join = run.spec_fields.pairs["rdzv_conf"].get("join_timeout")
+        limit = f"--rdzv-conf join_timeout={join} s" if join is not None else f"{DEFAULT_JOIN_TIMEOUT_S // 60} min"
+        return (
+            f"{node}'s agent waits in the rendezvous for nodes that are gone; torch's join timeout would let it "
+            f"wait {limit}"
+        )
+    since = started[-1].t
+    workers = [r for r in run.records if isinstance(r, WorkerRecord) and r.node == node and r.t >= since]
+    pg = f"torch's default process-group timeout would let it wait {DEFAULT_PG_TIMEOUT_S // 60} min"
+    if not any(r.event == "start" for r in workers):
+        return f"{node}'s worker group started at {clock(since)}; no worker of it said more"
+    if any(r.event == "pg_ready" for r in workers) or any(b.node == node and b.t >= since for b in run.beats):
+        return f"{node}'s worker waits in a collective for a peer that is gone; {pg} (unless the script gave one)"
+    return f"{node}'s worker waits in init_process_group for a peer that is gone; {pg} (unless the script gave one)"
+
+
 # ---------------------------------------------------------------- all together
 
 CHECKERS: dict[str, Callable[[RunModel, RunSpec], CheckResult]] = {
+    "trained": check_trained,
     "completed": check_completed,
     "restart_budget": check_restart_budget,
     "world_size": check_world_size,
@@ -862,6 +1018,7 @@ CHECKERS: dict[str, Callable[[RunModel, RunSpec], CheckResult]] = {
 }
 CHECKS_FOR = {
     "recovers": (
+        "trained",
         "completed",
         "restart_budget",
         "world_size",
@@ -875,20 +1032,28 @@ CHECKS_FOR = {
         "recovery",
     ),
     # A failing run stops where it stops: progress, loss and recovery say nothing about it.
-    "fails": ("fails_cleanly", "restart_budget", "world_size", "ranks"),
+    "fails": ("trained", "fails_cleanly", "restart_budget", "world_size", "ranks"),
     # A hanging run is stopped by the harness after hang_s of silence: only how it stands then is judged.
-    "hangs": ("stalled", "restart_budget", "world_size", "ranks"),
+    "hangs": ("trained", "stalled", "restart_budget", "world_size", "ranks"),
 }
 
 
-def check_all(run: RunModel, spec: RunSpec, only: Sequence[str] | None = None) -> Verdict:
+def check_all(
+    run: RunModel, spec: RunSpec, only: Sequence[str] | None = None, *, judge_training: bool = True
+) -> Verdict:
     """Run the checkers that apply to the spec's expected outcome (or just those in `only`;
-    restart_budget always runs, since the verdict reports restarts per node from it)."""
-    names = CHECKS_FOR[spec.expected] if only is None else tuple(dict.fromkeys([*only, "restart_budget"]))
+    restart_budget always runs, since the verdict reports restarts per node from it, and so does trained:
+    no run passes without training). `judge_training` False: a run still going, which may not have trained yet."""
+    names = CHECKS_FOR[spec.expected] if only is None else tuple(dict.fromkeys(["trained", *only, "restart_budget"]))
+    if not judge_training:
+        names = tuple(name for name in names if name != "trained")
     results = tuple(CHECKERS[name](run, spec) for name in names)
     by_name = {r.name: r for r in results}
     recoveries = by_name["recovery"].metrics["recoveries"] if "recovery" in by_name else ()
+    trained = by_name.get("trained")
+    undetermined = trained is not None and not trained.measured and all(r.valid for r in results if r is not trained)
     return Verdict(
+        undetermined=undetermined,
         valid=all(r.valid for r in results),
         expected=spec.expected,
         results=results,

@@ -53,6 +53,7 @@ from sim.verdict.diagnoses.resources import (
     superseded_round_checkpoint,
 )
 from sim.verdict.diagnoses.script import (
+    ended_without_training,
     restart_budget,
     script_error,
 )
@@ -70,7 +71,15 @@ def diagnose(
     """Every known cause the run shows, most fundamental first (the loss judged as the
     loss_continuity checker judges it, at the same tolerance)."""
     run = _with_logs(run if isinstance(run, RunModel) else RunModel(run), logs)
-    found = (rule(run, loss_jump_tolerance) if rule is loss_jump else rule(run) for rule in DIAGNOSES)
+
+    def apply(rule: Callable[..., Diagnosis | None]) -> Diagnosis | None:
+        if rule is loss_jump:
+            return rule(run, loss_jump_tolerance)
+        if rule in QUOTES_LOGS:
+            return rule(run, dict(logs))
+        return rule(run)
+
+    found = map(apply, DIAGNOSES)
     return [diagnosis for diagnosis in found if diagnosis is not None]
 
 
@@ -118,6 +127,7 @@ def _pitfall(rule: Callable[[RunModel], Finding | None]) -> Callable[[RunModel],
 # The job's own pitfalls first: a script that resumes its ranks from different points fails whatever else happened.
 DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
     script_error,
+    ended_without_training,
     *map(_pitfall, PITFALLS),
     engine_lost,
     name_resolution,
@@ -142,3 +152,5 @@ DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
     stuck_at_exit,
     last_call_wait,
 )
+# Rules that quote the script's own output: they read the nodes' logs as text.
+QUOTES_LOGS = (ended_without_training,)

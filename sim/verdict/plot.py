@@ -85,7 +85,7 @@ def _draw(
             ax.axvline(t, color="#555555", linestyle=":", linewidth=1.0, zorder=1)
     lanes_ax.set_xlabel("seconds since run start")
 
-    verdict_word = "PASS" if verdict.valid else "FAIL"
+    verdict_word = verdict.word
     figure.suptitle(
         f"{title} — {verdict_word}", fontsize=15, fontweight="bold", color="#2e7d32" if verdict.valid else "#c62828"
     )

@@ -18,6 +18,7 @@ from sim.core.history import DEVICE_EVENTS, WorkerRecord
 from sim.core.nodes import node_order
 from sim.core.spec import emulated_devices_line
 from sim.verdict import EXPECTED_WORDS, CheckResult, FaultRecovery, Verdict
+from sim.verdict.checkers import Stuck
 from sim.verdict.diagnose import Diagnosis, format_diagnoses
 from sim.verdict.plot import draw_timeline
 from sim.verdict.recovery import RecoveryPhases, recoveries
@@ -176,7 +177,7 @@ class Report:
 
     @property
     def word(self) -> str:
-        return "PASS" if self.verdict.valid else "FAIL"
+        return self.verdict.word
 
     def to_json(self) -> dict:
         """The figures of the report as plain data (what report.json holds)."""
@@ -231,7 +232,8 @@ def build_report(
             highest_step=run.highest_step if run.steps_known else None,
             step_efficiency=_step_efficiency(verdict),
             zombie_records=len(run.zombies),
-            not_measured=tuple(r.name for r in verdict.results if not r.measured),
+            # "trained" unmeasured is the verdict itself (CANNOT TELL), said in the headline
+            not_measured=tuple(r.name for r in verdict.results if not r.measured and r.name != "trained"),
         ),
         diagnoses=tuple(diagnoses),
         devices=device_facts(run),
@@ -294,7 +296,10 @@ def _check_row(result: CheckResult) -> list[str]:
 
 
 def _result_word(result: CheckResult) -> str:
-    """ok, FAIL, or n/a: not measurable on this run (the reason says how to enable it)."""
+    """ok, FAIL, or n/a: not measurable on this run (the reason says how to enable it); "cannot tell" for whether
+    the job trained at all."""
+    if not result.measured and result.name == "trained":
+        return "cannot tell"
     if not result.measured:
         return "n/a"
     return "ok" if result.valid else "FAIL"
@@ -407,13 +412,32 @@ def _table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> lis
     ]
 
 
-def format_summary(verdict: Verdict, run: RunModel, **options) -> str:
+def headline_reasons(verdict: Verdict, diagnoses: Sequence[Diagnosis] = (), stuck: Stuck | None = None) -> list[str]:
+    """What the verdict's headline says under it. A job that cannot finish: its first cause (the first diagnosis,
+    with its first evidence line: the script's error and its line), then who gave up and what the rest wait for.
+    A run that never trained (or where nobody could tell) says so, whatever else failed after."""
+    lines = []
+    if stuck is not None:
+        if diagnoses:
+            first = diagnoses[0]
+            lines.append(f"first cause: {first.title}")
+            lines += [f"  {first.evidence[0]}"] if first.evidence else []
+        lines += stuck.words()
+    trained = verdict.result("trained")
+    if trained is not None and not trained.valid and trained.reasons:
+        lines.append(trained.reasons[0])
+    return lines
+
+
+def format_summary(verdict: Verdict, run: RunModel, *, stuck: Stuck | None = None, **options) -> str:
     """The report for a terminal: verdict, checks, diagnoses, faults, restarts, rounds, profile, files.
-    `options`: build_report's (title, profile, files, diagnoses)."""
+    `options`: build_report's (title, profile, files, diagnoses); `stuck`: the job cannot finish (`up` found it so)."""
     report = build_report(verdict, run, **options)
     title, files, diagnoses = report.title, report.files, report.diagnoses
     expected = EXPECTED_WORDS.get(verdict.expected, verdict.expected)
-    lines = [f"{title}: {report.word} (expected: {expected})", ""]
+    lines = [f"{title}: {report.word} (expected: {expected})"]
+    lines += [f"  {line}" for line in headline_reasons(verdict, diagnoses, stuck)]
+    lines.append("")
     lines.append("Checks:")
     lines += (
         _table(["check", "result", "first reason"], [_check_row(r) for r in verdict.results])
@@ -505,6 +529,7 @@ def render_html(report: Report, png: bytes) -> str:
     verdict_class = "pass" if verdict.valid else "fail"
     facts = [
         [_cell("verdict"), _cell(report.word, verdict_class)],
+        *([_cell("why"), _cell(line)] for line in headline_reasons(verdict)),
         [_cell("expected"), _cell(EXPECTED_WORDS.get(verdict.expected, verdict.expected))],
         [_cell("profile"), _cell(report.profile)],
         [_cell("rendezvous rounds"), _cell(verdict.rounds)],

@@ -281,6 +281,30 @@ class RunModel:
         """Steps are numbered across restarts (a resume carries on from the checkpoint's step)."""
         return self.step_source in ABSOLUTE_STEP_SOURCES
 
+    # --- whether it trained at all (no PASS without it) ---
+
+    @property
+    def trained(self) -> bool:
+        """Training was seen: an optimizer step, a collective call (the instrumentation wraps them once the
+        process group is set up), a step line of the script's or the shipped trainer's."""
+        return bool(self.beats or self.zombies)
+
+    @property
+    def step_lines_expected(self) -> bool:
+        """Step lines would show training even without the instrumentation: a progress regex, or the shipped
+        trainer's own lines (a script's silence with neither, and the instrumentation off, says nothing)."""
+        spec = self.spec_fields
+        return bool(spec.progress_regex) or ("script" in spec.as_written and spec.script is None)
+
+    def worker_exits(self) -> dict[tuple, int | None]:
+        """Each worker process's exit code as the instrumentation saw it ((node, rank, restart) -> its last
+        exit record's code), in node and rank order."""
+        exits: dict[tuple, int | None] = {}
+        for record in self.records:
+            if isinstance(record, WorkerRecord) and record.event == "exit":
+                exits[(record.node, record.rank, record.restart)] = record.code
+        return dict(sorted(exits.items(), key=lambda item: (node_order(item[0][0] or ""), str(item[0][1]))))
+
     @property
     def losses_known(self) -> bool:
         return any(r.loss is not None for r in self.progress)

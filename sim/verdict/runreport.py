@@ -41,10 +41,12 @@ def report_run(
     profile: str | None = None,
     checkers: tuple[str, ...] | None = None,
     live: bool = False,
+    stuck=None,
     **bounds,
 ) -> tuple[Verdict, str]:
     """Check a run's history and write its report. `live`: the run is still going, so how it
-    ends (completed, fails_cleanly) is not judged yet and the verdict is provisional."""
+    ends (completed, fails_cleanly) is not judged yet and the verdict is provisional. `stuck`: the job cannot
+    finish (sim.verdict.checkers.Stuck, as `up` found it): the summary's headline says so, its first cause first."""
     from sim.verdict.report import format_summary, write_report
     from sim.verdict.runmodel import RunModel
 
@@ -58,7 +60,8 @@ def report_run(
     if live:
         title += " (still running: provisional, its end not judged yet)"
     files = write_report(run, verdict, run_dir / "report", title=title, profile=profile, diagnoses=found)
-    return verdict, format_summary(verdict, run, title=title, profile=profile, files=files, diagnoses=found)
+    summary = format_summary(verdict, run, title=title, profile=profile, files=files, diagnoses=found, stuck=stuck)
+    return verdict, summary
 
 
 def judge(
@@ -75,7 +78,7 @@ def judge(
     checkers = checkers or (scenario and scenario.checkers)
     if live:
         checkers = tuple(name for name in (checkers or CHECKS_FOR[spec.expected]) if name not in ENDING_CHECKS)
-    verdict = check_all(run, spec, only=checkers)
+    verdict = check_all(run, spec, only=checkers, judge_training=not live)  # a live run may not have trained yet
     found = diagnose(run, logs, loss_jump_tolerance=spec.loss_jump_tolerance)
     if not verdict.valid and not found:
         from sim.verdict.diagnoses.evidence import unexplained

@@ -211,7 +211,8 @@ class ScriptRun(HistoryBuilder):
             spec={"min_nodes": 1, "max_nodes": nodes, "script": "/u/train.py"},
         )
 
-    def start_workers(self, resumed_from=0, nodes=None):
+    def start_workers(self, resumed_from=0, nodes=None, collective=True):
+        """Each node's agent starts its workers; `collective`: their first collective call (DDP's broadcast)."""
         nodes = nodes or self.nodes
         for rank, node in enumerate(nodes):
             self.add(
@@ -242,9 +243,25 @@ class ScriptRun(HistoryBuilder):
                 self.workers.append(worker)
                 self.add(type="worker", event="start", **worker)
         self.wait(1.0)
-        for worker in self.workers:
+        for worker in self.workers if collective else ():
             self.add(type="worker", event="activity", collectives=1, op="broadcast", **worker)
         self.step, self.n = resumed_from, 0
+
+    def exit_before_training(self, code=0):
+        """A script that returns before its training loop (a device check, its data not found): the workers start,
+        import torch and exit with `code`, no step and no collective; with 0, every agent's group finishes."""
+        self.start_workers(collective=False)
+        for worker in self.workers:
+            self.add(type="worker", event="imported", **worker)
+        self.wait(0.3)
+        if code == 0:
+            self.finish()
+            return
+        for worker in self.workers:
+            self.add(type="worker", event="exit", code=code, **worker)
+        self.wait(1.0)
+        for node in self.nodes:
+            self.die(node, code)
 
     def train(self, until, step_s=1.0):
         for step in range(self.step + 1, until + 1):

@@ -86,7 +86,9 @@ def test_collectives_only_script_is_timed_by_collective_calls():
     assert not _by_name(verdict)["progress"].measured
 
 
-def test_nothing_seen_is_not_measurable_rather_than_failed():
+def test_nothing_seen_is_not_measurable_and_the_verdict_cannot_tell():
+    """--no-instrument and no progress regex: nothing could see training, so the verdict is CANNOT TELL (never a
+    PASS, and no check fails for it)."""
     run = ScriptRun()
     run.start_workers()
     run.records = [r for r in run.records if r["type"] != "worker"]  # --no-instrument, no regex
@@ -99,7 +101,9 @@ def test_nothing_seen_is_not_measurable_rather_than_failed():
     run.records = [r for r in run.records if r["type"] != "worker"]
     verdict = run.verdict(instrumented=False)
     results = _by_name(verdict)
-    assert verdict.valid
+    assert not verdict.valid and verdict.undetermined and verdict.word == "CANNOT TELL"
+    assert not results["trained"].measured and results["trained"].reasons[0].startswith("cannot tell")
+    assert all(r.valid for r in verdict.results if r.name != "trained")
     for name in ("progress", "loss_continuity", "hang", "recovery"):
         assert not results[name].measured, name
         assert results[name].reasons[0].startswith("not measurable here:"), name

@@ -121,6 +121,7 @@ def test_clean_run_passes_every_check():
     verdict = run.verdict()
     assert verdict.valid, [r for r in verdict.results if not r.valid]
     assert [r.name for r in verdict.results] == [
+        "trained",
         "completed",
         "restart_budget",
         "world_size",
@@ -181,7 +182,7 @@ def test_a_failing_run_is_judged_by_the_fails_checks():
     run.end()
     verdict = check_all(RunModel(run.records), run.spec(expected="fails"))
     assert verdict.valid, [r for r in verdict.results if not r.valid]
-    assert [r.name for r in verdict.results] == ["fails_cleanly", "restart_budget", "world_size", "ranks"]
+    assert [r.name for r in verdict.results] == ["trained", "fails_cleanly", "restart_budget", "world_size", "ranks"]
 
 
 # ---------------------------------------------------------------- completed
@@ -676,7 +677,8 @@ def test_check_results_are_frozen_data():
 def test_check_all_can_run_only_named_checkers():
     run = clean_run()
     verdict = check_all(RunModel(run.records), run.spec(), only=["completed"])
-    assert [r.name for r in verdict.results] == ["completed", "restart_budget"] and verdict.valid
+    # trained always runs: no run passes without training, whatever checkers a scenario names
+    assert [r.name for r in verdict.results] == ["trained", "completed", "restart_budget"] and verdict.valid
 
 
 def test_a_checkpoint_damaged_on_purpose_allows_one_more_interval_lost():
@@ -1002,7 +1004,7 @@ def test_a_run_that_hangs_with_every_agent_up_is_stalled():
     assert result.valid, result.reasons
     assert_reason(result, "s after hang-collectives node1", "every agent still running")
     verdict = check_all(RunModel(run.records), run.spec(expected="hangs"))
-    assert verdict.valid and [r.name for r in verdict.results][0] == "stalled"
+    assert verdict.valid and [r.name for r in verdict.results][:2] == ["trained", "stalled"]
 
 
 def test_a_short_silence_an_exit_a_regroup_or_completion_is_not_a_hang():

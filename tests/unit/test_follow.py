@@ -265,7 +265,7 @@ def test_follow_job_prints_the_history_and_returns_when_every_node_exited(tmp_pa
         "    1.0s  node0  worker group started",
         "    2.0s  node0  step 10 loss 0.2500 (world 2 restart 0)",
     ]
-    assert ended == "job ended: every node container exited (exit codes: node0 0, node1 1)"
+    assert ended.text == "job ended: every node container exited (exit codes: node0 0, node1 1)" and ended.stuck is None
 
 
 def test_a_workers_exception_in_the_users_code_gets_a_line():

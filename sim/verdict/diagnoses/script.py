@@ -8,9 +8,10 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from sim.core.agentlog import worker_error_kind
+from sim.core.agentlog import parse_docker_timestamp, worker_error_kind
 from sim.core.history import AgentRecord
 from sim.core.nodes import node_order
+from sim.verdict.checkers import exits_words, job_ended
 from sim.verdict.diagnoses.evidence import (
     Diagnosis,
     _agent_nodes,
@@ -305,4 +306,88 @@ def _script_error_fix(failure: _ScriptFailure) -> tuple[str, str]:
         "",
         f"Fix the error at {failure.frame}: run the script once outside the simulator (torchrun --nproc-per-node 2 "
         "on this machine) to see it fail the same way, then `sim up` again.",
+    )
+
+
+# ---------------------------------------------------------------- a job that ended without training
+
+# What is not the script's own output in a node's log: torch's log lines (glog's "I1205 05:27:01.313000 7 ..." and
+# logging's "I2026-12-05 05:27:01,980 7 ..."), torchrun's OMP banner, elastic-sim's own entrypoint lines.
+_NOT_SCRIPT_OUTPUT = re.compile(
+    r"^([IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ |[IWEF]\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ +\d+ |\*{10,}|"
+    r"Setting OMP_NUM_THREADS environment variable|elastic-sim: )"
+)
+_RANK_PREFIX = re.compile(r"^\[(default)?rank\d+\]:\s?")
+# A script's own last words: at most this many, each at most this long.
+LAST_LINES = 3
+LAST_LINE_CHARS = 160
+
+
+def script_output(text: str) -> list[tuple[float | None, str]]:
+    """The script's own lines in a node's log (`docker logs --timestamps` form, or plain), in order: what its
+    workers printed, without torch's, torchrun's and elastic-sim's own lines."""
+    lines = []
+    for raw in text.splitlines():
+        t, body = parse_docker_timestamp(raw)
+        body = _RANK_PREFIX.sub("", body.rstrip())
+        if body.strip() and not _NOT_SCRIPT_OUTPUT.match(body):
+            lines.append((t, body))
+    return lines
+
+
+def ended_without_training(run: RunModel, logs: dict[str, str] | None = None) -> Diagnosis | None:
+    """The job ended, and no worker ever trained (no optimizer step, no collective after the process group's
+    set-up), with no error of the script's to say why (script-error names those): the script returned before its
+    training loop, by its own choice (a device check, data not found). Quotes its last lines and its exit codes."""
+    instrumented = run.spec_fields.instrument is not False
+    if run.start is None:
+        return None  # logs alone (no run of ours): what could have seen training is unknown
+    if run.trained or not (instrumented or run.step_lines_expected) or not job_ended(run):
+        return None
+    if script_failure(run) is not None or not (run.starts or run.agent_events("group_started")):
+        return None
+    exits = run.worker_exits()
+    finished = run.agent_events("group_finished")
+    how = exits_words(exits) or ("every agent's workers finished (exit 0)" if finished else "its workers exited")
+    last: list[tuple[str, float | None, str]] = []  # (node, t, line): each node's last lines
+    for node in sorted(set(logs or {}) & set(run.agent_nodes), key=node_order):  # not etcd's log
+        last += [(node, t, line) for t, line in script_output(logs[node])[-LAST_LINES:]]
+    latest = max(last, key=lambda item: item[1] or 0.0) if last else None
+    quoted = _clip(latest[2], LAST_LINE_CHARS) if latest else None
+    cause = (
+        f"The job ended without training: {how}"
+        + (f" after '{quoted}'" if quoted else "")
+        + (
+            ". No worker took an optimizer step or called a collective after setting up its process group, so nothing "
+            "of the job's recovery could be judged: a run that never trained is never a PASS."
+        )
+    )
+    evidence = [f"{node} {_at(t) if t is not None else '?'}  {_clip(line, LAST_LINE_CHARS)}" for node, t, line in last]
+    evidence += [
+        _line(r, f"worker rank {r.rank} exited {r.code}")
+        for r in run.records
+        if getattr(r, "TYPE", None) == "worker" and getattr(r, "event", None) == "exit"
+    ][:4]
+    evidence += [_line(r, "worker group finished") for r in finished[:2]]
+    per_node = run.spec_fields.nproc_per_node
+    said = " ".join(line for _, _, line in last).lower()
+    if re.search(r"\b(gpus?|cuda|accelerator|devices?)\b", said):
+        fix = (
+            "The script stopped at its own device check. The nodes have no GPUs: run with CUDA emulated on CPU "
+            f"(`--devices emulated`, the default without --gpus), which gives each node as many devices as "
+            f"--nproc-per-node ({per_node if per_node is not None else '?'} here): a script that wants more devices "
+            "needs a larger --nproc-per-node; or give the nodes real GPUs with `--gpus N`."
+        )
+    else:
+        fix = (
+            "Make the script reach its training loop in the nodes: its last lines say why it stopped. Data or a file "
+            "it looks for: bring it into every node with `--mount HOST:CONTAINER` (e.g. `--mount ./data:/data`) or "
+            "`--project-dir DIR`; an argument it needs: after `--` on the `sim up` command line."
+        )
+    return Diagnosis(
+        "ended-without-training",
+        f"The job ended without training: {how}" + (f" after '{_clip(quoted, 80)}'" if quoted else ""),
+        cause,
+        evidence,
+        fix,
     )
