@@ -688,12 +688,22 @@ def _patch_accelerator(torch, emu: Emulator) -> None:
         "reset_peak_memory_stats": lambda device=None, /: emu.reset_peak(),
         "get_memory_info": lambda device=None, /: cuda.mem_get_info(),
     }
+    # torch's own modules get a CPU-only machine's answers, said outright: on the CPU build they are torch's
+    # own, but a CUDA build of torch (a requirement's compiled parts bring one in) would answer from the
+    # emulated torch.cuda and then reach for a driver that is not there (Adam's graph-capture check).
+    for_torch = {
+        "is_available": lambda: False,
+        "device_count": lambda: 0,
+        "current_accelerator": lambda check_available=False: None,
+    }
     memory = getattr(accelerator, "memory", None)
     for name, value in values.items():
         original = getattr(accelerator, name, None)
         if original is None:
             continue  # an older torch without it: the script's call fails as it would there
-        replaced = _for_scripts(original, value, from_torch, emu.counter(f"torch.accelerator.{name}"))
+        replaced = _for_scripts(
+            original, value, from_torch, emu.counter(f"torch.accelerator.{name}"), internal=for_torch.get(name)
+        )
         setattr(accelerator, name, replaced)
         if memory is not None and getattr(memory, name, None) is original:
             setattr(memory, name, replaced)
@@ -716,12 +726,13 @@ def _patch_accelerator(torch, emu: Emulator) -> None:
         dist.distributed_c10d.get_default_backend_for_device = dist.get_default_backend_for_device
 
 
-def _for_scripts(original, emulated, from_torch, bump):
-    """`emulated` for the script's calls (counted), `original` for torch's own."""
+def _for_scripts(original, emulated, from_torch, bump, internal=None):
+    """`emulated` for the script's calls (counted), `internal` (default: `original`) for torch's own."""
+    for_torch = original if internal is None else internal
 
     def call(*args, **kwargs):
         if from_torch():
-            return original(*args, **kwargs)
+            return for_torch(*args, **kwargs)
         bump()
         return emulated(*args, **kwargs)
 

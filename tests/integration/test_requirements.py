@@ -168,10 +168,9 @@ cluster:
   project_dir: {VISIONJOB}
   script: {VISIONJOB / "train.py"}
   requirements: {requirements}
-  # A CPU (gloo) script: no CUDA emulation. Under it, the registry's CUDA build of torch answers torch.accelerator
-  # for real (Adam's graph-capture check asks for the current stream: no driver), which the emulation does not
-  # cover yet (issue 36 item 2); the CPU build answers "no accelerator" without a driver.
-  devices: gpu
+  # The default CUDA emulation, as a new user gets it: torch's own calls (Adam's graph-capture check asks
+  # torch.accelerator for the current stream) get a CPU-only machine's answers, so the registry's CUDA build
+  # never reaches for a driver.
   script_args: ["--steps", "60"]
   progress: 'step (?P<step>\\d+) loss (?P<loss>[\\d.]+)'
 profile: fast
