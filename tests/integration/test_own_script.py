@@ -6,7 +6,6 @@ image's instrumentation, with no change to the scripts."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -157,10 +156,13 @@ expect:
 timeout: 2m
 """)
     (result,) = sim_scenario(str(path))
-    # Each restarted round that reads the stale store fails and burns a restart; a later round can win the
-    # race and finish (seen once in CI, its third round), so the outcome is not the claim: the burned
-    # restarts are, named with their cause and fix.
-    burned = re.search(r"\((\d+) burned this way\)", result.summary)
-    assert burned and int(burned[1]) >= 1, result.summary
+    # A restarted round that reads the stale store is refused or hangs; a later round can win the race and
+    # finish (seen once in CI, its third round), so the outcome is not the claim. Nor is the count of burned
+    # restarts: gloo's connect gives up after its own timeout (30 s; 50 s seen under load), so the refused
+    # round may still be failing when the scenario ends (seen: refused at +51 s, no restart burned yet).
+    # The claim is the restarted round's failure, named with its cause, its evidence and the fix.
     assert "[shared-tcp-store]" in result.summary, result.summary
+    refused = "connectFullMesh failed ... Connection refused" in result.summary
+    hung = "A restarted worker group never trained" in result.summary
+    assert refused or hung, result.summary
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in result.summary, result.summary
