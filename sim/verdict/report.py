@@ -258,11 +258,6 @@ def node_bounds(run: RunModel) -> str | None:
     return f"{memory}; pids {spec.pids} per node"
 
 
-def report_data(verdict: Verdict, run: RunModel, **options) -> dict:
-    """report.json's data (build_report's, as plain data)."""
-    return build_report(verdict, run, **options).to_json()
-
-
 def _step_efficiency(verdict: Verdict) -> float | None:
     progress = verdict.result("progress")
     return progress.metrics.get("step_efficiency") if progress is not None else None
