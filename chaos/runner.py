@@ -27,8 +27,8 @@ from sim.engines.cluster import DEFAULT_START_TIMEOUT, Cluster, JobFinished, up
 from sim.engines.docker import Docker
 from sim.verdict import Verdict
 from sim.verdict.checkers import RunSpec
+from sim.verdict.runfolder import report_run
 from sim.verdict.runmodel import trigger_step
-from sim.verdict.runreport import report_run
 
 from .faults import FAULTS
 from .nemesis import Nemesis

@@ -431,7 +431,7 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
         return 0
     from sim.cli.logs import follow_job
     from sim.verdict.checkers import RunSpec
-    from sim.verdict.runreport import report_run
+    from sim.verdict.runfolder import report_run
 
     print("following the job until it ends (Ctrl-C stops following; the cluster keeps running)", flush=True)
     try:
@@ -650,7 +650,7 @@ def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
 
 
 def cmd_report(args: argparse.Namespace, _: list[str] | None) -> int:
-    from sim.verdict.runreport import report_run, resolve_run_dir
+    from sim.verdict.runfolder import report_run, resolve_run_dir
 
     run_dir = resolve_run_dir(args.run)
     up, total = _nodes_up(run_dir)

@@ -713,7 +713,7 @@ def max_workers_in_memory(memory_mib: int) -> int:
 
 # --env values are masked wherever others read them (histories, reports, saved logs, status): any value
 # may be a token or a password, and a key's name says nothing sure about it. These keys' values are
-# kept: torch switches the verdict reads back from the run's start record (sim/verdict/diagnose.py).
+# kept: torch switches the verdict reads back from the run's start record (sim/verdict/diagnoses/registry.py).
 ENV_MASK = "***"
 ENV_MASK_MIN_CHARS = 4
 ENV_SHOWN_KEYS = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",)

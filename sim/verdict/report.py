@@ -19,7 +19,7 @@ from sim.core.nodes import node_order
 from sim.core.spec import emulated_devices_line
 from sim.verdict import EXPECTED_WORDS, CheckResult, FaultRecovery, Verdict
 from sim.verdict.checkers import Stuck
-from sim.verdict.diagnose import Diagnosis, format_diagnoses
+from sim.verdict.diagnoses.registry import Diagnosis, format_diagnoses
 from sim.verdict.plot import draw_timeline
 from sim.verdict.recovery import RecoveryPhases, recoveries
 from sim.verdict.runmodel import STEP_SOURCE_WORDS, RunModel

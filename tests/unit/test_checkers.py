@@ -24,7 +24,7 @@ from sim.verdict.checkers import (
     check_stalled,
     check_world_size,
 )
-from sim.verdict.diagnose import diagnose
+from sim.verdict.diagnoses.registry import diagnose
 from sim.verdict.runmodel import RunModel
 from tests.unit.histories import T0, HistoryBuilder, ScriptRun, smooth_loss
 

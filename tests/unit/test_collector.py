@@ -8,7 +8,7 @@ from sim.core.history import History
 from sim.core.spec import ClusterSpec
 from sim.engines import collector as collector_module
 from sim.engines.collector import ENGINE_LOST_S, Collector, _ClusterGone
-from sim.verdict.diagnose import diagnose
+from sim.verdict.diagnoses.registry import diagnose
 
 UNREACHABLE = "docker ps: Docker engine not reachable (Connection refused); start it"
 

@@ -35,7 +35,7 @@ from sim.engines.docker import (
     ExecResult,
     Resources,
 )
-from sim.engines.procs import PROBE_ARGV, parse_probe
+from sim.engines.proctable import PROBE_ARGV, parse_probe
 
 NODES = {"etcd": "10.0.0.2", "node0": "10.0.0.3", "node1": "10.0.0.4", "node2": "10.0.0.5"}
 PROBE_OUTPUT = "\n".join(

@@ -16,7 +16,7 @@ from sim.core.errors import UsageError
 from sim.core.history import as_records
 from sim.engines.docker import ExecResult
 from sim.verdict.checkers import RunSpec, check_all, check_stale_checkpoint, stale_writes
-from sim.verdict.diagnose import diagnose
+from sim.verdict.diagnoses.registry import diagnose
 from sim.verdict.runmodel import RunModel
 from tests.unit.histories import HistoryBuilder, ScriptRun
 from tests.unit.test_instrument import run_as_worker, side_channel
