@@ -310,7 +310,7 @@ def test_the_verdict_hands_the_report_the_checkers_own_recoveries_and_the_report
     from sim.verdict.report import build_report, render_html
 
     run, verdict = elastic.model(), elastic.verdict()
-    assert verdict.recoveries == verdict.result("recovery").metrics["recoveries"]
+    assert verdict.recoveries == verdict.result("recovery").metrics.recoveries
     assert all(isinstance(r, FaultRecovery) for r in verdict.recoveries)
     typed = build_report(verdict, run, title="t", profile=None)
     assert [row.recovery for row in typed.recoveries] == list(verdict.recoveries)
