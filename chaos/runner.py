@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sim.core import labels
 from sim.core.errors import SimError, UsageError
-from sim.core.history import FILE_NAME, AgentRecord, FaultResult, History, HistoryTail
+from sim.core.history import FILE_NAME, AgentRecord, FaultResult, History, HistoryTail, RunRecord
 from sim.core.spec import ClusterSpec, spec_from_options
 from sim.engines import swarm
 from sim.engines.cluster import DEFAULT_START_TIMEOUT, Cluster, JobFinished, up
@@ -226,16 +226,16 @@ class ScenarioRunner:
         run_dir = cluster.run_dir
         history = History(run_dir / FILE_NAME)
         history.append(
-            {
-                "type": "run",
-                "event": "scenario",
-                "scenario": scenario.name,
-                "backend": self.backend,
-                "seed": self.seed,
-                "profile": scenario.profile,
-                "expected": expected,
-                "checkers": list(scenario.expect.checkers) if scenario.expect.checkers else None,
-            }
+            RunRecord(
+                t=time.time(),
+                event="scenario",
+                scenario=scenario.name,
+                backend=self.backend,
+                seed=self.seed,
+                profile=scenario.profile,
+                expected=expected,
+                checkers=tuple(scenario.expect.checkers) if scenario.expect.checkers else None,
+            )
         )
         nemesis = Nemesis(cluster, history=history, seed=self.seed)
         state = HistoryState(run_dir / FILE_NAME)
@@ -246,7 +246,7 @@ class ScenarioRunner:
             except StepNotFired as why:
                 # The experiment did not happen as written: the run cannot pass.
                 unfired = str(why)
-                history.append({"type": "run", "event": "step_not_fired", "why": unfired})
+                history.append(RunRecord(t=time.time(), event="step_not_fired", why=unfired))
                 self.progress(f"[chaos] {unfired}")
             if self.stop_after is not None and unfired is None:
                 try:
@@ -254,7 +254,7 @@ class ScenarioRunner:
                     self.progress("[chaos] steady after the last step: ending the run")
                 except StepNotFired as why:
                     unfired = str(why)
-                    history.append({"type": "run", "event": "step_not_fired", "why": unfired})
+                    history.append(RunRecord(t=time.time(), event="step_not_fired", why=unfired))
                     self.progress(f"[chaos] {unfired}")
             elif self.stop_after is not None:
                 pass  # the job ended, or the timeout came, before the schedule was done
