@@ -21,6 +21,7 @@ from pathlib import Path
 from sim.core import labels
 from sim.core.errors import SimError, UsageError
 from sim.core.history import FILE_NAME, AgentRecord, FaultResult, History, HistoryTail, RunRecord
+from sim.core.paths import ClusterName
 from sim.core.spec import ClusterSpec, spec_from_options
 from sim.engines import swarm
 from sim.engines.cluster import DEFAULT_START_TIMEOUT, Cluster, JobFinished, up
@@ -305,7 +306,8 @@ class ScenarioRunner:
 
     def _cluster(self) -> Cluster:
         if self.cluster_name:
-            cluster = Cluster(self.cluster_name, swarm.provider_for(self.cluster_name, self.docker))
+            name = ClusterName(self.cluster_name, source="cluster")  # checked once, here
+            cluster = Cluster(name, swarm.provider_for(name, self.docker))
             cluster.require_running()
             return cluster
         if self.spec is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sim.core import hostpaths
 from sim.core.errors import DockerUnavailableError, SimError, UsageError
-from sim.core.paths import cache_home, state_home
+from sim.core.paths import ClusterName, cache_home, state_home
 from sim.core.sidechannel import NODE_UID
 from sim.core.spec import (
     DEFAULT_NAME,
@@ -633,7 +633,8 @@ def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
 
     docker = _docker()
     docker.ping()
-    cluster = cluster_mod.Cluster(args.name, provider_for(args.name, docker))  # a swarm's tasks on every host
+    name = ClusterName(args.name, source="cluster")  # checked once, here
+    cluster = cluster_mod.Cluster(name, provider_for(name, docker))  # a swarm's tasks on every host
     if not cluster.containers():
         raise UsageError(f"cluster '{args.name}': not found; `python -m sim ls` lists clusters")
     if not args.watch:

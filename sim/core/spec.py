@@ -24,7 +24,7 @@ from sim.core.hostpaths import (
     default_project_dir,
     parse_mount,
 )
-from sim.core.paths import IMAGES_DIR, check_name
+from sim.core.paths import IMAGES_DIR, ClusterName
 from sim.core.sidechannel import compile_progress_regex
 
 RDZV_BACKENDS = ("etcd-v2", "etcd", "etcd-v3", "c10d", "static")
@@ -124,7 +124,7 @@ class GpuRequest:
 
 @dataclasses.dataclass(frozen=True)
 class ClusterSpec:
-    name: str = DEFAULT_NAME
+    name: ClusterName = DEFAULT_NAME  # a plain str is checked and made a ClusterName
     nodes: int = 4
     min_nodes: int = 1
     max_nodes: int | None = None  # None: equal to `nodes`
@@ -165,7 +165,7 @@ class ClusterSpec:
     image: str | None = None
 
     def __post_init__(self) -> None:
-        check_name(self.name)  # the one validator of a name that becomes a path (sim/core/paths.py)
+        object.__setattr__(self, "name", ClusterName(self.name))  # checked once, here or where it came in
         _positive_int("--nodes", self.nodes)
         _positive_int("--min-nodes", self.min_nodes)
         _positive_int("--nproc-per-node", self.nproc_per_node)
