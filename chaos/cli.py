@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sim.core.errors import ClusterNotFoundError, UsageError
+from sim.core.paths import ClusterName
 from sim.core.spec import DEFAULT_NAME
 from sim.engines.cluster import Cluster
 from sim.engines.docker import Docker
@@ -205,7 +206,8 @@ def _nemesis(args: argparse.Namespace, *, running: bool = True) -> Nemesis:
     docker = Docker()
     docker.ping()
     # A Swarm stack's nodes start and stop through their services (sim/engines/swarm.py).
-    cluster = Cluster(args.name, provider_for(args.name, docker))
+    name = ClusterName(args.name, source="cluster")  # checked once, here
+    cluster = Cluster(name, provider_for(name, docker))
     if running:
         cluster.require_running()
     elif not cluster.containers():

@@ -17,8 +17,8 @@ from sim.core.errors import UsageError
 from sim.core.history import FILE_NAME, History
 from sim.core.spec import ClusterSpec
 from sim.verdict.checkers import CHECKS_FOR
+from sim.verdict.runfolder import ENDING_CHECKS
 from sim.verdict.runmodel import RunModel
-from sim.verdict.runreport import ENDING_CHECKS
 
 from .forecast import Measurements, Shares, SoakMeasure, soak_measure, soak_prediction
 from .runner import ScenarioRunner

@@ -23,7 +23,7 @@ from sim.core.history import FILE_NAME, History
 from sim.core.nodes import node_order
 from sim.engines.cluster import Cluster, ContainerInfo
 from sim.engines.docker import ExecTimeout
-from sim.engines.procs import PROBE_ARGV, NodeProcesses, parse_probe
+from sim.engines.proctable import PROBE_ARGV, NodeProcesses, parse_probe
 from sim.engines.swarm import refusal
 
 from . import nodescripts

@@ -109,11 +109,6 @@ def parse_groups(text: str) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(name.strip() for name in group.split(",")) for group in text.split("|"))
 
 
-def parse_partition_spec(text: str, everyone: Sequence[str]) -> Partition:
-    """Groups separated by "|", nodes by ",": "node0,node1|node2,node3" is split() of those groups."""
-    return _split(parse_groups(text), everyone, f"partition {text!r}")
-
-
 def _split(groups: Sequence[Sequence[str]], everyone: Sequence[str], source: str) -> Partition:
     if any(len(g) == 0 for g in groups):
         raise UsageError(f"{source}: an empty group; name at least one node in each group")

@@ -11,7 +11,7 @@ import time
 
 from sim.core.errors import FaultError, SimError
 from sim.engines.docker import NO_MEMORY_LIMIT
-from sim.engines.procs import Worker
+from sim.engines.proctable import Worker
 
 from . import nodescripts
 from .verbbase import SHARED_CKPT_DIR, _last, _worker_target

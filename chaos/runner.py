@@ -20,15 +20,16 @@ from pathlib import Path
 
 from sim.core import labels
 from sim.core.errors import SimError, UsageError
-from sim.core.history import FILE_NAME, AgentRecord, FaultResult, History, HistoryTail
+from sim.core.history import FILE_NAME, AgentRecord, FaultResult, History, HistoryTail, RunRecord
+from sim.core.paths import ClusterName
 from sim.core.spec import ClusterSpec, spec_from_options
 from sim.engines import swarm
 from sim.engines.cluster import DEFAULT_START_TIMEOUT, Cluster, JobFinished, up
 from sim.engines.docker import Docker
 from sim.verdict import Verdict
 from sim.verdict.checkers import RunSpec
+from sim.verdict.runfolder import report_run
 from sim.verdict.runmodel import trigger_step
-from sim.verdict.runreport import report_run
 
 from .faults import FAULTS
 from .nemesis import Nemesis
@@ -226,16 +227,16 @@ class ScenarioRunner:
         run_dir = cluster.run_dir
         history = History(run_dir / FILE_NAME)
         history.append(
-            {
-                "type": "run",
-                "event": "scenario",
-                "scenario": scenario.name,
-                "backend": self.backend,
-                "seed": self.seed,
-                "profile": scenario.profile,
-                "expected": expected,
-                "checkers": list(scenario.expect.checkers) if scenario.expect.checkers else None,
-            }
+            RunRecord(
+                t=time.time(),
+                event="scenario",
+                scenario=scenario.name,
+                backend=self.backend,
+                seed=self.seed,
+                profile=scenario.profile,
+                expected=expected,
+                checkers=tuple(scenario.expect.checkers) if scenario.expect.checkers else None,
+            )
         )
         nemesis = Nemesis(cluster, history=history, seed=self.seed)
         state = HistoryState(run_dir / FILE_NAME)
@@ -246,7 +247,7 @@ class ScenarioRunner:
             except StepNotFired as why:
                 # The experiment did not happen as written: the run cannot pass.
                 unfired = str(why)
-                history.append({"type": "run", "event": "step_not_fired", "why": unfired})
+                history.append(RunRecord(t=time.time(), event="step_not_fired", why=unfired))
                 self.progress(f"[chaos] {unfired}")
             if self.stop_after is not None and unfired is None:
                 try:
@@ -254,7 +255,7 @@ class ScenarioRunner:
                     self.progress("[chaos] steady after the last step: ending the run")
                 except StepNotFired as why:
                     unfired = str(why)
-                    history.append({"type": "run", "event": "step_not_fired", "why": unfired})
+                    history.append(RunRecord(t=time.time(), event="step_not_fired", why=unfired))
                     self.progress(f"[chaos] {unfired}")
             elif self.stop_after is not None:
                 pass  # the job ended, or the timeout came, before the schedule was done
@@ -305,7 +306,8 @@ class ScenarioRunner:
 
     def _cluster(self) -> Cluster:
         if self.cluster_name:
-            cluster = Cluster(self.cluster_name, swarm.provider_for(self.cluster_name, self.docker))
+            name = ClusterName(self.cluster_name, source="cluster")  # checked once, here
+            cluster = Cluster(name, swarm.provider_for(name, self.docker))
             cluster.require_running()
             return cluster
         if self.spec is not None:

@@ -131,7 +131,7 @@ def world_size(within: float = 60.0, configuration: Mapping[str, Any] | None = N
 def recovered_within(seconds: float = 60.0, configuration: Mapping[str, Any] | None = None) -> bool:
     """True when training recovered from the last fault (its first step at the post-fault world size, as
     `sim report` measures recovery) within `seconds` of it; waits until then. True with no fault."""
-    from sim.verdict.runreport import report_run
+    from sim.verdict.runfolder import report_run
 
     history = _history(configuration)
     while True:
@@ -151,7 +151,7 @@ def recovered_within(seconds: float = 60.0, configuration: Mapping[str, Any] | N
 
 def verdict(expected: str = "recovers", configuration: Mapping[str, Any] | None = None) -> dict:
     """The verdict of the run so far (`sim report`, provisional while it runs): valid, and each check."""
-    from sim.verdict.runreport import report_run
+    from sim.verdict.runfolder import report_run
 
     run_dir = _history(configuration).path.parent
     found, summary = report_run(run_dir, expected=expected, live=True)

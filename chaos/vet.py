@@ -34,11 +34,11 @@ from sim.core.spec import ClusterSpec, check_room_beside, node_name, spec_from_o
 from sim.engines.cluster import job_images, other_clusters_memory
 from sim.engines.docker import Docker
 from sim.verdict.checkers import CHECKS_FOR, no_training_reason
-from sim.verdict.diagnose import Diagnosis, diagnose
+from sim.verdict.diagnoses.registry import Diagnosis, diagnose
 from sim.verdict.pitfalls import PITFALL_CODES, mixed_sources, resume_sources
 from sim.verdict.recovery import Recovery, recoveries
+from sim.verdict.runfolder import ENDING_CHECKS, saved_logs
 from sim.verdict.runmodel import RunModel
-from sim.verdict.runreport import ENDING_CHECKS, saved_logs
 
 from .faults import FAULTS, PROVOCATIONS, Provocation
 from .forecast import Forecast

@@ -139,10 +139,6 @@ def faketime_check(docker: Docker) -> DoctorCheck:
     return DoctorCheck(name, code == 0, detail, "python -m sim build (rebuilds the node image)", required=False)
 
 
-def has_gpu_runtime(docker: Docker) -> bool:
-    return gpu_check(docker).ok
-
-
 def run_checks(docker: Docker) -> list[DoctorCheck]:
     checks = []
     client = shutil.which(docker.docker_bin) is not None

@@ -70,8 +70,8 @@ class FollowView:
         t = record.t
         if self.t0 is None:
             self.t0 = t
-        handler = getattr(self, f"_{record.TYPE}", None)
-        text = handler(record) if handler else None
+        handler = self._HANDLERS.get(type(record))
+        text = handler(self, record) if handler else None
         if text is None:
             return None
         return f"{t - self.t0:7.1f}s  {getattr(record, 'node', None) or '':<6} {text}"
@@ -183,6 +183,16 @@ class FollowView:
         if r.event == "engine_lost":
             return f"the Docker engine stopped answering; nothing more was recorded ({r.why})"
         return "run ended: the cluster was removed" if r.event == "end" else None
+
+    # One handler per record type, named here (not built from the type's name).
+    _HANDLERS: dict[type[Record], Callable[[FollowView, Record], str | None]] = {
+        TrainerRecord: _trainer,
+        WorkerRecord: _worker,
+        AgentRecord: _agent,
+        DockerRecord: _docker,
+        FaultRecord: _fault,
+        RunRecord: _run,
+    }
 
 
 def _world(r: TrainerRecord | WorkerRecord) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sim.core import hostpaths
 from sim.core.errors import DockerUnavailableError, SimError, UsageError
-from sim.core.paths import cache_home, state_home
+from sim.core.paths import ClusterName, cache_home, state_home
 from sim.core.sidechannel import NODE_UID
 from sim.core.spec import (
     DEFAULT_NAME,
@@ -431,7 +431,7 @@ def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
         return 0
     from sim.cli.logs import follow_job
     from sim.verdict.checkers import RunSpec
-    from sim.verdict.runreport import report_run
+    from sim.verdict.runfolder import report_run
 
     print("following the job until it ends (Ctrl-C stops following; the cluster keeps running)", flush=True)
     try:
@@ -633,7 +633,8 @@ def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
 
     docker = _docker()
     docker.ping()
-    cluster = cluster_mod.Cluster(args.name, provider_for(args.name, docker))  # a swarm's tasks on every host
+    name = ClusterName(args.name, source="cluster")  # checked once, here
+    cluster = cluster_mod.Cluster(name, provider_for(name, docker))  # a swarm's tasks on every host
     if not cluster.containers():
         raise UsageError(f"cluster '{args.name}': not found; `python -m sim ls` lists clusters")
     if not args.watch:
@@ -650,7 +651,7 @@ def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
 
 
 def cmd_report(args: argparse.Namespace, _: list[str] | None) -> int:
-    from sim.verdict.runreport import report_run, resolve_run_dir
+    from sim.verdict.runfolder import report_run, resolve_run_dir
 
     run_dir = resolve_run_dir(args.run)
     up, total = _nodes_up(run_dir)

@@ -9,7 +9,7 @@ from sim.core.agentlog import node_facts, node_log_facts
 from sim.core.history import FILE_NAME, AgentRecord, History, TrainerRecord, WorkerRecord
 from sim.core.wait import Check
 from sim.engines.cluster import Cluster
-from sim.engines.procs import PROBE_ARGV, parse_probe
+from sim.engines.proctable import PROBE_ARGV, parse_probe
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,8 @@ import os
 import re
 from pathlib import Path
 
+import yaml
+
 from sim.core.errors import UsageError
 
 # sim/ (this file is sim/core/paths.py).
@@ -70,6 +72,24 @@ def check_name(value: str, *, what: str = "cluster name", source: str = "--name"
     return value
 
 
+class ClusterName(str):
+    """A cluster name, checked once where it comes in (a flag, a scenario, a Docker label, a spec) and passed
+    down as this type: the state and run folders, the name lock and the engine's label filters take it as it is.
+    A str, so Compose, Docker labels and paths use it unchanged; one made from a ClusterName is that one,
+    not checked again. A bad name is a UsageError naming its source (`--name 'X': not a valid cluster name`)."""
+
+    __slots__ = ()
+
+    def __new__(cls, value: str, *, source: str = "--name") -> ClusterName:
+        if isinstance(value, ClusterName):
+            return value
+        return super().__new__(cls, check_name(value, source=source))
+
+
+# Written into compose.yaml, the Swarm stack and the Kubernetes export as the plain string it is.
+yaml.SafeDumper.add_representer(ClusterName, yaml.representer.SafeRepresenter.represent_str)
+
+
 def valid_name(value: str, *, what: str = "cluster name") -> bool:
     try:
         check_name(value, what=what)
@@ -88,5 +108,6 @@ def inside(root: Path, *parts: str) -> Path:
     return path
 
 
-def cluster_dir(name: str) -> Path:
-    return inside(state_home() / "clusters", check_name(name))
+def cluster_dir(name: ClusterName) -> Path:
+    # The name as passed down (checked where it came in); a plain str that reached here is checked now.
+    return inside(state_home() / "clusters", ClusterName(name))

@@ -24,7 +24,7 @@ from sim.core.hostpaths import (
     default_project_dir,
     parse_mount,
 )
-from sim.core.paths import IMAGES_DIR, check_name
+from sim.core.paths import IMAGES_DIR, ClusterName
 from sim.core.sidechannel import compile_progress_regex
 
 RDZV_BACKENDS = ("etcd-v2", "etcd", "etcd-v3", "c10d", "static")
@@ -124,7 +124,7 @@ class GpuRequest:
 
 @dataclasses.dataclass(frozen=True)
 class ClusterSpec:
-    name: str = DEFAULT_NAME
+    name: ClusterName = DEFAULT_NAME  # a plain str is checked and made a ClusterName
     nodes: int = 4
     min_nodes: int = 1
     max_nodes: int | None = None  # None: equal to `nodes`
@@ -165,7 +165,7 @@ class ClusterSpec:
     image: str | None = None
 
     def __post_init__(self) -> None:
-        check_name(self.name)  # the one validator of a name that becomes a path (sim/core/paths.py)
+        object.__setattr__(self, "name", ClusterName(self.name))  # checked once, here or where it came in
         _positive_int("--nodes", self.nodes)
         _positive_int("--min-nodes", self.min_nodes)
         _positive_int("--nproc-per-node", self.nproc_per_node)
@@ -713,7 +713,7 @@ def max_workers_in_memory(memory_mib: int) -> int:
 
 # --env values are masked wherever others read them (histories, reports, saved logs, status): any value
 # may be a token or a password, and a key's name says nothing sure about it. These keys' values are
-# kept: torch switches the verdict reads back from the run's start record (sim/verdict/diagnose.py).
+# kept: torch switches the verdict reads back from the run's start record (sim/verdict/diagnoses/registry.py).
 ENV_MASK = "***"
 ENV_MASK_MIN_CHARS = 4
 ENV_SHOWN_KEYS = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",)

@@ -25,7 +25,7 @@ from sim.core import labels
 from sim.core.errors import ClusterError, ClusterNotFoundError, SimError, UsageError
 from sim.core.history import FILE_NAME, AgentRecord, History, HistoryTail, Record, TrainerRecord, WorkerRecord
 from sim.core.nodes import node_order
-from sim.core.paths import check_name, cluster_dir, inside, state_home, valid_name
+from sim.core.paths import ClusterName, check_name, cluster_dir, inside, state_home, valid_name
 from sim.core.progress import Progress, to_stderr
 from sim.core.sidechannel import NODE_UID, prepare_events_dir
 from sim.core.spec import SHIPPED_TRAINER_DEFAULTS, ClusterSpec, check_room_beside, node_need_mib
@@ -80,10 +80,10 @@ class ContainerInfo:
 class Cluster:
     """A running (or half-gone) cluster, found by its label."""
 
-    def __init__(self, name: str, docker: DockerProvider, *, source: str = "cluster"):
-        # A name becomes a path (its state and run folders) and a label filter: checked here, whether
-        # it came from a flag, a scenario or a Docker label.
-        self.name = check_name(name, source=source)
+    def __init__(self, name: str | ClusterName, docker: DockerProvider, *, source: str = "cluster"):
+        # A name becomes a path (its state and run folders) and a label filter: a str from a flag or a Docker
+        # label is checked here; a ClusterName (a spec's, a scenario's) was checked where it came in.
+        self.name = ClusterName(name, source=source)
         self.docker = docker
 
     # --- where its files live ------------------------------------------------
@@ -335,8 +335,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def run_dir(name: str, run_id: str) -> Path:
-    check_name(name, source="cluster")
+def run_dir(name: ClusterName, run_id: str) -> Path:
+    name = ClusterName(name, source="cluster")  # as passed down (checked where it came in); a plain str: now
     check_name(run_id, what="run id", source=f"cluster '{name}': run id")
     return inside(state_home() / "runs", f"{name}-{run_id}")
 
@@ -422,11 +422,11 @@ _held_guard = threading.Lock()
 
 
 @contextlib.contextmanager
-def name_lock(docker: DockerProvider, name: str, progress: Progress | None = None):
+def name_lock(docker: DockerProvider, name: ClusterName, progress: Progress | None = None):
     """Hold the cluster name's lock on this engine (locks.engine_lock on NAME.lock): `up` and `down` of
     one name, from any process, user or state home, run one at a time. Re-entrant within a process (a
     failed `up` removes what it made under the lock it holds)."""
-    check_name(name, source="cluster")
+    name = ClusterName(name, source="cluster")  # as passed down (checked where it came in); a plain str: now
     with _held_guard:
         if _held_locks.get(name):
             _held_locks[name] += 1

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from sim.core import labels
 from sim.core.agentlog import NodeLogParser, parse_docker_timestamp
 from sim.core.errors import DockerUnavailableError, HistoryError, HistoryWriteError, SimError
-from sim.core.history import FILE_NAME, History
+from sim.core.history import FILE_NAME, DockerRecord, History, Record, RunRecord, parse_record
 from sim.core.sidechannel import EVENTS_DIR, EventsTail, ProgressMatcher
 from sim.core.wait import Check, wait_for
 from sim.engines.cluster import Cluster
@@ -66,8 +66,9 @@ class Collector:
         gone = _ClusterGone(self.cluster, self.stop)
         wait_for(gone, timeout=None, interval=LIVENESS_POLL_S, sleep=self.stop.wait)
         if gone.engine_lost is not None:
-            lost = {"t": gone.engine_lost_at, "type": "run", "event": "engine_lost", "cluster": self.cluster.name}
-            self._append({**lost, "why": gone.engine_lost})
+            self._append(
+                RunRecord(t=gone.engine_lost_at, event="engine_lost", cluster=self.cluster.name, why=gone.engine_lost)
+            )
             print(f"collector: {gone.engine_lost}; stopped following cluster '{self.cluster.name}'", file=sys.stderr)
         events.close()
         for thread in list(self._followers.values()):
@@ -76,7 +77,7 @@ class Collector:
         tail.join(timeout=5)
         self._say_lost()  # space may have come back since the last record
 
-    def _append(self, record: dict) -> None:
+    def _append(self, record: Record) -> None:
         """Append a record; one the history cannot take (its disk full) is counted, not fatal: the collector
         goes on, and the next record that can be written follows a "records_lost" record saying how many
         were lost, and when."""
@@ -90,6 +91,16 @@ class Collector:
         except HistoryError as error:  # off the schema: a bug, or a crafted line; the others go on
             _say(f"collector: record dropped: {error}")
 
+    def _append_line(self, line: dict) -> None:
+        """A record the side channel or the progress regex read as a line (checked against the schema there),
+        typed here: stamped with the time now where the worker gave none."""
+        try:
+            record = parse_record({"t": time.time(), **line})
+        except HistoryError as error:
+            _say(f"collector: record dropped: {error}")
+            return
+        self._append(record)
+
     def _say_lost(self) -> bool:
         """Write the pending "records_lost" record, if any; False while the history still takes nothing."""
         pending = self.lost.take()
@@ -100,7 +111,7 @@ class Collector:
         except HistoryWriteError:
             self.lost.put_back(pending)
             return False
-        _say(f"collector: {pending['lost']} records lost (the history could not be written)")
+        _say(f"collector: {pending.lost} records lost (the history could not be written)")
         return True
 
     def _read_events(self, events: EventStream) -> None:
@@ -110,12 +121,12 @@ class Collector:
                 if record is None:
                     continue
                 self._append(record)
-                if event.get("Type") == "container" and record["action"] == "start":
+                if event.get("Type") == "container" and record.action == "start":
                     self._follow(event.get("id") or event["Actor"]["ID"])
         except (OSError, SimError):
             pass  # the engine went (requests' errors are OSErrors): the liveness check records it
 
-    def _docker_record(self, event: dict) -> dict | None:
+    def _docker_record(self, event: dict) -> DockerRecord | None:
         kind, action = event.get("Type"), event.get("Action", "")
         attrs = (event.get("Actor") or {}).get("Attributes") or {}
         t = event.get("timeNano", 0) / 1e9 or float(event.get("time", time.time()))
@@ -125,15 +136,11 @@ class Collector:
             cid = event.get("id") or event["Actor"]["ID"]
             node = attrs.get(labels.NODE) or self._nodes.get(cid) or attrs.get("name", "?")
             self._nodes.setdefault(cid, node)
-            record = {"t": t, "type": "docker", "node": node, "action": action}
-            if "exitCode" in attrs:
-                record["exit_code"] = int(attrs["exitCode"])
-            if "signal" in attrs:
-                record["signal"] = attrs["signal"]
-            return record
+            exit_code = int(attrs["exitCode"]) if "exitCode" in attrs else None
+            return DockerRecord(t=t, node=node, action=action, exit_code=exit_code, signal=attrs.get("signal"))
         if kind == "network" and action in NETWORK_ACTIONS:
             node = self._nodes.get(attrs.get("container", ""), attrs.get("container", "?")[:12])
-            return {"t": t, "type": "docker", "node": node, "action": f"network_{action}"}
+            return DockerRecord(t=t, node=node, action=f"network_{action}")
         return None
 
     def _tail_side_channel(self, done: threading.Event) -> None:
@@ -141,8 +148,8 @@ class Collector:
         while True:
             finished = done.wait(EVENTS_POLL_S)
             try:
-                for record in self.events.poll():
-                    self._append(record)
+                for line in self.events.poll():
+                    self._append_line(line)
             except Exception as error:  # noqa: BLE001 - one bad poll must not end the side channel for good
                 _say(f"collector: side channel: {type(error).__name__}: {error}")
             if finished:
@@ -181,7 +188,7 @@ class Collector:
         if self.progress is not None:
             progress = self.progress.match(node, t, body)
             if progress is not None:
-                self._append(progress)
+                self._append_line(progress)
 
 
 class _Lost:
@@ -191,22 +198,22 @@ class _Lost:
         self._lock = threading.Lock()
         self._count, self._first, self._last = 0, 0.0, 0.0
 
-    def add(self, record: dict) -> None:
-        t = record.get("t") if isinstance(record.get("t"), (int, float)) else time.time()
-        self._merge(1, t, t)
+    def add(self, record: Record) -> None:
+        self._merge(1, record.t, record.t)
 
-    def take(self) -> dict | None:
+    def take(self) -> RunRecord | None:
         """The "records_lost" record of what is pending, and nothing pending after; None if nothing is."""
         with self._lock:
             if not self._count:
                 return None
-            record = {"type": "run", "event": "records_lost", "lost": self._count}
-            record |= {"lost_from": self._first, "lost_to": self._last}
+            record = RunRecord(
+                t=time.time(), event="records_lost", lost=self._count, lost_from=self._first, lost_to=self._last
+            )
             self._count = 0
             return record
 
-    def put_back(self, record: dict) -> None:
-        self._merge(record["lost"], record["lost_from"], record["lost_to"])
+    def put_back(self, record: RunRecord) -> None:
+        self._merge(record.lost or 0, record.lost_from or record.t, record.lost_to or record.t)
 
     def _merge(self, count: int, first: float, last: float) -> None:
         with self._lock:

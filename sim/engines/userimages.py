@@ -117,10 +117,6 @@ class ImageProbe:
     torch_build: str | None = None  # torch's full version, its local part included (2.13.0+cpu)
     torch_libs: tuple[str, ...] = ()  # the shared libraries in torch/lib (libtorch_cpu.so, libc10.so, ...)
 
-    @property
-    def missing_tools(self) -> list[str]:
-        return [tool for tool, found in self.tools.items() if not found]
-
 
 def image_user(info: dict | None) -> str:
     """The user an image's processes run as, from its `docker inspect` (no USER: root)."""

@@ -40,14 +40,18 @@ each), all with "t" (unix seconds, one clock) and a type; as written:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
+import typing
+from typing import ClassVar
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckResult:
     name: str
     valid: bool
-    reasons: tuple[str, ...] = ()  # why it failed, or notable facts when it passed
-    metrics: dict = dataclasses.field(default_factory=dict)
+    reasons: tuple[str, ...]  # why it failed, or notable facts when it passed
+    metrics: Metrics  # the checker's own figures (a Metrics class per checker, below)
     # False: this run cannot be judged on this (the reasons say why, and how to enable it);
     # such a result is valid, so it neither passes nor fails the run, and the report says so.
     measured: bool = True
@@ -104,3 +108,143 @@ CANNOT_TELL = "CANNOT TELL"
 
 # How the report words each expected outcome.
 EXPECTED_WORDS = {"recovers": "the job recovers", "fails": "the job fails", "hangs": "the job hangs"}
+
+
+# ---------------------------------------------------------------- each checker's metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Metrics:
+    """A checker's figures, one frozen class per checker; each field is checked against its type when made.
+    to_json() is the check's "metrics" in report.json (a field named in OMITTED_WHEN_NONE is left out while None)."""
+
+    OMITTED_WHEN_NONE: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        hints = _hints(type(self))
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not _conforms(value, hints[field.name]):
+                raise TypeError(f"{type(self).__name__}.{field.name} {value!r}: not a {hints[field.name]}")
+
+    def to_json(self) -> dict:
+        data = dataclasses.asdict(self)
+        return {k: v for k, v in data.items() if not (v is None and k in self.OMITTED_WHEN_NONE)}
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, object]:
+    return typing.get_type_hints(cls)
+
+
+def _conforms(value: object, hint: object) -> bool:
+    """Whether `value` is of the (simple) type `hint`: a class, X | None, tuple[X, ...], dict[K, V]."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, arg) for arg in args)
+    if origin is tuple:
+        return isinstance(value, tuple) and all(_conforms(item, args[0]) for item in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items()
+        )
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):  # a whole number is a float too; a bool is neither
+        return isinstance(value, int if hint is int else (int, float)) and not isinstance(value, bool)
+    return isinstance(value, hint)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedMetrics(Metrics):
+    training_seen: bool
+    first_training_t: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletedMetrics(Metrics):
+    final_step: int | None
+    excused_nodes: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartBudgetMetrics(Metrics):
+    per_node: dict[str, int]  # node -> restarts used (torch counts them per agent)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldSizeMetrics(Metrics):
+    world_sizes: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RanksMetrics(Metrics):
+    cohorts: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressMetrics(Metrics):
+    steps_lost: dict[str, int | None]  # fault op -> steps lost
+    final_step: int | None
+    step_source: str
+    step_efficiency: float | None
+    zombie_records: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LossContinuityMetrics(Metrics):
+    relative_jumps: tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointIntegrityMetrics(Metrics):
+    damaged_steps: tuple[int, ...]  # the shipped trainer's checkpoints: by step
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointFilesMetrics(Metrics):
+    damaged_files: tuple[str, ...]  # any script's checkpoints: by the file the fault damaged
+
+
+@dataclasses.dataclass(frozen=True)
+class StaleCheckpointMetrics(Metrics):
+    stale_writes: int
+    lost: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SingleGroupMetrics(Metrics):
+    split_groups: int
+
+
+@dataclasses.dataclass(frozen=True)
+class HangMetrics(Metrics):
+    longest_gap_s: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RecoveryMetrics(Metrics):
+    recoveries: tuple[FaultRecovery, ...]  # report.json writes them as objects
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentEnd(Metrics):
+    """How one agent's exit followed the faults: the fault before it, and how long after."""
+
+    after_op: str | None
+    delay_s: float  # after the fault's ok (or the run's start)
+    since_invoke_s: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class FailsCleanlyMetrics(Metrics):
+    exits: dict[str, str]  # node -> "exited 1" | "running"
+    ended: dict[str, AgentEnd]
+
+
+@dataclasses.dataclass(frozen=True)
+class StalledMetrics(Metrics):
+    OMITTED_WHEN_NONE: ClassVar[tuple[str, ...]] = ("after_op",)
+
+    stalled_s: float | None
+    after_op: str | None = None  # the last fault, after which it went quiet

@@ -20,7 +20,28 @@ from collections.abc import Callable, Sequence
 
 from sim.core.errors import HistoryError, UsageError
 from sim.core.history import DockerRecord, TrainerRecord, WorkerRecord
-from sim.verdict import CheckResult, FaultRecovery, Verdict
+from sim.verdict import (
+    AgentEnd,
+    CheckpointFilesMetrics,
+    CheckpointIntegrityMetrics,
+    CheckResult,
+    CompletedMetrics,
+    FailsCleanlyMetrics,
+    FaultRecovery,
+    HangMetrics,
+    LossContinuityMetrics,
+    Metrics,
+    ProgressMetrics,
+    RanksMetrics,
+    RecoveryMetrics,
+    RestartBudgetMetrics,
+    SingleGroupMetrics,
+    StaleCheckpointMetrics,
+    StalledMetrics,
+    TrainedMetrics,
+    Verdict,
+    WorldSizeMetrics,
+)
 from sim.verdict.recovery import LOSS_JUMP_TOLERANCE, Recovery, loss_across_resumes, recoveries
 from sim.verdict.runmodel import STEP_SOURCE_WORDS, Beat, Cohort, FaultEvent, RunModel, clock
 
@@ -129,7 +150,7 @@ def check_trained(run: RunModel, spec: RunSpec) -> CheckResult:
     """Training was seen: an optimizer step, or a collective call after the process group's set-up (the
     instrumentation's), or a step line (a progress regex's, the shipped trainer's). A run that never trained
     passes nothing, whatever else it did: it FAILs, or, where nothing could have seen training, it cannot tell."""
-    metrics = {"training_seen": run.trained, "first_training_t": run.beats[0].t if run.beats else None}
+    metrics = TrainedMetrics(training_seen=run.trained, first_training_t=run.beats[0].t if run.beats else None)
     if run.trained:
         first = (run.beats or run.zombies)[0]
         return CheckResult(
@@ -224,7 +245,8 @@ def check_completed(run: RunModel, spec: RunSpec) -> CheckResult:
         "join of a closed rendezvous ends its agent with RendezvousClosedError, exit 1 (late-join-at-end)"
         for node in excused
     ]
-    return CheckResult("completed", valid, tuple(reasons), {"final_step": run.highest_step, "excused_nodes": excused})
+    metrics = CompletedMetrics(final_step=run.highest_step, excused_nodes=tuple(excused))
+    return CheckResult("completed", valid, tuple(reasons), metrics)
 
 
 def check_restart_budget(run: RunModel, spec: RunSpec) -> CheckResult:
@@ -243,7 +265,7 @@ def check_restart_budget(run: RunModel, spec: RunSpec) -> CheckResult:
         )
     else:
         reasons.append(f"no restarts (each agent allowed {spec.max_restarts}; torch counts them per agent)")
-    return CheckResult("restart_budget", valid, tuple(reasons), {"per_node": per_node})
+    return CheckResult("restart_budget", valid, tuple(reasons), RestartBudgetMetrics(per_node=dict(per_node)))
 
 
 def check_world_size(run: RunModel, spec: RunSpec) -> CheckResult:
@@ -262,13 +284,15 @@ def check_world_size(run: RunModel, spec: RunSpec) -> CheckResult:
         for world, r in bad.items()
     ]
     seen = sorted({r.world_size for r in run.starts + run.beats if r.world_size is not None})
-    return CheckResult("world_size", not reasons, tuple(reasons[:MAX_EXAMPLES]), {"world_sizes": seen})
+    return CheckResult(
+        "world_size", not reasons, tuple(reasons[:MAX_EXAMPLES]), WorldSizeMetrics(world_sizes=tuple(seen))
+    )
 
 
 def check_ranks(run: RunModel, spec: RunSpec) -> CheckResult:
     """Each cohort's workers hold ranks 0..W-1, once each."""
     reasons = [reason for cohort in run.cohorts for reason in _rank_problems(cohort)]
-    return CheckResult("ranks", not reasons, tuple(reasons[:MAX_EXAMPLES]), {"cohorts": len(run.cohorts)})
+    return CheckResult("ranks", not reasons, tuple(reasons[:MAX_EXAMPLES]), RanksMetrics(cohorts=len(run.cohorts)))
 
 
 def _rank_problems(cohort: Cohort) -> list[str]:
@@ -294,13 +318,13 @@ def _rank_problems(cohort: Cohort) -> list[str]:
 def check_progress(run: RunModel, spec: RunSpec) -> CheckResult:
     """Training resumes from the last checkpoint after each fault and never skips a step."""
     lost = {r.fault.op: r.steps_lost for r in recoveries(run)}
-    metrics = {
-        "steps_lost": lost,
-        "final_step": run.highest_step,
-        "step_source": run.step_source,
-        "step_efficiency": _step_efficiency(run),
-        "zombie_records": len(run.zombies),
-    }
+    metrics = ProgressMetrics(
+        steps_lost=lost,
+        final_step=run.highest_step,
+        step_source=run.step_source,
+        step_efficiency=_step_efficiency(run),
+        zombie_records=len(run.zombies),
+    )
     if not run.steps_known:
         return CheckResult("progress", True, (_steps_not_measurable(run),), metrics, measured=False)
     # Only the trainer says which step each rank resumed from; other sources give the cohort's first step.
@@ -423,7 +447,7 @@ def check_loss_continuity(run: RunModel, spec: RunSpec) -> CheckResult:
                 "e.g. 'step (?P<step>\\d+) loss (?P<loss>[\\d.]+)', "
                 "or call elastic_sim_progress.report(step, loss=loss)",
             ),
-            {"relative_jumps": []},
+            LossContinuityMetrics(relative_jumps=()),
             measured=False,
         )
     reasons, jumps = [], []
@@ -437,7 +461,9 @@ def check_loss_continuity(run: RunModel, spec: RunSpec) -> CheckResult:
                 f"{found.mean_after:.4g} over steps {_span(found.after)} after "
                 f"(tolerance {spec.loss_jump_tolerance:.0%})"
             )
-    return CheckResult("loss_continuity", not reasons, tuple(reasons[:MAX_EXAMPLES]), {"relative_jumps": jumps})
+    return CheckResult(
+        "loss_continuity", not reasons, tuple(reasons[:MAX_EXAMPLES]), LossContinuityMetrics(tuple(jumps))
+    )
 
 
 def check_checkpoint_integrity(run: RunModel, spec: RunSpec) -> CheckResult:
@@ -457,7 +483,7 @@ def check_checkpoint_integrity(run: RunModel, spec: RunSpec) -> CheckResult:
                 "checkpoint with torch.load(path) or torch.distributed.checkpoint, from the shared /ckpt "
                 "($SIM_CKPT_DIR) where the checkpoint faults act",
             ),
-            {"damaged_steps": []},
+            CheckpointIntegrityMetrics(damaged_steps=()),
             measured=False,
         )
     written = [r for r in run.records if isinstance(r, TrainerRecord) and r.kind == "checkpoint"]
@@ -488,7 +514,7 @@ def check_checkpoint_integrity(run: RunModel, spec: RunSpec) -> CheckResult:
                     f"after {fault.describe()} damaged {file}, with no checkpoint of step {step} written since"
                 )
     listed = _steps(sorted(set(damaged))) if damaged else ""
-    return _integrity(violations, notes, "no start resumed from", listed, {"damaged_steps": damaged})
+    return _integrity(violations, notes, "no start resumed from", listed, CheckpointIntegrityMetrics(tuple(damaged)))
 
 
 def _checkpoint_integrity_by_path(run: RunModel, loads: list[WorkerRecord]) -> CheckResult:
@@ -511,10 +537,10 @@ def _checkpoint_integrity_by_path(run: RunModel, loads: list[WorkerRecord]) -> C
                     f"{fault.describe()} damaged {file}, with no save of it since"
                 )
     listed = ", ".join(sorted(set(damaged)))
-    return _integrity(violations, notes, "no process loaded", listed, {"damaged_files": damaged})
+    return _integrity(violations, notes, "no process loaded", listed, CheckpointFilesMetrics(tuple(damaged)))
 
 
-def _integrity(violations: list[str], notes: list[str], none: str, damaged: str, metrics: dict) -> CheckResult:
+def _integrity(violations: list[str], notes: list[str], none: str, damaged: str, metrics: Metrics) -> CheckResult:
     """checkpoint_integrity's result: the violations, else that none loaded what was `damaged` (listed)."""
     if not violations:
         notes.append(f"{none} a damaged checkpoint ({damaged})" if damaged else "no checkpoint was damaged on purpose")
@@ -656,7 +682,9 @@ def check_single_group(run: RunModel, spec: RunSpec) -> CheckResult:
             f"{node} (world {world}) trained on from step {min(steps)} to {max(steps)} until {clock(beats[-1].t)}, "
             f"after a newer round started at {clock(newer.t)}, while {alongside} trained too: two groups at once"
         )
-    return CheckResult("single_group", not problems, tuple(problems[:MAX_EXAMPLES]), {"split_groups": len(problems)})
+    return CheckResult(
+        "single_group", not problems, tuple(problems[:MAX_EXAMPLES]), SingleGroupMetrics(split_groups=len(problems))
+    )
 
 
 def check_stale_checkpoint(run: RunModel, spec: RunSpec) -> CheckResult:
@@ -670,7 +698,7 @@ def check_stale_checkpoint(run: RunModel, spec: RunSpec) -> CheckResult:
                 "torch.save or torch.distributed.checkpoint save to a file from the instrumentation); to enable it, "
                 "keep the instrumentation on and save checkpoints with torch.save or torch.distributed.checkpoint",
             ),
-            {"stale_writes": 0, "lost": 0},
+            StaleCheckpointMetrics(stale_writes=0, lost=0),
             measured=False,
         )
     found = stale_writes(run)
@@ -686,7 +714,7 @@ def check_stale_checkpoint(run: RunModel, spec: RunSpec) -> CheckResult:
                 f"{fault.describe()} held {fault.result.file} open: that write never completed "
                 "(a superseded round's write that did not land)"
             )
-    return CheckResult("stale_checkpoint", not lost, tuple(reasons), {"stale_writes": len(found), "lost": len(lost)})
+    return CheckResult("stale_checkpoint", not lost, tuple(reasons), StaleCheckpointMetrics(len(found), len(lost)))
 
 
 def check_hang(run: RunModel, spec: RunSpec) -> CheckResult:
@@ -699,7 +727,7 @@ def check_hang(run: RunModel, spec: RunSpec) -> CheckResult:
                 "not measurable here: training cannot be seen (instrumentation off, no progress lines); to enable it, "
                 "drop --no-instrument or pass --progress-regex",
             ),
-            {"longest_gap_s": None},
+            HangMetrics(longest_gap_s=None),
             measured=False,
         )
     active = _active_intervals(run, spec)
@@ -720,7 +748,7 @@ def check_hang(run: RunModel, spec: RunSpec) -> CheckResult:
         "hang",
         not reasons,
         tuple(reasons[:MAX_EXAMPLES]),
-        {"longest_gap_s": round(max((e - b for b, e in stretches), default=0.0), 3)},
+        HangMetrics(longest_gap_s=round(max((e - b for b, e in stretches), default=0.0), 3)),
     )
 
 
@@ -769,7 +797,7 @@ def check_recovery(run: RunModel, spec: RunSpec) -> CheckResult:
                 f"not measurable here: no training was seen in the whole run ({why}), so no recovery can be timed; "
                 "to enable it, keep the instrumentation on or pass --progress-regex",
             ),
-            {"recoveries": tuple(r.public() for r in found)},
+            RecoveryMetrics(recoveries=tuple(r.public() for r in found)),
             measured=False,
         )
     problems, facts = [], []
@@ -802,7 +830,7 @@ def check_recovery(run: RunModel, spec: RunSpec) -> CheckResult:
         "recovery",
         not problems,
         tuple(problems + facts),
-        {"recoveries": tuple(r.public() for r in found)},  # FaultRecovery: report.json writes them as objects
+        RecoveryMetrics(recoveries=tuple(r.public() for r in found)),
     )
 
 
@@ -830,7 +858,7 @@ def check_fails_cleanly(run: RunModel, spec: RunSpec) -> CheckResult:
         step = finished.final_step if isinstance(finished, TrainerRecord) else None
         reasons.append(f"the job completed (step {step} at {clock(finished.t)}) but was expected to fail")
     removed = run.removed_on_purpose()
-    ended = {}  # node -> the fault its exit followed (op) and how long after
+    ended: dict[str, AgentEnd] = {}  # node -> the fault its exit followed (op) and how long after
     for node in run.agent_nodes:
         last = run.lifecycle(node)
         if last is None or last.action != "die":
@@ -841,11 +869,11 @@ def check_fails_cleanly(run: RunModel, spec: RunSpec) -> CheckResult:
         cause = _last_fault_before(run, last.t)
         # An exit while the fault was still being injected (its ok not yet written) counts as immediate.
         delay = max(0.0, last.t - cause.t_ok) if cause else last.t - run.t_begin
-        ended[node] = {
-            "after_op": cause.op if cause else None,
-            "delay_s": round(delay, 3),
-            "since_invoke_s": round(last.t - cause.t_invoke, 3) if cause else None,
-        }
+        ended[node] = AgentEnd(
+            after_op=cause.op if cause else None,
+            delay_s=round(delay, 3),
+            since_invoke_s=round(last.t - cause.t_invoke, 3) if cause else None,
+        )
         if delay > spec.fail_fast_s:
             after = f"after {cause.describe()}" if cause else "after the run started"
             reasons.append(f"{node} exited {delay:.1f} s {after} > fail_fast {spec.fail_fast_s:g} s")
@@ -853,7 +881,7 @@ def check_fails_cleanly(run: RunModel, spec: RunSpec) -> CheckResult:
         "fails_cleanly",
         not reasons,
         tuple(reasons[:MAX_EXAMPLES]),
-        {"exits": {n: _exit_summary(run.lifecycle(n)) for n in run.agent_nodes}, "ended": ended},
+        FailsCleanlyMetrics(exits={n: _exit_summary(run.lifecycle(n)) for n in run.agent_nodes}, ended=ended),
     )
 
 
@@ -869,12 +897,12 @@ def check_stalled(run: RunModel, spec: RunSpec) -> CheckResult:
                 "cannot tell a hang from a quiet job: training cannot be seen (instrumentation off, no "
                 "progress lines); drop --no-instrument or pass --progress-regex",
             ),
-            {"stalled_s": None},
+            StalledMetrics(stalled_s=None),
             measured=False,
         )
     if not run.faults:
         reason = "no fault took effect: nothing was there to hang on"
-        return CheckResult("stalled", False, (reason,), {"stalled_s": None})
+        return CheckResult("stalled", False, (reason,), StalledMetrics(stalled_s=None))
     reasons = []
     fault = run.faults[-1]
     finished = run.finished(spec.target_steps)
@@ -907,7 +935,7 @@ def check_stalled(run: RunModel, spec: RunSpec) -> CheckResult:
         "stalled",
         not reasons,
         tuple(reasons[:MAX_EXAMPLES]) + facts,
-        {"stalled_s": round(stalled, 3), "after_op": fault.op},
+        StalledMetrics(stalled_s=round(stalled, 3), after_op=fault.op),
     )
 
 
@@ -1049,7 +1077,8 @@ def check_all(
         names = tuple(name for name in names if name != "trained")
     results = tuple(CHECKERS[name](run, spec) for name in names)
     by_name = {r.name: r for r in results}
-    recoveries = by_name["recovery"].metrics["recoveries"] if "recovery" in by_name else ()
+    recovery = by_name.get("recovery")
+    recoveries = recovery.metrics.recoveries if recovery is not None else ()
     trained = by_name.get("trained")
     undetermined = trained is not None and not trained.measured and all(r.valid for r in results if r is not trained)
     return Verdict(
@@ -1058,7 +1087,7 @@ def check_all(
         expected=spec.expected,
         results=results,
         recoveries=recoveries,
-        restarts_per_node=dict(by_name["restart_budget"].metrics["per_node"]),
+        restarts_per_node=dict(by_name["restart_budget"].metrics.per_node),
         rounds=_rounds(run),
     )
 

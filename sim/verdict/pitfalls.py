@@ -1,6 +1,6 @@
 """The job's own pitfalls, read from what the instrumentation records of its checkpoints.
 
-Pure functions of the run model (registered among sim/verdict/diagnose.py's DIAGNOSES, first: they are the
+Pure functions of the run model (registered among sim/verdict/diagnoses/registry.py's DIAGNOSES, first: they are the
 most fundamental causes). The node image's instrumentation (images/node/elastic_sim_instrument.py)
 writes a "save" record per torch.save / DCP save to a named file (its path; the first one also
 describes the saved object: `content`), and a "load" record with the last file a worker loaded
@@ -40,7 +40,7 @@ SHARED_DIRS = ("/ckpt",)
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    """A pitfall as the diagnoses word it (sim/verdict/diagnose.py turns it into a Diagnosis)."""
+    """A pitfall as the diagnoses word it (sim/verdict/diagnoses/registry.py turns it into a Diagnosis)."""
 
     code: str
     title: str

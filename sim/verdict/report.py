@@ -19,7 +19,7 @@ from sim.core.nodes import node_order
 from sim.core.spec import emulated_devices_line
 from sim.verdict import EXPECTED_WORDS, CheckResult, FaultRecovery, Verdict
 from sim.verdict.checkers import Stuck
-from sim.verdict.diagnose import Diagnosis, format_diagnoses
+from sim.verdict.diagnoses.registry import Diagnosis, format_diagnoses
 from sim.verdict.plot import draw_timeline
 from sim.verdict.recovery import RecoveryPhases, recoveries
 from sim.verdict.runmodel import STEP_SOURCE_WORDS, RunModel
@@ -188,7 +188,7 @@ class Report:
             "expected": self.verdict.expected,
             "profile": self.profile,
             "run": {"start": self.start, "duration_s": self.duration_s},
-            "checks": [dataclasses.asdict(result) for result in self.verdict.results],
+            "checks": [{**dataclasses.asdict(r), "metrics": r.metrics.to_json()} for r in self.verdict.results],
             "recoveries": [row.to_json() for row in self.recoveries],
             "job_end": [dataclasses.asdict(row) for row in self.job_end],
             "restarts_per_node": dict(self.verdict.restarts_per_node),
@@ -258,14 +258,9 @@ def node_bounds(run: RunModel) -> str | None:
     return f"{memory}; pids {spec.pids} per node"
 
 
-def report_data(verdict: Verdict, run: RunModel, **options) -> dict:
-    """report.json's data (build_report's, as plain data)."""
-    return build_report(verdict, run, **options).to_json()
-
-
 def _step_efficiency(verdict: Verdict) -> float | None:
     progress = verdict.result("progress")
-    return progress.metrics.get("step_efficiency") if progress is not None else None
+    return progress.metrics.step_efficiency if progress is not None else None
 
 
 def _since(t: float, origin: float | None, verdict: Verdict) -> float:
@@ -498,7 +493,7 @@ def _cell(text, css_class: str | None = None) -> str:
 
 def _html_check_row(check: CheckResult) -> list[str]:
     reasons = "<br>".join(html.escape(str(reason)) for reason in check.reasons)
-    metrics = html.escape(json.dumps(check.metrics, default=_json_default)) if check.metrics else ""
+    metrics = html.escape(json.dumps(check.metrics.to_json(), default=_json_default))
     word = _result_word(check)
     return [
         _cell(check.name),

@@ -185,14 +185,14 @@ def _agent_records(run: RunModel) -> list[AgentRecord]:
 def job_end_after_faults(verdict: Verdict, run: RunModel) -> list[JobEnd]:
     """For a run meant to fail (or hang): each fault, and how long after its invoke the agents it ended
     exited (None: none followed it). Recovery figures say nothing there; this says how it ended."""
-    ending = verdict.result("fails_cleanly") or verdict.result("stalled")
-    if ending is None:
+    failed, stalled = verdict.result("fails_cleanly"), verdict.result("stalled")
+    if failed is None and stalled is None:
         return []
-    ended = ending.metrics.get("ended", {})  # a hang: no agent ended
+    ended = failed.metrics.ended if failed is not None else {}  # a hang: no agent ended
     origin = run_origin(run)
     rows = []
     for fault in run.applied_faults:
-        delays = [e["since_invoke_s"] for e in ended.values() if e["after_op"] == fault.op]
+        delays = [e.since_invoke_s for e in ended.values() if e.after_op == fault.op]
         rows.append(
             JobEnd(
                 op=fault.op,

@@ -15,8 +15,8 @@ import pytest
 
 from sim.core.history import History
 from sim.verdict.report import format_summary
+from sim.verdict.runfolder import judge
 from sim.verdict.runmodel import RunModel
-from sim.verdict.runreport import judge
 from tests.integration.test_environment import SEEDJOB, STEP_LOSS, write_samples
 
 pytestmark = pytest.mark.docker

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from sim.cli.doctor import has_gpu_runtime
+from sim.cli.doctor import gpu_check
 from sim.core.wait import wait_for
 from sim.engines.cluster import Cluster, JobFinished
 from tests.conftest import run_sim, unique_name
 
 
 def test_nccl_training_on_gpus(docker, images):
-    if not has_gpu_runtime(docker):
+    if not gpu_check(docker).ok:
         pytest.skip("no GPU runtime on this machine (sim doctor); GPU rendering is unit-tested")
     name = unique_name("t-gpu")
     result = run_sim(

@@ -22,7 +22,7 @@ from sim.core.spec import ClusterSpec
 from sim.engines.cluster import Cluster, up
 from sim.pytest_plugin import assert_verdict
 from sim.verdict.checkers import RunSpec, check_stale_checkpoint
-from sim.verdict.diagnose import diagnose
+from sim.verdict.diagnoses.registry import diagnose
 from sim.verdict.runmodel import RunModel
 from tests.conftest import run_sim, unique_name
 from tests.integration.test_faults import eventually, process_states

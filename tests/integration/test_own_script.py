@@ -106,7 +106,7 @@ def test_plain_script_survives_worker_and_node_loss(sim_scenario, docker, images
     if progress is None:
         assert not progress_check.measured and "--progress-regex" in progress_check.reasons[0]
     else:
-        assert progress_check.measured and progress_check.metrics["step_source"] == "script"
+        assert progress_check.measured and progress_check.metrics.step_source == "script"
     assert "Training seen through" in result.summary
     # Devices emulated (no GPU here), but the script asked for gloo: the report says whose timing held.
     assert "failure timing gloo's (at once): the script asked for gloo" in result.summary, result.summary

@@ -10,7 +10,7 @@ from chaos.nemesis import Nemesis
 from sim.core.history import FILE_NAME, FaultRecord, History, TrainerRecord
 from sim.core.wait import wait_for
 from sim.engines.cluster import Cluster, JobFinished
-from sim.verdict.runreport import report_run
+from sim.verdict.runfolder import report_run
 from tests.conftest import run_sim, unique_name
 from tests.integration.test_faults import FAST, eventually
 

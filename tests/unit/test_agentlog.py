@@ -86,7 +86,7 @@ def test_docker_events_become_records():
         "timeNano": 1795950684500000000,
         "Actor": {"ID": "abc", "Attributes": {"elastic-sim.node": "node2", "exitCode": "137", "name": "c-node2"}},
     }
-    assert collector._docker_record(die) == {
+    assert collector._docker_record(die).to_dict() == {
         "t": 1795950684.5,
         "type": "docker",
         "node": "node2",
@@ -101,7 +101,7 @@ def test_docker_events_become_records():
         "timeNano": 1795950685000000000,
         "Actor": {"ID": "net", "Attributes": {"container": "abc", "name": "c_cluster"}},
     }
-    assert collector._docker_record(connect)["node"] == "node2"
+    assert collector._docker_record(connect).node == "node2"
 
 
 # Captured from bare torchrun 2.13 agents (tests/data/logs/: shared_store_etcd_v2, spare_agent,

@@ -49,8 +49,8 @@ def test_adam_script_gives_steps_lost_from_the_optimizer_state():
     assert recovery.steps_lost == 10
     progress = _by_name(verdict)["progress"]
     assert progress.measured and progress.valid
-    assert progress.metrics["step_source"] == "optimizer"
-    assert progress.metrics["step_efficiency"] == round(30 / 40, 4)
+    assert progress.metrics.step_source == "optimizer"
+    assert progress.metrics.step_efficiency == round(30 / 40, 4)
 
 
 def test_progress_regex_lines_judge_loss_and_steps():
@@ -64,7 +64,7 @@ def test_progress_regex_lines_judge_loss_and_steps():
     run.finish()
     verdict = run.verdict()
     results = _by_name(verdict)
-    assert results["progress"].metrics["step_source"] == "script"
+    assert results["progress"].metrics.step_source == "script"
     assert verdict.recoveries[0].steps_lost == 10
     assert results["loss_continuity"].measured and not results["loss_continuity"].valid
     assert "loss jumped" in results["loss_continuity"].reasons[0]
@@ -145,7 +145,7 @@ def test_a_zombie_of_an_old_round_is_not_a_step_backwards():
     verdict = run.verdict()
     results = {r.name: r for r in verdict.results}
     assert results["progress"].valid, results["progress"].reasons
-    assert results["progress"].metrics["zombie_records"] == 1
+    assert results["progress"].metrics.zombie_records == 1
     model = RunModel(run.records)
     assert [(z.node, z.step) for z in model.zombies] == [("node1", 27)]
     lanes = build_timeline(RunModel(run.records), verdict).lanes

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.verdict import FaultRecovery
+from sim.verdict import CheckpointIntegrityMetrics, FaultRecovery, SingleGroupMetrics
 from sim.verdict.checkers import (
     RunSpec,
     check_all,
@@ -24,7 +24,7 @@ from sim.verdict.checkers import (
     check_stalled,
     check_world_size,
 )
-from sim.verdict.diagnose import diagnose
+from sim.verdict.diagnoses.registry import diagnose
 from sim.verdict.runmodel import RunModel
 from tests.unit.histories import T0, HistoryBuilder, ScriptRun, smooth_loss
 
@@ -247,7 +247,7 @@ def test_restart_budget_counts_per_agent():
     run = worker_kill_run()
     result = check_restart_budget(RunModel(run.records), run.spec())
     assert result.valid
-    assert result.metrics["per_node"] == {"node0": 1, "node1": 1}
+    assert result.metrics.per_node == {"node0": 1, "node1": 1}
     assert_reason(result, "per agent, not per job: 2 in all across 2 nodes")
 
 
@@ -283,7 +283,7 @@ def test_world_size_fails_outside_the_allowed_range():
 def test_ranks_pass_for_each_cohort_and_fail_on_duplicates():
     good = worker_kill_run()
     result = check_ranks(RunModel(good.records), good.spec())
-    assert result.valid and result.metrics["cohorts"] == 2
+    assert result.valid and result.metrics.cohorts == 2
 
     # A trainer that takes LOCAL_RANK for its rank: ranks 0, 1, 0, 1 in a world of 4.
     records = [{**r, "rank": r["local_rank"]} if r.get("kind") == "start" else r for r in good.records]
@@ -326,7 +326,7 @@ def test_cohorts_split_on_progress_even_without_agent_logs():
     run.train(30)
     run.finish()
     result = check_ranks(RunModel(run.records), run.spec())
-    assert result.valid and result.metrics["cohorts"] == 2
+    assert result.valid and result.metrics.cohorts == 2
     assert run.verdict().rounds == 2
 
 
@@ -337,7 +337,7 @@ def test_progress_passes_after_a_resume_within_the_checkpoint_interval():
     run = worker_kill_run()
     result = check_progress(RunModel(run.records), run.spec())
     assert result.valid, result.reasons
-    assert list(result.metrics["steps_lost"].values()) == [4]
+    assert list(result.metrics.steps_lost.values()) == [4]
 
 
 def test_progress_fails_on_a_skipped_step():
@@ -426,7 +426,7 @@ def test_a_restart_belongs_to_the_fault_after_which_training_stopped():
 def test_loss_carries_on_after_a_resume():
     run = worker_kill_run()
     result = check_loss_continuity(RunModel(run.records), run.spec())
-    assert result.valid and len(result.metrics["relative_jumps"]) == 1
+    assert result.valid and len(result.metrics.relative_jumps) == 1
 
 
 def test_loss_jump_after_a_resume_fails():
@@ -539,7 +539,7 @@ def test_recovery_fails_for_a_fault_never_recovered():
     result = check_recovery(RunModel(run.records), run.spec())
     assert not result.valid
     assert_reason(result, "kill-node node1 at", "never recovered")
-    (recovery,) = result.metrics["recoveries"]
+    (recovery,) = result.metrics.recoveries
     assert recovery.t_recovered is None and recovery.world_before == 4
 
 
@@ -609,7 +609,7 @@ def test_fails_cleanly_when_every_agent_exits_non_zero_fast():
     run = failing_run()
     result = check_fails_cleanly(RunModel(run.records), run.spec(expected="fails"))
     assert result.valid, result.reasons
-    assert result.metrics["exits"] == {"node0": "exited 1", "node1": "exited 1"}
+    assert result.metrics.exits == {"node0": "exited 1", "node1": "exited 1"}
 
 
 def test_agents_exiting_while_the_fault_is_still_being_injected_fail_fast():
@@ -802,7 +802,7 @@ def judge_integrity(run):
 def test_checkpoint_integrity_passes_when_the_damaged_checkpoint_is_skipped():
     result = judge_integrity(damaged_checkpoint_run("corrupt-checkpoint", "/ckpt/ckpt-00000020.pt", 10))
     assert result.valid and result.measured
-    assert result.metrics == {"damaged_steps": [20]}
+    assert result.metrics == CheckpointIntegrityMetrics(damaged_steps=(20,))
     assert_reason(result, "no start resumed from a damaged checkpoint (step 20)")
 
 
@@ -827,7 +827,7 @@ def test_a_kill_just_after_the_temp_file_was_renamed_damaged_nothing():
     signal came, and the kill script found it gone (size_at_kill null): step 20 is whole."""
     run = damaged_checkpoint_run("kill-during-checkpoint", "/ckpt/ckpt-00000020.pt.tmp.7", 20, size_at_kill=None)
     result = judge_integrity(run)
-    assert result.valid and result.metrics == {"damaged_steps": []}
+    assert result.valid and result.metrics == CheckpointIntegrityMetrics(damaged_steps=())
     assert_reason(result, "landed just after the write of step 20 completed (/ckpt/ckpt-00000020.pt.tmp.7 renamed)")
     still_there = damaged_checkpoint_run(
         "kill-during-checkpoint", "/ckpt/ckpt-00000020.pt.tmp.7", 20, size_at_kill=4096
@@ -843,7 +843,7 @@ def test_checkpoint_integrity_allows_a_resume_from_a_step_written_again():
 def test_checkpoint_integrity_without_damage_or_with_an_unnumbered_file():
     assert_reason(judge_integrity(clean_run()), "no checkpoint was damaged on purpose")
     result = judge_integrity(damaged_checkpoint_run("corrupt-checkpoint", "/ckpt/checkpoint.pt", 20))
-    assert result.valid and result.metrics == {"damaged_steps": []}
+    assert result.valid and result.metrics == CheckpointIntegrityMetrics(damaged_steps=())
     assert_reason(result, "damaged /ckpt/checkpoint.pt: no checkpoint step in its name")
 
 
@@ -924,14 +924,14 @@ def test_captured_runs_of_the_shipped_scenarios_keep_their_verdicts(case, expect
     run = captured(case)
     spec = RunSpec.from_run(run, expected=expected)
     assert check_all(run, spec).valid
-    assert check_checkpoint_integrity(run, spec).metrics == {"damaged_steps": damaged}
+    assert check_checkpoint_integrity(run, spec).metrics == CheckpointIntegrityMetrics(damaged_steps=tuple(damaged))
 
 
 def test_captured_repeated_kills_during_checkpoint_writes_never_resume_from_a_damaged_one():
     run = captured("kill_during_checkpoint_x4")
     result = check_checkpoint_integrity(run, RunSpec.from_run(run))
     assert result.valid
-    assert result.metrics == {"damaged_steps": [60, 120, 210, 230, 260, 260]}
+    assert result.metrics == CheckpointIntegrityMetrics(damaged_steps=(60, 120, 210, 230, 260, 260))
 
 
 def test_captured_corrupt_checkpoint_fails_if_a_start_had_loaded_the_damaged_file():
@@ -955,7 +955,7 @@ def test_two_groups_training_at_once_fail_single_group():
     regrouped as a world of 2 without it, and node1 made a round of its own: both trained to step 300."""
     run = RunModel([json.loads(line) for line in SPLIT_BRAIN.read_text().splitlines()])
     result = check_single_group(run, RunSpec.from_run(run))
-    assert not result.valid and result.metrics == {"split_groups": 2}
+    assert not result.valid and result.metrics == SingleGroupMetrics(split_groups=2)
     assert_reason(result, "node0 (world 2) trained on from step 125 to 300", "node1 (world 1)", "two groups at once")
 
 
@@ -1073,7 +1073,7 @@ def test_completed_excuses_a_node_refused_by_the_closed_rendezvous_at_the_end():
     run = captured("zombie_late_heal")
     result = check_completed(run, RunSpec.from_run(run, expected="recovers"))
     assert result.valid, result.reasons
-    assert result.metrics["excused_nodes"] == ["node0"]
+    assert result.metrics.excused_nodes == ("node0",)
     assert_reason(result, "node0 excused: it came to join at 14:06:04, after the others finished")
     assert check_all(run, RunSpec.from_run(run, expected="recovers")).valid
 

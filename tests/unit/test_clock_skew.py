@@ -19,7 +19,7 @@ from sim.cli import doctor
 from sim.core.errors import UnsupportedFaultError, UsageError
 from sim.engines.docker import ExecResult
 from sim.engines.render import CLOCK_ENV, CLOCK_OFFSET_FILE, FAKETIME_LIB
-from sim.verdict.diagnose import diagnose
+from sim.verdict.diagnoses.registry import diagnose
 from tests.unit.test_nemesis import FakeProvider, nemesis, state_home  # noqa: F401 (fixtures)
 
 NODE_SITE = Path(__file__).resolve().parents[2] / "images" / "node"

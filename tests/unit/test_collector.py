@@ -8,7 +8,7 @@ from sim.core.history import History
 from sim.core.spec import ClusterSpec
 from sim.engines import collector as collector_module
 from sim.engines.collector import ENGINE_LOST_S, Collector, _ClusterGone
-from sim.verdict.diagnose import diagnose
+from sim.verdict.diagnoses.registry import diagnose
 
 UNREACHABLE = "docker ps: Docker engine not reachable (Connection refused); start it"
 
@@ -105,4 +105,4 @@ def test_a_network_faults_helper_container_is_not_one_of_the_clusters_containers
     event = {"Type": "container", "Action": "die", "id": "id-1", "timeNano": 1e18, "Actor": {"Attributes": helper}}
     assert collector._docker_record(event) is None
     died = {**event, "id": "id-0", "Actor": {"Attributes": {**node, "exitCode": "137"}}}
-    assert collector._docker_record(died)["node"] == "node1"
+    assert collector._docker_record(died).node == "node1"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.verdict import diagnose
+from sim.verdict.diagnoses import collectives
 
 NODE_DIR = Path(__file__).resolve().parents[2] / "images" / "node"
 sys.path.insert(0, str(NODE_DIR))
@@ -80,7 +80,7 @@ def test_a_guarded_call_inside_another_counts_once_and_other_threads_are_not_ins
 
 
 def test_the_default_nccl_timeout_is_the_same_everywhere():
-    assert devices.NCCL_DEFAULT_TIMEOUT_S == diagnose.NCCL_DEFAULT_TIMEOUT_S == 600.0
+    assert devices.NCCL_DEFAULT_TIMEOUT_S == collectives.NCCL_DEFAULT_TIMEOUT_S == 600.0
 
 
 GPU_SCRIPT = textwrap.dedent("""

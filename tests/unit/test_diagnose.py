@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sim.core.agentlog import parse_docker_timestamp
 from sim.core.sidechannel import ProgressMatcher
-from sim.verdict.diagnose import diagnose, format_diagnoses
+from sim.verdict.diagnoses.registry import diagnose, format_diagnoses
 
 LOGS = Path(__file__).resolve().parent.parent / "data" / "logs"
 PROGRESS_REGEX = r"step (?P<step>\d+) loss (?P<loss>[\d.]+)"
@@ -790,8 +790,8 @@ FAIL_EXPLAINED_ELSEWHERE = {
 def test_no_captured_fail_without_a_diagnosis():
     """Every captured run (tests/data/runs/) judged as `sim report` judges it: a FAIL must come with a why."""
     from sim.core.history import History
+    from sim.verdict.runfolder import judge
     from sim.verdict.runmodel import RunModel
-    from sim.verdict.runreport import judge
 
     unexplained = []
     for folder in sorted(p for p in RUNS.iterdir() if (p / "history.jsonl").exists()):
@@ -1017,8 +1017,8 @@ def test_a_failed_run_with_no_known_cause_is_unexplained_with_each_node_s_last_r
     """The soak cut by its driver (kill_during_checkpoint_x4) fails with no diagnosis: `sim report` says so, and
     shows what each node's history said last, rather than nothing or a rule whose premise is false."""
     from sim.core.history import History
+    from sim.verdict.runfolder import judge
     from sim.verdict.runmodel import RunModel
-    from sim.verdict.runreport import judge
 
     folder = RUNS / "kill_during_checkpoint_x4"
     run = RunModel(History(folder / "history.jsonl").read().records)

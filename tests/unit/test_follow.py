@@ -4,7 +4,7 @@ import io
 import json
 
 from sim.cli.logs import FollowView, follow_job, live_run, nodes_up
-from sim.core.history import parse_record
+from sim.core.history import RECORD_TYPES, parse_record
 from sim.engines.cluster import ContainerInfo
 
 T0 = 1000.0
@@ -286,3 +286,9 @@ def test_a_workers_exception_in_the_users_code_gets_a_line():
     assert lines(records) == [
         "    2.0s  node0  error: ModuleNotFoundError: No module named 'yaml' at /opt/sim/user/train.py:2 in <module>"
     ]
+
+
+def test_every_record_type_has_a_named_handler():
+    """The view's dispatch is a table over the record types (not method names built from a type's name):
+    a new record type fails here until it is given a handler, or a None on purpose."""
+    assert set(FollowView._HANDLERS) == set(RECORD_TYPES.values())

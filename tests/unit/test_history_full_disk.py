@@ -13,15 +13,15 @@ import pytest
 
 from sim.core import history as history_module
 from sim.core.errors import HistoryWriteError
-from sim.core.history import History
+from sim.core.history import DockerRecord, History
 from sim.engines.collector import Collector
 from tests.unit.test_collector import FakeCluster
 
 KILL = {"t": 10.0, "type": "docker", "node": "node0", "action": "kill"}
 
 
-def docker(action: str, t: float) -> dict:
-    return {"t": t, "type": "docker", "node": "node0", "action": action}
+def docker(action: str, t: float) -> DockerRecord:
+    return DockerRecord(t=t, node="node0", action=action)
 
 
 class Disk:

@@ -60,4 +60,4 @@ def test_each_layer_package_orders_its_own_modules():
 def test_the_verdict_may_not_reach_docker_a_process_or_the_clock():
     (forbidden,) = [c for c in _contracts() if c["type"] == "forbidden"]
     assert {"docker", "subprocess", "time", "sim.engines"} <= set(forbidden["forbidden_modules"])
-    assert {"sim.verdict.runmodel", "sim.verdict.checkers", "sim.verdict.diagnose"} <= set(forbidden["source_modules"])
+    assert {"sim.verdict.runmodel", "sim.verdict.checkers", "sim.verdict.diagnoses"} <= set(forbidden["source_modules"])

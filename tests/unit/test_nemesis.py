@@ -17,7 +17,7 @@ import pytest
 
 from chaos import nodescripts
 from chaos.nemesis import CLOCK_SCRIPT, Nemesis
-from chaos.partition import Partition, isolate, parse_partition_spec
+from chaos.partition import Partition, isolate, split
 from sim.core import labels
 from sim.core import labels as labels_mod
 from sim.core.errors import FaultError, UsageError
@@ -35,7 +35,7 @@ from sim.engines.docker import (
     ExecResult,
     Resources,
 )
-from sim.engines.procs import PROBE_ARGV, parse_probe
+from sim.engines.proctable import PROBE_ARGV, parse_probe
 
 NODES = {"etcd": "10.0.0.2", "node0": "10.0.0.3", "node1": "10.0.0.4", "node2": "10.0.0.5"}
 PROBE_OUTPUT = "\n".join(
@@ -232,7 +232,7 @@ def test_network_commands_run_only_from_the_helper_never_in_the_node_image(nemes
 def test_two_partitions_apply_as_their_union(nemesis):
     nem, fake = nemesis
     nodes = ["node0", "node1", "node2"]
-    first = nem.partition(parse_partition_spec("node0|node1,node2", nodes))
+    first = nem.partition(split([["node0"], ["node1", "node2"]], nodes))
     nem.partition(isolate(["node2"], nodes))
     assert "-d 10.0.0.4" in fake.scripts("id-node2")[-1] and "-d 10.0.0.3" in fake.scripts("id-node2")[-1]
     nem.heal(first["id"])

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from sim.core.history import History
 from sim.verdict.checkers import RunSpec, cannot_finish, check_all, check_trained
-from sim.verdict.diagnose import diagnose
+from sim.verdict.diagnoses.registry import diagnose
 from sim.verdict.report import format_summary
+from sim.verdict.runfolder import judge
 from sim.verdict.runmodel import RunModel
-from sim.verdict.runreport import judge
 from tests.unit.histories import ScriptRun
 
 RUNS = Path(__file__).resolve().parent.parent / "data" / "runs"

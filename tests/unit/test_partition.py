@@ -9,7 +9,6 @@ from chaos.partition import (
     isolate,
     one_way,
     parse_groups,
-    parse_partition_spec,
     split,
 )
 from sim.core.errors import UsageError
@@ -104,9 +103,10 @@ def test_empty_partition_is_healed():
     assert blocked_peers(Partition(), "node0") == (frozenset(), frozenset())
 
 
-def test_parse_partition_spec_is_split():
+def test_typed_groups_are_split():
+    """A partition as typed (a scenario's `groups`, `sim partition`): parse_groups, then split."""
     expected = split([["node0", "node1"], ["node2", "node3"]], FOUR)
-    assert parse_partition_spec("node0,node1|node2, node3", FOUR) == expected
+    assert split(parse_groups("node0,node1|node2, node3"), FOUR) == expected
 
 
 @pytest.mark.parametrize(
@@ -121,9 +121,9 @@ def test_parse_partition_spec_is_split():
         ("", "empty"),
     ],
 )
-def test_parse_partition_spec_rejects(text, problem):
-    with pytest.raises(UsageError, match=re.escape(f"partition '{text}': {problem}")):
-        parse_partition_spec(text, FOUR)
+def test_typed_groups_rejects(text, problem):
+    with pytest.raises(UsageError, match=r"^partition '.*': " + re.escape(problem)):
+        split(parse_groups(text), FOUR)
 
 
 @pytest.mark.parametrize(

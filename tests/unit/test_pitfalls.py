@@ -12,7 +12,7 @@ import torch
 from chaos.runner import ScenarioResult
 from chaos.vet import plan_vet, score_gauntlet, vet_spec
 from sim.core.spec import spec_from_options
-from sim.verdict.diagnose import diagnose
+from sim.verdict.diagnoses.registry import diagnose
 from sim.verdict.runmodel import RunModel
 
 RUNS = Path(__file__).resolve().parents[1] / "data" / "runs"

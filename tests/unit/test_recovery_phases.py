@@ -13,7 +13,7 @@ import pytest
 from sim.core.history import TrainerRecord, WorkerRecord, parse_record
 from sim.core.sidechannel import worker_record
 from sim.verdict.recovery import RecoveryPhases, recoveries
-from sim.verdict.report import format_summary, report_data
+from sim.verdict.report import build_report, format_summary
 
 from .histories import HistoryBuilder, ScriptRun
 from .test_instrument import Clock, FakeOptimizer, instrument, probe_writing_to, run_as_worker, side_channel
@@ -176,7 +176,7 @@ def fault_line(text: str, fault: str) -> list[str]:
 def test_report_json_and_the_text_say_where_the_recovery_went():
     b = trainer_worker_crash(timed=True)
     run, verdict = b.model(), b.verdict()
-    [entry] = report_data(verdict, run, title="t", profile="fast")["recoveries"]
+    [entry] = build_report(verdict, run, title="t", profile="fast").to_json()["recoveries"]
     assert entry["phases"] == dict(zip(FIELDS, (0.3, 1.7, 1.2, 0.4, 0.3, 1.1), strict=True))
     json.dumps(entry)  # plain data
     text = format_summary(verdict, run, title="t", profile="fast")

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from sim.verdict.checkers import CHECKS_FOR, RunSpec, check_all
-from sim.verdict.report import ReportFiles, format_summary, report_data, write_report
+from sim.verdict.report import ReportFiles, build_report, format_summary, write_report
 from sim.verdict.runmodel import RunModel
 from sim.verdict.timeline import build_timeline
 from tests.unit.histories import HistoryBuilder
@@ -310,7 +310,7 @@ def test_the_verdict_hands_the_report_the_checkers_own_recoveries_and_the_report
     from sim.verdict.report import build_report, render_html
 
     run, verdict = elastic.model(), elastic.verdict()
-    assert verdict.recoveries == verdict.result("recovery").metrics["recoveries"]
+    assert verdict.recoveries == verdict.result("recovery").metrics.recoveries
     assert all(isinstance(r, FaultRecovery) for r in verdict.recoveries)
     typed = build_report(verdict, run, title="t", profile=None)
     assert [row.recovery for row in typed.recoveries] == list(verdict.recoveries)
@@ -339,7 +339,7 @@ def test_the_report_states_each_nodes_bounds(spec, words):
     run = RunModel(records)
     verdict = check_all(run, RunSpec(min_nodes=1, max_nodes=1, nproc_per_node=1, max_restarts=0))
     summary = format_summary(verdict, run, title="bounds", profile=None)
-    data = report_data(verdict, run, title="bounds", profile=None)
+    data = build_report(verdict, run, title="bounds", profile=None).to_json()
     if words is None:
         assert "Node bounds" not in summary and data["node_bounds"] is None
     else:

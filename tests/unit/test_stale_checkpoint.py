@@ -15,8 +15,9 @@ from chaos.faults import FAULTS
 from sim.core.errors import UsageError
 from sim.core.history import as_records
 from sim.engines.docker import ExecResult
+from sim.verdict import StaleCheckpointMetrics
 from sim.verdict.checkers import RunSpec, check_all, check_stale_checkpoint, stale_writes
-from sim.verdict.diagnose import diagnose
+from sim.verdict.diagnoses.registry import diagnose
 from sim.verdict.runmodel import RunModel
 from tests.unit.histories import HistoryBuilder, ScriptRun
 from tests.unit.test_instrument import run_as_worker, side_channel
@@ -172,7 +173,7 @@ def test_no_checkpoint_seen_is_not_measurable():
 def test_a_step_numbered_stale_write_over_the_same_step_loses_nothing():
     run = trainer_zombie(write_step=20, new_round_until=45, resume_step=40)
     result = check_stale_checkpoint(run.model(), run.spec())
-    assert result.valid and result.metrics == {"stale_writes": 1, "lost": 0}
+    assert result.valid and result.metrics == StaleCheckpointMetrics(stale_writes=1, lost=0)
     (reason,) = result.reasons
     assert reason.startswith("node0 rank 0 of a superseded round (world 3, restart 0) wrote /ckpt/ckpt-00000020.pt")
     assert "after the round of world 2 on node1, node2 had started at" in reason
@@ -186,7 +187,7 @@ def test_a_frozen_write_that_never_landed_is_named():
     # The trainer's newer rank 0 removes temp files of writers killed mid-write: the zombie's rename fails.
     run = trainer_zombie(write_step=None, new_round_until=45, resume_step=40)
     result = check_stale_checkpoint(run.model(), run.spec())
-    assert result.valid and result.metrics == {"stale_writes": 0, "lost": 0}
+    assert result.valid and result.metrics == StaleCheckpointMetrics(stale_writes=0, lost=0)
     assert result.reasons[1] == (
         "freeze-during-checkpoint rank0 (node0) at 22:13:42 held /ckpt/ckpt-00000020.pt.tmp.9 open: that write "
         "never completed (a superseded round's write that did not land)"
@@ -206,7 +207,7 @@ def test_a_stale_write_of_a_name_nobody_newer_wrote_loses_nothing():
 def test_a_stale_write_a_later_resume_loaded_fails():
     run = trainer_zombie(write_step=20, new_round_until=15, resume_step=20)
     result = check_stale_checkpoint(run.model(), run.spec())
-    assert not result.valid and result.metrics["lost"] == 1
+    assert not result.valid and result.metrics.lost == 1
     assert "loaded it: the job went back to the superseded round's state" in result.reasons[0]
     assert "(node0 rank 0) loaded it" in result.reasons[0]
 
@@ -258,7 +259,7 @@ def script_zombie(
 def test_a_fixed_name_overwritten_by_a_stale_write_fails_naming_the_newer_checkpoint():
     run = script_zombie()
     result = check_stale_checkpoint(run.model(), run.spec())
-    assert not result.valid and result.metrics == {"stale_writes": 1, "lost": 1}
+    assert not result.valid and result.metrics == StaleCheckpointMetrics(stale_writes=1, lost=1)
     (reason,) = result.reasons
     assert "node0 rank 0 of a superseded round (world 3, restart 0) wrote /ckpt/checkpoint.pt (step 20)" in reason
     assert "it replaced the newer round's /ckpt/checkpoint.pt (step 30), written at" in reason
@@ -281,14 +282,14 @@ def test_an_overwrite_without_step_numbers_fails_as_newer_state_lost():
 def test_a_stale_save_under_a_name_of_its_own_loses_nothing():
     run = script_zombie(name="step-{step}.pt", reload=False)
     result = check_stale_checkpoint(run.model(), run.spec())
-    assert result.valid and result.metrics == {"stale_writes": 1, "lost": 0}
+    assert result.valid and result.metrics == StaleCheckpointMetrics(stale_writes=1, lost=0)
     assert "wrote /ckpt/step-20.pt (step 20)" in result.reasons[0]
 
 
 def test_a_stale_overwrite_the_newer_round_wrote_again_before_any_resume_loses_nothing():
     run = script_zombie(rewrite=True)
     result = check_stale_checkpoint(run.model(), run.spec())
-    assert result.valid and result.metrics == {"stale_writes": 1, "lost": 0}
+    assert result.valid and result.metrics == StaleCheckpointMetrics(stale_writes=1, lost=0)
     (reason,) = result.reasons
     assert "it replaced the newer round's /ckpt/checkpoint.pt (step 30)" in reason
     assert "; the newer round wrote it again at " in reason

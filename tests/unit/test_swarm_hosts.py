@@ -24,7 +24,7 @@ from sim.engines import swarm
 from sim.engines.cluster import Cluster
 from sim.engines.collector import Collector
 from sim.engines.docker import Completed, Container, Docker, ExecResult, Labelled, Resources
-from sim.engines.procs import PROBE_ARGV
+from sim.engines.proctable import PROBE_ARGV
 from sim.engines.swarm import MergedEvents, SwarmDocker, SwarmHosts
 from sim.engines.swarm_hosts import HostDocker, HostEngine, register, registered, unregister
 from sim.engines.swarm_render import SwarmLayout

@@ -1,1 +1,1 @@
-"""The diagnoses by topic; sim/verdict/diagnose.py registers them in one order (DIAGNOSES)."""
+"""The diagnoses by topic; sim/verdict/diagnoses/registry.py registers them in one order (DIAGNOSES)."""

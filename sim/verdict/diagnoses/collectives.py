@@ -1,7 +1,7 @@
 """The process group: a timeout or a dead NCCL peer in a collective, a peer lost during init_process_group,
 workers stuck at exit.
 
-Moved from sim/verdict/diagnose.py (the registry, DIAGNOSES, orders them)."""
+Registered, in order, by registry.py's DIAGNOSES."""
 
 from __future__ import annotations
 

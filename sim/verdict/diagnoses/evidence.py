@@ -1,7 +1,7 @@
 """What every diagnosis shares: the Diagnosis itself and its evidence lines (a record or a log line, with its
 node and time), and the run's facts several topics read.
 
-Moved from sim/verdict/diagnose.py (the registry, DIAGNOSES, orders them)."""
+The topic modules build on it; registry.py's DIAGNOSES orders them."""
 
 from __future__ import annotations
 

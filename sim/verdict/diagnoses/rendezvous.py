@@ -1,7 +1,7 @@
 """The rendezvous and its store: c10d's shared TCP store, a lost store host or etcd, waiting for nodes, a spare's
 exit, name resolution, clock skew past the keep-alive, a late join at the end, and the Docker engine gone.
 
-Moved from sim/verdict/diagnose.py (the registry, DIAGNOSES, orders them)."""
+Registered, in order, by registry.py's DIAGNOSES."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Disk, memory and checkpoints: a full disk, the OOM killer, a damaged or superseded checkpoint loaded, the loss
 after a resume.
 
-Moved from sim/verdict/diagnose.py (the registry, DIAGNOSES, orders them)."""
+Registered, in order, by registry.py's DIAGNOSES."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The user's script: its own error (the exception, its file:line, a fix per common crash) and the restart budget
 it burned.
 
-Moved from sim/verdict/diagnose.py (the registry, DIAGNOSES, orders them)."""
+Registered, in order, by registry.py's DIAGNOSES."""
 
 from __future__ import annotations
 

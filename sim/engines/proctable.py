@@ -1,4 +1,4 @@
-"""Which process in a node is the torchrun agent and which are its workers (and their ranks).
+"""A node's process table: which process is the torchrun agent and which are its workers (and their ranks).
 
 One `docker exec` runs PROBE with the node's own python3 and prints one JSON
 line per process; `parse_probe` turns that into data. Ranks come from each

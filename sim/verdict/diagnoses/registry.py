@@ -1,4 +1,4 @@
-"""Diagnoses: known causes of a failing or troubled run, named with their evidence and fix.
+"""The diagnoses' registry (DIAGNOSES, in order: the root cause first) and `diagnose`, which runs them.
 
 A diagnosis is a pure function of a run, like a checker: the history records (as in
 sim/verdict/__init__.py) and each node's container log text (`docker logs --timestamps` form, as saved

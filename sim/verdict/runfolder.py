@@ -1,4 +1,4 @@
-"""`sim report`: find a run, check its history, write the report files."""
+"""A run folder (runs/NAME-RUNID/): find it, judge its history, write its report (`sim report`, the runner, vet)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def judge(
 ) -> tuple[Verdict, list]:
     """A run's verdict and its diagnoses (a RunModel and its saved logs in; nothing written)."""
     from sim.verdict.checkers import CHECKS_FOR, RunSpec, check_all
-    from sim.verdict.diagnose import diagnose
+    from sim.verdict.diagnoses.registry import diagnose
 
     scenario = run.scenario
     # Unless told, a scenario run is judged against the outcome its scenario expected.
