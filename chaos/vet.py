@@ -33,9 +33,10 @@ from sim.core.nodes import node_order
 from sim.core.spec import ClusterSpec, check_room_beside, node_name, spec_from_options
 from sim.engines.cluster import job_images, other_clusters_memory
 from sim.engines.docker import Docker
+from sim.verdict import Verdict
 from sim.verdict.checkers import CHECKS_FOR, no_training_reason
 from sim.verdict.diagnoses.registry import Diagnosis, diagnose
-from sim.verdict.pitfalls import PITFALL_CODES, mixed_sources, resume_sources
+from sim.verdict.pitfalls import PITFALL_CODES, mixed_sources, resume_sources, written_words
 from sim.verdict.recovery import Recovery, recoveries
 from sim.verdict.runfolder import ENDING_CHECKS, saved_logs
 from sim.verdict.runmodel import RunModel
@@ -559,9 +560,11 @@ def resumed_apart(run: RunModel, begin: float, end: float) -> str | None:
     mixed = [g for g in resume_sources(run, begin, end) if mixed_sources(g)]
     if not mixed:
         return None
-    ranks = sorted(mixed[0]["ranks"], key=lambda item: item[0].rank)
+    group = mixed[0]
+    ranks = sorted(zip(group["ranks"], group["saves"], strict=True), key=lambda item: item[0][0].rank)
     return "the ranks resumed from different points: " + "; ".join(
-        f"rank {start.rank} {'loaded ' + path if path else 'loaded nothing (started afresh)'}" for start, path in ranks
+        f"rank {start.rank} " + (f"loaded {path}{written_words(save)}" if path else "loaded nothing (started afresh)")
+        for (start, path), save in ranks
     )
 
 
@@ -810,6 +813,15 @@ def run_vet(
 # ---------------------------------------------------------------- the outputs
 
 _MARK = {"survived": "PASS", "failed": "FAIL", "not applicable": "n/a", "not reached": "MISS"}
+# A recovery's phases (sim.verdict.recovery.RecoveryPhases), in words for the page.
+PHASE_WORDS = {
+    "detection_s": "detection",
+    "rendezvous_s": "rendezvous",
+    "worker_start_s": "worker start",
+    "pg_init_s": "process group init",
+    "ckpt_load_s": "checkpoint load",
+    "first_step_s": "first step",
+}
 
 
 def _s(value: float | None) -> str:
@@ -922,9 +934,31 @@ def fault_timelines(vet: VetResult) -> dict[str, bytes]:
         end = (f.t_end or run.t_end) - origin + 5.0
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "t.png"
-            draw_timeline(timeline, path, title=f"{f.label}", verdict=verdict, profile=VET_PROFILE, window=(begin, end))
+            draw_timeline(
+                timeline,
+                path,
+                title=f.label,
+                verdict=verdict,
+                profile=VET_PROFILE,
+                window=(begin, end),
+                outcome=_MARK[f.outcome],  # the fault's own, not the run's: a run shared with a failed fault FAILs
+                aside=shared_run_aside(f, vet, verdict),
+            )
             pictures[f.kind] = path.read_bytes()
     return pictures
+
+
+def shared_run_aside(fault: FaultScore, vet: VetResult, run_verdict: Verdict) -> str | None:
+    """What the picture of a fault the job survived (or that did not apply) says under its title when the run it
+    was struck in ended FAIL all the same: another fault of that run failed, or a check of the run did. None
+    otherwise (a failed fault's run failed with it; a solo fault had its run to itself)."""
+    if fault.solo or not fault.ok:
+        return None
+    others = [g for g in vet.faults if g.run_dir == fault.run_dir and g is not fault and not g.ok]
+    why = [f"{g.label} {'failed' if g.outcome == 'failed' else 'was not reached'}" for g in others] or [
+        f"its check '{r.name.replace('_', ' ')}' failed" for r in run_verdict.results if not r.valid
+    ]
+    return f"the run it shared ended FAIL: {'; '.join(why)}" if why else None
 
 
 def render_html(vet: VetResult, pictures: Mapping[str, bytes], extra: str = "") -> str:
@@ -932,22 +966,21 @@ def render_html(vet: VetResult, pictures: Mapping[str, bytes], extra: str = "") 
     esc = html.escape
     rows = []
     for f in vet.faults:
-        phases = ", ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in f.phases.items() if v is not None)
+        phases = ", ".join(f"{PHASE_WORDS.get(k, k)} {v:.1f}s" for k, v in f.phases.items() if v is not None)
+        cells = (
+            _MARK[f.outcome],
+            f.label,
+            _s(f.recovery_s),
+            phases or "-",
+            "-" if f.steps_lost is None else f.steps_lost,
+            "-" if f.restarts is None else f"{f.restarts} ({f.restarts_used}/{f.restart_budget})",
+            _rate(f.throughput_before, f.throughput_after).replace("->", " → "),
+            f.why or f.survival,
+        )
+        # Figures stay on one line: "7.9 → 8.1" broken after its dash read as two numbers.
         rows.append(
             "<tr>"
-            + "".join(
-                f"<td>{esc(str(cell))}</td>"
-                for cell in (
-                    _MARK[f.outcome],
-                    f.label,
-                    _s(f.recovery_s),
-                    phases or "-",
-                    "-" if f.steps_lost is None else f.steps_lost,
-                    "-" if f.restarts is None else f"{f.restarts} ({f.restarts_used}/{f.restart_budget})",
-                    _rate(f.throughput_before, f.throughput_after),
-                    f.why or f.survival,
-                )
-            )
+            + "".join(f"<td{' class=n' if i in (2, 6) else ''}>{esc(str(c))}</td>" for i, c in enumerate(cells))
             + "</tr>"
         )
     sections = []
@@ -985,10 +1018,13 @@ def render_html(vet: VetResult, pictures: Mapping[str, bytes], extra: str = "") 
     return (
         "<!doctype html><html><head><meta charset=utf-8><title>sim vet</title><style>"
         "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
-        "padding:3px 6px;font-size:13px}img{max-width:100%}.diag{background:#fff3f3;padding:6px;margin:6px 0}"
+        "padding:3px 6px;font-size:13px}td.n{white-space:nowrap}img{max-width:100%}"
+        ".diag{background:#fff3f3;padding:6px;margin:6px 0}"
         "</style></head><body>"
         f"<h1>sim vet: {verdict}</h1><p>{esc(vet.script or 'the shipped trainer')} on {vet.nodes} nodes x "
-        f"{vet.nproc_per_node} workers, {esc(vet.backend)}, {vet.wall_s:.0f} s</p>"
+        f"{vet.nproc_per_node} worker{'s' if vet.nproc_per_node != 1 else ''}, {esc(vet.backend)}, {vet.wall_s:.0f} s"
+        + (f", {vet.clusters} clusters at once, each with its share of the faults" if vet.clusters > 1 else "")
+        + "</p>"
         f"<table>{head}</tr>{''.join(rows)}</table>" + extra + "".join(sections) + "</body></html>\n"
     )
 

@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import tarfile
 import tempfile
@@ -56,6 +57,8 @@ MAX_LINE_BYTES = 1 << 20
 # Docker's security option that stops any process of a container gaining a privilege it was not started
 # with (setuid binaries, file capabilities): on every container elastic-sim starts.
 NO_NEW_PRIVILEGES = "no-new-privileges:true"
+STDOUT, STDERR = 1, 2  # the streams of an exec's multiplexed output
+FRAME_HEADER_BYTES = 8
 EXEC_FAILED = 126  # an exec the engine refused (container paused or gone): the shell's "cannot execute"
 
 
@@ -586,9 +589,12 @@ class Docker:
 
         def run() -> None:
             try:
-                got["output"] = self.api.exec_start(exec_id, demux=True)
+                out: dict[int, list[bytes]] = {STDOUT: [], STDERR: []}
+                for stream, chunk in _exec_output(self.api, exec_id):
+                    out.setdefault(stream, []).append(chunk)
+                got["output"] = b"".join(out[STDOUT]), b"".join(out[STDERR])
                 got["code"] = self.api.exec_inspect(exec_id)["ExitCode"]
-            except (sdk_errors.APIError, requests.exceptions.RequestException) as error:
+            except (sdk_errors.APIError, requests.exceptions.RequestException, OSError) as error:
                 got["error"] = error
 
         # The SDK has no deadline for one exec: wait for it in a thread that may be left behind.
@@ -945,6 +951,54 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _exec_output(api: docker_sdk.APIClient, exec_id: str) -> Iterator[tuple[int, bytes]]:
+    """Start a created exec attached; its output as it comes, as (STDOUT or STDERR, bytes).
+
+    Not the SDK's exec_start: it reads the upgraded connection from the raw socket beneath http.client's
+    buffered reader, and output that arrived with the response's headers sits in that buffer, lost
+    (docker/docker-py#2466, #3332). A client slow to read the headers (a loaded machine) then got an empty
+    stdout from a command that printed and exited 0. So the frames are read through that buffer."""
+    response = api._post(
+        api._url("/exec/{0}/start", exec_id),
+        data=json.dumps({"Tty": False, "Detach": False}),
+        headers={"Content-Type": "application/json", "Connection": "Upgrade", "Upgrade": "tcp"},
+        stream=True,
+    )
+    try:
+        api._raise_for_status(response)
+        # The request's read timeout would end a command that is silent for long: the caller keeps the deadline.
+        api._disable_socket_timeout(api._get_raw_response_socket(response))
+        yield from _frames(response.raw._fp.fp.read)
+    finally:
+        response.close()
+
+
+def _frames(read: Callable[[int], bytes]) -> Iterator[tuple[int, bytes]]:
+    """Docker's multiplexed stream, read from `read(n)` (at most n bytes, b"" at the end): each frame is an
+    8-byte header (the stream: 1 stdout, 2 stderr; 3 zero bytes; the length, big-endian) and its payload."""
+    while True:
+        header = _read_up_to(read, FRAME_HEADER_BYTES)
+        if len(header) < FRAME_HEADER_BYTES:
+            return
+        stream, length = struct.unpack(">BxxxL", header)
+        payload = _read_up_to(read, length)
+        if payload:
+            yield stream, payload
+        if len(payload) < length:
+            return  # the connection ended inside a frame: what came of it is kept
+
+
+def _read_up_to(read: Callable[[int], bytes], n: int) -> bytes:
+    parts: list[bytes] = []
+    while n > 0:
+        part = read(n)
+        if not part:
+            break
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)
+
+
 def _text(data: bytes | None) -> str:
     return (data or b"").decode(errors="replace")
 
@@ -1051,7 +1105,7 @@ class ScratchContainer:
         def pump() -> None:
             pending = ""
             try:
-                for chunk in api.exec_start(exec_id, stream=True):
+                for _, chunk in _exec_output(api, exec_id):
                     pending += chunk.decode(errors="replace")
                     *lines, pending = pending.split("\n")
                     for line in lines:
@@ -1059,7 +1113,7 @@ class ScratchContainer:
                 if pending:
                     on_line(pending)
                 got["code"] = api.exec_inspect(exec_id)["ExitCode"]
-            except (sdk_errors.APIError, requests.exceptions.RequestException) as error:
+            except (sdk_errors.APIError, requests.exceptions.RequestException, OSError) as error:
                 got["error"] = error
 
         thread = threading.Thread(target=pump, name="elastic-sim-scratch-exec", daemon=True)

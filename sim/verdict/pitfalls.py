@@ -164,8 +164,17 @@ def _save_round(saves: list[WorkerRecord | None], cohorts) -> bool | None:
 def source_words(start: WorkerRecord, path: str | None, save: WorkerRecord | None = None) -> str:
     if not path:
         return f"{_who(start)} loaded nothing: it started afresh"
-    step = f" (saved at step {save.step})" if save is not None and save.step is not None else ""
-    return f"{_who(start)} loaded {path}{step}"
+    return f"{_who(start)} loaded {path}{written_words(save)}"
+
+
+def written_words(save: WorkerRecord | None) -> str:
+    """Which save wrote a loaded file: its step where the save knows it, else who wrote it and when (ranks that
+    loaded one name, each from its own node's disk, read files of different saves)."""
+    if save is None:
+        return ""
+    if save.step is not None:
+        return f" (saved at step {save.step})"
+    return f" (written by {save.node} at {_at(save.t)})"
 
 
 def resumed_apart(run: RunModel) -> Finding | None:

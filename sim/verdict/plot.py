@@ -6,6 +6,7 @@ faults are shaded and labelled, rendezvous rounds marked.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +29,10 @@ LANE_LABELS = {
     "zombie": "zombie (an old round's worker, left behind)",
     "partitioned": "partitioned (cut off)",
 }
+FAIL_COLOR = "#c62828"
+# The title's word: PASS green, n/a grey, anything else (FAIL, MISS, CANNOT TELL) red.
+WORD_COLORS = {"PASS": "#2e7d32", "n/a": "#666666"}
+ASIDE_WIDTH = 70  # characters a line of the aside (right of the run's figures, above the steps) holds
 NO_PROGRESS_COLOR = "#ececec"
 FAULT_COLOR = "#d62728"
 
@@ -41,16 +46,30 @@ def draw_timeline(
     profile: str,
     window: tuple[float, float] | None = None,
     devices: str | None = None,
+    outcome: str | None = None,
+    aside: str | None = None,
 ) -> None:
     """`window`: draw only these seconds since the run's start (`sim vet`'s picture of one fault). `devices`: a
-    line under the title on what ran the devices ("devices emulated on CPU ..."), if said."""
+    line under the title on what ran the devices ("devices emulated on CPU ..."), if said. `outcome`: the word
+    the title gives when it is not the run's verdict (`sim vet`: the fault's own, PASS FAIL MISS n/a), with
+    `aside`, a line under it (that the run it shared ended otherwise)."""
     # Imported here: the summary and JSON need no matplotlib; Figure + Agg canvas, no pyplot, no display.
     from matplotlib import rc_context
 
     # Every text here is the history's (node names, fault labels, a side-channel line's fields): shown as
     # written, never parsed as mathtext (`$...$`), which fails on a name like `n$^{$`.
     with rc_context({"text.parse_math": False}):
-        _draw(timeline, path, title=title, verdict=verdict, profile=profile, window=window, devices=devices)
+        _draw(
+            timeline,
+            path,
+            title=title,
+            verdict=verdict,
+            profile=profile,
+            window=window,
+            devices=devices,
+            outcome=outcome,
+            aside=aside,
+        )
 
 
 def _draw(
@@ -62,6 +81,8 @@ def _draw(
     profile: str,
     window: tuple[float, float] | None,
     devices: str | None,
+    outcome: str | None,
+    aside: str | None,
 ) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -85,10 +106,8 @@ def _draw(
             ax.axvline(t, color="#555555", linestyle=":", linewidth=1.0, zorder=1)
     lanes_ax.set_xlabel("seconds since run start")
 
-    verdict_word = verdict.word
-    figure.suptitle(
-        f"{title} — {verdict_word}", fontsize=15, fontweight="bold", color="#2e7d32" if verdict.valid else "#c62828"
-    )
+    word = outcome or verdict.word
+    figure.suptitle(f"{title} — {word}", fontsize=15, fontweight="bold", color=WORD_COLORS.get(word, FAIL_COLOR))
     step_ax.set_title(
         f"expected: {EXPECTED_WORDS.get(verdict.expected, verdict.expected)}   ·   "
         f"profile: {profile}   ·   {len(timeline.faults)} fault(s)   ·   "
@@ -97,17 +116,28 @@ def _draw(
         fontsize=9,
         color="#444444",
     )
+    if aside:  # the run ended otherwise than the picture's title says: said beside the run's own figures
+        step_ax.set_title(
+            "\n".join(textwrap.wrap(aside, ASIDE_WIDTH)),
+            loc="right",
+            fontsize=10,
+            fontweight="bold",
+            color="#333333",
+        )
     _figure_legend(figure)
     canvas.draw()  # lay out first: labels are stacked by their rendered size
+    # Labelled where they show: a crop (`window`) leaves out what lies outside it, whose labels would hang in the
+    # margins, cut off; a fault that began before the crop and lasts into it is labelled at the crop's left edge.
+    left, right = window or (0.0, x_max)
+    faults = [f for f in timeline.faults if f.start <= right and max(f.end, f.start) >= left]
     _stacked_labels(
         step_ax,
-        [(f.start, "\n".join(filter(None, (f.label, f.outcome)))) for f in timeline.faults],
+        [(max(f.start, left), "\n".join(filter(None, (f.label, f.outcome)))) for f in faults],
         canvas.get_renderer(),
         FAULT_LABEL_STYLE,
     )
-    _stacked_labels(
-        world_ax, [(t, f" {label}") for t, label in timeline.rounds if label], canvas.get_renderer(), ROUND_LABEL_STYLE
-    )
+    rounds = [(t, f" {label}") for t, label in timeline.rounds if label and left <= t <= right]
+    _stacked_labels(world_ax, rounds, canvas.get_renderer(), ROUND_LABEL_STYLE)
     figure.savefig(path, dpi=110)
 
 

@@ -32,6 +32,7 @@ from chaos.vet import (
 from sim.cli.main import build_parser, main, read_tool_config, vet_options
 from sim.core.errors import ClusterError, UsageError
 from sim.core.spec import spec_from_options
+from sim.verdict.runmodel import RunModel
 
 SCRIPT = "tests/scripts/ddp_sgd.py"
 
@@ -377,3 +378,100 @@ def test_an_error_on_one_cluster_stops_the_other_and_the_vet_fails_with_it(monke
     engine = type("RemoteEngine", (), {"local": False})()
     with pytest.raises(ClusterError, match="lane2's engine went away"):
         run_vet(_spec(), DEFAULT_GAUNTLET, docker=engine, progress=lambda line: None, parallel=2)
+
+
+def _shared_run(run_dir) -> tuple[float, float]:
+    """One cluster's run with two faults: a worker crash it recovers from, then a node crash it never does
+    (both nodes needed). The history goes to run_dir; the two faults' strikes are returned."""
+    from sim.core.history import FILE_NAME, History
+    from tests.unit.histories import HistoryBuilder
+
+    run = HistoryBuilder(nodes=2, nproc=2, steps=60, ckpt=10, min_nodes=2)
+    run.start_workers()
+    run.train(15, step_s=0.1)
+    worker_struck = run.t
+    run.fault("kill-worker", "node1", node="node1", rank=2)
+    run.add(type="agent", node="node1", event="worker_failed", local_rank=0, exitcode=-9, pid=41)
+    run.group_failure()
+    run.wait(1.0)
+    run.start_workers(resumed_from=10)
+    run.train(40, step_s=0.1)
+    node_struck = run.t
+    run.fault("kill-node", "node1", node="node1", effects=[{"type": "docker", "node": "node1", "action": "die"}])
+    run.wait(8.0)
+    run.end()
+    history = History(run_dir / FILE_NAME)
+    for record in run.records:
+        history.append(record)
+    return worker_struck, node_struck
+
+
+def test_each_faults_picture_carries_its_own_verdict_not_the_run_it_shared(tmp_path, monkeypatch):
+    """The worker crash was survived in a run the node crash then failed: its picture says PASS (and that the
+    run it shared ended FAIL, and why), never the run's FAIL; the node crash's picture says FAIL."""
+    from matplotlib.figure import Figure
+
+    from chaos.vet import fault_timelines
+
+    worker_t, node_t = _shared_run(tmp_path)
+    base = dict(survival="s", run_dir=str(tmp_path), target="node1")
+    survived = FaultScore("kill-worker", "worker crash", "survived", t_fault=worker_t, t_end=node_t, **base)
+    failed = FaultScore("kill-node", "node crash", "failed", why="never recovered", t_fault=node_t, **base)
+    drawn: list[dict] = []
+    savefig = Figure.savefig
+
+    def noting_savefig(figure, *args, **kwargs):
+        titles = [ax.get_title(loc) for ax in figure.axes for loc in ("left", "center", "right")]
+        drawn.append({"title": figure._suptitle.get_text(), "color": figure._suptitle.get_color(), "texts": titles})
+        return savefig(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", noting_savefig)
+    pictures = fault_timelines(VetResult("train.py", "etcd-v2", 2, 2, (survived, failed), (str(tmp_path),), 60.0))
+    assert set(pictures) == {"kill-worker", "kill-node"}
+    worker, node = drawn
+    assert worker["title"] == "worker crash — PASS" and worker["color"] == "#2e7d32"
+    assert any("the run it shared ended FAIL: node crash failed" in text for text in worker["texts"])
+    assert node["title"] == "node crash — FAIL" and node["color"] == "#c62828"
+    assert not any("the run it shared" in text for text in node["texts"])  # its run ended as it did
+
+
+def test_the_pages_table_speaks_words_and_keeps_each_figure_on_one_line():
+    vet = _result()
+    phased = dataclasses.replace(vet.faults[0], phases={"worker_start_s": 10.4, "pg_init_s": 0.5, "ckpt_load_s": 0.0})
+    page = render_html(dataclasses.replace(vet, faults=(phased,), clusters=2), {})
+    assert "worker start 10.4s, process group init 0.5s, checkpoint load 0.0s" in page
+    assert "pg_init" not in page and "_start" not in page
+    assert "<td class=n>9.1 → 8.7</td>" in page and "td.n{white-space:nowrap}" in page
+    assert "on 3 nodes x 1 worker, etcd-v2, 60 s, 2 clusters at once" in page
+
+
+def test_a_cropped_picture_labels_only_what_it_shows(tmp_path, monkeypatch):
+    """A fault's picture is the run's timeline cropped to its window: a fault or round outside the crop has no
+    label hanging cut off in the margin; one that began before the crop and lasts into it is labelled at its edge."""
+    from matplotlib.figure import Figure
+
+    from sim.core.history import FILE_NAME, History
+    from sim.verdict.checkers import RunSpec, check_all
+    from sim.verdict.plot import draw_timeline
+    from sim.verdict.timeline import build_timeline, run_origin
+
+    _, node_t = _shared_run(tmp_path)
+    run = RunModel(History(tmp_path / FILE_NAME).read().records)
+    verdict = check_all(run, RunSpec.from_run(run, expected="recovers"))
+    timeline = build_timeline(run, verdict)
+    origin = run_origin(run)
+    drawn: list[list[tuple[float, str]]] = []
+    savefig = Figure.savefig
+
+    def noting_savefig(figure, *args, **kwargs):
+        drawn.append([(t.get_position()[0], t.get_text()) for ax in figure.axes for t in ax.texts])
+        return savefig(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", noting_savefig)
+    into_node_crash = (node_t - origin + 2.0, node_t - origin + 12.0)
+    draw_timeline(timeline, tmp_path / "t.png", title="t", verdict=verdict, profile="fast", window=into_node_crash)
+    (texts,) = drawn
+    labels = [(x, text) for x, text in texts if text.startswith("kill-")]
+    assert [text.split("\n")[0] for _, text in labels] == ["kill-node node1"]  # not the worker crash, long over
+    assert labels[0][0] == into_node_crash[0]
+    assert not any(text.strip().startswith("round") for _, text in texts)  # every round came before the crop
