@@ -15,7 +15,7 @@ import docker as docker_sdk
 import pytest
 
 from sim.core import labels
-from sim.engines.procs import PROBE_ARGV, parse_probe
+from sim.engines.proctable import PROBE_ARGV, parse_probe
 from tests.conftest import SESSION
 
 pytestmark = pytest.mark.docker
