@@ -41,9 +41,11 @@ from .vet import FaultScore, Plan, clusters_that_fit, plan_vet, run_lanes
 Progress = Callable[[str], None]
 
 TUNE_KINDS = ("kill-worker", "kill-node", "pause", "scale-up")
-# The grid when the user gives none: 2 x 2 points (the pg timeout where the script takes one), about 7 minutes
-# on two clusters here. Keep-alive windows of 6 and 9 s leave room for a 5 s process-group timeout under them.
-DEFAULT_GRID = {"keep_alive": "2x3,3x3", "last_call": "1,3", "monitor": "0.1", "pg_timeout": "5"}
+# The grid when the user gives none: 2 x 2 points (the pg timeout where the script takes one), about 8 minutes
+# on two clusters here. Keep-alive windows of 12 and 18 s leave room under them for a 10 s process-group timeout:
+# on this shared 2-core machine a restarted group's ranks reached their first collective more than 5 s apart
+# (a 5 s timeout failed DDP's first broadcast), and a 1 s last call formed the first round without a slow node.
+DEFAULT_GRID = {"keep_alive": "4x3,6x3", "last_call": "2,5", "monitor": "0.1", "pg_timeout": "10"}
 CONTROL_S = 20.0  # the no-fault control window: steady training before the first fault
 DYNAMIC_BACKENDS = ("etcd-v2", "etcd-v3", "c10d")  # torch's DynamicRendezvousHandler reads the tuned keys
 SHIPPED_TRAINER_SOURCE = Path(__file__).resolve().parents[1] / "trainer" / "train.py"
@@ -603,13 +605,11 @@ def false_restarts(run: RunModel, plan: Plan, nproc: int) -> list[str]:
       rendezvous round;
     - in each fault's window (to the next fault, or the end): a round formed with fewer nodes than the fault
       leaves, i.e. a healthy node was declared dead or left out (it rejoins later: a restart of its own)."""
-    faults = sorted(run.applied_faults, key=lambda f: f.t_invoke)
-    first = faults[0].t_invoke if faults else run.t_end
+    fired = _fired(run, plan)
+    first = next((f.t_invoke for f in fired if f is not None), run.t_end)
     lines = []
     for r in run.agent:
-        if r.t >= first:
-            continue
-        if r.event in ("group_failed", "new_nodes", "worker_failed"):
+        if r.t < first and r.event in ("group_failed", "new_nodes", "worker_failed"):
             lines.append(f"control: {r.node} {r.event.replace('_', ' ')} with no fault")
     rounds = {r.round for r in run.agent_events("rdzv_joined") if r.t < first and r.round is not None}
     if len(rounds) > 1:
@@ -617,21 +617,33 @@ def false_restarts(run: RunModel, plan: Plan, nproc: int) -> list[str]:
     for r in run.docker:
         if r.t < first and r.action == "die" and r.node and r.node.startswith("node"):
             lines.append(f"control: {r.node}'s container exited with no fault")
-    least = _least_nodes(plan, nproc)
-    fired = [f for f in faults]
-    for i, fault in enumerate(fired):
-        end = fired[i + 1].t_invoke if i + 1 < len(fired) else run.t_end
-        if i >= len(least):
-            break
-        floor = least[i]
+    times = [f.t_invoke for f in fired if f is not None] + [run.t_end]
+    for fault, floor in zip(fired, _least_nodes(plan, nproc), strict=True):
+        if fault is None:
+            continue
+        end = next(t for t in times if t > fault.t_invoke)
         for r in run.agent_events("rdzv_joined"):
             if fault.t_invoke < r.t < end and r.nodes is not None and r.nodes < floor:
+                what = f"{fault.fault} {fault.target}" if fault.target else fault.fault
                 lines.append(
-                    f"{fault.fault} {fault.target or ''}: round {r.round} formed with {r.nodes} node(s), fewer than "
-                    f"the {floor} it leaves: a healthy node was left out".replace("  ", " ")
+                    f"{what}: round {r.round} formed with {r.nodes} node(s), fewer than the {floor} it leaves: "
+                    "a healthy node was left out"
                 )
                 break
     return lines
+
+
+def _fired(run: RunModel, plan: Plan) -> list:
+    """Per gauntlet step, in order: the fault event that carried it out (None: it never took effect)."""
+    from .faults import FAULTS
+
+    fired, cursor = [], 0.0
+    for step in plan.gauntlet:
+        name = FAULTS[step.fault].kind.name  # as the history records it
+        event = next((f for f in run.applied_faults if f.fault == name and f.t_invoke > cursor), None)
+        fired.append(event)
+        cursor = event.t_invoke if event else cursor
+    return fired
 
 
 def _least_nodes(plan: Plan, nproc: int) -> list[int]:
@@ -726,6 +738,7 @@ class TuneResult:
     torchrun: str | None = None  # the winner's torchrun command
     k8s: str | None = None  # the winner as `sim export k8s` writes it
     vet_command: str | None = None  # `sim vet` with the winner, to check it beside torch's defaults
+    vet_defaults: str | None = None  # the same `sim vet` under torch's defaults
 
     def as_dict(self) -> dict:
         return {
@@ -748,6 +761,7 @@ class TuneResult:
             "torchrun": self.torchrun,
             "k8s": self.k8s,
             "vet_command": self.vet_command,
+            "vet_defaults": self.vet_defaults,
         }
 
 
@@ -786,27 +800,35 @@ def run_tune(
     started = time.monotonic()
     results: list[PointResult] = []
     specs = [point_spec(spec, s, pg, f"{spec.name[:30]}-p{i + 1}") for i, s in enumerate(grid.points)]
+    slower = 1.0  # how much longer than estimated the batches so far took (a loaded machine): the next is scaled
     for at in range(0, len(specs), grid.clusters):
         batch = list(zip(grid.points[at : at + grid.clusters], specs[at : at + grid.clusters], strict=True))
         spent = time.monotonic() - started
-        need = max(point_cost_s(s, kinds) for s, _ in batch)
+        need = max(point_cost_s(s, kinds) for s, _ in batch) * slower
         if at and spent + need > grid.budget_s:
-            progress(f"[tune] budget: {spent:.0f} s spent, the next batch needs about {need:.0f} s: not run")
+            progress(
+                f"[tune] budget: {spent:.0f} s spent, the next batch needs about {need:.0f} s here: not run "
+                f"({', '.join(ps.name for _, ps in batch)})"
+            )
             results += [PointResult(s, ps.name, (), (), (), "the budget ran out first") for s, ps in batch]
             continue
+        batch_started = time.monotonic()
         plans = [plan_vet(ps, kinds, chosen=True, control_s=CONTROL_S) for _, ps in batch]
         for (s, ps), _plan in zip(batch, plans, strict=True):
             progress(f"[tune] {ps.name}: {s.label()}")
         lanes = run_lanes(plans, docker=docker, progress=progress, keep=keep)
         for (s, ps), lane in zip(batch, lanes, strict=True):
             results.append(score_point(s, ps, lane.plan, lane.scores, lane.run_dirs, lane.ended_early))
+        slower = max(slower, (time.monotonic() - batch_started) / max(point_cost_s(s, kinds) for s, _ in batch))
     best = choose(results)
-    torchrun = k8s = vet_command = None
+    torchrun = k8s = vet_command = vet_defaults = None
     if best is not None:
         won = point_spec(spec, best.settings, pg, spec.name)
         torchrun = torchrun_flags(won)
         k8s = k8s_form(won, pg)
         vet_command = vet_line(won, best.settings, pg, kinds)
+        torch = dataclasses.replace(TORCH_DEFAULTS, pg_timeout=TORCH_DEFAULTS.pg_timeout if pg.tunable else None)
+        vet_defaults = vet_line(point_spec(spec, torch, pg, spec.name), torch, pg, kinds)
     return TuneResult(
         str(spec.script) if spec.script else None,
         spec.rdzv_backend,
@@ -821,6 +843,7 @@ def run_tune(
         torchrun,
         k8s,
         vet_command,
+        vet_defaults,
     )
 
 
@@ -907,8 +930,9 @@ def render(tune: TuneResult) -> str:
         out.append(f"  with {tune.pg.name}={tune.pg.value(s.pg_timeout)} in the workers' environment")
     out.append("Kubernetes (as `sim export k8s` writes it; the rest of the PyTorchJob unchanged):")
     out += [f"  {line}" for line in (tune.k8s or "").rstrip().splitlines()]
-    out.append("check it beside torch's defaults:")
+    out.append("check it beside torch's defaults (the two scorecards' recovery columns):")
     out.append(f"  {tune.vet_command}")
+    out.append(f"  {tune.vet_defaults}")
     return "\n".join(out)
 
 
@@ -935,7 +959,8 @@ def render_html(tune: TuneResult) -> str:
             f"<h2>Recommended</h2><p>{esc(s.label())}: total recovery {tune.best.total_s:.1f} s</p>"
             f"<h3>torchrun</h3><pre>{esc(tune.torchrun or '')}</pre>"
             f"<h3>Kubernetes (as <code>sim export k8s</code> writes it)</h3><pre>{esc(tune.k8s or '')}</pre>"
-            f"<h3>Check it beside torch's defaults</h3><pre>{esc(tune.vet_command or '')}</pre>"
+            f"<h3>Check it beside torch's defaults</h3><pre>{esc(tune.vet_command or '')}\n"
+            f"{esc(tune.vet_defaults or '')}</pre>"
         )
     else:
         rec = "<h2>No recommendation</h2><p>No point survived every kind without a false restart.</p>"
@@ -966,14 +991,12 @@ def write_outputs(tune: TuneResult, out_dir: Path) -> dict[str, Path]:
     return files
 
 
-def prepare_grid(
-    spec: ClusterSpec,
-    kinds: Sequence[str],
-    options: Mapping[str, str | None],
-    clusters: int,
-    budget_s: float,
-) -> tuple[Grid, PgTimeout]:
-    """The grid from the user's lists (every input checked before anything starts)."""
+def parse_grid(
+    spec: ClusterSpec, options: Mapping[str, str | None]
+) -> tuple[list[Settings], list[tuple[Settings, tuple[str, ...]]], PgTimeout]:
+    """The grid from the user's lists, split safe and unsafe, and the script's process-group timeout: every input
+    checked (one line each) before anything starts. `options`: keep_alive, last_call, join, monitor, pg_timeout,
+    each a comma-separated list or None (DEFAULT_GRID's)."""
     if spec.rdzv_backend not in DYNAMIC_BACKENDS:
         raise UsageError(
             f"--rdzv-backend {spec.rdzv_backend}: its handler reads none of the tuned keys; tune on one of "
@@ -989,4 +1012,31 @@ def prepare_grid(
         raise UsageError(f"--pg-timeout {pg_given}: {pg.describe()}")
     pg_values = parse_seconds("--pg-timeout", pg_given or DEFAULT_GRID["pg_timeout"]) if pg.tunable else None
     safe, unsafe = make_grid(keep_alive, last_call, join, monitor, pg_values)
-    return fit_budget(safe, unsafe, kinds, clusters, budget_s), pg
+    return safe, unsafe, pg
+
+
+def prepare(
+    options: Mapping[str, Any],
+    script_args: Sequence[str] | None,
+    grid_options: Mapping[str, str | None],
+    budget_s: float,
+    *,
+    parallel: int | None = None,
+    docker=None,
+) -> tuple[ClusterSpec, tuple[str, ...], Grid, PgTimeout]:
+    """The job's spec as the vet runs it, the kinds, the grid cut to the budget and the script's pg timeout:
+    every input checked before anything starts. Shared by `sim tune` and the pytest plugin's sim_tune."""
+    from .vet import cluster_count
+    from .vet import prepare as vet_prepare
+
+    if not budget_s > 0:
+        raise UsageError(f"--budget {budget_s:g}s: give a time above zero, e.g. --budget 10m")
+    kinds = parse_kinds(grid_options.get("faults"))
+    spec, kinds = vet_prepare(options, script_args, ",".join(kinds))
+    safe, unsafe, pg = parse_grid(spec, grid_options)
+    wanted = cluster_count(parallel, spec)
+    if spec.engine == "swarm":
+        raise UsageError("sim tune runs its clusters on this engine; drop --engine swarm")
+    fit_budget(safe, unsafe, kinds, wanted, budget_s)  # refused now, before the engine is asked, if none fits
+    clusters = memory_clusters(wanted, spec, docker) if docker is not None else wanted
+    return spec, kinds, fit_budget(safe, unsafe, kinds, clusters, budget_s), pg

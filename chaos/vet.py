@@ -624,8 +624,9 @@ class _Lane:
         self._thread.start()
 
     def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
+        # In short waits: a bare join() would hold off Ctrl-C (and SIGTERM) in the vet's thread until the lane ends.
+        while self._thread is not None and self._thread.is_alive():
+            self._thread.join(0.5)
 
     def raise_error(self) -> None:
         """This lane's own error (not the cancel another lane's error or Ctrl-C caused), if it had one."""
@@ -751,16 +752,17 @@ def run_lanes(plans: Sequence[Plan], *, docker=None, progress: Progress = print,
         lane.start(after=first_steady)
     try:
         lanes[0].run(fired=first_steady)
+        for lane in lanes[1:]:
+            lane.join()
     except BaseException as error:
         cancel.set()
         for lane in lanes[1:]:
-            lane.join()
+            lane.join()  # they end at their next poll, cleaning up
         if isinstance(error, KeyboardInterrupt):  # maybe the cancel a lane's own error set: the vet fails with it
             for lane in lanes[1:]:
                 lane.raise_error()
         raise
     for lane in lanes[1:]:
-        lane.join()
         lane.raise_error()
     return lanes
 

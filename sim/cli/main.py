@@ -992,28 +992,22 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
 
 def cmd_tune(args: argparse.Namespace, script_args: list[str] | None) -> int:
     from chaos.parse import parse_duration
-    from chaos.tune import memory_clusters, parse_kinds, plan_text, prepare_grid, render, run_tune, write_outputs
-    from chaos.vet import cluster_count, prepare
+    from chaos.tune import plan_text, prepare, render, run_tune, write_outputs
 
     if args.monitor_interval is not None or args.rdzv_conf and _tuned_keys(args.rdzv_conf):
         raise UsageError(
             "sim tune chooses --monitor-interval and the keep-alive, last-call and join keys of --rdzv-conf; "
             "give the values to try with --monitor, --keep-alive, --last-call and --join instead"
         )
-    if args.placement != "spread" or args.ckpt_nfs or args.ckpt_dir or args.engine == "swarm":
-        raise UsageError("sim tune runs its clusters on this engine; drop --engine swarm, --placement and --ckpt-*")
+    if args.placement != "spread" or args.ckpt_nfs or args.ckpt_dir:
+        raise UsageError("sim tune runs its clusters on this engine; drop --placement, --ckpt-nfs and --ckpt-dir")
     budget = parse_duration(args.budget)
-    if budget <= 0:
-        raise UsageError(f"--budget {args.budget}: give a time above zero, e.g. --budget 10m")
-    kinds = parse_kinds(args.faults)
     options = dict(vars(args), vet_script=args.tune_script, faults=None)
     tool = read_tool_config(Path.cwd())
     if args.tune_script or args.script or tool.get("script"):  # else the shipped trainer
         options, script_args, _ = vet_options(options, script_args, tool)
-    spec, kinds = prepare(options, script_args, ",".join(kinds))
     docker = _docker()
-    clusters = memory_clusters(cluster_count(args.parallel, spec), spec, docker)
-    grid, pg = prepare_grid(spec, kinds, vars(args), clusters, budget)
+    spec, kinds, grid, pg = prepare(options, script_args, vars(args), budget, parallel=args.parallel, docker=docker)
     print(plan_text(grid, kinds, pg), flush=True)
     tune = run_tune(spec, kinds, grid, pg, docker=docker, keep=args.keep)
     files = write_outputs(tune, Path(args.out))
