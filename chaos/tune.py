@@ -864,9 +864,8 @@ def score_point(
 
 def vet_line(spec: ClusterSpec, s: Settings, pg: PgTimeout, kinds: Sequence[str]) -> str:
     """The `sim vet` command that runs the same kinds under the winning settings (beside one under torch's)."""
-    words = ["python", "-m", "sim", "vet"]
-    if spec.script:
-        words.append(str(spec.script))
+    # `sim vet` takes a script: the shipped trainer's own source where the tune ran it.
+    words = ["python", "-m", "sim", "vet", str(spec.script or SHIPPED_TRAINER_SOURCE)]
     words += ["--nodes", str(spec.nodes), "--nproc-per-node", str(spec.nproc_per_node)]
     words += ["--rdzv-backend", spec.rdzv_backend, "--faults", ",".join(kinds)]
     words += ["--rdzv-conf", ",".join(f"{k}={v}" for k, v in s.rdzv_conf().items())]

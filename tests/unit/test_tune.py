@@ -372,3 +372,15 @@ def test_the_command_states_the_plan_and_prints_the_winner_as_torchrun_and_k8s_f
     data = json.loads((tmp_path / "tune.json").read_text())
     assert data["recommended"]["keep_alive_s"] == 12 and len(data["points"]) == 4
     assert "keep-alive 4x3=12s" in (tmp_path / "tune.html").read_text()
+
+
+def test_the_vet_command_for_the_shipped_trainer_names_its_source():
+    spec, _ = vet_prepare({}, None, "kill-worker")
+    s = Settings(4, 3, 2, 60, 0.1, 10.0)
+    line = vet_line(
+        point_spec(spec, s, PgTimeout("arg", "--pg-timeout"), "x"),
+        s,
+        PgTimeout("arg", "--pg-timeout"),
+        ("kill-worker",),
+    )
+    assert line.startswith(f"python -m sim vet {ROOT / 'trainer' / 'train.py'} ") and "--pg-timeout 10" in line
