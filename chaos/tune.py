@@ -104,20 +104,27 @@ class Settings:
 TORCH_DEFAULTS = Settings(5, 3, 30, 600, 0.1, 1800.0)
 
 
-def nesting_problems(s: Settings) -> list[str]:
-    """The safe nesting, each rule broken as a line (none: safe). P the process-group timeout, K the keep-alive
-    window (interval x attempts), L the last call, J the join timeout, M the monitor interval:
+# The safe nesting of the settings. P the process-group timeout, K the keep-alive window (interval x attempts),
+# L the last call, J the join timeout, M the monitor interval; torch 2.13's
+# torch/distributed/elastic/rendezvous/dynamic_rendezvous.py is the evidence (docs/TUNE.md says more).
+NESTING_RULE = """\
+P the process-group timeout, K the keep-alive window (interval x attempts), L the last call, J the join timeout,
+M the monitor interval.
+1. keep_alive_max_attempt >= 2: a node is dead when its last heartbeat is older than K (_sanitize); with one
+   attempt, a single late heartbeat on a busy machine drops a live node.
+2. P < K: a survivor's process group must fail before the rendezvous drops its silent peer. A node dropped
+   by _sanitize while its workers train on is never heartbeated for again (_should_keep_alive finds no
+   entry for it), so a stall between K and P would declare a live node dead.
+3. J >= 2 (K + L): a survivor's rendezvous waits for the dead node's sweep (up to K: the round moves on only
+   once every old participant has left, _remove_participant_epilogue), then the last call (L); the join
+   timeout bounds that whole wait (next_rendezvous's deadline), twice over for a loaded backend.
+4. M < K: the agent polls its workers and the wait list (num_nodes_waiting) more often than a node may
+   stay silent.
+"""
 
-    1. keep_alive_max_attempt >= 2: a node is dead when its last heartbeat is older than K (_sanitize); with one
-       attempt, a single late heartbeat on a busy machine drops a live node.
-    2. P < K: a survivor's process group must fail before the rendezvous drops its silent peer. A node dropped
-       by _sanitize while its workers train on is never heartbeated for again (_should_keep_alive finds no
-       entry for it), so a stall between K and P would declare a live node dead.
-    3. J >= 2 (K + L): a survivor's rendezvous waits for the dead node's sweep (up to K: the round moves on only
-       once every old participant has left, _remove_participant_epilogue), then the last call (L); the join
-       timeout bounds that whole wait (next_rendezvous's deadline), twice over for a loaded backend.
-    4. M < K: the agent polls its workers and the wait list (num_nodes_waiting) more often than a node may
-       stay silent."""
+
+def nesting_problems(s: Settings) -> list[str]:
+    """The rules of NESTING_RULE that `s` breaks, a line each (none: it is safe)."""
     problems = []
     if s.keep_alive_max_attempt < 2:
         problems.append("keep_alive_max_attempt < 2: one late heartbeat would drop a live node")
@@ -748,7 +755,7 @@ class TuneResult:
             "nproc_per_node": self.nproc_per_node,
             "kinds": list(self.kinds),
             "pg_timeout": {**dataclasses.asdict(self.pg), "described": self.pg.describe()},
-            "nesting_rule": nesting_problems.__doc__,
+            "nesting_rule": NESTING_RULE,
             "torch_defaults": TORCH_DEFAULTS.as_dict(),
             "budget_s": self.grid.budget_s,
             "estimate_s": self.grid.estimate_s,
@@ -944,7 +951,7 @@ def render_html(tune: TuneResult) -> str:
         best = tune.best is not None and p is tune.best
         cells = [f"{'★ ' if best else ''}p{i}", p.settings.label(), *(_s(p.recovery(k)) for k in kinds)]
         cells += [_s(p.total_s), p.verdict()]
-        style = " class=best" if best else (" class=bad" if not p.qualifies else "")
+        style = " class=best" if best else " class=skip" if not p.scores else " class=bad" if not p.qualifies else ""
         rows.append(f"<tr{style}>" + "".join(f"<td>{esc(str(c))}</td>" for c in cells) + "</tr>")
     extra = []
     for s, why in tune.grid.unsafe:
@@ -958,16 +965,17 @@ def render_html(tune: TuneResult) -> str:
             f"<h2>Recommended</h2><p>{esc(s.label())}: total recovery {tune.best.total_s:.1f} s</p>"
             f"<h3>torchrun</h3><pre>{esc(tune.torchrun or '')}</pre>"
             f"<h3>Kubernetes (as <code>sim export k8s</code> writes it)</h3><pre>{esc(tune.k8s or '')}</pre>"
-            f"<h3>Check it beside torch's defaults</h3><pre>{esc(tune.vet_command or '')}\n"
+            "<h3>Check it beside torch's defaults</h3><p>The recommendation, then torch's defaults: compare the "
+            f"two scorecards' recovery columns.</p><pre>{esc(tune.vet_command or '')}\n"
             f"{esc(tune.vet_defaults or '')}</pre>"
         )
     else:
         rec = "<h2>No recommendation</h2><p>No point survived every kind without a false restart.</p>"
-    rule = esc(nesting_problems.__doc__ or "")
+    rule = esc(NESTING_RULE)
     return (
         "<!doctype html><html><head><meta charset=utf-8><title>sim tune</title><style>"
         "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
-        "padding:3px 6px;font-size:13px}.best{background:#e8f7e8;font-weight:bold}.bad{color:#a00}"
+        "padding:3px 6px;font-size:13px}.best{background:#e8f7e8;font-weight:bold}.bad{color:#a00}.skip{color:#888}"
         "pre{background:#f4f4f4;padding:8px;white-space:pre-wrap}</style></head><body>"
         f"<h1>sim tune</h1><p>{esc(tune.script or 'the shipped trainer')} on {tune.nodes} nodes x "
         f"{tune.nproc_per_node}, {esc(tune.backend)}: {esc(', '.join(kinds))}; {len(tune.points)} point(s), "
