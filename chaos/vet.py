@@ -166,9 +166,10 @@ def _not_hosted(provocation: Provocation, backend: str) -> str | None:
     return f"needs the {' or '.join(hosts)} backend, not {backend}; vet with --rdzv-backend {hosts[0]} to run it"
 
 
-def plan_vet(spec: ClusterSpec, kinds: Sequence[str], *, chosen: bool) -> Plan:
+def plan_vet(spec: ClusterSpec, kinds: Sequence[str], *, chosen: bool, control_s: float = 0.0) -> Plan:
     """The scenario steps for `kinds` on `spec`. `chosen`: the user named the kinds, so one the backend cannot
-    host is refused (one line) instead of scored not applicable."""
+    host is refused (one line) instead of scored not applicable. `control_s`: the job trains this long, steady
+    and with no fault, before the first step (`sim tune`'s no-fault control window)."""
     backend, nodes = spec.rdzv_backend, spec.nodes
     max_nodes = spec.max_nodes or nodes
     if nodes < 2:
@@ -180,7 +181,7 @@ def plan_vet(spec: ClusterSpec, kinds: Sequence[str], *, chosen: bool) -> Plan:
 
     def add(fault: str, options: Mapping[str, Any], duration: float | None, world: int, early: bool = False) -> Step:
         undo_world = (world - 1) * spec.nproc_per_node if early else None
-        trigger = Trigger("recovered", world * spec.nproc_per_node)
+        trigger = Trigger("recovered", world * spec.nproc_per_node, lag_s=0.0 if steps else control_s)
         step = Step(fault, options, trigger, duration, undo_once_recovered=undo_world)
         steps.append(step)
         return step
@@ -626,8 +627,9 @@ class _Lane:
         self._thread.start()
 
     def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
+        # In short waits: a bare join() would hold off Ctrl-C (and SIGTERM) in the vet's thread until the lane ends.
+        while self._thread is not None and self._thread.is_alive():
+            self._thread.join(0.5)
 
     def raise_error(self) -> None:
         """This lane's own error (not the cancel another lane's error or Ctrl-C caused), if it had one."""
@@ -738,6 +740,36 @@ def _told(progress: Progress, plan: Plan, clusters: int) -> Progress:
     return lambda line: progress(f"[{name}] {line}")
 
 
+def run_lanes(plans: Sequence[Plan], *, docker=None, progress: Progress = print, keep: bool = False) -> list[_Lane]:
+    """Each plan on a cluster of its own, all at once (the first in this thread; the others once its job is
+    steady), until every lane has ended; returns the lanes, each with its scores and run folders. An error in
+    one lane (or Ctrl-C) stops the others, cleaning up, and is raised here. Shared by `sim vet` (one plan per
+    share of the faults) and `sim tune` (one plan per grid point)."""
+    cancel = threading.Event()
+    lanes = [_Lane(i, plan, docker, _told(progress, plan, len(plans)), keep, cancel) for i, plan in enumerate(plans)]
+    first_steady = threading.Event()  # the other clusters start once the first one's job is steady: not all at once
+    if len(lanes) > 1:
+        # Most of a gauntlet is waiting (timeouts, restarts): the machine has room for a second small cluster.
+        job_images(plans[0].spec, docker, progress=progress)  # built once, before two `up`s at once
+    for lane in lanes[1:]:
+        lane.start(after=first_steady)
+    try:
+        lanes[0].run(fired=first_steady)
+        for lane in lanes[1:]:
+            lane.join()
+    except BaseException as error:
+        cancel.set()
+        for lane in lanes[1:]:
+            lane.join()  # they end at their next poll, cleaning up
+        if isinstance(error, KeyboardInterrupt):  # maybe the cancel a lane's own error set: the vet fails with it
+            for lane in lanes[1:]:
+                lane.raise_error()
+        raise
+    for lane in lanes[1:]:
+        lane.raise_error()
+    return lanes
+
+
 def run_vet(
     spec: ClusterSpec,
     kinds: Sequence[str],
@@ -763,31 +795,12 @@ def run_vet(
                 )
                 clusters = fit
     plans = plan_lanes(spec, kinds, chosen=chosen, clusters=clusters)
-    cancel = threading.Event()
-    lanes = [_Lane(i, plan, docker, _told(progress, plan, len(plans)), keep, cancel) for i, plan in enumerate(plans)]
-    first_steady = threading.Event()  # the other clusters start once the first one's job is steady: not all at once
-    if len(lanes) > 1:
-        # Most of a gauntlet is waiting (timeouts, restarts): the machine has room for a second small cluster.
-        job_images(spec, docker, progress=progress)  # built once, before two `up`s at once
+    if len(plans) > 1:
         progress(
-            f"[vet] {len(kinds)} kinds on {len(lanes)} clusters at once: "
+            f"[vet] {len(kinds)} kinds on {len(plans)} clusters at once: "
             + "; ".join(f"{plan.spec.name}: {', '.join(f.kind for f in plan.faults)}" for plan in plans)
         )
-    for lane in lanes[1:]:
-        lane.start(after=first_steady)
-    try:
-        lanes[0].run(fired=first_steady)
-    except BaseException as error:
-        cancel.set()
-        for lane in lanes[1:]:
-            lane.join()
-        if isinstance(error, KeyboardInterrupt):  # maybe the cancel a lane's own error set: the vet fails with it
-            for lane in lanes[1:]:
-                lane.raise_error()
-        raise
-    for lane in lanes[1:]:
-        lane.join()
-        lane.raise_error()
+    lanes = run_lanes(plans, docker=docker, progress=progress, keep=keep)
     order = {kind: i for i, kind in enumerate(kinds)}
     scores = sorted((s for lane in lanes for s in lane.scores), key=lambda s: order[s.kind])
     ended = [

@@ -19,6 +19,10 @@
         made = sim_forecast(sim_vet("train.py", faults="kill-worker,kill-node"), nodes=[512])
         assert made.scales[0].shares.goodput > 0.9, made.scales[0].levers
 
+    def test_my_settings(sim_tune):                       # torch's elastic settings, tried on the job
+        tuned = sim_tune("train.py", budget="10m", script_args=["--epochs", "1000"])   # chaos.tune.TuneResult
+        assert tuned.best is not None, tuned.points       # tuned.torchrun: the flags to use
+
     def test_worker_crash(sim_scenario):
         for result in sim_scenario("worker-crash"):      # a shipped name or a YAML path
             assert_verdict(result)
@@ -146,5 +150,32 @@ def sim_forecast() -> Callable[..., object]:
         if mtbf_node is not None:
             rates = scaled_rates(rates, parse_mtbf("mtbf_node", mtbf_node), mtbf_node)
         return forecast(measured, rates, tuple(nodes), gpus_per_node)
+
+    return run
+
+
+@pytest.fixture
+def sim_tune(sim_docker) -> Callable[..., object]:
+    """`sim tune` from a test: `sim_tune(script, budget="10m", faults=None, keep_alive=None, last_call=None,
+    join=None, monitor=None, pg_timeout=None, script_args=None, out_dir=None, parallel=None, **up_options)`, the
+    grid lists as the command's ("2x3,3x3", "1,3", ...), tries each point of the grid on real clusters and returns
+    the chaos.tune.TuneResult (`best`: the recommended point or None, `torchrun`, `k8s`, `points`); with out_dir it
+    also writes tune.json and tune.html there."""
+    from pathlib import Path
+
+    from chaos.parse import parse_duration
+    from chaos.tune import prepare, run_tune, write_outputs
+
+    def run(script=None, *, budget="10m", faults=None, script_args=None, out_dir=None, parallel=None, **options):
+        grid_keys = ("keep_alive", "last_call", "join", "monitor", "pg_timeout")
+        grid = {key: options.pop(key, None) for key in grid_keys}
+        grid["faults"] = faults if faults is None or isinstance(faults, str) else ",".join(faults)
+        seconds = parse_duration(budget) if isinstance(budget, str) else float(budget)
+        job = {**options, "script": None if script is None else str(script)}
+        spec, kinds, made, pg = prepare(job, script_args, grid, seconds, parallel=parallel, docker=sim_docker)
+        result = run_tune(spec, kinds, made, pg, docker=sim_docker)
+        if out_dir is not None:
+            write_outputs(result, Path(out_dir))
+        return result
 
     return run

@@ -273,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     swarm_sub.add_parser("hosts", help="each swarm host and the engine sim reaches it by")
     _add_export(sub, up)
     _add_forecast(sub)
+    _add_tune(sub)
     from chaos.cli import register as register_faults
 
     COMMANDS.update(register_faults(sub))
@@ -308,9 +309,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cut = argv.index("--")
         argv, script_args = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
-    if script_args is not None and args.command not in ("up", "export", "vet"):
+    if script_args is not None and args.command not in ("up", "export", "vet", "tune"):
         print(
-            f"sim {args.command}: error: arguments after `--` are only for `sim up`, `sim vet` and `sim export`",
+            f"sim {args.command}: error: arguments after `--` are only for `sim up`, `sim vet`, `sim tune` and "
+            "`sim export`",
             file=sys.stderr,
         )
         return 2
@@ -958,7 +960,72 @@ def cmd_forecast(args: argparse.Namespace, _: list[str] | None) -> int:
     return 0 if not args.check or data["check"]["within"] else 1
 
 
+# ---------------------------------------------------------------- sim tune
+
+
+def _add_tune(sub: argparse._SubParsersAction) -> None:
+    tune = sub.add_parser(
+        "tune",
+        help="try torch's elastic settings on your job and recommend the fastest safe set (torchrun and k8s flags)",
+        description="Run the job through the faults whose recovery torch's settings decide (worker crash, node "
+        "crash, a freeze past the keep-alive, a joining node) under each point of a small grid: keep-alive "
+        "interval x attempts, last call and join timeouts (--rdzv-conf), --monitor-interval, and the process-group "
+        "timeout where the script reads it from an option or the environment (found in the script). Points that "
+        "break the safe nesting are not run; the grid is cut to --budget. Recommends the fastest point that "
+        "survived every fault with no false restart, as torchrun and Kubernetes flags; writes tune.json and "
+        "tune.html. Takes `sim vet`'s job options. Script arguments go after `--`.",
+    )
+    tune.add_argument("tune_script", nargs="?", metavar="SCRIPT", help="your torchrun training script")
+    add_job_options(tune)
+    tune.set_defaults(nodes=None)
+    tune.add_argument("--budget", default="10m", metavar="TIME", help="the most the tune may take (default 10m)")
+    tune.add_argument("--keep-alive", metavar="IxA,IxA", help="keep_alive_interval x keep_alive_max_attempt pairs")
+    tune.add_argument("--last-call", metavar="S,S", help="last_call_timeout values, whole seconds")
+    tune.add_argument("--join", metavar="S,S", help="join_timeout values (default: the least the nesting allows)")
+    tune.add_argument("--monitor", metavar="S,S", help="--monitor-interval values in seconds (default 0.1)")
+    tune.add_argument("--pg-timeout", metavar="S,S", help="process-group timeouts, where the script takes one")
+    tune.add_argument("--faults", metavar="A,B", help="some of kill-worker,kill-node,pause,scale-up (default all)")
+    tune.add_argument("--parallel", type=int, metavar="N", help="clusters at once (default 2)")
+    tune.add_argument("--out", metavar="DIR", default=".", help="where tune.json and tune.html go (default .)")
+    tune.add_argument("--name", default="tune", help="cluster name prefix (default tune)")
+    tune.add_argument("--keep", action="store_true", help="keep the clusters for debugging instead of removing them")
+
+
+def cmd_tune(args: argparse.Namespace, script_args: list[str] | None) -> int:
+    from chaos.parse import parse_duration
+    from chaos.tune import plan_text, prepare, render, run_tune, write_outputs
+
+    if args.monitor_interval is not None or args.rdzv_conf and _tuned_keys(args.rdzv_conf):
+        raise UsageError(
+            "sim tune chooses --monitor-interval and the keep-alive, last-call and join keys of --rdzv-conf; "
+            "give the values to try with --monitor, --keep-alive, --last-call and --join instead"
+        )
+    if args.placement != "spread" or args.ckpt_nfs or args.ckpt_dir:
+        raise UsageError("sim tune runs its clusters on this engine; drop --placement, --ckpt-nfs and --ckpt-dir")
+    budget = parse_duration(args.budget)
+    options = dict(vars(args), vet_script=args.tune_script, faults=None)
+    tool = read_tool_config(Path.cwd())
+    if args.tune_script or args.script or tool.get("script"):  # else the shipped trainer
+        options, script_args, _ = vet_options(options, script_args, tool)
+    docker = _docker()
+    spec, kinds, grid, pg = prepare(options, script_args, vars(args), budget, parallel=args.parallel, docker=docker)
+    print(plan_text(grid, kinds, pg), flush=True)
+    tune = run_tune(spec, kinds, grid, pg, docker=docker, keep=args.keep)
+    files = write_outputs(tune, Path(args.out))
+    print(render(tune))
+    print("  " + "   ".join(f"{kind}: {path}" for kind, path in files.items()))
+    return 0 if tune.best is not None else 1
+
+
+def _tuned_keys(conf: str) -> bool:
+    from chaos.tune import Settings
+
+    tuned = set(Settings(1, 1, 1, 1, 1.0).rdzv_conf())
+    return any(pair.split("=", 1)[0].strip() in tuned for pair in conf.split(","))
+
+
 COMMANDS = {
+    "tune": cmd_tune,
     "forecast": cmd_forecast,
     "export": cmd_export,
     "swarm": cmd_swarm,
