@@ -16,9 +16,8 @@ from typing import Any
 
 from sim.core.errors import ClusterNotFoundError, UsageError
 from sim.core.spec import DEFAULT_NAME
-from sim.engines.cluster import Cluster
 from sim.engines.docker import Docker
-from sim.engines.swarm import provider_for
+from sim.engines.engine import choose_engine
 
 from .faults import FAULTS, FLAG, FaultEntry, FaultOptions, option_of
 from .nemesis import Nemesis
@@ -205,7 +204,7 @@ def _nemesis(args: argparse.Namespace, *, running: bool = True) -> Nemesis:
     docker = Docker()
     docker.ping()
     # A Swarm stack's nodes start and stop through their services (sim/engines/swarm.py).
-    cluster = Cluster(args.name, provider_for(args.name, docker))
+    cluster = choose_engine(docker, name=args.name).cluster(args.name)
     if running:
         cluster.require_running()
     elif not cluster.containers():
