@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sim.core.errors import ClusterNotFoundError, UsageError
-from sim.core.spec import DEFAULT_NAME
+from sim.core.spec import DEFAULT_NAME, ENGINES
 from sim.engines.docker import Docker
 from sim.engines.engine import choose_engine
 
@@ -62,9 +62,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable]:
         "--keep-faults", action="store_true", help="with --keep or --cluster: leave the run's faults in force"
     )
     run.add_argument("--cluster", help="use this running cluster instead of starting one")
-    run.add_argument(
-        "--engine", choices=["compose", "swarm"], help="start the cluster on this engine (default: the scenario's)"
-    )
+    run.add_argument("--engine", choices=ENGINES, help="start the cluster on this engine (default: the scenario's)")
     chaos_sub.add_parser("list", help="the shipped scenarios, one line each")
     commands["chaos"] = cmd_chaos
     return commands
