@@ -16,10 +16,9 @@ from typing import Any
 
 from sim.core.errors import ClusterNotFoundError, UsageError
 from sim.core.paths import ClusterName
-from sim.core.spec import DEFAULT_NAME
-from sim.engines.cluster import Cluster
+from sim.core.spec import DEFAULT_NAME, ENGINES
 from sim.engines.docker import Docker
-from sim.engines.swarm import provider_for
+from sim.engines.engine import choose_engine
 
 from .faults import FAULTS, FLAG, FaultEntry, FaultOptions, option_of
 from .nemesis import Nemesis
@@ -64,9 +63,7 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable]:
         "--keep-faults", action="store_true", help="with --keep or --cluster: leave the run's faults in force"
     )
     run.add_argument("--cluster", help="use this running cluster instead of starting one")
-    run.add_argument(
-        "--engine", choices=["compose", "swarm"], help="start the cluster on this engine (default: the scenario's)"
-    )
+    run.add_argument("--engine", choices=ENGINES, help="start the cluster on this engine (default: the scenario's)")
     chaos_sub.add_parser("list", help="the shipped scenarios, one line each")
     commands["chaos"] = cmd_chaos
     return commands
@@ -207,7 +204,7 @@ def _nemesis(args: argparse.Namespace, *, running: bool = True) -> Nemesis:
     docker.ping()
     # A Swarm stack's nodes start and stop through their services (sim/engines/swarm.py).
     name = ClusterName(args.name, source="cluster")  # checked once, here
-    cluster = Cluster(name, provider_for(name, docker))
+    cluster = choose_engine(docker, name=name).cluster(name)
     if running:
         cluster.require_running()
     elif not cluster.containers():

@@ -24,7 +24,6 @@ from sim.core.nodes import node_order
 from sim.engines.cluster import Cluster, ContainerInfo
 from sim.engines.docker import ExecTimeout
 from sim.engines.proctable import PROBE_ARGV, NodeProcesses, parse_probe
-from sim.engines.swarm import refusal
 
 from . import nodescripts
 from .containers import CLOCK_NOT_PRELOADED, CLOCK_SCRIPT, ContainerFaults
@@ -77,7 +76,8 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
     # --- the one audited call ----------------------------------------------------
 
     def invoke(self, fault: str, target: str | None, action: Callable[[], dict], **args) -> dict:
-        refused = refusal(self.cluster, fault, target)  # a fault that cannot work here (multi-host Swarm)
+        # A fault that cannot work on this cluster's engine (multi-host Swarm): its capabilities say so.
+        refused = self.docker.capabilities.fault_refusal(fault, target, self.cluster.name)
         if refused:
             raise UnsupportedFaultError(refused)
         op = uuid.uuid4().hex[:8]

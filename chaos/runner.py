@@ -23,9 +23,9 @@ from sim.core.errors import SimError, UsageError
 from sim.core.history import FILE_NAME, AgentRecord, FaultResult, History, HistoryTail, RunRecord
 from sim.core.paths import ClusterName
 from sim.core.spec import ClusterSpec, spec_from_options
-from sim.engines import swarm
-from sim.engines.cluster import DEFAULT_START_TIMEOUT, Cluster, JobFinished, up
+from sim.engines.cluster import DEFAULT_START_TIMEOUT, Cluster, JobFinished
 from sim.engines.docker import Docker
+from sim.engines.engine import ClusterEngine, choose_engine
 from sim.verdict import Verdict
 from sim.verdict.checkers import RunSpec
 from sim.verdict.runfolder import report_run
@@ -220,7 +220,7 @@ class ScenarioRunner:
 
     def run(self) -> ScenarioResult:
         scenario, expected = self.scenario, self.scenario.expect.outcome(self.backend)
-        cluster = self._cluster()
+        engine, cluster = self._cluster()
         # Counted once the cluster is up: its start (an image build, a wait on another cluster's build or
         # on the engine's room) has a limit of its own, and must not eat the scenario's.
         deadline = time.monotonic() + scenario.timeout_s
@@ -271,7 +271,7 @@ class ScenarioRunner:
             for timer, _ in self._undo_timers:
                 timer.cancel()
             if not self.keep and self.cluster_name is None:
-                swarm.down(cluster, self.progress)
+                engine.down(cluster, self.progress)
             elif not self.keep_faults:
                 self._heal_own(nemesis)
         bounds = {
@@ -304,12 +304,13 @@ class ScenarioRunner:
         except SimError as error:
             self.progress(f"[chaos] healing failed: {error}; `sim heal --all --name {nemesis.cluster.name}`")
 
-    def _cluster(self) -> Cluster:
+    def _cluster(self) -> tuple[ClusterEngine, Cluster]:
         if self.cluster_name:
             name = ClusterName(self.cluster_name, source="cluster")  # checked once, here
-            cluster = Cluster(name, swarm.provider_for(name, self.docker))
+            engine = choose_engine(self.docker, name=name)
+            cluster = engine.cluster(name)
             cluster.require_running()
-            return cluster
+            return engine, cluster
         if self.spec is not None:
             spec = self.spec
         else:
@@ -321,13 +322,11 @@ class ScenarioRunner:
         self.progress(
             f"[chaos] {self.scenario.name} on {self.backend}: cluster {spec.name}, {spec.nodes} nodes, seed {self.seed}"
         )
-        if spec.engine == "swarm":
-            cluster = swarm.up(spec, self.docker, timeout=DEFAULT_START_TIMEOUT, progress=self.progress)
-        else:
-            cluster = up(spec, self.docker, progress=self.progress)
+        engine = choose_engine(self.docker, spec=spec)
+        cluster = engine.up(spec, timeout=DEFAULT_START_TIMEOUT, progress=self.progress)
         if self.keep:
             cluster.release()  # kept for the user: this run ending is not a leak
-        return cluster
+        return engine, cluster
 
     # --- the schedule ------------------------------------------------------------------
 

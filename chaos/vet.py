@@ -237,13 +237,13 @@ def cluster_count(given: int | None, spec: ClusterSpec) -> int:
     """How many clusters the vet runs at once: `given` (--parallel) checked, else two (one on a swarm, where each
     run initialises the one-host swarm and leaves it at its end: two at once would race)."""
     if given is None:
-        return 1 if spec.engine == "swarm" else 2
+        return 2 if spec.capabilities.parallel_clusters.ok else 1
     if not 1 <= given <= MAX_CLUSTERS:
         raise UsageError(
             f"--parallel {given}: give 1 to {MAX_CLUSTERS} clusters at once (1 runs every fault on one cluster)"
         )
-    if given > 1 and spec.engine == "swarm":
-        raise UsageError(f"--parallel {given}: a one-host swarm runs one cluster at a time; drop --parallel")
+    if given > 1:
+        spec.capabilities.parallel_clusters.require(f"--parallel {given}: ")
     return given
 
 

@@ -40,8 +40,9 @@ import pytest
 
 from sim.core.errors import SimError
 from sim.core.spec import ClusterSpec, spec_from_options
-from sim.engines.cluster import Cluster, up
+from sim.engines.cluster import Cluster
 from sim.engines.docker import Docker
+from sim.engines.engine import ClusterEngine, choose_engine
 
 
 class VerdictMismatch(AssertionError):
@@ -74,19 +75,20 @@ def sim_docker() -> Docker:
 @pytest.fixture
 def sim_cluster(sim_docker) -> Iterator[Callable[..., Cluster]]:
     """Factory: `sim_cluster(ClusterSpec(...))` or `sim_cluster(nodes=3, ...)` -> a running Cluster."""
-    made: list[Cluster] = []
+    made: list[tuple[ClusterEngine, Cluster]] = []
 
     def make(spec: ClusterSpec | None = None, *, script_args=None, **options) -> Cluster:
         spec = spec or spec_from_options(options, script_args)
-        cluster = up(spec, sim_docker)
-        made.append(cluster)
+        engine = choose_engine(sim_docker, spec=spec)  # the spec's engine (--engine), as `sim up` does
+        cluster = engine.up(spec)
+        made.append((engine, cluster))
         return cluster
 
     try:
         yield make
     finally:
-        for cluster in made:
-            cluster.down()
+        for engine, cluster in made:
+            engine.down(cluster)
 
 
 @pytest.fixture

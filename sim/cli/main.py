@@ -14,10 +14,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from sim.core import hostpaths
+from sim.core.capabilities import Placement
 from sim.core.errors import DockerUnavailableError, SimError, UsageError
 from sim.core.paths import ClusterName, cache_home, state_home
-from sim.core.sidechannel import NODE_UID
 from sim.core.spec import (
     DEFAULT_NAME,
     DEFAULT_PIDS,
@@ -30,6 +29,7 @@ from sim.core.spec import (
 from sim.core.wait import wait_for
 from sim.engines import cluster as cluster_mod
 from sim.engines.docker import Docker
+from sim.engines.engine import choose_engine
 
 
 class _Parser(argparse.ArgumentParser):
@@ -391,27 +391,10 @@ def check_start_timeout(seconds: float) -> None:
 def cmd_up(args: argparse.Namespace, script_args: list[str] | None) -> int:
     spec = spec_from_options(vars(args), script_args)
     check_start_timeout(args.timeout)  # nothing is made before every input is checked
-    if spec.engine != "swarm" and (args.ckpt_nfs or args.ckpt_dir or args.placement != "spread"):
-        raise UsageError(
-            "--placement, --ckpt-nfs and --ckpt-dir place nodes on Swarm hosts; add --engine swarm or drop them"
-        )
-    ckpt_dir = hostpaths.check_shared_ckpt_dir(args.ckpt_dir, NODE_UID) if args.ckpt_dir else None
-    docker = _docker()
-    if spec.engine == "swarm":
-        from sim.engines.swarm import up as swarm_up
-
-        cluster = swarm_up(
-            spec,
-            docker,
-            placement=args.placement,
-            ckpt_nfs=args.ckpt_nfs,
-            ckpt_dir=ckpt_dir,
-            keep=args.keep,
-            timeout=args.timeout,
-        )
-    else:
-        cluster = cluster_mod.up(spec, docker, keep=args.keep, timeout=args.timeout, replace=args.replace)
-        cluster.release()  # the user's now: `up` ending is not a leak
+    engine = choose_engine(_docker(), spec=spec)
+    placement = Placement(args.placement, args.ckpt_nfs, args.ckpt_dir)  # refused first by an engine without it
+    cluster = engine.up(spec, placement=placement, keep=args.keep, timeout=args.timeout, replace=args.replace)
+    cluster.release()  # the user's now: `up` ending is not a leak
     name = spec.name
     flag = "" if name == DEFAULT_NAME else f" {name}"
     print(
@@ -564,17 +547,15 @@ def cmd_down(args: argparse.Namespace, _: list[str] | None) -> int:
     if args.all and args.name:
         raise UsageError("down: give a cluster name or --all, not both")
     names = cluster_mod.list_clusters(docker, owned=True) if args.all else [args.name or DEFAULT_NAME]
-    from sim.engines import swarm
-
     for name in names:
-        provider = swarm.provider_for(name, docker)
-        cluster = cluster_mod.Cluster(name, provider)
-        if not cluster.exists() and provider is docker:
+        engine = choose_engine(docker, name=name)
+        cluster = engine.cluster(name)
+        if not engine.exists(cluster):
             if args.all:
                 continue
             raise UsageError(f"cluster '{name}': not found; `python -m sim ls` lists clusters")
         logs_at = cluster.run_dir / "logs"
-        removed = swarm.down(cluster)
+        removed = engine.down(cluster)
         print(
             f"removed cluster '{name}': {removed['containers']} containers, {removed['networks']} networks, "
             f"{removed['volumes']} volumes; logs kept in {logs_at}"
@@ -631,12 +612,11 @@ def cmd_ls(args: argparse.Namespace, _: list[str] | None) -> int:
 
 def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
     from sim.cli.status import StatusWatch, cluster_status, format_status
-    from sim.engines.swarm import provider_for
 
     docker = _docker()
     docker.ping()
     name = ClusterName(args.name, source="cluster")  # checked once, here
-    cluster = cluster_mod.Cluster(name, provider_for(name, docker))  # a swarm's tasks on every host
+    cluster = choose_engine(docker, name=name).cluster(name)  # a swarm's tasks on every host
     if not cluster.containers():
         raise UsageError(f"cluster '{args.name}': not found; `python -m sim ls` lists clusters")
     if not args.watch:
@@ -687,13 +667,11 @@ def _nodes_up(run_dir) -> tuple[int, int]:
 
 
 def cmd_logs(args: argparse.Namespace, _: list[str] | None) -> int:
-    from sim.engines.swarm import provider_for
-
     docker = _docker()
     docker.ping()
     name, node = _logs_target(args.words, args.name_flag, lambda n: cluster_mod.Cluster(n, docker).containers())
-    docker = provider_for(name, docker)
-    cluster = cluster_mod.Cluster(name, docker)
+    cluster = choose_engine(docker, name=name).cluster(name)
+    docker = cluster.docker
     if node:
         cluster.container(node)  # a clear error for an unknown node
     compose_file = cluster.compose_file if cluster.compose_file.exists() else None

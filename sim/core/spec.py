@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from sim.core.capabilities import CAPABILITIES, Capabilities
 from sim.core.errors import UsageError
 from sim.core.hostpaths import (
     PROJECT_DIR_IN_NODE,
@@ -33,8 +34,7 @@ ETCD_BACKENDS = ("etcd-v2", "etcd", "etcd-v3")
 V2_BACKENDS = ("etcd-v2", "etcd")
 # The etcd servers an image can hold: 3.4 serves the v2 API (--enable-v2), 3.5 runs here without it.
 ETCD_VERSIONS = ("3.4", "3.5")
-# compose: one machine (docker compose); swarm: a Swarm stack, one host or many (sim/engines/swarm.py, docs/SWARM.md).
-ENGINES = ("compose", "swarm")
+ENGINES = tuple(CAPABILITIES)  # what each can do: sim/core/capabilities.py
 _CONF_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # torchrun passes --rdzv-conf values on as they are: plain words only, so no shell or Compose character
 # (`$`, `;`, quotes, spaces) can reach a node. The timing keys torch reads as whole numbers (FACTS.md).
@@ -224,10 +224,8 @@ class ClusterSpec:
         self._check_requirements()
         if self.image is not None and not _IMAGE_RE.fullmatch(str(self.image)):
             raise UsageError(f"--image {self.image!r}: not an image reference; use e.g. --image myteam/train:1.4")
-        if self.engine == "swarm" and (self.image is not None or self.requirements is not None):
-            raise UsageError(
-                "--image and --requirements build an image on this machine only; use them with --engine compose"
-            )
+        if self.image is not None or self.requirements is not None:
+            self.capabilities.image_builds.require()
 
     def _check_memory(self) -> None:
         if self.memory is not None and str(self.memory).strip().lower() == NO_LIMIT:
@@ -323,6 +321,11 @@ class ClusterSpec:
     def emulated(self) -> bool:
         """CUDA and NCCL emulated on CPU in the workers."""
         return self.devices == "emulated"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What its engine can do, known from the spec alone (the engine chosen for it may refuse more)."""
+        return CAPABILITIES[self.engine]
 
     @property
     def devices_line(self) -> str:

@@ -1,1 +1,2 @@
-"""The engines: the Docker provider, images, rendering, a cluster's life, the collector."""
+"""The engines: the engine interface (chosen once: engine.py), the Docker provider, images, rendering, a cluster's
+life, Swarm, the collector."""

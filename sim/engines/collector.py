@@ -26,7 +26,7 @@ from sim.core.sidechannel import EVENTS_DIR, EventsTail, ProgressMatcher
 from sim.core.wait import Check, wait_for
 from sim.engines.cluster import Cluster
 from sim.engines.docker import Docker, EventStream
-from sim.engines.swarm import provider_for
+from sim.engines.engine import choose_engine
 
 STARTUP_GRACE_S = 600
 GONE_FOR_S = 4  # every container gone this long: the cluster is down
@@ -290,7 +290,7 @@ def _progress_matcher(cluster: Cluster) -> ProgressMatcher | None:
 
 def main(argv: list[str]) -> int:
     # A Swarm cluster's provider follows every host's engine: events and logs of its tasks (sim/engines/swarm.py).
-    cluster = Cluster(argv[0], provider_for(argv[0], Docker()))
+    cluster = choose_engine(Docker(), name=argv[0]).cluster(argv[0])
     collector = Collector(cluster, History(cluster.run_dir / FILE_NAME))
     signal.signal(signal.SIGTERM, lambda *_: collector.stop.set())
     # Started with these blocked (sim.engines.cluster.Cluster._start_collector holds Ctrl-C until it has our pid).

@@ -37,6 +37,7 @@ import docker as docker_sdk
 import docker.errors as sdk_errors
 import requests
 
+from sim.core.capabilities import COMPOSE, Capabilities
 from sim.core.errors import DockerUnavailableError, ImageBuildError, SimError, UsageError
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
@@ -363,6 +364,10 @@ class ComposeCli(Protocol):
 
 
 class EngineInfo(Protocol):
+    # What the engine that a cluster runs on can do (sim/core/capabilities.py): the provider carries it from
+    # the edge that chose the engine (sim/engines/engine.py) down to whatever acts on the cluster.
+    capabilities: Capabilities
+
     def ping(self) -> str: ...  # the engine's version, or DockerUnavailableError
 
     def runtimes(self) -> set[str]: ...
@@ -424,6 +429,8 @@ def _selector(label_filter: str) -> dict[str, str]:
 
 class Docker:
     """The provider on the docker SDK. The client connects on first use, so building one is free."""
+
+    capabilities: Capabilities = COMPOSE  # a Compose project on this engine (SwarmDocker: its own)
 
     def __init__(self, docker_bin: str = "docker"):
         self.docker_bin = docker_bin  # the CLI: Compose and image builds only

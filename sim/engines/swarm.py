@@ -1,9 +1,10 @@
 """Docker Swarm as the engine: `sim up --engine swarm` deploys the rendered cluster as a stack.
 
-An engine is a provider choice, not a fork of the code (DESIGN.md): `SwarmDocker` is the Docker
-provider with three verbs changed. Compose's `up` becomes `docker stack deploy` of the stack file
-that sim/engines/swarm_render.py makes from the rendered project (etcd first, until it runs: Swarm has no
-`depends_on`; each node's agent then waits for etcd's health itself, as under Compose); removing a
+An engine is a provider choice, not a fork of the code (DESIGN.md): `SwarmEngine` is the engine
+interface's Swarm side (sim/engines/engine.py chooses it), and `SwarmDocker`, the provider its clusters
+act through, is the Docker provider with three verbs changed. Compose's `up` becomes `docker stack deploy`
+of the stack file that sim/engines/swarm_render.py makes from the rendered project (etcd first, until it
+runs: Swarm has no `depends_on`; each node's agent then waits for etcd's health itself, as under Compose); removing a
 task's container removes its service (with restart policy `none`, a service with no task would only
 linger); starting a stopped task's container makes Swarm start a new task instead (a container
 started by hand runs outside Swarm and its DNS). Everything else (containers by label, kill, pause,
@@ -14,7 +15,7 @@ container (kill, pause, exec, inspect, `docker update`, logs) goes to that host'
 for the tasks here, a registered one (sim/engines/swarm_hosts.py, `sim swarm add-host`) for the others;
 listings (containers, volumes) and events gather every host's, one event thread per host. With one
 host nothing changes: the local engine does everything, as before. A fault that cannot work across
-hosts is refused before it acts (`refusal`, docs/SWARM.md has the table).
+hosts is refused before it acts: its provider's `capabilities` say which and why (docs/SWARM.md has the table).
 
 The swarm itself: `ensure_swarm` initialises one on this engine when there is none, and records
 that it did; `leave_if_ours` leaves it (and removes the docker_gwbridge network it made) once no
@@ -36,13 +37,15 @@ from pathlib import Path
 import requests
 import yaml
 
-from sim.core import labels
+from sim.core import hostpaths, labels
+from sim.core.capabilities import ONE_HOST, SWARM, Capabilities, Placement
 from sim.core.errors import SimError, UsageError
 from sim.core.paths import state_home
 from sim.core.progress import Progress, to_stderr
+from sim.core.sidechannel import NODE_UID
 from sim.core.spec import ClusterSpec
 from sim.core.wait import Check, Condition, wait_for
-from sim.engines.cluster import Cluster
+from sim.engines.cluster import DEFAULT_START_TIMEOUT, Cluster
 from sim.engines.cluster import up as compose_up
 from sim.engines.docker import (
     API_TIMEOUT_S,
@@ -148,6 +151,15 @@ class SwarmDocker(Docker):
     @property
     def local(self) -> bool:
         return False  # its nodes may run on any of the swarm's hosts, not in this machine's memory
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Swarm's, and on a /ckpt that every host shares, the faults that would act on that shared disk."""
+        shared = self.layout.shared_ckpt
+        if shared is None:
+            return SWARM
+        refused = {fault: reason.format(shared=shared) for fault, reason in REFUSED_ON_SHARED_CKPT.items()}
+        return dataclasses.replace(SWARM, refused_faults=refused)
 
     # --- every host's containers, volumes and events; each container's verbs on its host's engine ---------
 
@@ -467,15 +479,6 @@ class MergedEvents:
             stream.close()
 
 
-def refusal(cluster: Cluster, fault: str, target: str | None) -> str | None:
-    """Why `fault` cannot work on this cluster (None: it can, on whichever host runs the task)."""
-    docker = cluster.docker
-    if not isinstance(docker, SwarmDocker) or docker.layout.shared_ckpt is None or fault not in REFUSED_ON_SHARED_CKPT:
-        return None
-    reason = REFUSED_ON_SHARED_CKPT[fault].format(shared=docker.layout.shared_ckpt)
-    return f"{fault} on {target or 'the cluster'}: refused on Swarm cluster '{cluster.name}': {reason}"
-
-
 def stack_for(compose_file: Path, layout: SwarmLayout) -> dict:
     """The stack for the rendered compose file; its spec.json beside it fixes the packed layout."""
     project = yaml.safe_load(compose_file.read_text())
@@ -544,29 +547,6 @@ def swarm_hosts(docker: Docker) -> tuple[str, ...]:
     )
 
 
-def is_swarm_cluster(docker: Docker, name: str) -> bool:
-    """On a swarm: its services exist, or its spec says so (the collector starts before the services)."""
-    state, _ = swarm_state(docker)
-    if state != "active":
-        return False
-    try:
-        spec = Cluster(name, docker).spec
-    except (SimError, ValueError, TypeError, OSError):
-        spec = None  # a spec that cannot be read says nothing; the services still do
-    return (spec is not None and spec.engine == "swarm") or bool(
-        docker._call("service ls", docker.api.services, filters={"label": f"{labels.CLUSTER}={name}"})
-    )
-
-
-def provider_for(name: str, docker: Docker) -> Docker:
-    """The provider for cluster `name`: SwarmDocker when it runs as a stack, else `docker` itself."""
-    if not is_swarm_cluster(docker, name):
-        return docker
-    path = Cluster(name, docker).state_dir / LAYOUT_FILE
-    layout = SwarmLayout(**json.loads(path.read_text())) if path.exists() else SwarmLayout()
-    return SwarmDocker(layout, docker.docker_bin)
-
-
 def remove_services(docker: Docker, name: str) -> int:
     """Remove every service of cluster `name` (one that never got a task has no container to find
     it by), and wait until their containers are gone, so its network and volumes can go."""
@@ -584,40 +564,6 @@ def remove_services(docker: Docker, name: str) -> int:
 
 def _task_containers(docker: Docker, label_filter: str) -> list:
     return [c for c in docker.containers(label_filter) if TASK_LABEL in c.labels]
-
-
-def up(
-    spec: ClusterSpec,
-    docker: Docker,
-    *,
-    placement: str = "spread",
-    ckpt_nfs: str | None = None,
-    ckpt_dir: str | None = None,
-    keep: bool = False,
-    timeout: float,
-    progress: Progress = to_stderr,
-    start: Callable[..., Cluster] = compose_up,
-) -> Cluster:
-    """`sim up --engine swarm`: the same `up` (render, start, wait, clean up on failure), on a swarm
-    (this engine's, made here if there is none) through SwarmDocker."""
-    docker.ping()
-    # A name already taken is compose_up's error to give; what it made is then not ours to remove.
-    existed = Cluster(spec.name, docker).exists()
-    # Every input is checked before the swarm is made: the stack of a stand-in rendering.
-    stand_in = render(spec, node_image="check", etcd_image="check", run_id="check")
-    shared = {"ckpt_nfs": ckpt_nfs, "ckpt_dir": ckpt_dir}
-    to_stack(stand_in, SwarmLayout(placement=placement, **shared), max_nodes=spec.max_nodes or spec.nodes)
-    ensure_swarm(docker, progress)
-    try:
-        layout = SwarmLayout(hosts=swarm_hosts(docker), placement=placement, **shared)
-        provider = SwarmDocker(layout, docker.docker_bin)
-        require_engines(provider, spec)
-        return start(spec, provider, keep=keep, timeout=timeout, progress=progress)
-    except BaseException:
-        if not keep and not existed:
-            remove_services(docker, spec.name)
-            leave_if_ours(docker, progress)
-        raise
 
 
 def require_engines(docker: SwarmDocker, spec: ClusterSpec) -> None:
@@ -651,16 +597,84 @@ def hosts_table(docker: Docker) -> list[str]:
     return rows
 
 
-def down(cluster: Cluster, progress: Progress = to_stderr) -> dict[str, int]:
-    """Remove a cluster, either engine's. A Swarm one (its `docker` a SwarmDocker): as for Compose, every
-    labelled thing, each container with its service; then any service that never had a task; then the
-    swarm, if this tool made it and nothing of ours runs on it."""
-    removed = cluster.down()
-    if not isinstance(cluster.docker, SwarmDocker):
+class SwarmEngine:
+    """`--engine swarm` (sim/engines/engine.py's interface): a cluster deployed as a stack on this engine's
+    swarm, made here if there is none; its clusters act through a SwarmDocker of the cluster's layout."""
+
+    def __init__(self, docker: Docker, provider: SwarmDocker | None = None):
+        self.manager = docker  # this machine's engine: it makes, and manages, the swarm
+        self._provider = provider  # None until `up` places the cluster (a one-host layout until then)
+
+    @classmethod
+    def of_cluster(cls, docker: Docker, name: str) -> SwarmEngine:
+        """The engine of an existing cluster: its layout as `up` recorded it (how scale-ups place new nodes)."""
+        path = Cluster(name, docker).state_dir / LAYOUT_FILE
+        layout = SwarmLayout(**json.loads(path.read_text())) if path.exists() else SwarmLayout()
+        return cls(docker, SwarmDocker(layout, docker.docker_bin))
+
+    @property
+    def docker(self) -> SwarmDocker:
+        if self._provider is None:
+            self._provider = SwarmDocker(SwarmLayout(), self.manager.docker_bin)
+        return self._provider
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.docker.capabilities
+
+    def cluster(self, name: str) -> Cluster:
+        return Cluster(name, self.docker)
+
+    def exists(self, cluster: Cluster) -> bool:
+        """Anything of it: labelled things, a service (one that never got a task has no container to find it
+        by), or its state folder (its collector starts before the stack is deployed)."""
+        services = self.manager._call(
+            "service ls", self.manager.api.services, filters={"label": f"{labels.CLUSTER}={cluster.name}"}
+        )
+        return cluster.exists() or bool(services) or cluster.state_dir.exists()
+
+    def up(
+        self,
+        spec: ClusterSpec,
+        *,
+        placement: Placement = ONE_HOST,
+        keep: bool = False,
+        timeout: float = DEFAULT_START_TIMEOUT,
+        progress: Progress = to_stderr,
+        replace: bool = False,
+    ) -> Cluster:
+        """The same `up` as Compose's (render, start, wait, clean up on failure), on a swarm (this engine's, made
+        here if there is none) through SwarmDocker. `replace` is not Swarm's: the name's owner stays."""
+        docker = self.manager
+        ckpt_dir = hostpaths.check_shared_ckpt_dir(placement.ckpt_dir, NODE_UID) if placement.ckpt_dir else None
+        docker.ping()
+        # A name already taken is compose_up's error to give; what it made is then not ours to remove.
+        existed = Cluster(spec.name, docker).exists()
+        # Every input is checked before the swarm is made: the stack of a stand-in rendering.
+        stand_in = render(spec, node_image="check", etcd_image="check", run_id="check")
+        shared = {"ckpt_nfs": placement.ckpt_nfs, "ckpt_dir": ckpt_dir}
+        where = placement.placement
+        to_stack(stand_in, SwarmLayout(placement=where, **shared), max_nodes=spec.max_nodes or spec.nodes)
+        ensure_swarm(docker, progress)
+        try:
+            layout = SwarmLayout(hosts=swarm_hosts(docker), placement=where, **shared)
+            self._provider = SwarmDocker(layout, docker.docker_bin)
+            require_engines(self._provider, spec)
+            return compose_up(spec, self._provider, keep=keep, timeout=timeout, progress=progress)
+        except BaseException:
+            if not keep and not existed:
+                remove_services(docker, spec.name)
+                leave_if_ours(docker, progress)
+            raise
+
+    def down(self, cluster: Cluster, progress: Progress = to_stderr) -> dict[str, int]:
+        """As for Compose, every labelled thing, each container with its service; then any service that never
+        had a task; then the swarm, if this tool made it and nothing of ours runs on it."""
+        removed = cluster.down()
+        # Through the cluster's provider: the wait for the tasks' containers to go looks at every host.
+        removed["services"] = remove_services(cluster.docker, cluster.name)
+        leave_if_ours(cluster.docker, progress)
         return removed
-    removed["services"] = remove_services(cluster.docker, cluster.name)
-    leave_if_ours(cluster.docker, progress)
-    return removed
 
 
 def _init_file() -> Path:

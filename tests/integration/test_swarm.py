@@ -18,7 +18,8 @@ from sim.core.agentlog import parse_node_log
 from sim.core.history import AgentRecord
 from sim.core.wait import Condition, wait_for
 from sim.engines.cluster import Cluster, JobFinished
-from sim.engines.swarm import GWBRIDGE, provider_for, swarm_state
+from sim.engines.engine import choose_engine
+from sim.engines.swarm import GWBRIDGE, swarm_state
 from tests.conftest import run_sim, unique_name
 
 # In `make test-full`: a swarm's init and leave must not run beside Compose clusters (docs/SWARM.md),
@@ -92,7 +93,7 @@ def test_swarm_cluster_survives_worker_and_node_crash_and_restart_and_down_leave
         assert logs.returncode == 0 and f"{name}_node0.1." in logs.stdout + logs.stderr, logs.stderr[-2000:]
 
         # Started through Swarm: a new task that its DNS names, so node0 can reach it again.
-        Nemesis(Cluster(name, provider_for(name, docker))).start_node("node1")
+        Nemesis(choose_engine(docker, name=name).cluster(name)).start_node("node1")
         assert f"{name}_node1 1/1" in services(name)
         assert cluster.exec("node0", "getent", "hosts", "node1").ok
         assert [c.state for c in cluster.nodes() if c.node == "node1"] == ["running"]
@@ -131,7 +132,7 @@ def test_four_nodes_train_on_a_swarm_and_down_leaves_nothing(docker, images):
         status = run_sim("status", name)
         assert status.returncode == 0, status.stderr
         assert all(f"node{i}" in status.stdout for i in range(4)), status.stdout
-        cluster = Cluster(name, provider_for(name, docker))
+        cluster = choose_engine(docker, name=name).cluster(name)
         wait_for(JobFinished(cluster), timeout=400, interval=3)
         assert [node.exit_code for node in cluster.nodes()] == [0, 0, 0, 0]
     finally:

@@ -20,6 +20,7 @@ from chaos.nemesis import CLOCK_SCRIPT, Nemesis
 from chaos.partition import Partition, isolate, split
 from sim.core import labels
 from sim.core import labels as labels_mod
+from sim.core.capabilities import COMPOSE
 from sim.core.errors import FaultError, UsageError
 from sim.core.history import History
 from sim.engines.cluster import Cluster
@@ -62,6 +63,8 @@ PROBE_OUTPUT = "\n".join(
 class FakeProvider:
     """The part of the Docker provider the nemesis uses: a cluster of four running containers
     (ids id-NODE), answering execs as a node would; every call is recorded."""
+
+    capabilities = COMPOSE  # a Compose cluster's engine: every fault works
 
     def __init__(self, paused=(), answers=None):
         self.calls: list[tuple] = []

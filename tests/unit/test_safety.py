@@ -16,6 +16,7 @@ from sim.core.errors import UsageError
 from sim.core.paths import check_name, cluster_dir, inside, state_home
 from sim.engines import cluster as cluster_mod
 from sim.engines.docker import RESOURCE_KINDS, Container, Labelled
+from sim.engines.engine import ComposeEngine
 
 
 class FakeEngine:
@@ -104,7 +105,7 @@ def test_down_all_with_a_crafted_label_deletes_nothing_outside_the_state_folder(
     crafted = "../" * len((home / "clusters").parts) + str(victim).lstrip("/")
     engine.add("container", "c-crafted", {labels.CLUSTER: crafted, labels.OWNER: labels.owner()})
     monkeypatch.setattr(cli, "_docker", lambda: engine)
-    monkeypatch.setattr("sim.engines.swarm.provider_for", lambda name, docker: docker)
+    monkeypatch.setattr(cli, "choose_engine", lambda docker, name: ComposeEngine(docker))
     assert cli.main(["down", "--all"]) == 0
     assert (victim / "precious").read_text() == "mine"
     assert not (tmp_path / "x" / "victim-unknown").exists()
@@ -118,7 +119,7 @@ def test_down_all_removes_only_what_this_home_owns(home, monkeypatch, capsys):
     engine.add("container", "c-theirs", {labels.CLUSTER: "theirs", labels.OWNER: "otherhost:/elsewhere"})
     engine.add("container", "c-old", {labels.CLUSTER: "old"})  # no owner label: not known to be ours
     monkeypatch.setattr(cli, "_docker", lambda: engine)
-    monkeypatch.setattr("sim.engines.swarm.provider_for", lambda name, docker: docker)
+    monkeypatch.setattr(cli, "choose_engine", lambda docker, name: ComposeEngine(docker))
     assert cli.main(["down", "--all"]) == 0
     assert engine.removed == ["c-mine"]
     out = capsys.readouterr().out

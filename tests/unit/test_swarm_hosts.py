@@ -24,6 +24,7 @@ from sim.engines import swarm
 from sim.engines.cluster import Cluster
 from sim.engines.collector import Collector
 from sim.engines.docker import Completed, Container, Docker, ExecResult, Labelled, Resources
+from sim.engines.engine import choose_engine
 from sim.engines.proctable import PROBE_ARGV
 from sim.engines.swarm import MergedEvents, SwarmDocker, SwarmHosts
 from sim.engines.swarm_hosts import HostDocker, HostEngine, register, registered, unregister
@@ -285,14 +286,14 @@ def test_a_fault_that_cannot_work_on_several_hosts_is_refused_before_anything(tm
 def test_fill_disk_is_refused_on_a_shared_checkpoint_folder_too():
     layout = SwarmLayout(hosts=("hosta", "hostb"), ckpt_dir="/mnt/shared/ckpt")
     docker = SwarmDocker(layout, hosts=SwarmHosts("hosta", {"hosta": FakeHost("hosta", {})}))
-    reason = swarm.refusal(Cluster("demo", docker), "fill-disk", "node1")
+    reason = Cluster("demo", docker).docker.capabilities.fault_refusal("fill-disk", "node1", "demo")
     assert reason and "/ckpt is the shared folder /mnt/shared/ckpt, which every host shares" in reason
 
 
 def test_fill_disk_still_works_on_a_one_host_swarm_without_nfs():
     docker = SwarmDocker(SwarmLayout(), hosts=SwarmHosts("hosta", {"hosta": FakeHost("hosta", {})}))
-    assert swarm.refusal(Cluster("demo", docker), "fill-disk", "node1") is None
-    assert swarm.refusal(Cluster("demo", Docker()), "fill-disk", "node1") is None  # Compose
+    assert docker.capabilities.fault_refusal("fill-disk", "node1", "demo") is None
+    assert Docker().capabilities.fault_refusal("fill-disk", "node1", "demo") is None  # Compose
 
 
 def test_one_host_is_exactly_the_local_engine():
@@ -534,11 +535,11 @@ def test_a_cluster_is_on_swarm_from_its_spec_before_its_services_exist():
     cluster = Cluster("sw", docker)
     cluster.state_dir.mkdir(parents=True)
     (cluster.state_dir / "spec.json").write_text(ClusterSpec(name="sw", engine="swarm").to_json())
-    assert isinstance(swarm.provider_for("sw", docker), SwarmDocker)
+    assert isinstance(choose_engine(docker, name="sw").docker, SwarmDocker)
     (cluster.state_dir / "spec.json").write_text(ClusterSpec(name="sw").to_json())
-    assert swarm.provider_for("sw", docker) is docker
+    assert choose_engine(docker, name="sw").docker is docker
     (cluster.state_dir / "spec.json").write_text("{")  # unreadable: `sim down` must still work
-    assert swarm.provider_for("sw", docker) is docker
+    assert choose_engine(docker, name="sw").docker is docker
 
 
 def test_the_swarm_verbs_register_and_forget_a_host(capsys):
