@@ -496,6 +496,8 @@ def test_a_hung_peer_holds_an_fsdp2_job_for_the_scripts_timeout_not_glooS_defaul
     assert "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(" in err and "Timeout(ms)=4000" in err
     [held] = [r for r in records(tmp_path) if r["event"] == "nccl_watchdog" and r["rank"] == 0]
     assert held["timeout_s"] == 4.0 and held["seconds"] == 4.0  # gloo's own wait was the timeout: not held twice
+    # The history knows the timeout the script gave (the verdict's advice on a hang depends on it).
+    assert [r.get("timeout_s") for r in records(tmp_path) if r["event"] == "pg_ready"] == [4.0, 4.0]
 
 
 # --- the switch: spec, scenario, render, report -----------------------------------------------
