@@ -995,6 +995,13 @@ def test_a_hang_the_scripts_timeout_ended_is_said_to_have_worked():
     assert "Pass a timeout" not in hang.fix and "new_group" not in hang.fix
 
 
+def test_a_hang_within_a_long_timeout_the_script_gave_says_it_waits_for_it():
+    """hang-default-timeout.yaml's shape: the script gives 30 minutes; 360 s of silence, nothing let go yet."""
+    (hang,) = diagnose(_frozen_peer_run(timeout_s=1800.0), {})
+    assert "They wait for it until the process group's timeout, the 30 min the script gives" in hang.cause
+    assert hang.fix.startswith("The script's timeout (30 min) bounds the wait") and "A lower timeout=" in hang.fix
+
+
 def test_a_hang_in_a_script_that_gave_no_timeout_advises_one():
     (hang,) = diagnose(_frozen_peer_run(), {})
     assert hang.code == "process-group-timeout" and "30 minutes by default for gloo" in hang.cause

@@ -100,21 +100,22 @@ def process_group_timeout(run: RunModel) -> Diagnosis | None:
         held = _held_past(run, frozen, given)
         if held is None:
             released = _released(run, first)
-            cause = (
-                "A peer stopped answering (frozen, stopped or cut off) while the others were inside a collective. "
-                f"They waited for it until the process group's timeout, the {given:g} s the script gives "
-                "init_process_group"
-                + (
-                    f"; then their collective failed ({_describe(released)} on {released.node}) and torchrun "
-                    "restarted the group: the rest of the silence was that restart."
-                    if released is not None
-                    else "."
-                )
-            )
+            cause = "A peer stopped answering (frozen, stopped or cut off) while the others were inside a collective. "
             if released is not None:
                 evidence.append(_line(released))
+                cause += (
+                    f"They waited for it until the process group's timeout, the {_span(given)} the script gives "
+                    f"init_process_group; then their collective failed ({_describe(released)} on {released.node}) "
+                    "and torchrun restarted the group: the rest of the silence was that restart."
+                )
+            else:
+                cause += (
+                    f"They wait for it until the process group's timeout, the {_span(given)} the script gives "
+                    "init_process_group: its agent still looks alive to torchrun, so nothing restarts the group "
+                    "meanwhile."
+                )
             fix = (
-                f"The script's timeout ({given:g} s) bounds the wait, as designed: each hung peer costs that long "
+                f"The script's timeout ({_span(given)}) bounds the wait, as designed: each hung peer costs that long "
                 "plus the restart. A lower timeout= shortens it; keep it above the slowest healthy collective "
                 "(a checkpoint save, a first compile or data load, a straggler)."
             )
@@ -139,6 +140,10 @@ def process_group_timeout(run: RunModel) -> Diagnosis | None:
     return Diagnosis(
         "process-group-timeout", "Hang in a collective until the process group's timeout", cause, evidence, fix
     )
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 120 and seconds % 60 == 0 else f"{seconds:g} s"
 
 
 def _pg_ready(run: RunModel) -> list[WorkerRecord]:
