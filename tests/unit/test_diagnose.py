@@ -981,6 +981,11 @@ def test_a_hang_held_past_the_scripts_timeout_names_the_group_with_its_own_timeo
     assert "init_process_group(timeout=15 s)" in hang.evidence[-1]
     assert "dist.new_group(ranks, timeout=timedelta(seconds=15))" in hang.fix and "backend_override" in hang.fix
     assert "Pass a timeout to init_process_group" not in hang.fix
+    # Let go only at that group's own timeout (NCCL's 10 minutes): held that long, then failed.
+    (late,) = diagnose(
+        _frozen_peer_run(timeout_s=15.0, released_after=600.0, steps_again_after=650.0, end_after=800), {}
+    )
+    assert "they were held 599 s before their collective failed, although the script gives" in late.cause
 
 
 def test_a_hang_the_scripts_timeout_ended_is_said_to_have_worked():

@@ -97,8 +97,8 @@ def process_group_timeout(run: RunModel) -> Diagnosis | None:
     else:
         pg_ready = max((r for r in _pg_ready(run) if r.t <= first), key=lambda r: r.t)
         evidence.append(_line(pg_ready, f"the script's process group: init_process_group(timeout={given:g} s)"))
-        held = _held_past(run, frozen, given)
-        if held is None:
+        past = _held_past(run, frozen, given)
+        if past is None:
             released = _released(run, first)
             cause = "A peer stopped answering (frozen, stopped or cut off) while the others were inside a collective. "
             if released is not None:
@@ -120,9 +120,11 @@ def process_group_timeout(run: RunModel) -> Diagnosis | None:
                 "(a checkpoint save, a first compile or data load, a straggler)."
             )
         else:
+            held, until = past
             cause = (
                 f"A peer stopped answering while the others were inside a collective, and they were held {held:.0f} s "
-                f"without failing, although the script gives init_process_group timeout={given:g} s: the "
+                f"{'without failing' if until is None else 'before their collective failed'}, although the script "
+                f"gives init_process_group timeout={given:g} s: the "
                 "collective that holds them is in a process group of its own, whose timeout is not init's. Groups "
                 "made with new_group() or new_subgroups() without timeout=, and the sub-groups of a DeviceMesh of "
                 "two or more dimensions (init_device_mesh), take torch's default "
@@ -169,14 +171,14 @@ def _released(run: RunModel, t: float) -> Record | None:
     return min(signs, key=lambda r: r.t, default=None)
 
 
-def _held_past(run: RunModel, frozen: list, given: float) -> float | None:
-    """How long the others were held after a freeze with nothing let go, when that is well past the script's
-    timeout (FROZEN_HANG_S beyond it: the others may finish a step first); None otherwise."""
+def _held_past(run: RunModel, frozen: list, given: float) -> tuple[float, Record | None] | None:
+    """How long the others were held after a freeze, and what let them go (None: nothing), when that is well
+    past the script's timeout (FROZEN_HANG_S beyond it: the others may finish a step first); None otherwise."""
     for pause, quiet in frozen:
         released = _released(run, pause.t)
         held = (released.t if released is not None else pause.t + quiet) - pause.t
         if held > given + FROZEN_HANG_S and quiet > given + FROZEN_HANG_S:
-            return held
+            return held, released
     return None
 
 
