@@ -20,7 +20,8 @@ through elastic_sim_instrument's import hook, for the script's `import torch`, t
   - process groups: the nccl backend ("nccl", "cpu:gloo,cuda:nccl", new_group(backend="nccl")) is
     gloo; device_id= is checked against the emulated count as torch does, then dropped, as is
     barrier(device_ids=); init_device_mesh("cuda") and
-    DeviceMesh("cuda") are CPU meshes; DDP(device_ids=, output_device=) wraps the CPU module;
+    DeviceMesh("cuda") are CPU meshes, and a 1-D mesh over the whole world reuses the default group (its
+    timeout=) as it does over NCCL; DDP(device_ids=, output_device=) wraps the CPU module;
   - precision: torch.autocast("cuda"), torch.amp.GradScaler("cuda") and torch.cuda.amp.* run as the
     CPU's autocast and GradScaler("cpu"), float16 by default as on CUDA (said once, on rank 0's stderr);
   - NCCL's failure timing (SIM_FAILURE_TIMING=nccl, the default): gloo fails a collective at once
@@ -180,6 +181,11 @@ def watchdog_lines(rank: int, seq: int, op_type: str, numel, timeout_ms: int, ra
     ]
 
 
+def timed_out(error: BaseException) -> bool:
+    """gloo's error for a collective that waited out its group's timeout."""
+    return isinstance(error, RuntimeError) and any(words in str(error).lower() for words in GLOO_TIMED_OUT)
+
+
 def peer_gone(error: BaseException) -> bool:
     """gloo's error for a collective whose peer is gone (it closed the connection, or never answered
     until the timeout)."""
@@ -297,6 +303,10 @@ class Emulator:
         self.aborting = True
         import sys
 
+        # The process's own stderr: torch's excepthook (init_process_group's) swaps sys.stderr for a buffer
+        # while ours runs, and the abort below would drop what went there.
+        err = sys.__stderr__ or sys.stderr
+
         gone_after = self._clock() - began
         rest = self.timeout() - gone_after
         try:
@@ -318,12 +328,15 @@ class Emulator:
             )
             print(
                 f"{PREFIX}NCCL failure timing: gloo failed the {op_type} after {gone_after:.1f} s (its peer gone); "
-                f"held it until the process group's timeout ({self.timeout():g} s), as NCCL would",
-                file=sys.stderr,
+                f"held it until the process group's timeout ({self.timeout():g} s), as NCCL would"
+                if rest > 0
+                else f"{PREFIX}NCCL failure timing: the {op_type} waited out the process group's timeout "
+                f"({self.timeout():g} s) for a peer that never answered; aborted as NCCL's watchdog does",
+                file=err,
             )
             for line in watchdog_lines(self.rank, self.seq, op_type, numel, int(self.timeout() * 1000), ran_ms):
-                print(line, file=sys.stderr)
-            sys.stderr.flush()
+                print(line, file=err)
+            err.flush()
         finally:
             os.abort()
 
@@ -968,6 +981,13 @@ def _patch_distributed(torch, emu: Emulator) -> None:
     new = c10d.new_group
 
     def new_group(*args, **kwargs):
+        if kwargs.get("group_desc") == "mesh_default" and emu.pg_ready and c10d.is_initialized():
+            # A 1-D mesh over the whole world asks for a group of its own only when torch sees CUDA with a
+            # gloo default group (device_mesh's _init_one_process_group); on GPUs, with the NCCL default
+            # group the script made, it reuses that group and its timeout. A new gloo group here would hold
+            # every FSDP2/DTensor collective to gloo's 30-minute default instead of the script's timeout=.
+            emu.count("init_device_mesh(default group)")
+            return c10d._get_default_group()
         if len(args) > 2:
             backend = mapped_backend(args[2])
             if backend != args[2]:
@@ -1115,7 +1135,10 @@ def _excepthook(emu: Emulator, sys) -> None:
     def excepthook(kind, value, traceback):
         try:
             if emu.pg_ready and peer_gone(value):
-                emu.on_peer_gone("ALLREDUCE", emu._clock())
+                # An async collective's error (FSDP2's, a work.wait()) comes here, its start unknown: gloo's own
+                # timeout already waited the group's timeout, as NCCL's watchdog would; a closed peer, the whole.
+                waited = emu.timeout() if timed_out(value) else 0.0
+                emu.on_peer_gone("ALLREDUCE", emu._clock() - waited)
             name = getattr(value, "name", None) if isinstance(value, ImportError) else None
             if name and name.split(".")[0] in CUDA_ONLY_PACKAGES:
                 print(

@@ -396,7 +396,10 @@ class WorkerProbe:
         def init_process_group(*args, **kwargs):
             began = clock()
             result = original(*args, **kwargs)
-            probe.on_pg_ready(clock() - began)
+            # init_process_group(backend, init_method, timeout, ...): the timeout the script gave (None: torch's
+            # default), which the verdict's advice on a hang must know.
+            timeout = kwargs.get("timeout", args[2] if len(args) > 2 else None)
+            probe.on_pg_ready(clock() - began, getattr(timeout, "total_seconds", lambda: None)())
             return result
 
         wrapper = functools.wraps(original)(init_process_group)
@@ -405,10 +408,11 @@ class WorkerProbe:
             if getattr(module, "init_process_group", None) is original:
                 module.init_process_group = wrapper
 
-    def on_pg_ready(self, seconds: float) -> None:
+    def on_pg_ready(self, seconds: float, timeout_s: float | None = None) -> None:
         try:
             self.flush_loads()
-            self.write("pg_ready", seconds=round(seconds, 6))
+            given = {} if timeout_s is None else {"timeout_s": timeout_s}
+            self.write("pg_ready", seconds=round(seconds, 6), **given)
         except Exception:
             self.disable()
 

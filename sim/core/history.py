@@ -404,7 +404,9 @@ class WorkerRecord(_WorkerFacts):
     per_node: int | None = None  # emulated: devices per node
     failure_timing: str | None = None  # emulated, emulated_group: "nccl" | "gloo"
     calls: dict | None = None  # emulated_calls: call name -> count, this process so far
-    timeout_s: float | None = None  # nccl_watchdog: the process group's timeout
+    # nccl_watchdog: the process group's timeout; pg_ready: the timeout= the script gave init_process_group
+    # (None: it gave none, torch's default is in force)
+    timeout_s: float | None = None
     content: SavedContent | None = None  # save (the first of a process): what the saved object held
     what: str | None = None  # uses: "lr_scheduler" | "grad_scaler"
     cls: str | None = None  # uses: the class constructed

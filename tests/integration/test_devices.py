@@ -8,6 +8,7 @@ once, and resumes its own checkpoint."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,9 @@ def test_tutorial_ddp_script_survives_a_worker_kill_and_a_node_loss_with_nccl_ti
     for call in ("init_process_group(nccl)", "torch.cuda.set_device", "DDP(device_ids=)", "Tensor.to(cuda)"):
         assert call in result.summary, result.summary
     assert "torch.load(map_location=cuda)" in result.summary, result.summary  # the snapshot resumed
-    assert "[nccl-dead-peer]" in result.summary and "timeout= to init_process_group" in result.summary
+    # The script passes timeout=20 s: the fix says so, and never tells it to pass one.
+    assert "[nccl-dead-peer]" in result.summary, result.summary
+    assert "The script gives init_process_group timeout=20 s" in result.summary, result.summary
 
 
 def scenario(tmp_path: Path, name: str, script: str, script_args: list[str]) -> Path:
@@ -93,11 +96,11 @@ def test_gpu_script_survives_a_worker_kill_and_a_node_loss(sim_scenario, docker,
 # --- the device-generic corpus: the current PyTorch distributed examples' shape ------------------------
 
 
-def generic_scenario(tmp_path: Path, name: str, cluster: list[str], kill_at: int) -> Path:
+def generic_scenario(tmp_path: Path, name: str, cluster: list[str], kill_at: int, fault: str = "kill-worker") -> Path:
     """2 nodes of 2 workers (the scripts gate on at least 2 accelerators per node), NCCL's failure timing
-    (the default), one worker kill. The scenario's time runs from before its cluster is made (a requirements
-    layer built, or an image rebuilt on a busy engine, spends it): 8 minutes, not the 5 that a start-up
-    and this job need."""
+    (the default), one worker kill (or `fault`). The scenario's time runs from before its cluster is made (a
+    requirements layer built, or an image rebuilt on a busy engine, spends it): 8 minutes, not the 5 that a
+    start-up and this job need."""
     path = tmp_path / f"{name}.yaml"
     path.write_text(
         "\n".join(
@@ -114,7 +117,7 @@ def generic_scenario(tmp_path: Path, name: str, cluster: list[str], kill_at: int
                 "profile: fast",
                 "seed: 3",
                 "steps:",
-                "  - fault: kill-worker",
+                f"  - fault: {fault}",
                 "    target: node1",
                 f"    at: {{step: {kill_at}}}",
                 "expect:",
@@ -176,3 +179,29 @@ def test_fsdp2_meta_init_dcp_trainer_trains_and_resumes_after_a_worker_kill(sim_
     (result,) = sim_scenario(str(generic_scenario(tmp_path, "dev-fsdp2-dcp", cluster, kill_at=25)))
     calls = ("init_device_mesh(cuda)", "Module.to_empty(cuda)")
     assert_trained_and_recovered(result, calls, "resumed from the DCP checkpoint of step")
+
+
+def test_fsdp2_trainer_recovers_from_a_hung_collective_at_its_own_timeout(sim_scenario, docker, images, tmp_path):
+    """tests/scripts/fsdp2_dcp.py passes timeout=15 s to init_process_group; one worker stops calling collectives.
+    Over NCCL its 1-D mesh over the whole world reuses that default group, so the others' collective times out
+    at 15 s, the watchdog takes them down and torchrun regroups. The emulation once gave the mesh a gloo group of
+    its own with gloo's 30-minute default: the job never recovered (`sim vet ... --faults hang-collectives`
+    FAILed, advising a timeout the script passes)."""
+    cluster = [
+        f"script: {SCRIPTS / 'fsdp2_dcp.py'}",
+        "script_args: ['--steps', '80', '--step-time', '0.1', '--ckpt-every', '10', '--pg-timeout', '15']",
+    ]
+    path = generic_scenario(tmp_path, "dev-fsdp2-hang", cluster, kill_at=25, fault="hang-collectives")
+    (result,) = sim_scenario(str(path))
+    assert_verdict(result)
+    [hang] = result.verdict.recoveries
+    assert hang.recovery_s is not None, result.summary
+    history = [json.loads(line) for line in (result.run_dir / "history.jsonl").read_text().splitlines()]
+    # The history holds the timeout the script gave, and the survivors were let go at it, as NCCL's watchdog does.
+    ready = [r for r in history if r.get("event") == "pg_ready"]
+    assert ready and {r.get("timeout_s") for r in ready} == {15.0}, ready
+    held = [r for r in history if r.get("event") == "nccl_watchdog"]
+    assert held and {r["timeout_s"] for r in held} == {15.0}, held
+    assert "resumed from the DCP checkpoint of step" in "\n".join(
+        p.read_text(errors="replace") for p in (result.run_dir / "logs").glob("*")
+    )

@@ -438,6 +438,68 @@ def test_a_dead_peer_holds_the_survivor_until_the_timeout_under_nccl_timing(tmp_
     assert held["timeout_s"] == 4.0 and held["seconds"] >= 4.0 and held["op"] == "ALLREDUCE"
 
 
+FSDP2_HANG_SCRIPT = textwrap.dedent("""
+    import datetime, os, sys, time
+    import torch, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    rank = int(os.environ["RANK"])
+    device = torch.device(f"{torch.accelerator.current_accelerator()}:{rank}")
+    torch.accelerator.set_device_index(rank)
+    dist.init_process_group(backend=dist.get_default_backend_for_device(device), device_id=device,
+                            timeout=datetime.timedelta(seconds=float(sys.argv[1])))
+    mesh = init_device_mesh(device.type, (2,), mesh_dim_names=("dp",))
+    print("mesh group is the default group:", mesh.get_group() is dist.group.WORLD, flush=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)).to(device)
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for step in range(1, 1000):
+        if rank == 1 and step == 3:
+            time.sleep(600)  # stops calling collectives while its process runs on (a hang in the script)
+        model(torch.randn(4, 8, device=device)).sum().backward()
+""")
+
+
+def test_a_hung_peer_holds_an_fsdp2_job_for_the_scripts_timeout_not_glooS_default(tmp_path):
+    """FSDP2 over a 1-D mesh of the whole world: on GPUs the mesh reuses the script's NCCL default group, so a
+    peer that stops calling collectives holds the others for the script's timeout= and the watchdog then
+    takes them down. Emulated, torch sees CUDA with a gloo default group and made a group of its own with
+    gloo's 30-minute default (the vet of tests/scripts/fsdp2_dcp.py never recovered from hang-collectives)."""
+    path = tmp_path / "fsdp2_hang.py"
+    path.write_text(FSDP2_HANG_SCRIPT)
+    base = {k: v for k, v in os.environ.items() if k not in CLEAN}
+    env = {**base, **WORKER_ENV, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "SIM_DEVICES_PER_NODE": "2"}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), SIM_EVENTS_DIR=str(tmp_path))
+    code = WITH_NODE_SITE + f"import runpy, sys; sys.argv = {[str(path), '4']!r}; runpy.run_path(sys.argv[0])"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        # A bound on a hang, not a timing: the old emulation held the survivor for 30 minutes.
+        out, err = procs[0].communicate(timeout=240)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+    assert out.splitlines()[0] == "mesh group is the default group: True", (out, err[-3000:])
+    assert procs[0].returncode == -6, err[-3000:]  # SIGABRT, as NCCL's watchdog takes it down
+    # Said on the process's stderr, though torch's excepthook had swapped sys.stderr for a buffer.
+    assert "waited out the process group's timeout (4 s) for a peer that never answered" in err, err[-3000:]
+    assert "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(" in err and "Timeout(ms)=4000" in err
+    [held] = [r for r in records(tmp_path) if r["event"] == "nccl_watchdog" and r["rank"] == 0]
+    assert held["timeout_s"] == 4.0 and held["seconds"] == 4.0  # gloo's own wait was the timeout: not held twice
+    # The history knows the timeout the script gave (the verdict's advice on a hang depends on it).
+    assert [r.get("timeout_s") for r in records(tmp_path) if r["event"] == "pg_ready"] == [4.0, 4.0]
+
+
 # --- the switch: spec, scenario, render, report -----------------------------------------------
 
 

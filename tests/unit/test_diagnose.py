@@ -913,11 +913,104 @@ def test_nccl_dead_peer_when_survivors_wait_out_the_timeout_after_a_node_loss():
     assert dead.title == "Survivors blocked 20 s in a collective after a peer died"
     assert "fault kill-node on node2" in dead.evidence[0]
     assert "rank 1 blocked in ALLREDUCE for 20.0 s (timeout 20 s)" in dead.evidence[1]
-    assert "timeout= to init_process_group" in dead.fix and "too short" in dead.fix and "too long" in dead.fix
+    # The script gives init a timeout: the fix says so, never "pass a timeout" (the watchdog's 20 s is not NCCL's
+    # default: under emulation it is the script's).
+    assert "The script gives init_process_group timeout=20 s" in dead.fix and "Pass timeout=" not in dead.fix
+    assert "A lower timeout= shortens it" in dead.fix and "too short" in dead.fix and "too long" in dead.fix
+
+
+def test_nccl_dead_peer_advises_a_timeout_only_to_a_script_that_gave_none():
+    """The same capture, its watchdog at NCCL's default (600 s) and no timeout recorded: pass one."""
+    history, node_logs = captured_run("nccl_dead_peer")
+    history = [{**r, "timeout_s": 600.0} if r.get("event") == "nccl_watchdog" else r for r in history]
+    dead = diagnose(history, node_logs)[0]
+    assert dead.code == "nccl-dead-peer" and dead.fix.startswith("Pass timeout= to init_process_group")
+    assert "(torch's default for NCCL: 10 minutes)" in dead.cause
 
 
 def test_no_nccl_dead_peer_without_a_held_collective():
     assert "nccl-dead-peer" not in codes(diagnose(*captured_run("oom_worker")))
+
+
+def _frozen_peer_run(timeout_s=None, released_after=None, steps_again_after=None, end_after=400.0):
+    """Hand-made: 2 nodes x 1 worker training; node1's worker held before its next collective
+    (hang-collectives) at t0 + 40; the script's init_process_group(timeout=timeout_s) recorded in pg_ready (None:
+    none given); node0's worker released (NCCL's watchdog, emulated, and its agent's worker_failed)
+    released_after s later or never; steps again steps_again_after s after the fault, or never."""
+    t0 = 1_800_000_000.0
+    worker = {"type": "worker", "world_size": 2, "restart": 0, "run_id": "r"}
+    ready = {"seconds": 0.1} | ({"timeout_s": timeout_s} if timeout_s is not None else {})
+    history = [{"t": t0, "type": "run", "event": "start", "spec": {"devices": "emulated"}}]
+    history += [
+        {**worker, "t": t0 + 1, "node": f"node{r}", "rank": r, "pid": 10 + r, "event": "pg_ready", **ready}
+        for r in (0, 1)
+    ]
+    history += [
+        {**worker, "t": t0 + 1 + s, "node": f"node{s % 2}", "rank": s % 2, "pid": 10 + s % 2, "event": "step", "n": s}
+        for s in range(1, 39)
+    ]
+    fault = {"type": "fault", "op": "h1", "fault": "hang-collectives", "target": "node1"}
+    history += [{**fault, "t": t0 + 40, "phase": "invoke"}, {**fault, "t": t0 + 40.6, "phase": "ok"}]
+    if released_after is not None:
+        t = t0 + 40 + released_after
+        history += [
+            {**worker, "t": t, "node": "node0", "rank": 0, "pid": 10, "event": "nccl_watchdog", "op": "ALLREDUCE",
+             "seconds": timeout_s, "began": t - timeout_s, "timeout_s": timeout_s},
+            {"t": t + 0.2, "type": "agent", "node": "node0", "event": "worker_failed", "exitcode": -6,
+             "local_rank": 0, "pid": 10},
+        ]  # fmt: skip
+    if steps_again_after is not None:
+        t = t0 + 40 + steps_again_after
+        history += [
+            {**worker, "t": t + i, "node": f"node{i % 2}", "rank": i % 2, "pid": 20 + i % 2, "restart": 1,
+             "event": "step", "n": 39 + i}
+            for i in range(10)
+        ]  # fmt: skip
+    return [*history, {"t": t0 + end_after, "type": "run", "event": "end"}]
+
+
+def test_a_hang_held_past_the_scripts_timeout_names_the_group_with_its_own_timeout():
+    """The script gives init_process_group timeout=15 s, yet the others are held 359 s without failing: the
+    collective is in a group of its own timeout (new_group, a mesh's sub-groups): never "pass a timeout to
+    init_process_group", which it does."""
+    found = diagnose(_frozen_peer_run(timeout_s=15.0), {})
+    assert codes(found) == ["process-group-timeout"]
+    (hang,) = found
+    assert "held 359 s without failing, although the script gives init_process_group timeout=15 s" in hang.cause
+    assert "new_group()" in hang.cause and "30 minutes for gloo, 10 for NCCL" in hang.cause
+    assert "init_process_group(timeout=15 s)" in hang.evidence[-1]
+    assert "dist.new_group(ranks, timeout=timedelta(seconds=15))" in hang.fix and "backend_override" in hang.fix
+    assert "Pass a timeout to init_process_group" not in hang.fix
+    # Let go only at that group's own timeout (NCCL's 10 minutes): held that long, then failed.
+    (late,) = diagnose(
+        _frozen_peer_run(timeout_s=15.0, released_after=600.0, steps_again_after=650.0, end_after=800), {}
+    )
+    assert "they were held 599 s before their collective failed, although the script gives" in late.cause
+
+
+def test_a_hang_the_scripts_timeout_ended_is_said_to_have_worked():
+    """timeout=15 s: the watchdog (emulated) took node0's worker down 16 s after the freeze, and the job trained
+    again 75 s after it (the silence was the restart). The fix: the timeout worked; lower it to shorten it."""
+    found = diagnose(_frozen_peer_run(timeout_s=15.0, released_after=16.0, steps_again_after=75.0), {})
+    assert codes(found) == ["process-group-timeout"]  # not nccl-dead-peer: no peer died, one froze
+    (hang,) = found
+    assert "until the process group's timeout, the 15 s the script gives init_process_group" in hang.cause
+    assert "torchrun restarted the group: the rest of the silence was that restart" in hang.cause
+    assert hang.fix.startswith("The script's timeout (15 s) bounds the wait, as designed")
+    assert "Pass a timeout" not in hang.fix and "new_group" not in hang.fix
+
+
+def test_a_hang_within_a_long_timeout_the_script_gave_says_it_waits_for_it():
+    """hang-default-timeout.yaml's shape: the script gives 30 minutes; 360 s of silence, nothing let go yet."""
+    (hang,) = diagnose(_frozen_peer_run(timeout_s=1800.0), {})
+    assert "They wait for it until the process group's timeout, the 30 min the script gives" in hang.cause
+    assert hang.fix.startswith("The script's timeout (30 min) bounds the wait") and "A lower timeout=" in hang.fix
+
+
+def test_a_hang_in_a_script_that_gave_no_timeout_advises_one():
+    (hang,) = diagnose(_frozen_peer_run(), {})
+    assert hang.code == "process-group-timeout" and "30 minutes by default for gloo" in hang.cause
+    assert hang.fix.startswith("Pass a timeout to init_process_group that suits the job")
 
 
 def test_nccl_dead_peer_from_the_watchdog_lines_alone():

@@ -24,6 +24,9 @@ from sim.verdict.diagnoses.evidence import (
 )
 from sim.verdict.runmodel import AGENT_CONTAINER, RunModel
 
+# The faults that freeze a peer (its process lives on): a node paused, a worker stopped, or held before its
+# next collective.
+FREEZES = ("pause", "hang-worker", "hang-collectives")
 # A worker silent this long after a peer of its group finished the script (exit 0) is stuck at its end.
 STUCK_AT_EXIT_S = 60.0
 
@@ -33,17 +36,31 @@ STUCK_AT_EXIT_S = 60.0
 NCCL_DEFAULT_TIMEOUT_S = 600.0
 
 
+NCCL_TIMEOUT_TRADE_OFF = (
+    "The trade-off: too short kills collectives that are slow for good reasons (a checkpoint save, a long first "
+    "compile or data load, a straggler); too long wastes the whole timeout each time a node is lost. Choose it "
+    "above the slowest healthy collective (under emulation, --failure-timing gloo shows the run without the wait)."
+)
 NCCL_DEAD_PEER_FIX = (
     "Pass timeout= to init_process_group to bound it, e.g. "
-    'dist.init_process_group("nccl", timeout=timedelta(seconds=120)). The trade-off: too short kills '
-    "collectives that are slow for good reasons (a checkpoint save, a long first compile or data load, a "
-    "straggler); too long wastes the whole timeout each time a node is lost. Choose it above the slowest "
-    "healthy collective (under emulation, --failure-timing gloo shows the run without the wait)."
+    f'dist.init_process_group("nccl", timeout=timedelta(seconds=120)). {NCCL_TIMEOUT_TRADE_OFF}'
 )
 
 
+def _nccl_dead_peer_fix(given: float | None) -> str:
+    """The fix, true for the script: it may give init_process_group a timeout already."""
+    if given is None:
+        return NCCL_DEAD_PEER_FIX
+    return (
+        f"The script gives init_process_group timeout={given:g} s: each lost peer costs that long before the "
+        f"watchdog lets torchrun regroup. A lower timeout= shortens it. {NCCL_TIMEOUT_TRADE_OFF}"
+    )
+
+
 def process_group_timeout(run: RunModel) -> Diagnosis | None:
-    """(e) Workers hang in a collective until the process group's timeout after a peer froze."""
+    """(e) Workers hang in a collective until the process group's timeout after a peer froze. The advice
+    follows the timeout the script gave init_process_group (its "pg_ready" records): none, one that let the
+    others go, or one that did not bound the wait (the collective was in a group of its own timeout)."""
     timeouts = [r for r in run.agent_events("worker_error") if r.kind == "timeout"]
     frozen = _frozen_stalls(run)
     if not timeouts and not frozen:
@@ -64,22 +81,105 @@ def process_group_timeout(run: RunModel) -> Diagnosis | None:
     if waited:
         longest_s = max(waited) / 1000
         limit = f" after waiting {f'{longest_s / 60:.0f} min' if longest_s >= 60 else f'{longest_s:.0f} s'}"
-    cause = (
-        "A peer stopped answering (frozen, stopped or cut off) while the others were inside a collective. "
-        "They wait for it until the process group's timeout (30 minutes by default for gloo): its agent "
-        "still looks alive to torchrun, so nothing restarts the group meanwhile."
-    )
+    first = min([p.t for p, _ in frozen] + [r.t for r in timeouts])
+    given = _timeout_given(run, first)
+    if given is None:
+        cause = (
+            "A peer stopped answering (frozen, stopped or cut off) while the others were inside a collective. "
+            "They wait for it until the process group's timeout (30 minutes by default for gloo): its agent "
+            "still looks alive to torchrun, so nothing restarts the group meanwhile."
+        )
+        fix = (
+            "Pass a timeout to init_process_group that suits the job, e.g. "
+            'dist.init_process_group("gloo", timeout=timedelta(seconds=60)): the blocked collective then fails, '
+            "the worker exits and torchrun regroups without the frozen node."
+        )
+    else:
+        pg_ready = max((r for r in _pg_ready(run) if r.t <= first), key=lambda r: r.t)
+        evidence.append(_line(pg_ready, f"the script's process group: init_process_group(timeout={given:g} s)"))
+        past = _held_past(run, frozen, given)
+        if past is None:
+            released = _released(run, first)
+            cause = "A peer stopped answering (frozen, stopped or cut off) while the others were inside a collective. "
+            if released is not None:
+                evidence.append(_line(released))
+                cause += (
+                    f"They waited for it until the process group's timeout, the {_span(given)} the script gives "
+                    f"init_process_group; then their collective failed ({_describe(released)} on {released.node}) "
+                    "and torchrun restarted the group: the rest of the silence was that restart."
+                )
+            else:
+                cause += (
+                    f"They wait for it until the process group's timeout, the {_span(given)} the script gives "
+                    "init_process_group: its agent still looks alive to torchrun, so nothing restarts the group "
+                    "meanwhile."
+                )
+            fix = (
+                f"The script's timeout ({_span(given)}) bounds the wait, as designed: each hung peer costs that long "
+                "plus the restart. A lower timeout= shortens it; keep it above the slowest healthy collective "
+                "(a checkpoint save, a first compile or data load, a straggler)."
+            )
+        else:
+            held, until = past
+            cause = (
+                f"A peer stopped answering while the others were inside a collective, and they were held {held:.0f} s "
+                f"{'without failing' if until is None else 'before their collective failed'}, although the script "
+                f"gives init_process_group timeout={given:g} s: the "
+                "collective that holds them is in a process group of its own, whose timeout is not init's. Groups "
+                "made with new_group() or new_subgroups() without timeout=, and the sub-groups of a DeviceMesh of "
+                "two or more dimensions (init_device_mesh), take torch's default "
+                "(torch.distributed.constants: 30 minutes for gloo, 10 for NCCL). Their agents see live workers, "
+                "so nothing restarts the group meanwhile."
+            )
+            fix = (
+                f"Give that group the timeout too: dist.new_group(ranks, timeout=timedelta(seconds={given:g})) for "
+                "each group the script makes; for a DeviceMesh's sub-groups, init_device_mesh(..., "
+                "backend_override={dim: options}) with the backend options' _timeout set. A 1-D mesh over the "
+                "whole world reuses the default group and its timeout."
+            )
     if timeouts:
         cause += f" The collective timed out{limit} on {', '.join(sorted({r.node for r in timeouts}))}."
     return Diagnosis(
-        "process-group-timeout",
-        "Hang in a collective until the process group's timeout",
-        cause,
-        evidence,
-        "Pass a timeout to init_process_group that suits the job, e.g. "
-        'dist.init_process_group("gloo", timeout=timedelta(seconds=60)): the blocked collective then fails, the '
-        "worker exits and torchrun regroups without the frozen node.",
+        "process-group-timeout", "Hang in a collective until the process group's timeout", cause, evidence, fix
     )
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 120 and seconds % 60 == 0 else f"{seconds:g} s"
+
+
+def _pg_ready(run: RunModel) -> list[WorkerRecord]:
+    return [r for r in run.records if isinstance(r, WorkerRecord) and r.event == "pg_ready"]
+
+
+def _timeout_given(run: RunModel, t: float) -> float | None:
+    """The timeout= the script gave init_process_group in the last process group made by t (the node image
+    records it in "pg_ready"); None: none given (torch's default), or an image that did not record it."""
+    ready = [r for r in _pg_ready(run) if r.t <= t]
+    if not ready:
+        return None
+    last = max(r.t for r in ready)
+    given = [r.timeout_s for r in ready if r.t >= last - 60.0 and r.timeout_s is not None]
+    return max(given) if given else None
+
+
+def _released(run: RunModel, t: float) -> Record | None:
+    """The first sign after t that a held collective let its workers go: a worker failed (its collective
+    timed out), or NCCL's watchdog (emulated) took one down."""
+    signs = [r for r in run.agent_events("worker_failed", "group_failed") if r.t > t]
+    signs += [r for r in run.records if isinstance(r, WorkerRecord) and r.event == "nccl_watchdog" and r.t > t]
+    return min(signs, key=lambda r: r.t, default=None)
+
+
+def _held_past(run: RunModel, frozen: list, given: float) -> tuple[float, Record | None] | None:
+    """How long the others were held after a freeze, and what let them go (None: nothing), when that is well
+    past the script's timeout (FROZEN_HANG_S beyond it: the others may finish a step first); None otherwise."""
+    for pause, quiet in frozen:
+        released = _released(run, pause.t)
+        held = (released.t if released is not None else pause.t + quiet) - pause.t
+        if held > given + FROZEN_HANG_S and quiet > given + FROZEN_HANG_S:
+            return held, released
+    return None
 
 
 def nccl_dead_peer(run: RunModel) -> Diagnosis | None:
@@ -97,6 +197,8 @@ def nccl_dead_peer(run: RunModel) -> Diagnosis | None:
         if f.t <= began + 5.0
     ]
     loss = losses[-1] if losses else None
+    if loss is None and any(f.t <= began + 5.0 for f in _fault_records(run, *FREEZES)):
+        return None  # a peer frozen, not dead: process-group-timeout tells that story
     timeouts = sorted({r.timeout_s for r in held if r.timeout_s is not None})
     timeout = timeouts[-1] if timeouts else None
     waited = f"{timeout:g} s" if timeout is not None else "the process group's timeout"
@@ -118,7 +220,8 @@ def nccl_dead_peer(run: RunModel) -> Diagnosis | None:
         "watchdog aborts the process and only then does torchrun regroup. The whole timeout is lost per node "
         f"loss, on {', '.join(sorted({r.node for r in held if r.node}, key=node_order))}.",
         evidence,
-        NCCL_DEAD_PEER_FIX,
+        # Under emulation the watchdog's timeout is the script's when it gave one, else NCCL's default.
+        _nccl_dead_peer_fix(_timeout_given(run, began) or (timeout if timeout != NCCL_DEFAULT_TIMEOUT_S else None)),
     )
 
 
@@ -138,7 +241,7 @@ def _nccl_watchdog_logged(run: RunModel) -> Diagnosis | None:
         "the collective blocks until the process group's timeout, then ProcessGroupNCCL's watchdog aborts the "
         "process and only then does torchrun regroup.",
         [_line(lost[-1] if lost[-1].t <= logged[0].t else lost[0]), *(_line(r) for r in _first_per_node(logged))],
-        NCCL_DEAD_PEER_FIX,
+        _nccl_dead_peer_fix(_timeout_given(run, logged[0].t)),
     )
 
 
@@ -149,9 +252,7 @@ def _frozen_stalls(run: RunModel) -> list[tuple[FaultRecord | DockerRecord, floa
     if not beats:
         return []  # nothing measures progress for this script: no claim
     stalls = []
-    pauses = _fault_records(run, "pause", "hang-worker", "hang-collectives") or [
-        r for r in run.docker if r.action == "pause"
-    ]
+    pauses = _fault_records(run, *FREEZES) or [r for r in run.docker if r.action == "pause"]
     for pause in pauses:
         target = _frozen_node(pause)
         resumed = [
