@@ -86,7 +86,7 @@ def _add_fault_verb(sub: argparse._SubParsersAction, fault: FaultEntry) -> None:
         _add_option(parser, f)
     if fault.reversible:
         parser.add_argument(
-            "--for", dest="duration", help=f"undo after this long, e.g. 20s (default: until `sim {fault.undone_by}`)"
+            "--for", dest="duration", help=f"undo after this long, e.g. 20s (default: until `sim {fault.undo_verb}`)"
         )
 
 

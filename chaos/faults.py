@@ -17,7 +17,7 @@ from signal import SIGKILL, Signals
 from typing import TYPE_CHECKING, Any
 
 from sim.core.errors import FaultError, UsageError
-from sim.core.faultkinds import KINDS, FaultKind
+from sim.core.faultkinds import KINDS, PROVOCATIONS, FaultKind
 from sim.core.history import FaultResult
 from sim.core.spec import parse_size
 
@@ -426,7 +426,7 @@ class FaultEntry:
     help: str  # one line
     invoke: Callable[[Nemesis, Any], dict]
     undo: Callable[[Nemesis, dict], dict] | None = None
-    undone_by: str = ""  # reversible: the CLI verb that undoes it by hand, e.g. "heal"
+    undo_verb: str = ""  # reversible: the CLI verb that undoes it by hand, e.g. "heal"
     needs_etcd: bool = False
     needs_running: bool = True  # False: it brings a stopped container back
     # Builds what it would act on among a cluster's nodes without acting, so a bad shape fails early.
@@ -440,7 +440,7 @@ class FaultEntry:
             raise ValueError(f"fault name {self.name!r}: use lowercase words joined by '-', e.g. kill-node")
         if not self.verb or not issubclass(self.options, FaultOptions):
             raise ValueError(f"fault {self.name}: needs a CLI verb and FaultOptions")
-        if bool(self.undo) != bool(self.undone_by):
+        if bool(self.undo) != bool(self.undo_verb):
             raise ValueError(f"fault {self.name}: a reversible fault names the verb that undoes it by hand")
 
     @property
@@ -564,7 +564,7 @@ _CATALOG = (
         "freeze a node or etcd (every process stops; docker pause)",
         lambda n, o: n.pause(o.target),
         undo=lambda n, result: n.unpause(FaultResult.parse(result).node),
-        undone_by="unpause",
+        undo_verb="unpause",
     ),
     FaultEntry(
         "unpause", TargetOptions, ("unpause",), "resume a frozen node or etcd", lambda n, o: n.unpause(o.target)
@@ -576,7 +576,7 @@ _CATALOG = (
         "cut the network: groups 'node0,node1|node2,node3', or --isolate/--from-etcd/--from-peers/--one-way",
         _partition,
         undo=_heal_result,
-        undone_by="heal",
+        undo_verb="heal",
         check_nodes=lambda o, nodes, has_etcd: o.cuts(nodes, has_etcd=has_etcd),
     ),
     FaultEntry(
@@ -603,7 +603,7 @@ _CATALOG = (
             },
         ),
         undo=_heal_result,
-        undone_by="heal",
+        undo_verb="heal",
         records="link",
     ),
     FaultEntry(
@@ -650,7 +650,7 @@ _CATALOG = (
         "freeze etcd",
         lambda n, o: n.pause(ETCD),
         undo=lambda n, result: n.unpause(ETCD),
-        undone_by="etcd unpause",
+        undo_verb="etcd unpause",
         needs_etcd=True,
         records="pause",
     ),
@@ -670,7 +670,7 @@ _CATALOG = (
         "cut etcd off from every node",
         _isolate_etcd,
         undo=_heal_result,
-        undone_by="heal",
+        undo_verb="heal",
         needs_etcd=True,
         records="partition",
     ),
@@ -681,7 +681,7 @@ _CATALOG = (
         "stop one worker process (SIGSTOP; its agent still sees it alive, its peers wait in a collective)",
         lambda n, o: n.hang_worker(o.target, rank=o.rank, local_rank=o.local_rank),
         undo=_heal_result,  # its id names the one worker it stopped (`sim resume-worker` continues them all)
-        undone_by="heal",
+        undo_verb="heal",
     ),
     FaultEntry(
         "hang-collectives",
@@ -690,7 +690,7 @@ _CATALOG = (
         "one worker stops calling collectives while its process runs on (a hang inside the script; instrumented)",
         lambda n, o: n.hang_collectives(o.target, rank=o.rank, local_rank=o.local_rank),
         undo=_heal_result,
-        undone_by="heal",
+        undo_verb="heal",
     ),
     FaultEntry(
         "resume-worker",
@@ -706,7 +706,7 @@ _CATALOG = (
         "a straggler: throttle a node's (or etcd's) CPU with a cgroup quota",
         lambda n, o: n.slow_node(o.target, cpus=o.cpus),
         undo=_heal_result,
-        undone_by="heal",
+        undo_verb="heal",
     ),
     FaultEntry(
         "skew-clock",
@@ -715,7 +715,7 @@ _CATALOG = (
         "shift a node's wall clock (libfaketime in its processes): --by 60s ahead, --by=-10m behind",
         lambda n, o: n.skew_clock(o.target, by=o.by),
         undo=_heal_result,
-        undone_by="heal",
+        undo_verb="heal",
     ),
     FaultEntry(
         "oom-worker",
@@ -738,7 +738,7 @@ _CATALOG = (
         "fill the checkpoint disk (size-limited: cluster ckpt_size) so the next write fails with ENOSPC",
         lambda n, o: n.fill_disk(o.target, directory=o.dir, leave=o.leave),
         undo=_heal_result,
-        undone_by="heal",
+        undo_verb="heal",
     ),
     FaultEntry(
         "kill-during-checkpoint",
@@ -755,7 +755,7 @@ _CATALOG = (
         "heal lets the write finish late, as a zombie's",
         lambda n, o: n.freeze_during_checkpoint(o.target, directory=o.dir, within=o.within),
         undo=_heal_result,
-        undone_by="heal",
+        undo_verb="heal",
     ),
     FaultEntry(
         "scale",
@@ -770,144 +770,7 @@ FAULTS: dict[str, FaultEntry] = {fault.name: fault for fault in _CATALOG}
 
 # ---------------------------------------------------------------- what `sim vet` does with each kind
 
-# Node-count changes a vetted fault makes: "same", "less" (a node leaves), "more" (a node joins).
-NODE_EFFECTS = ("same", "less", "more")
-
-
-@dataclass(frozen=True)
-class Provocation:
-    """How `sim vet` provokes one kind of fault (chaos/vet.py builds a scenario from these), when the job counts
-    as recovered from it and what surviving it means. `fault` names the catalog's entry; `options` are its
-    options, with "{victim}" standing for the node it strikes (never node0: on c10d it hosts the store)."""
-
-    label: str  # what the scorecard calls it: "worker crash"
-    fault: str  # a FAULTS name
-    options: Mapping[str, Any] = field(default_factory=dict)
-    duration_s: float | None = None  # reversible faults: undone after this long
-    # Undone sooner, as soon as the others are steady without the node: what surviving it asks is shown then.
-    undone_once_regrouped: bool = False
-    nodes: str = "same"  # NODE_EFFECTS: the node count it leaves
-    survival: str = "the job recovers: every rank trains again at the world size it should have"
-    # Backends where the job ends by design: there it gets a cluster of its own, checked to end fast and cleanly.
-    ends_job_on: tuple[str, ...] = ()
-    hosted_on: tuple[str, ...] | None = None  # None: every backend
-    needs_ckpt_disk: bool = False  # a size-limited /ckpt (ckpt_size)
-    quick: bool = False  # one of `--quick`'s five most telling
-
-    def __post_init__(self) -> None:
-        if self.fault not in FAULTS:
-            raise ValueError(f"provocation {self.label!r}: no fault {self.fault!r} in the catalog")
-        if self.nodes not in NODE_EFFECTS:
-            raise ValueError(f"provocation {self.label!r}: nodes {self.nodes!r} is not one of {NODE_EFFECTS}")
-
-
-_ETCD = ("etcd-v2", "etcd-v3")
-# Keyed by the kind `sim vet --faults` names: the catalog's fault name where one provocation is enough.
-PROVOCATIONS: dict[str, Provocation] = {
-    "kill-worker": Provocation("worker crash", "kill-worker", {"target": "{victim}"}, quick=True),
-    "kill-agent": Provocation(
-        "agent crash",
-        "kill-agent",
-        {"target": "{victim}"},
-        nodes="less",
-        survival="the others regroup without the node and train on",
-    ),
-    "kill-node": Provocation(
-        "node crash",
-        "kill-node",
-        {"target": "{victim}"},
-        nodes="less",
-        survival="the others regroup without the node and train on",
-        quick=True,
-    ),
-    "stop-node": Provocation(
-        "preemption (SIGTERM, 5 s grace)",
-        "stop-node",
-        {"target": "{victim}", "grace": 5.0},
-        nodes="less",
-        survival="the others regroup without the node and train on",
-    ),
-    "restart-node": Provocation("node rejoin (restart)", "restart-node", {"target": "{victim}"}, quick=True),
-    "scale-down": Provocation(
-        "a node leaving (scale down)",
-        "scale",
-        {"nodes": "{less}"},
-        nodes="less",
-        survival="the others regroup smaller and train on",
-    ),
-    "scale-up": Provocation(
-        "a node joining (scale up)",
-        "scale",
-        {"nodes": "{more}"},
-        nodes="more",
-        survival="the new node joins at the next round and every rank trains from the same point",
-        quick=True,
-    ),
-    "pause": Provocation(
-        "freeze past keep-alive (<=25 s)",
-        "pause",
-        {"target": "{victim}"},
-        duration_s=25.0,
-        undone_once_regrouped=True,
-        survival="the others time out, regroup, and the thawed node rejoins",
-    ),
-    "partition": Provocation(
-        "one node partitioned (<=20 s)",
-        "partition",
-        {"isolate": ("{victim}",)},
-        duration_s=20.0,
-        undone_once_regrouped=True,
-        survival="the others time out and regroup; the node rejoins once healed",
-        hosted_on=_ETCD,
-    ),
-    "netem": Provocation(
-        "lossy link (10% loss, 10 s)",
-        "netem",
-        {"target": "{victim}", "loss": 10.0},
-        duration_s=10.0,
-        survival="training slows but carries on: no restart is needed, steps go on",
-    ),
-    "etcd-restart": Provocation(
-        "etcd restart (10 s down)",
-        "etcd-restart",
-        {"downtime": 10.0},
-        survival="the agents ride out etcd's downtime and train on",
-        ends_job_on=("etcd-v2",),
-        hosted_on=_ETCD,
-    ),
-    "store-host-loss": Provocation(
-        "c10d store host lost",
-        "kill-node",
-        {"target": "store-host"},
-        survival="torch cannot survive it: every agent must end fast and cleanly",
-        ends_job_on=("c10d",),
-        hosted_on=("c10d",),
-    ),
-    "slow-node": Provocation(
-        "straggler (0.05 CPU, 5 s)",
-        "slow-node",
-        {"target": "{victim}", "cpus": 0.05},
-        duration_s=5.0,
-        survival="every synchronous step slows, nothing fails: steps go on",
-    ),
-    "hang-collectives": Provocation(
-        "hung collective",
-        "hang-collectives",
-        {"target": "{victim}"},
-        survival="the process-group timeout fires and the agents restart the group",
-        quick=True,
-    ),
-    "fill-disk": Provocation(
-        "full checkpoint disk (5 s)",
-        "fill-disk",
-        duration_s=5.0,
-        survival="a failed write does not lose the last good checkpoint: training goes on or resumes from it",
-        needs_ckpt_disk=True,
-    ),
-    "kill-during-checkpoint": Provocation(
-        "kill during a checkpoint write",
-        "kill-during-checkpoint",
-        {"target": "rank0", "within": 30.0},
-        survival="the half-written file is never loaded: the job resumes from the previous checkpoint",
-    ),
-}
+# Each kind's provocations (sim.core.faultkinds), by the name `sim vet --faults` takes, name catalog entries.
+for _name, _provocation in PROVOCATIONS.items():
+    if _provocation.fault not in FAULTS:
+        raise ValueError(f"provocation {_name!r}: no fault {_provocation.fault!r} in the catalog")

@@ -73,9 +73,9 @@ def test_undo_operations_are_kinds_that_undo_and_every_reversible_kind_names_one
 
 def test_a_kind_refuses_traits_that_contradict_each_other():
     with pytest.raises(ValueError, match="needs its in-force kind"):
-        FaultKind("x", undone_by="heal")
+        FaultKind("x", undo_op="heal")
     with pytest.raises(ValueError, match="not one of"):
-        FaultKind("x", undone_by="restart", in_force="x")
+        FaultKind("x", undo_op="restart", in_force="x")
     with pytest.raises(ValueError, match="a node removed is a node silenced"):
         FaultKind("x", removes_node=True)
     with pytest.raises(ValueError, match="lives_in_node"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from sim.core.faultkinds import names_where
+from sim.core.faultkinds import kind_of
 from sim.core.history import AgentRecord, DockerRecord, FaultRecord, Record, WorkerRecord
 from sim.core.nodes import node_order
 from sim.verdict.diagnoses.evidence import (
@@ -17,7 +17,7 @@ from sim.verdict.diagnoses.evidence import (
     _agent_nodes,
     _at,
     _describe,
-    _fault_records,
+    _faults_where,
     _first_per_node,
     _frozen_node,
     _line,
@@ -91,11 +91,7 @@ def nccl_dead_peer(run: RunModel) -> Diagnosis | None:
         return _nccl_watchdog_logged(run)
     first = min(held, key=lambda r: r.t)
     began = first.began if first.began is not None else first.t - (first.seconds or 0.0)
-    losses = [
-        f
-        for f in _fault_records(run, *names_where(lambda kind: kind.loses_node or kind.ends_workers))
-        if f.t <= began + 5.0
-    ]
+    losses = [f for f in _faults_where(run, lambda kind: kind.loses_node or kind.ends_workers) if f.t <= began + 5.0]
     loss = losses[-1] if losses else None
     timeouts = sorted({r.timeout_s for r in held if r.timeout_s is not None})
     timeout = timeouts[-1] if timeouts else None
@@ -126,7 +122,7 @@ def _nccl_watchdog_logged(run: RunModel) -> Diagnosis | None:
     """A real NCCL run (no emulation records): the watchdog's own lines after a peer's node or process died."""
     words = "Watchdog caught collective operation timeout"
     logged = [r for r in run.agent_events("worker_error") if words in (r.message or "")]
-    lost = _fault_records(run, *names_where(lambda kind: kind.loses_node or kind.ends_workers))
+    lost = _faults_where(run, lambda kind: kind.loses_node or kind.ends_workers)
     if not logged or not lost or lost[0].t > logged[0].t:
         return None
     ran = [int(m.group(1)) for r in logged if (m := re.search(r"ran for (\d+) milliseconds", r.message or ""))]
@@ -149,9 +145,7 @@ def _frozen_stalls(run: RunModel) -> list[tuple[FaultRecord | DockerRecord, floa
     if not beats:
         return []  # nothing measures progress for this script: no claim
     stalls = []
-    pauses = _fault_records(run, "pause", "hang-worker", "hang-collectives") or [
-        r for r in run.docker if r.action == "pause"
-    ]
+    pauses = _faults_where(run, lambda kind: kind.stalls_workers) or [r for r in run.docker if r.action == "pause"]
     for pause in pauses:
         target = _frozen_node(pause)
         resumed = [
@@ -159,7 +153,7 @@ def _frozen_stalls(run: RunModel) -> list[tuple[FaultRecord | DockerRecord, floa
             for r in run.records
             if r.t > pause.t
             and (
-                (isinstance(r, FaultRecord) and r.fault in ("unpause", "resume-worker") and r.target == target)
+                (isinstance(r, FaultRecord) and kind_of(r.fault).resumes_workers and r.target == target)
                 or (isinstance(r, DockerRecord) and r.action == "unpause" and r.node == target)
             )
         ]
@@ -234,7 +228,7 @@ WAITED_MS = re.compile(r"(?:timeout after|waiting|Timed out after) (\d+)\s?(ms|s
 def init_peer_lost(run: RunModel) -> Diagnosis | None:
     """(r) A node lost while its round's workers were still inside init_process_group: the others wait for it
     in the store (and gloo's connection set-up) until init's timeout, and nothing regroups meanwhile."""
-    losses = [f for f in _fault_records(run, *names_where(lambda kind: kind.loses_node)) if f.where]
+    losses = [f for f in _faults_where(run, lambda kind: kind.loses_node) if f.where]
     losses += [
         r
         for r in run.docker
@@ -242,7 +236,7 @@ def init_peer_lost(run: RunModel) -> Diagnosis | None:
         and not any(f.where == r.node and abs(f.t - r.t) < 5.0 for f in losses)
     ]  # fmt: skip
     for loss in sorted(losses, key=lambda r: r.t):
-        lost = _frozen_node(loss) if isinstance(loss, FaultRecord) and loss.fault == "pause" else (
+        lost = _frozen_node(loss) if isinstance(loss, FaultRecord) and kind_of(loss.fault).freezes_node else (
             loss.where if isinstance(loss, FaultRecord) else loss.node
         )  # fmt: skip
         held = [h for node in _agent_nodes(run) if node != lost and (h := _held_in_init(run, node, loss.t))]
