@@ -15,14 +15,15 @@ from collections.abc import Callable
 from typing import Any
 
 from sim.core.errors import ClusterNotFoundError, UsageError
+from sim.core.faultoptions import FLAG, FaultOptions, option_of
+from sim.core.parse import parse_duration
 from sim.core.spec import DEFAULT_NAME
 from sim.engines.cluster import Cluster
 from sim.engines.docker import Docker
 from sim.engines.swarm import provider_for
 
-from .faults import FAULTS, FLAG, FaultEntry, FaultOptions, option_of
+from .faults import FAULTS, FaultEntry
 from .nemesis import Nemesis
-from .parse import parse_duration
 from .targets import ETCD
 
 

@@ -916,7 +916,7 @@ def cmd_forecast(args: argparse.Namespace, _: list[str] | None) -> int:
     import json
 
     from chaos.forecast import forecast, measure, parse_scales, render, with_given
-    from chaos.parse import parse_duration
+    from sim.core.parse import parse_duration
 
     scales = parse_scales(args.scales)
     if args.gpus_per_node < 1:

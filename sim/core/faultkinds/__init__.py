@@ -10,9 +10,14 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 
-from .base import LANES, NODE_EFFECTS, UNDO_OPS, FaultKind, Provocation
+from .base import LANES, NODE_EFFECTS, UNDO_OPS, Act, Action, ChaosMesh, FaultKind, LimitWrites, NodeShell, Provocation
 
 __all__ = [
+    "Act",
+    "Action",
+    "ChaosMesh",
+    "LimitWrites",
+    "NodeShell",
     "FAULT_KINDS",
     "KINDS",
     "LANES",

@@ -6,8 +6,10 @@ its lane, its in-force record and its provocation for `sim vet`. One object per 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from sim.core.faultoptions import FaultOptions
 
 # What undoes a reversible fault: the operation the history records for its undo.
 UNDO_OPS = ("heal", "unpause", "resume-worker")
@@ -45,6 +47,76 @@ class Provocation:
     def __post_init__(self) -> None:
         if self.nodes not in NODE_EFFECTS:
             raise ValueError(f"provocation {self.label!r}: nodes {self.nodes!r} is not one of {NODE_EFFECTS}")
+
+
+# ---------------------------------------------------------------- what a kind asks the executor to do
+
+# A kind's inject and undo return actions: data the nemesis (chaos/nemesis.py, the executor) carries out
+# inside its one audited call. A new mechanism is a new action here and its one branch in Nemesis._act.
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeShell:
+    """Run a shell script in a node, as root (`sh -c SCRIPT sh ARGS...`); its stdout is the outcome. An exit
+    code in `refusals` means the fault cannot work there: its text is the error."""
+
+    node: str
+    script: str
+    args: tuple[str, ...] = ()
+    what: str = "acting"  # for the error: "setting its clock failed"
+    refusals: Mapping[int, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitWrites:
+    """Throttle what a node writes to the block device under `path` (a mount inside it) to `bps` bytes a
+    second; 0 lifts the limit. Its container's block-I/O cgroup holds it, so it ends with the container."""
+
+    node: str
+    path: str
+    bps: int
+
+
+Action = NodeShell | LimitWrites
+
+
+@dataclasses.dataclass(frozen=True)
+class ChaosMesh:
+    """How a kind is exported to Kubernetes (chaos/k8s.py): one Chaos Mesh object of `kind` for the step's
+    hold, `spec` under it (the exporter adds the mode, the selector of `target` and, when `in_container`,
+    the job's container), and the note that says how it differs from the local fault."""
+
+    kind: str  # "TimeChaos"
+    spec: Mapping[str, Any]
+    target: str
+    note: str
+    in_container: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Act:
+    """How a kind is asked for and what it does, as data and pure functions; the nemesis carries it out.
+
+    `options`: its options (a FaultOptions dataclass; their `target` is the node it strikes). `inject(options,
+    node)`: the actions that inject it on the resolved node. `result(options, node, outcomes)`: its typed result
+    (`to_dict()` is the history's ok record) from each action's outcome. `detail(options)`: what `sim faults`
+    shows while it is in force, `already`: why a second one on the same node is refused. `undo(node)`: the
+    actions that end it. `k8s(options)`: its Chaos Mesh form, None where there is none."""
+
+    verb: tuple[str, ...]  # on the CLI: ("skew-clock",) is `sim skew-clock`
+    help: str  # one line
+    options: type[FaultOptions]
+    inject: Callable[[Any, str], tuple[Action, ...]]
+    result: Callable[[Any, str, tuple[str, ...]], Any]
+    detail: Callable[[Any], str]
+    already: str
+    undo: Callable[[str], tuple[Action, ...]] | None
+    k8s: Callable[[Any], ChaosMesh | None]
+    example: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # options as a scenario step gives them
+    allow_etcd: bool = True  # False: it acts on a node's training processes, never etcd
+    # Its undo needs the node running (a stopped node's is refused with what to do first); False: a stopped
+    # or removed node ended it with its container.
+    undo_needs_running: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +181,9 @@ class FaultKind:
     lane: str | None = None
     # How `sim vet` provokes it, by the name `sim vet --faults` takes (most kinds one, some none or two).
     provocations: Mapping[str, Provocation] = dataclasses.field(default_factory=dict)
+    # How it is asked for and what it does (options, inject, undo, result, Chaos Mesh form); None: a kind whose
+    # verb is still a Nemesis method with its entry in chaos/faults.py (docs/ARCHITECTURE.md says which).
+    act: Act | None = None
 
     def __post_init__(self) -> None:
         if self.undo_op is not None and self.undo_op not in UNDO_OPS:
@@ -119,6 +194,8 @@ class FaultKind:
             raise ValueError(f"fault kind {self.name}: lives_in_node says what ends it while in force")
         if self.removes_node and not (self.silences_node and self.ends_workers):
             raise ValueError(f"fault kind {self.name}: a node removed is a node silenced, its workers ended")
+        if self.act is not None and (self.undo_op is None) != (self.act.undo is None):
+            raise ValueError(f"fault kind {self.name}: an undo exactly when it is reversible")
         if self.lane is not None and self.lane not in LANES:
             raise ValueError(f"fault kind {self.name}: lane {self.lane!r} is not one of {LANES}")
 
