@@ -31,7 +31,7 @@ from sim.core.faultoptions import (
     TARGET,
     TEXT,
     FaultOptions,
-    Kind,
+    OptionKind,
     exactly_one,
     is_names,
     option,
@@ -55,13 +55,13 @@ def _comma_names(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(","))
 
 
-CORRUPTION = Kind("corruption", str, lambda v: v in CORRUPTIONS, "bitflip or truncate")
+CORRUPTION = OptionKind("corruption", str, lambda v: v in CORRUPTIONS, "bitflip or truncate")
 
 
-NODES = Kind("nodes", _comma_names, is_names, "a list of node names")
+NODES = OptionKind("nodes", _comma_names, is_names, "a list of node names")
 
 
-GROUPS = Kind(
+GROUPS = OptionKind(
     "groups",
     partitions.parse_groups,
     lambda v: isinstance(v, (tuple, list)) and all(map(is_names, v)),
@@ -69,7 +69,7 @@ GROUPS = Kind(
 )
 
 
-NODES_PAIR = Kind(
+NODES_PAIR = OptionKind(
     "nodes pair",
     lambda sides: tuple(map(_comma_names, sides)),
     lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(map(is_names, v)),

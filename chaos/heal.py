@@ -97,6 +97,7 @@ class HealPlan:
         return tuple(s for s in self.steps if isinstance(s, Keep))
 
 
+_FROZEN = kinds.in_force_kinds(lambda kind: kind.freezes_node)  # pause, freeze: a frozen node runs nothing
 # In-force kind -> the act of the kind that declares its own undo.
 _ACTING = {k.in_force: k.act for k in kinds.FAULT_KINDS if k.act is not None and k.in_force is not None}
 
@@ -106,7 +107,7 @@ def plan_heal(chosen: Sequence[InForce], states: Mapping[str, str], *, sweep: bo
     Pauses first: a paused node runs nothing, so its other faults are undone once it runs again."""
     states = dict(states)
     steps = []
-    for fault in sorted(chosen, key=lambda f: f.fault not in ("pause", "freeze")):
+    for fault in sorted(chosen, key=lambda f: f.fault not in _FROZEN):
         steps.append(_plan_one(fault, states))
     return HealPlan(tuple(steps), sweep=sweep)
 
@@ -116,7 +117,7 @@ def _plan_one(fault: InForce, states: dict[str, str]) -> Undo | Keep:
     kind, node = fault.fault, fault.target
     state = states.get(node)  # None: no such container (scaled away), or not a node (a partition)
     actions: list[Action] = []
-    if kind in ("pause", "freeze") and state == "paused":
+    if kind in _FROZEN and state == "paused":
         actions.append(Unpause(node))
         state = states[node] = "running"
     if fault.acting and fault.act and state == "running":

@@ -752,7 +752,7 @@ class _Workflow:
 
     def _dropped(self, step: Step) -> bool:
         """A step this target cannot export at all: a scale on a TrainJob (Trainer v2 has no elastic policy)."""
-        return step.fault == "scale" and self.opts.target == TRAINJOB
+        return FAULTS[step.fault].kind.changes_node_count and self.opts.target == TRAINJOB
 
     def build(self) -> None:
         timeline = self.schedule()

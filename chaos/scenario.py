@@ -557,7 +557,7 @@ def _read_scenario(top: _Field) -> Scenario:
     steps = []
     for item in fields["steps"].items() if "steps" in fields else []:
         steps.append(_read_step(item, where))
-        if steps[-1].fault == "scale":
+        if FAULTS[steps[-1].fault].kind.changes_node_count:
             nproc = cluster.get("nproc_per_node", ClusterSpec.nproc_per_node)
             item.checked(check_fits_in_memory, "scale to", steps[-1].options.nodes, nproc)
             where = dataclasses.replace(where, nodes=_node_names(steps[-1].options.nodes))

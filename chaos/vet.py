@@ -421,7 +421,7 @@ def score_gauntlet(plan: Plan, result: ScenarioResult) -> list[FaultScore]:
         )
         if outcome_record is not None and outcome_record.phase == "fail":
             why = f"the fault could not act: {outcome_record.error}"
-            if planned.step.fault == "kill-during-checkpoint":
+            if FAULTS[planned.step.fault].kind.strikes_in_write:
                 why += (
                     "; write checkpoints under /ckpt (the disk every node shares), "
                     "e.g. torch.save(state, '/ckpt/snapshot.pt')"

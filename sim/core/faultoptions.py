@@ -18,7 +18,7 @@ from sim.core.spec import parse_size
 
 
 @dataclass(frozen=True)
-class Kind:
+class OptionKind:
     """What an option holds: `parse` makes it from what a person typed (a CLI argument, a
     scenario value written as text), `accepts` says whether a value is one (for options built
     in Python), `show` writes a value back as a person would type it."""
@@ -48,13 +48,13 @@ def _checked_number(text: str, what: str, example: str) -> float:
         raise UsageError(f"{what} {text!r}: not a number; use e.g. {example}") from None
 
 
-def whole(least: int, example: int) -> Kind:
+def whole(least: int, example: int) -> OptionKind:
     def parse(text: str) -> int:
         if not re.fullmatch(r"\s*-?\d+\s*", text):
             raise UsageError(f"{text!r} is not a whole number; use e.g. {example}")
         return int(text)
 
-    return Kind(
+    return OptionKind(
         "whole",
         parse,
         lambda v: is_number(v, least) and isinstance(v, int),
@@ -64,8 +64,8 @@ def whole(least: int, example: int) -> Kind:
     )
 
 
-def _text(what: str) -> Kind:
-    return Kind("text", str, lambda v: isinstance(v, str) and bool(v), what)
+def _text(what: str) -> OptionKind:
+    return OptionKind("text", str, lambda v: isinstance(v, str) and bool(v), what)
 
 
 TARGET = _text("a node name, or random, store-host, rank0, etcd")
@@ -77,13 +77,13 @@ NODE_TARGET = _text("a node name, or random, store-host, rank0")  # a node's tra
 TEXT = _text("a word")
 
 
-FLAG = Kind("flag", bool, lambda v: isinstance(v, bool), "true or false")
+FLAG = OptionKind("flag", bool, lambda v: isinstance(v, bool), "true or false")
 
 
-SECONDS = Kind("seconds", parse_duration, is_number, "a number of seconds >= 0", show=lambda v: f"{v:g}s")
+SECONDS = OptionKind("seconds", parse_duration, is_number, "a number of seconds >= 0", show=lambda v: f"{v:g}s")
 
 
-SIGNAL = Kind(
+SIGNAL = OptionKind(
     "signal",
     parse_signal,
     lambda v: isinstance(v, Signals),
@@ -92,13 +92,13 @@ SIGNAL = Kind(
 )
 
 
-PERCENT = Kind("percent", parse_percent, lambda v: is_number(v, 0, 100), "a percentage from 0 to 100")
+PERCENT = OptionKind("percent", parse_percent, lambda v: is_number(v, 0, 100), "a percentage from 0 to 100")
 
 
-RATE = Kind("rate", parse_rate, lambda v: is_number(v, 1) and isinstance(v, int), "a whole number of bits/s > 0")
+RATE = OptionKind("rate", parse_rate, lambda v: is_number(v, 1) and isinstance(v, int), "a whole number of bits/s > 0")
 
 
-CPUS = Kind(
+CPUS = OptionKind(
     "cpus",
     lambda text: _checked_number(text, "cpus", "0.2"),
     lambda v: is_number(v, 0.001),
@@ -106,7 +106,7 @@ CPUS = Kind(
 )
 
 
-SIZE = Kind(
+SIZE = OptionKind(
     "size",
     lambda text: parse_size("size", text, least=0),
     lambda v: is_number(v, 0) and isinstance(v, int),
@@ -133,7 +133,7 @@ def parse_offset(text: str) -> float:
     return seconds
 
 
-OFFSET = Kind(
+OFFSET = OptionKind(
     "offset",
     parse_offset,
     lambda v: is_number(v, -MOST_SKEW_S, MOST_SKEW_S) and v != 0,
@@ -142,7 +142,7 @@ OFFSET = Kind(
 )
 
 
-DIRECTORY = Kind(
+DIRECTORY = OptionKind(
     "directory",
     str,
     lambda v: isinstance(v, str) and v.startswith("/") and len(v) > 1,
@@ -154,14 +154,14 @@ DIRECTORY = Kind(
 class Option:
     """How one option of a fault is spelt and explained (a field of its options dataclass)."""
 
-    kind: Kind
+    kind: OptionKind
     help: str
     positional: bool = False  # on the CLI: `sim pause node1`, not `--target node1`
     metavar: str | tuple[str, ...] | None = None
 
 
 def option(
-    kind: Kind,
+    kind: OptionKind,
     help: str,
     default: Any = None,
     *,
@@ -180,7 +180,7 @@ def option_of(f: dataclasses.Field) -> Option:
 
 @dataclass(frozen=True)
 class FaultOptions:
-    """The base of every fault's options: each value is checked against its Kind, then the
+    """The base of every fault's options: each value is checked against its OptionKind (what it holds), then the
     rules among them (problem)."""
 
     def __post_init__(self) -> None:
