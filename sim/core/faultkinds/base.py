@@ -164,6 +164,8 @@ class FaultKind:
     rejoins_nodes: bool = False
     # It changes the node count (its result's joined and left).
     changes_node_count: bool = False
+    # A preemption: SIGTERM, then SIGKILL after a grace period (a job may save a checkpoint in the grace).
+    preempts: bool = False
     # It slows every training step (a straggler's CPU): a "slowed" fault, not only a degraded one.
     slows_steps: bool = False
     # It strikes a worker while it writes a checkpoint (the write may have completed just before).

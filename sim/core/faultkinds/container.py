@@ -38,6 +38,7 @@ KINDS = (
     FaultKind(
         "stop-node",
         **_LOST,
+        preempts=True,
         provocations={
             "stop-node": Provocation(
                 "preemption (SIGTERM, 5 s grace)",
