@@ -15,14 +15,15 @@ from collections.abc import Callable
 from typing import Any
 
 from sim.core.errors import ClusterNotFoundError, UsageError
+from sim.core.faultoptions import FLAG, FaultOptions, option_of
+from sim.core.parse import parse_duration
 from sim.core.paths import ClusterName
 from sim.core.spec import DEFAULT_NAME, ENGINES
 from sim.engines.docker import Docker
 from sim.engines.engine import choose_engine
 
-from .faults import FAULTS, FLAG, FaultEntry, FaultOptions, option_of
+from .faults import FAULTS, FaultEntry
 from .nemesis import Nemesis
-from .parse import parse_duration
 from .targets import ETCD
 
 
@@ -84,7 +85,7 @@ def _add_fault_verb(sub: argparse._SubParsersAction, fault: FaultEntry) -> None:
         _add_option(parser, f)
     if fault.reversible:
         parser.add_argument(
-            "--for", dest="duration", help=f"undo after this long, e.g. 20s (default: until `sim {fault.undone_by}`)"
+            "--for", dest="duration", help=f"undo after this long, e.g. 20s (default: until `sim {fault.undo_verb}`)"
         )
 
 

@@ -1,4 +1,4 @@
-"""Container faults: kill, stop, restart, start, pause, slow or skew a whole node (or etcd), wipe etcd, scale.
+"""Container faults: kill, stop, restart, start, pause or slow a whole node (or etcd), wipe etcd, scale.
 
 The verbs of `Nemesis` (chaos/nemesis.py) that act on containers through the Docker provider.
 """
@@ -7,19 +7,11 @@ from __future__ import annotations
 
 import time
 
-from sim.core.errors import FaultError, UnsupportedFaultError, UsageError
+from sim.core.errors import FaultError, UsageError
 from sim.core.nodes import node_order
-from sim.engines.render import CLOCK_OFFSET_FILE
 
 from .targets import ETCD
 from .verbbase import CPU_PERIOD_US, PROCESS_BOUND_FAULTS, _last
-
-# skew-clock: write the offset ($1) to the node's offset file ($2), then a new process measures its clock
-# against the kernel's (elastic_sim_clock.wall_clock). Exit CLOCK_NOT_PRELOADED: no libfaketime there.
-CLOCK_NOT_PRELOADED = 3
-CLOCK_SCRIPT = f"""case "$LD_PRELOAD" in *faketime*) ;; *) exit {CLOCK_NOT_PRELOADED} ;; esac
-printf '%s\\n' "$1" > "$2"
-exec python3 -c 'import time, elastic_sim_clock; print(time.time() - elastic_sim_clock.wall_clock())'"""
 
 
 class ContainerFaults:
@@ -125,37 +117,6 @@ class ContainerFaults:
             return {"id": fault_id, "node": name, "cpus": cpus, "cpu_quota": quota, "cpu_period": CPU_PERIOD_US}
 
         return self.invoke("slow-node", target, throttle_cpu, cpus=cpus)
-
-    def skew_clock(self, target: str, *, by: float) -> dict:
-        """Clock skew: the node's wall clock runs `by` seconds ahead (or behind, < 0) of the others'. Every
-        process of a node preloads libfaketime, which reads the node's offset file (sim.engines.render): a new process
-        at once, a running one within 2 s. The monotonic clock stays, as on a real machine. `heal` sets it
-        back to 0. The result holds the offset a fresh process in the node then saw."""
-
-        def shift_clock() -> dict:
-            node = self.resolve(target, allow_etcd=False)
-            fault_id = f"skew-{node}"
-            refused = f"{node}: its clock is skewed already; `sim heal {fault_id}` first"
-            with self._claimed(
-                fault_id, refused, lambda: {"fault": "skew", "target": node, "detail": f"clock {by:+g} s"}
-            ):
-                seen = self._set_clock_offset(node, by)
-            return {"id": fault_id, "node": node, "by": by, "seen": seen}
-
-        return self.invoke("skew-clock", target, shift_clock, by=by)
-
-    def _set_clock_offset(self, node: str, seconds: float) -> float:
-        """Write the node's clock offset, then the offset a new process there sees (its clock minus the kernel's)."""
-        result = self.cluster.exec(node, "sh", "-c", CLOCK_SCRIPT, "sh", f"{seconds:+.3f}", CLOCK_OFFSET_FILE)
-        if result.exit_code == CLOCK_NOT_PRELOADED:
-            raise UnsupportedFaultError(
-                f"{node}: no libfaketime in its processes (a node image or cluster from before skew-clock); "
-                f"`sim down` and `sim up` again"
-            )
-        try:
-            return round(float(result.stdout.strip().splitlines()[-1]), 3)
-        except (ValueError, IndexError):
-            raise FaultError(f"{node}: setting its clock failed: {_last(result.stderr or result.stdout)}") from None
 
     def wipe_etcd(self, *, downtime: float = 0.0) -> dict:
         """Restart etcd with an empty data dir: every rendezvous key is gone. The data is

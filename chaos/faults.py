@@ -12,55 +12,42 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from signal import SIGKILL, Signals
 from typing import TYPE_CHECKING, Any
 
 from sim.core.errors import FaultError, UsageError
-from sim.core.faultkinds import KINDS, FaultKind
+from sim.core.faultkinds import FAULT_KINDS, KINDS, PROVOCATIONS, FaultKind
+from sim.core.faultoptions import (
+    CPUS,
+    DIRECTORY,
+    FLAG,
+    NODE_TARGET,
+    PERCENT,
+    RATE,
+    SECONDS,
+    SIGNAL,
+    SIZE,
+    TARGET,
+    TEXT,
+    FaultOptions,
+    OptionKind,
+    exactly_one,
+    is_names,
+    option,
+    whole,
+)
 from sim.core.history import FaultResult
-from sim.core.spec import parse_size
+from sim.core.parse import check_node_names
 
 from . import partition as partitions
-from .parse import check_node_names, parse_duration, parse_percent, parse_rate, parse_signal
 from .targets import ETCD
 
 if TYPE_CHECKING:
     from .nemesis import Nemesis
 
 
-# ---------------------------------------------------------------- what an option holds
-
-
-@dataclass(frozen=True)
-class Kind:
-    """What an option holds: `parse` makes it from what a person typed (a CLI argument, a
-    scenario value written as text), `accepts` says whether a value is one (for options built
-    in Python), `show` writes a value back as a person would type it."""
-
-    name: str
-    parse: Callable[[Any], Any]
-    accepts: Callable[[Any], bool]
-    expects: str  # what `accepts` wants, for the error: "a whole number >= 0"
-    show: Callable[[Any], str] = str
-    nargs: int | None = None  # on the CLI: words taken (one_way takes FROM and TO)
-    least: int = 0  # whole numbers: the smallest allowed, and an example
-    example: int = 0
-
-
-def _is_number(value: Any, least: float = 0, most: float = float("inf")) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and least <= value <= most
-
-
-def _is_names(value: Any) -> bool:
-    return isinstance(value, (tuple, list)) and all(isinstance(name, str) for name in value)
-
-
-def _checked_number(text: str, what: str, example: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise UsageError(f"{what} {text!r}: not a number; use e.g. {example}") from None
+# ---------------------------------------------------------------- options only these faults take
 
 
 def _comma_names(text: str) -> tuple[str, ...]:
@@ -68,157 +55,27 @@ def _comma_names(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(","))
 
 
-def whole(least: int, example: int) -> Kind:
-    def parse(text: str) -> int:
-        if not re.fullmatch(r"\s*-?\d+\s*", text):
-            raise UsageError(f"{text!r} is not a whole number; use e.g. {example}")
-        return int(text)
-
-    return Kind(
-        "whole",
-        parse,
-        lambda v: _is_number(v, least) and isinstance(v, int),
-        f"a whole number >= {least}",
-        least=least,
-        example=example,
-    )
+CORRUPTION = OptionKind("corruption", str, lambda v: v in CORRUPTIONS, "bitflip or truncate")
 
 
-def _text(what: str) -> Kind:
-    return Kind("text", str, lambda v: isinstance(v, str) and bool(v), what)
+NODES = OptionKind("nodes", _comma_names, is_names, "a list of node names")
 
 
-TARGET = _text("a node name, or random, store-host, rank0, etcd")
-NODE_TARGET = _text("a node name, or random, store-host, rank0")  # a node's training processes: not etcd
-TEXT = _text("a word")
-FLAG = Kind("flag", bool, lambda v: isinstance(v, bool), "true or false")
-SECONDS = Kind("seconds", parse_duration, _is_number, "a number of seconds >= 0", show=lambda v: f"{v:g}s")
-SIGNAL = Kind(
-    "signal",
-    parse_signal,
-    lambda v: isinstance(v, Signals),
-    "a signal (signal.Signals)",
-    show=lambda v: v.name.removeprefix("SIG"),
-)
-PERCENT = Kind("percent", parse_percent, lambda v: _is_number(v, 0, 100), "a percentage from 0 to 100")
-RATE = Kind("rate", parse_rate, lambda v: _is_number(v, 1) and isinstance(v, int), "a whole number of bits/s > 0")
-CPUS = Kind(
-    "cpus",
-    lambda text: _checked_number(text, "cpus", "0.2"),
-    lambda v: _is_number(v, 0.001),
-    "a number of CPUs > 0, e.g. 0.2",
-)
-SIZE = Kind(
-    "size",
-    lambda text: parse_size("size", text, least=0),
-    lambda v: _is_number(v, 0) and isinstance(v, int),
-    "a size in bytes >= 0",
-    show=lambda v: f"{v >> 20}m" if v and not v % 2**20 else str(v),
-)
-CORRUPTION = Kind("corruption", str, lambda v: v in CORRUPTIONS, "bitflip or truncate")
-MOST_SKEW_S = 365 * 86400.0
-
-
-def parse_offset(text: str) -> float:
-    """A clock offset: a duration with a sign, "60s", "+5s", "-10m" (seconds, ahead when positive)."""
-    spoken = str(text).strip()
-    sign = -1.0 if spoken.startswith("-") else 1.0
-    try:
-        seconds = sign * parse_duration(spoken.removeprefix("-").removeprefix("+"))
-    except UsageError:
-        raise UsageError(f"offset {text!r}: not an offset; use e.g. 60s, +5s, -10m (ahead, or behind with -)") from None
-    if not seconds:
-        raise UsageError(f"offset {text!r}: no skew; use e.g. 60s, +5s, -10m (heal sets a clock back)")
-    if abs(seconds) > MOST_SKEW_S:
-        raise UsageError(f"offset {text!r}: more than a year; use e.g. 60s, -10m, 2h")
-    return seconds
-
-
-OFFSET = Kind(
-    "offset",
-    parse_offset,
-    lambda v: _is_number(v, -MOST_SKEW_S, MOST_SKEW_S) and v != 0,
-    "a number of seconds, not 0, at most a year either way",
-    show=lambda v: f"{v:+g}s",
-)
-DIRECTORY = Kind(
-    "directory",
-    str,
-    lambda v: isinstance(v, str) and v.startswith("/") and len(v) > 1,
-    "an absolute path inside the node, e.g. /ckpt",
-)
-NODES = Kind("nodes", _comma_names, _is_names, "a list of node names")
-GROUPS = Kind(
+GROUPS = OptionKind(
     "groups",
     partitions.parse_groups,
-    lambda v: isinstance(v, (tuple, list)) and all(map(_is_names, v)),
+    lambda v: isinstance(v, (tuple, list)) and all(map(is_names, v)),
     "groups of node names",
 )
-NODES_PAIR = Kind(
+
+
+NODES_PAIR = OptionKind(
     "nodes pair",
     lambda sides: tuple(map(_comma_names, sides)),
-    lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(map(_is_names, v)),
+    lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(map(is_names, v)),
     "[from, to], two lists of node names",
     nargs=2,
 )
-
-
-@dataclass(frozen=True)
-class Option:
-    """How one option of a fault is spelt and explained (a field of its options dataclass)."""
-
-    kind: Kind
-    help: str
-    positional: bool = False  # on the CLI: `sim pause node1`, not `--target node1`
-    metavar: str | tuple[str, ...] | None = None
-
-
-def option(
-    kind: Kind,
-    help: str,
-    default: Any = None,
-    *,
-    required: bool = False,
-    positional: bool = False,
-    metavar: str | tuple[str, ...] | None = None,
-) -> Any:
-    """A field of a fault's options; None (the default default) means not given."""
-    spelling = {"metadata": {"option": Option(kind, help, positional, metavar)}}
-    return field(**spelling) if required else field(default=default, **spelling)
-
-
-def option_of(f: dataclasses.Field) -> Option:
-    return f.metadata["option"]
-
-
-@dataclass(frozen=True)
-class FaultOptions:
-    """The base of every fault's options: each value is checked against its Kind, then the
-    rules among them (problem)."""
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value, kind = getattr(self, f.name), option_of(f).kind
-            if value is not None and not kind.accepts(value):
-                raise UsageError(f"{f.name} {value!r}: not {kind.expects}")
-        problem = self.problem()
-        if problem:
-            raise UsageError(problem)
-
-    def problem(self) -> str | None:
-        """What is wrong among the options, as one line naming the fix; None when nothing is."""
-        return None
-
-    def given(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
-
-
-def _exactly_one(options: FaultOptions, names: Sequence[str], *, at_most: bool = False) -> str | None:
-    given = [name for name in names if getattr(options, name) is not None and getattr(options, name) is not False]
-    if len(given) > 1 or (not at_most and not given):
-        rule = "at most one" if at_most else "exactly one"
-        return f"give {rule} of {', '.join(names)}; got {' and '.join(given) or 'none'}"
-    return None
 
 
 # ---------------------------------------------------------------- each fault's options
@@ -247,7 +104,7 @@ class WorkerOptions(FaultOptions):
     local_rank: int | None = option(whole(0, 0), "the worker with this local rank on the target node")
 
     def problem(self) -> str | None:
-        return _exactly_one(self, ("rank", "local_rank"), at_most=True)
+        return exactly_one(self, ("rank", "local_rank"), at_most=True)
 
 
 @dataclass(frozen=True)
@@ -264,12 +121,6 @@ class NodeOptions(FaultOptions):
 class SlowOptions(FaultOptions):
     target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
     cpus: float = option(CPUS, "the CPU time it gets, in CPUs, e.g. 0.2 (a cgroup CPU quota)", required=True)
-
-
-@dataclass(frozen=True)
-class SkewOptions(FaultOptions):
-    target: str = option(NODE_TARGET, _NODE_TARGET_HELP, required=True, positional=True)
-    by: float = option(OFFSET, "how far its clock runs ahead, e.g. 60s, or behind: --by=-10m", required=True)
 
 
 CORRUPTIONS = ("bitflip", "truncate")
@@ -346,7 +197,7 @@ class PartitionOptions(FaultOptions):
     )
 
     def problem(self) -> str | None:
-        return _exactly_one(self, PARTITION_SHAPES)
+        return exactly_one(self, PARTITION_SHAPES)
 
     def cuts(self, nodes: Sequence[str], *, has_etcd: bool) -> partitions.Partition:
         """The links cut among `nodes` (and etcd, when the cluster has it)."""
@@ -376,7 +227,7 @@ class HealOptions(FaultOptions):
     all: bool = option(FLAG, "every reversible fault in force", False)
 
     def problem(self) -> str | None:
-        return _exactly_one(self, ("id", "all"))
+        return exactly_one(self, ("id", "all"))
 
 
 _NETEM_QDISC = ("delay", "jitter", "duplicate", "corrupt")
@@ -426,7 +277,7 @@ class FaultEntry:
     help: str  # one line
     invoke: Callable[[Nemesis, Any], dict]
     undo: Callable[[Nemesis, dict], dict] | None = None
-    undone_by: str = ""  # reversible: the CLI verb that undoes it by hand, e.g. "heal"
+    undo_verb: str = ""  # reversible: the CLI verb that undoes it by hand, e.g. "heal"
     needs_etcd: bool = False
     needs_running: bool = True  # False: it brings a stopped container back
     # Builds what it would act on among a cluster's nodes without acting, so a bad shape fails early.
@@ -440,7 +291,7 @@ class FaultEntry:
             raise ValueError(f"fault name {self.name!r}: use lowercase words joined by '-', e.g. kill-node")
         if not self.verb or not issubclass(self.options, FaultOptions):
             raise ValueError(f"fault {self.name}: needs a CLI verb and FaultOptions")
-        if bool(self.undo) != bool(self.undone_by):
+        if bool(self.undo) != bool(self.undo_verb):
             raise ValueError(f"fault {self.name}: a reversible fault names the verb that undoes it by hand")
 
     @property
@@ -564,7 +415,7 @@ _CATALOG = (
         "freeze a node or etcd (every process stops; docker pause)",
         lambda n, o: n.pause(o.target),
         undo=lambda n, result: n.unpause(FaultResult.parse(result).node),
-        undone_by="unpause",
+        undo_verb="unpause",
     ),
     FaultEntry(
         "unpause", TargetOptions, ("unpause",), "resume a frozen node or etcd", lambda n, o: n.unpause(o.target)
@@ -576,7 +427,7 @@ _CATALOG = (
         "cut the network: groups 'node0,node1|node2,node3', or --isolate/--from-etcd/--from-peers/--one-way",
         _partition,
         undo=_heal_result,
-        undone_by="heal",
+        undo_verb="heal",
         check_nodes=lambda o, nodes, has_etcd: o.cuts(nodes, has_etcd=has_etcd),
     ),
     FaultEntry(
@@ -603,7 +454,7 @@ _CATALOG = (
             },
         ),
         undo=_heal_result,
-        undone_by="heal",
+        undo_verb="heal",
         records="link",
     ),
     FaultEntry(
@@ -650,7 +501,7 @@ _CATALOG = (
         "freeze etcd",
         lambda n, o: n.pause(ETCD),
         undo=lambda n, result: n.unpause(ETCD),
-        undone_by="etcd unpause",
+        undo_verb="etcd unpause",
         needs_etcd=True,
         records="pause",
     ),
@@ -670,7 +521,7 @@ _CATALOG = (
         "cut etcd off from every node",
         _isolate_etcd,
         undo=_heal_result,
-        undone_by="heal",
+        undo_verb="heal",
         needs_etcd=True,
         records="partition",
     ),
@@ -681,7 +532,7 @@ _CATALOG = (
         "stop one worker process (SIGSTOP; its agent still sees it alive, its peers wait in a collective)",
         lambda n, o: n.hang_worker(o.target, rank=o.rank, local_rank=o.local_rank),
         undo=_heal_result,  # its id names the one worker it stopped (`sim resume-worker` continues them all)
-        undone_by="heal",
+        undo_verb="heal",
     ),
     FaultEntry(
         "hang-collectives",
@@ -690,7 +541,7 @@ _CATALOG = (
         "one worker stops calling collectives while its process runs on (a hang inside the script; instrumented)",
         lambda n, o: n.hang_collectives(o.target, rank=o.rank, local_rank=o.local_rank),
         undo=_heal_result,
-        undone_by="heal",
+        undo_verb="heal",
     ),
     FaultEntry(
         "resume-worker",
@@ -706,16 +557,7 @@ _CATALOG = (
         "a straggler: throttle a node's (or etcd's) CPU with a cgroup quota",
         lambda n, o: n.slow_node(o.target, cpus=o.cpus),
         undo=_heal_result,
-        undone_by="heal",
-    ),
-    FaultEntry(
-        "skew-clock",
-        SkewOptions,
-        ("skew-clock",),
-        "shift a node's wall clock (libfaketime in its processes): --by 60s ahead, --by=-10m behind",
-        lambda n, o: n.skew_clock(o.target, by=o.by),
-        undo=_heal_result,
-        undone_by="heal",
+        undo_verb="heal",
     ),
     FaultEntry(
         "oom-worker",
@@ -738,7 +580,7 @@ _CATALOG = (
         "fill the checkpoint disk (size-limited: cluster ckpt_size) so the next write fails with ENOSPC",
         lambda n, o: n.fill_disk(o.target, directory=o.dir, leave=o.leave),
         undo=_heal_result,
-        undone_by="heal",
+        undo_verb="heal",
     ),
     FaultEntry(
         "kill-during-checkpoint",
@@ -755,7 +597,7 @@ _CATALOG = (
         "heal lets the write finish late, as a zombie's",
         lambda n, o: n.freeze_during_checkpoint(o.target, directory=o.dir, within=o.within),
         undo=_heal_result,
-        undone_by="heal",
+        undo_verb="heal",
     ),
     FaultEntry(
         "scale",
@@ -765,149 +607,30 @@ _CATALOG = (
         lambda n, o: n.scale(o.nodes, abrupt=o.abrupt, grace=o.grace),
     ),
 )
-FAULTS: dict[str, FaultEntry] = {fault.name: fault for fault in _CATALOG}
+
+
+def _acting(kind: FaultKind) -> FaultEntry:
+    """The catalog entry of a kind that declares its own act (sim/core/faultkinds): the nemesis carries it out."""
+    act = kind.act
+    return FaultEntry(
+        kind.name,
+        act.options,
+        act.verb,
+        act.help,
+        lambda n, o: n.carry_out(kind, o),
+        undo=_heal_result if kind.reversible else None,
+        undo_verb="heal" if kind.reversible else "",
+    )
+
+
+FAULTS: dict[str, FaultEntry] = {
+    fault.name: fault for fault in (*_CATALOG, *(_acting(kind) for kind in FAULT_KINDS if kind.act is not None))
+}
 
 
 # ---------------------------------------------------------------- what `sim vet` does with each kind
 
-# Node-count changes a vetted fault makes: "same", "less" (a node leaves), "more" (a node joins).
-NODE_EFFECTS = ("same", "less", "more")
-
-
-@dataclass(frozen=True)
-class Provocation:
-    """How `sim vet` provokes one kind of fault (chaos/vet.py builds a scenario from these), when the job counts
-    as recovered from it and what surviving it means. `fault` names the catalog's entry; `options` are its
-    options, with "{victim}" standing for the node it strikes (never node0: on c10d it hosts the store)."""
-
-    label: str  # what the scorecard calls it: "worker crash"
-    fault: str  # a FAULTS name
-    options: Mapping[str, Any] = field(default_factory=dict)
-    duration_s: float | None = None  # reversible faults: undone after this long
-    # Undone sooner, as soon as the others are steady without the node: what surviving it asks is shown then.
-    undone_once_regrouped: bool = False
-    nodes: str = "same"  # NODE_EFFECTS: the node count it leaves
-    survival: str = "the job recovers: every rank trains again at the world size it should have"
-    # Backends where the job ends by design: there it gets a cluster of its own, checked to end fast and cleanly.
-    ends_job_on: tuple[str, ...] = ()
-    hosted_on: tuple[str, ...] | None = None  # None: every backend
-    needs_ckpt_disk: bool = False  # a size-limited /ckpt (ckpt_size)
-    quick: bool = False  # one of `--quick`'s five most telling
-
-    def __post_init__(self) -> None:
-        if self.fault not in FAULTS:
-            raise ValueError(f"provocation {self.label!r}: no fault {self.fault!r} in the catalog")
-        if self.nodes not in NODE_EFFECTS:
-            raise ValueError(f"provocation {self.label!r}: nodes {self.nodes!r} is not one of {NODE_EFFECTS}")
-
-
-_ETCD = ("etcd-v2", "etcd-v3")
-# Keyed by the kind `sim vet --faults` names: the catalog's fault name where one provocation is enough.
-PROVOCATIONS: dict[str, Provocation] = {
-    "kill-worker": Provocation("worker crash", "kill-worker", {"target": "{victim}"}, quick=True),
-    "kill-agent": Provocation(
-        "agent crash",
-        "kill-agent",
-        {"target": "{victim}"},
-        nodes="less",
-        survival="the others regroup without the node and train on",
-    ),
-    "kill-node": Provocation(
-        "node crash",
-        "kill-node",
-        {"target": "{victim}"},
-        nodes="less",
-        survival="the others regroup without the node and train on",
-        quick=True,
-    ),
-    "stop-node": Provocation(
-        "preemption (SIGTERM, 5 s grace)",
-        "stop-node",
-        {"target": "{victim}", "grace": 5.0},
-        nodes="less",
-        survival="the others regroup without the node and train on",
-    ),
-    "restart-node": Provocation("node rejoin (restart)", "restart-node", {"target": "{victim}"}, quick=True),
-    "scale-down": Provocation(
-        "a node leaving (scale down)",
-        "scale",
-        {"nodes": "{less}"},
-        nodes="less",
-        survival="the others regroup smaller and train on",
-    ),
-    "scale-up": Provocation(
-        "a node joining (scale up)",
-        "scale",
-        {"nodes": "{more}"},
-        nodes="more",
-        survival="the new node joins at the next round and every rank trains from the same point",
-        quick=True,
-    ),
-    "pause": Provocation(
-        "freeze past keep-alive (<=25 s)",
-        "pause",
-        {"target": "{victim}"},
-        duration_s=25.0,
-        undone_once_regrouped=True,
-        survival="the others time out, regroup, and the thawed node rejoins",
-    ),
-    "partition": Provocation(
-        "one node partitioned (<=20 s)",
-        "partition",
-        {"isolate": ("{victim}",)},
-        duration_s=20.0,
-        undone_once_regrouped=True,
-        survival="the others time out and regroup; the node rejoins once healed",
-        hosted_on=_ETCD,
-    ),
-    "netem": Provocation(
-        "lossy link (10% loss, 10 s)",
-        "netem",
-        {"target": "{victim}", "loss": 10.0},
-        duration_s=10.0,
-        survival="training slows but carries on: no restart is needed, steps go on",
-    ),
-    "etcd-restart": Provocation(
-        "etcd restart (10 s down)",
-        "etcd-restart",
-        {"downtime": 10.0},
-        survival="the agents ride out etcd's downtime and train on",
-        ends_job_on=("etcd-v2",),
-        hosted_on=_ETCD,
-    ),
-    "store-host-loss": Provocation(
-        "c10d store host lost",
-        "kill-node",
-        {"target": "store-host"},
-        survival="torch cannot survive it: every agent must end fast and cleanly",
-        ends_job_on=("c10d",),
-        hosted_on=("c10d",),
-    ),
-    "slow-node": Provocation(
-        "straggler (0.05 CPU, 5 s)",
-        "slow-node",
-        {"target": "{victim}", "cpus": 0.05},
-        duration_s=5.0,
-        survival="every synchronous step slows, nothing fails: steps go on",
-    ),
-    "hang-collectives": Provocation(
-        "hung collective",
-        "hang-collectives",
-        {"target": "{victim}"},
-        survival="the process-group timeout fires and the agents restart the group",
-        quick=True,
-    ),
-    "fill-disk": Provocation(
-        "full checkpoint disk (5 s)",
-        "fill-disk",
-        duration_s=5.0,
-        survival="a failed write does not lose the last good checkpoint: training goes on or resumes from it",
-        needs_ckpt_disk=True,
-    ),
-    "kill-during-checkpoint": Provocation(
-        "kill during a checkpoint write",
-        "kill-during-checkpoint",
-        {"target": "rank0", "within": 30.0},
-        survival="the half-written file is never loaded: the job resumes from the previous checkpoint",
-    ),
-}
+# Each kind's provocations (sim.core.faultkinds), by the name `sim vet --faults` takes, name catalog entries.
+for _name, _provocation in PROVOCATIONS.items():
+    if _provocation.fault not in FAULTS:
+        raise ValueError(f"provocation {_name!r}: no fault {_provocation.fault!r} in the catalog")

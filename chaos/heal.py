@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from sim.core import faultkinds as kinds
+
 from .faultstore import InForce
 from .targets import ETCD
 from .verbbase import CPU_PERIOD_US
@@ -54,17 +56,12 @@ class RestoreCpu:
 
 
 @dataclasses.dataclass(frozen=True)
-class ResetClock:
-    node: str
-
-
-@dataclasses.dataclass(frozen=True)
 class RemoveFile:
     node: str
     file: str
 
 
-Action = Unpause | ClearLink | ContinueWorker | RestoreCpu | ResetClock | RemoveFile | EndAct
+Action = Unpause | ClearLink | ContinueWorker | RestoreCpu | RemoveFile | EndAct | kinds.Action
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,12 +97,17 @@ class HealPlan:
         return tuple(s for s in self.steps if isinstance(s, Keep))
 
 
+_FROZEN = kinds.in_force_kinds(lambda kind: kind.freezes_node)  # pause, freeze: a frozen node runs nothing
+# In-force kind -> the act of the kind that declares its own undo.
+_ACTING = {k.in_force: k.act for k in kinds.FAULT_KINDS if k.act is not None and k.in_force is not None}
+
+
 def plan_heal(chosen: Sequence[InForce], states: Mapping[str, str], *, sweep: bool = False) -> HealPlan:
     """The plan for undoing `chosen`, given each container's state now (node -> running, paused, exited...).
     Pauses first: a paused node runs nothing, so its other faults are undone once it runs again."""
     states = dict(states)
     steps = []
-    for fault in sorted(chosen, key=lambda f: f.fault not in ("pause", "freeze")):
+    for fault in sorted(chosen, key=lambda f: f.fault not in _FROZEN):
         steps.append(_plan_one(fault, states))
     return HealPlan(tuple(steps), sweep=sweep)
 
@@ -115,22 +117,26 @@ def _plan_one(fault: InForce, states: dict[str, str]) -> Undo | Keep:
     kind, node = fault.fault, fault.target
     state = states.get(node)  # None: no such container (scaled away), or not a node (a partition)
     actions: list[Action] = []
-    if kind in ("pause", "freeze") and state == "paused":
+    if kind in _FROZEN and state == "paused":
         actions.append(Unpause(node))
         state = states[node] = "running"
     if fault.acting and fault.act and state == "running":
         actions.append(EndAct(node, fault.act))  # first: a watcher left running would stop a worker after
-    if kind == "link" and state == "running":
+    act = _ACTING.get(kind)
+    if act is not None:  # a kind that declares its own undo (sim/core/faultkinds)
+        if act.undo_needs_running and state is not None:
+            refused = _not_running(fault, node, state)
+            if refused:
+                return Keep(fault.id, refused)
+            actions += act.undo(node)
+        elif state == "running":
+            actions += act.undo(node)
+    elif kind == "link" and state == "running":
         actions.append(ClearLink(node))
     elif kind == "freeze" and state == "running":
         actions.append(ContinueWorker(node, fault.pid))  # an intent knows no pid yet: every worker
     elif kind == "slow" and state is not None:  # a stopped container's quota applies again at its start
         actions.append(RestoreCpu(node, fault.cpu_quota or -1, fault.cpu_period or CPU_PERIOD_US))
-    elif kind == "skew" and state is not None:
-        refused = _not_running(fault, node, state)
-        if refused:
-            return Keep(fault.id, refused)
-        actions.append(ResetClock(node))
     elif kind == "fill":
         shared = fault.on_shared_volume
         if shared and state != "running":  # any running node reaches the shared volume

@@ -32,6 +32,7 @@ from signal import SIGCONT, SIGSTOP
 import yaml
 
 from sim.core.errors import UsageError
+from sim.core.parse import go_duration
 from sim.core.spec import C10D_PORT, ENV_SHOWN_KEYS, ETCD_CLIENT_PORT, ClusterSpec, parse_size
 from sim.core.torchrun import torchrun_argv
 
@@ -751,7 +752,7 @@ class _Workflow:
 
     def _dropped(self, step: Step) -> bool:
         """A step this target cannot export at all: a scale on a TrainJob (Trainer v2 has no elastic policy)."""
-        return step.fault == "scale" and self.opts.target == TRAINJOB
+        return FAULTS[step.fault].kind.changes_node_count and self.opts.target == TRAINJOB
 
     def build(self) -> None:
         timeline = self.schedule()
@@ -762,7 +763,7 @@ class _Workflow:
             made = self._step(name, step, index, hold)
             if not made:
                 continue
-            suspend = {"name": f"{name}-wait", "templateType": "Suspend", "deadline": _go_duration(at)}
+            suspend = {"name": f"{name}-wait", "templateType": "Suspend", "deadline": go_duration(at)}
             branch = {"name": f"{name}-at", "templateType": "Serial", "children": [suspend["name"], made[0]["name"]]}
             self.templates += [suspend, *made, branch]
             self.branches.append(branch["name"])
@@ -837,6 +838,15 @@ class _Workflow:
         run_s = self.scenario.timeout_s
         where = f"steps[{index}] ({step.fault}, line {step.line})"
         fault = step.fault
+        act = FAULTS[fault].kind.act
+        if act is not None:  # a kind that declares its own Chaos Mesh form (sim/core/faultkinds)
+            mesh = act.k8s(o)
+            if mesh is not None:
+                self.note(f"{where}: {mesh.note}")
+                chaos = {"mode": "all", "selector": self._selector(mesh.target), **mesh.spec}
+                if mesh.in_container:
+                    chaos["containerNames"] = [self.container]
+                return [self._chaos(name, mesh.kind, chaos, held or run_s)]
         if fault in ("kill-node", "stop-node", "etcd-kill"):
             target = ETCD if fault == "etcd-kill" else o.target
             if hold is not None or target == ETCD:
@@ -931,20 +941,6 @@ class _Workflow:
                 "stressors": {"memory": {"workers": 1, "size": "100%"}},
             }
             return [self._chaos(name, "StressChaos", chaos, INSTANT_S * 6)]
-        if fault == "skew-clock":
-            offset = _go_duration(o.by, signed=True)
-            self.note(
-                f"{where}: TimeChaos shifts the clock of the container's processes by {offset} (clockIds "
-                "CLOCK_REALTIME); processes started later by `kubectl exec` keep the true time."
-            )
-            chaos = {
-                "mode": "all",
-                "selector": self._selector(o.target),
-                "timeOffset": offset,
-                "clockIds": ["CLOCK_REALTIME"],
-                "containerNames": [self.container],
-            }
-            return [self._chaos(name, "TimeChaos", chaos, held or run_s)]
         if fault == "fill-disk":
             self.note(
                 f"{where}: fill-disk as IOChaos fault errno {ENOSPC} (ENOSPC) on every write under {o.dir}: "
@@ -995,7 +991,7 @@ class _Workflow:
 
     def _held(self, name: str, start: dict, end: dict, held: float | None, run_s: float) -> list[dict]:
         """A Serial: start, a Suspend for the hold, end; the Serial first."""
-        wait = {"name": f"{name}-hold", "templateType": "Suspend", "deadline": _go_duration(held or run_s)}
+        wait = {"name": f"{name}-hold", "templateType": "Suspend", "deadline": go_duration(held or run_s)}
         serial = {"name": name, "templateType": "Serial", "children": [start["name"], wait["name"], end["name"]]}
         return [serial, start, wait, end]
 
@@ -1035,7 +1031,7 @@ class _Workflow:
 
     def _chaos(self, name: str, kind: str, chaos: dict, deadline_s: float | None) -> dict:
         template = {"name": name, "templateType": kind, EMBED_FIELDS[kind]: chaos}
-        template["deadline"] = _go_duration(deadline_s if deadline_s is not None else INSTANT_S)
+        template["deadline"] = go_duration(deadline_s if deadline_s is not None else INSTANT_S)
         return template
 
     def _pod_chaos(
@@ -1043,7 +1039,7 @@ class _Workflow:
     ) -> dict:
         chaos = {"action": action, "mode": self._mode(target), "selector": self._selector(target), **(extra or {})}
         if action == "pod-failure":
-            chaos["duration"] = _go_duration(duration_s)
+            chaos["duration"] = go_duration(duration_s)
         return self._chaos(name, "PodChaos", chaos, duration_s)
 
     def _network(self, name: str, target: str, action: str, deadline_s: float, **fields: dict) -> dict:
@@ -1119,9 +1115,9 @@ class _Workflow:
             parts.append(("bandwidth", {"bandwidth": {"rate": rate, "limit": 20971520, "buffer": 10000}}))
             self.note(f"{where}: rate as NetworkChaos bandwidth {rate} (limit and buffer are Chaos Mesh's own).")
         if o.delay is not None:
-            delay = {"latency": _go_duration(o.delay), "correlation": "0"}
+            delay = {"latency": go_duration(o.delay), "correlation": "0"}
             if o.jitter is not None:
-                delay["jitter"] = _go_duration(o.jitter)
+                delay["jitter"] = go_duration(o.jitter)
             parts.append(("delay", {"delay": delay}))
         if o.duplicate is not None:
             parts.append(("duplicate", {"duplicate": {"duplicate": f"{o.duplicate:g}", "correlation": "0"}}))
@@ -1195,16 +1191,6 @@ def _step_time(spec: ClusterSpec) -> float:
     if spec.script is None and "--step-time" in args:
         return float(args[len(args) - 1 - args[::-1].index("--step-time") + 1])
     return UNKNOWN_STEP_TIME_S
-
-
-def _go_duration(seconds: float | None, *, signed: bool = False) -> str:
-    """Seconds as a Go duration (Chaos Mesh parses durations with time.ParseDuration): 90 -> "90s", 0.1 -> "100ms"."""
-    seconds = float(seconds or 0.0)
-    millis = round(seconds * 1000)
-    text = f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
-    if millis < 0:
-        text = f"-{abs(millis) // 1000}s" if millis % 1000 == 0 else f"-{abs(millis)}ms"
-    return f"+{text}" if signed and millis > 0 else text
 
 
 def _task_rbac(opts: _Options, *, exec_: bool, scale: bool) -> list[dict]:

@@ -18,7 +18,10 @@ import random
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
+from sim.core import faultkinds as kinds
 from sim.core.errors import FaultError, SimError, UnsupportedFaultError, UsageError
+from sim.core.faultkinds import FaultKind, LimitWrites, NodeShell
+from sim.core.faultoptions import FaultOptions
 from sim.core.history import FILE_NAME, History
 from sim.core.nodes import node_order
 from sim.engines.cluster import Cluster, ContainerInfo
@@ -26,7 +29,7 @@ from sim.engines.docker import ExecTimeout
 from sim.engines.proctable import PROBE_ARGV, NodeProcesses, parse_probe
 
 from . import nodescripts
-from .containers import CLOCK_NOT_PRELOADED, CLOCK_SCRIPT, ContainerFaults
+from .containers import ContainerFaults
 from .disk import FILL_AT_MOST, DiskFaults
 from .faultstore import FaultStore, InForce
 from .heal import (
@@ -37,7 +40,6 @@ from .heal import (
     HealPlan,
     Keep,
     RemoveFile,
-    ResetClock,
     RestoreCpu,
     Unpause,
     plan_heal,
@@ -48,8 +50,6 @@ from .targets import ETCD
 from .verbbase import CPU_PERIOD_US, PROCESS_BOUND_FAULTS, SHARED_CKPT_DIR, _last
 
 __all__ = [
-    "CLOCK_NOT_PRELOADED",
-    "CLOCK_SCRIPT",
     "CPU_PERIOD_US",
     "FILL_AT_MOST",
     "OOM_HEADROOM",
@@ -146,6 +146,46 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
     def _info(self, node: str) -> ContainerInfo:
         return self.cluster.container(node)
 
+    # --- a kind that declares its act (sim/core/faultkinds): intent, actions, outcome --------------------
+
+    def carry_out(self, kind: FaultKind, options: FaultOptions) -> dict:
+        """Inject a fault of a kind that declares its own act: its invoke record, its intent claimed (a reversible
+        kind: `sim faults` lists it before it acts, so an interrupted one is still healed), its actions carried
+        out, its typed result the ok record."""
+        act = kind.act
+        target = options.target
+        args = {name: value for name, value in options.given().items() if name != "target"}
+
+        def acting() -> dict:
+            node = self.resolve(target, allow_etcd=act.allow_etcd)
+            fault_id = kind.in_force_id(node)
+            if fault_id is None:
+                return act.result(options, node, self._carry_all(act.inject(options, node))).to_dict()
+            refused = f"{node}: {act.already}; `sim heal {fault_id}` first"
+            planned = {"fault": kind.in_force, "target": node, "detail": act.detail(options)}
+            with self._claimed(fault_id, refused, lambda: planned):
+                outcomes = self._carry_all(act.inject(options, node))
+            return act.result(options, node, outcomes).to_dict()
+
+        return self.invoke(kind.name, target, acting, **args)
+
+    def _carry_all(self, actions: Sequence[kinds.Action]) -> tuple[str, ...]:
+        return tuple(self._carry(action) for action in actions)
+
+    def _carry(self, action: kinds.Action) -> str:
+        """One action of a kind's inject or undo; its outcome (a script's stdout)."""
+        if isinstance(action, NodeShell):
+            done = self.cluster.exec(action.node, "sh", "-c", action.script, "sh", *action.args)
+            if done.exit_code in action.refusals:
+                raise UnsupportedFaultError(f"{action.node}: {action.refusals[done.exit_code]}")
+            if not done.ok:
+                raise FaultError(f"{action.node}: {action.what} failed: {_last(done.stderr or done.stdout)}")
+            return done.stdout
+        if isinstance(action, LimitWrites):
+            self.docker.limit_writes(self._info(action.node).id, action.path, action.bps)
+            return ""
+        raise TypeError(f"no executor for {action!r}")  # pragma: no cover - a new action without its branch
+
     # --- heal: a plan (chaos/heal.py), carried out by one loop ---------------------------
 
     def heal(self, fault_id: str | None = None) -> dict:
@@ -211,8 +251,8 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
             self.docker.update_resources(
                 self._info(action.node).id, cpu_quota=action.cpu_quota, cpu_period=action.cpu_period
             )
-        elif isinstance(action, ResetClock):
-            self._set_clock_offset(action.node, 0)
+        elif isinstance(action, (NodeShell, LimitWrites)):
+            self._carry(action)
         elif isinstance(action, RemoveFile):
             self._remove_file(action.node, action.file)
         else:  # pragma: no cover - a new action without its executor

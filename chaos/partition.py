@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from sim.core.errors import UsageError
 from sim.core.nodes import node_order
-
-from .parse import check_node_names
+from sim.core.parse import check_node_names
 
 Cut = tuple[str, str]
 

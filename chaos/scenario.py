@@ -20,7 +20,9 @@ from typing import Any
 import yaml
 
 from sim.core.errors import UsageError
+from sim.core.faultoptions import FLAG, NODE_TARGET, TARGET, FaultOptions, Option, option_of
 from sim.core.hostpaths import check_mount, parse_mount
+from sim.core.parse import parse_duration
 from sim.core.sidechannel import compile_progress_regex
 from sim.core.spec import (
     DEFAULT_PIDS,
@@ -40,8 +42,7 @@ from sim.core.spec import (
 )
 from sim.verdict.checkers import CHECKERS
 
-from .faults import FAULTS, FLAG, NODE_TARGET, NODES, NODES_PAIR, TARGET, FaultOptions, Option, option_of
-from .parse import parse_duration
+from .faults import FAULTS, NODES, NODES_PAIR
 from .targets import ETCD, ROLE_TARGETS
 
 OUTCOMES = ("recovers", "fails", "hangs")  # as sim.verdict.checkers.RunSpec.expected
@@ -556,7 +557,7 @@ def _read_scenario(top: _Field) -> Scenario:
     steps = []
     for item in fields["steps"].items() if "steps" in fields else []:
         steps.append(_read_step(item, where))
-        if steps[-1].fault == "scale":
+        if FAULTS[steps[-1].fault].kind.changes_node_count:
             nproc = cluster.get("nproc_per_node", ClusterSpec.nproc_per_node)
             item.checked(check_fits_in_memory, "scale to", steps[-1].options.nodes, nproc)
             where = dataclasses.replace(where, nodes=_node_names(steps[-1].options.nodes))

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sim.core.errors import UsageError
+from sim.core.faultoptions import FLAG, option_of
 from sim.core.history import FILE_NAME, FaultRecord, History
 from sim.core.spec import DEFAULT_NAME
 from sim.engines.cluster import Cluster
@@ -29,7 +30,7 @@ from sim.engines.docker import Docker
 from sim.verdict.runmodel import trigger_step
 
 from .cli import inject
-from .faults import FAULTS, FLAG, GROUPS, NODES, NODES_PAIR, FaultEntry, option_of
+from .faults import FAULTS, GROUPS, NODES, NODES_PAIR, FaultEntry
 
 CLUSTER_KEY = "sim_cluster"
 POLL_S = 0.5

@@ -30,12 +30,12 @@ from typing import Any
 
 from sim.core.errors import UsageError
 from sim.core.history import FILE_NAME, History
+from sim.core.parse import parse_duration
 from sim.core.spec import ClusterSpec, over_trainer_defaults
 from sim.core.torchrun import torchrun_argv
 from sim.verdict.runmodel import RunModel
 
 from .faults import PROVOCATIONS
-from .parse import parse_duration
 from .vet import FaultScore, Plan, clusters_that_fit, plan_vet, run_lanes
 
 Progress = Callable[[str], None]

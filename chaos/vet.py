@@ -28,6 +28,7 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from sim.core.errors import JobNeverTrainedError, UsageError
+from sim.core.faultkinds import PROVOCATIONS, Provocation
 from sim.core.history import FILE_NAME, FaultRecord, History
 from sim.core.nodes import node_order
 from sim.core.spec import ClusterSpec, check_room_beside, node_name, spec_from_options
@@ -41,30 +42,13 @@ from sim.verdict.recovery import Recovery, recoveries
 from sim.verdict.runfolder import ENDING_CHECKS, saved_logs
 from sim.verdict.runmodel import RunModel
 
-from .faults import FAULTS, PROVOCATIONS, Provocation
+from .faults import FAULTS
 from .forecast import Forecast
 from .forecast import render_html as forecast_html
 from .runner import ScenarioResult, ScenarioRunner
 from .scenario import PROFILES, Expectation, Scenario, Step, Trigger
 
-DEFAULT_GAUNTLET = (
-    "kill-worker",
-    "kill-agent",
-    "kill-node",
-    "stop-node",
-    "restart-node",
-    "scale-down",
-    "scale-up",
-    "pause",
-    "partition",
-    "netem",
-    "etcd-restart",
-    "store-host-loss",
-    "slow-node",
-    "hang-collectives",
-    "fill-disk",
-    "kill-during-checkpoint",
-)
+DEFAULT_GAUNTLET = tuple(name for name, p in PROVOCATIONS.items() if p.default)  # each kind declares its own
 QUICK_GAUNTLET = tuple(kind for kind in DEFAULT_GAUNTLET if PROVOCATIONS[kind].quick)
 VET_PROFILE = "fast"
 DEFAULT_MAX_RESTARTS = 30  # the gauntlet's faults, each up to two restarts, when the user sets no budget
@@ -215,20 +199,9 @@ def plan_vet(spec: ClusterSpec, kinds: Sequence[str], *, chosen: bool, control_s
     return Plan(spec, tuple(faults), tuple(steps), frozenset(restores), current * spec.nproc_per_node)
 
 
-# Seconds each kind typically adds to a gauntlet (bench/vet_time.py, 2026-12-03: the time from its fault to the
-# next, a restoring scale included), and a job-ending one's own cluster: what splitting the kinds between
-# clusters balances. A kind not listed counts as TYPICAL_S.
+# Seconds a kind typically adds to a gauntlet when its provocation declares none (its cost_s, bench/vet_time.py,
+# 2026-12-03), and a job-ending one's own cluster: what splitting the kinds between clusters balances.
 TYPICAL_S = 10.0
-_TYPICAL_COST_S = {
-    "kill-agent": 21.0,
-    "kill-node": 17.0,
-    "pause": 27.0,
-    "partition": 36.0,
-    "netem": 12.0,
-    "slow-node": 7.0,
-    "hang-collectives": 19.0,
-    "kill-during-checkpoint": 7.0,
-}
 SOLO_COST_S = 28.0
 MAX_CLUSTERS = 4
 
@@ -276,7 +249,7 @@ def split_kinds(kinds: Sequence[str], backend: str, clusters: int) -> list[tuple
         p = PROVOCATIONS[kind]
         if _not_hosted(p, backend):
             return 0.0
-        return SOLO_COST_S if backend in p.ends_job_on else _TYPICAL_COST_S.get(kind, TYPICAL_S)
+        return SOLO_COST_S if backend in p.ends_job_on else (p.cost_s or TYPICAL_S)
 
     loads = [0.0] * clusters
     shares: list[list[str]] = [[] for _ in range(clusters)]
@@ -450,7 +423,7 @@ def score_gauntlet(plan: Plan, result: ScenarioResult) -> list[FaultScore]:
         )
         if outcome_record is not None and outcome_record.phase == "fail":
             why = f"the fault could not act: {outcome_record.error}"
-            if planned.step.fault == "kill-during-checkpoint":
+            if FAULTS[planned.step.fault].kind.strikes_in_write:
                 why += (
                     "; write checkpoints under /ckpt (the disk every node shares), "
                     "e.g. torch.save(state, '/ckpt/snapshot.pt')"

@@ -165,8 +165,8 @@ def sim_tune(sim_docker) -> Callable[..., object]:
     also writes tune.json and tune.html there."""
     from pathlib import Path
 
-    from chaos.parse import parse_duration
     from chaos.tune import prepare, run_tune, write_outputs
+    from sim.core.parse import parse_duration
 
     def run(script=None, *, budget="10m", faults=None, script_args=None, out_dir=None, parallel=None, **options):
         grid_keys = ("keep_alive", "last_call", "join", "monitor", "pg_timeout")

@@ -897,7 +897,7 @@ def cmd_forecast(args: argparse.Namespace, _: list[str] | None) -> int:
     import json
 
     from chaos.forecast import forecast, measure, parse_scales, render, with_given
-    from chaos.parse import parse_duration
+    from sim.core.parse import parse_duration
 
     scales = parse_scales(args.scales)
     if args.gpus_per_node < 1:
@@ -970,8 +970,8 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tune(args: argparse.Namespace, script_args: list[str] | None) -> int:
-    from chaos.parse import parse_duration
     from chaos.tune import plan_text, prepare, render, run_tune, write_outputs
+    from sim.core.parse import parse_duration
 
     if args.monitor_interval is not None or args.rdzv_conf and _tuned_keys(args.rdzv_conf):
         raise UsageError(

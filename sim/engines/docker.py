@@ -38,7 +38,7 @@ import docker.errors as sdk_errors
 import requests
 
 from sim.core.capabilities import COMPOSE, Capabilities
-from sim.core.errors import DockerUnavailableError, ImageBuildError, SimError, UsageError
+from sim.core.errors import DockerUnavailableError, ImageBuildError, SimError, UnsupportedFaultError, UsageError
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 FIX_ENGINE = "start it with `make setup` (installs and starts dockerd) or `sudo dockerd &`"
@@ -305,6 +305,8 @@ class ContainerControl(Protocol):
     def update_resources(
         self, container: str, *, cpu_quota: int | None = None, cpu_period: int | None = None, memory: int | None = None
     ) -> None: ...
+
+    def limit_writes(self, container: str, path: str, bps: int) -> None: ...
 
 
 class ContainerExec(Protocol):
@@ -675,6 +677,39 @@ class Docker:
             container,
             **{key: value for key, value in limits.items() if value is not None},
         )
+
+    def limit_writes(self, container: str, path: str, bps: int) -> None:
+        """Throttle the container's writes to the block device under its mount at `path` to `bps` bytes a second
+        (0: no limit), in its block-I/O cgroup: what `docker run --device-write-bps` sets, which `docker update`
+        (and the engine's update call) cannot change on a running container. The engine must run on this
+        machine (its cgroup files are written here), with the cgroupfs driver. The limit applies to writes that
+        reach the device from the container's own processes (direct I/O, fsync): cgroup v1 charges buffered
+        writeback to no container."""
+        if not self.local:
+            raise UnsupportedFaultError("throttling a disk needs the Docker engine on this machine (its cgroups)")
+        info = self.inspect(container)
+        mount = next((m for m in info.get("Mounts", []) if m.get("Destination") == path), None)
+        if mount is None:
+            raise UsageError(f"{path}: no mount there in the container; give its checkpoint mount, e.g. /ckpt")
+        device = _block_device(Path(mount["Source"]))
+        if device is None:
+            raise UnsupportedFaultError(
+                f"{path}: not on a block device (a tmpfs, e.g. a cluster started with --ckpt-size): nothing to throttle"
+            )
+        parent = (info["HostConfig"].get("CgroupParent") or "docker").strip("/")
+        v1 = Path("/sys/fs/cgroup/blkio") / parent / info["Id"] / "blkio.throttle.write_bps_device"
+        v2 = Path("/sys/fs/cgroup") / parent / info["Id"] / "io.max"
+        try:
+            if v1.exists():
+                v1.write_text(f"{device} {bps}\n")
+            elif v2.exists():
+                v2.write_text(f"{device} wbps={bps or 'max'}\n")
+            else:
+                raise UnsupportedFaultError(
+                    f"{container[:12]}: no block-I/O cgroup at {v1.parent} or {v2.parent} (a systemd cgroup driver?)"
+                )
+        except PermissionError:
+            raise UnsupportedFaultError(f"{v1.parent}: not writable here (run sim as root, as the engine)") from None
 
     # --- logs and events --------------------------------------------------------------
 
@@ -1163,3 +1198,15 @@ class ScratchContainer:
         self.docker._call(
             "commit", api.commit, self.id, repository=repository, tag=version, conf=dict(config), message=message
         )
+
+
+def _block_device(path: Path) -> str | None:
+    """ "MAJOR:MINOR" of the disk that holds `path` (a partition's whole disk: block-I/O limits name disks);
+    None when it is on no block device (a tmpfs, an overlay)."""
+    dev = path.stat().st_dev
+    sysfs = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if not sysfs.exists():
+        return None
+    if (sysfs / "partition").exists():
+        return (sysfs.resolve().parent / "dev").read_text().strip()
+    return f"{os.major(dev)}:{os.minor(dev)}"

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from sim.core import labels
+from sim.core.faultkinds.clock import CLOCK_OFFSET_FILE
 from sim.core.hostpaths import PROJECT_DIR_IN_NODE, PROJECT_EXCLUDES, PROJECT_STAGE_DIR
 from sim.core.paths import COMPOSE_TEMPLATE
 from sim.core.sidechannel import events_group
@@ -28,7 +29,6 @@ AWAIT_ETCD = "elastic-sim-await-etcd"  # images/node: runs the agent once etcd i
 PROJECT_COPY = "elastic-sim-project"
 ETCD_READY_TIMEOUT_S = 120  # Compose's old health wait: 60 probes a second apart, under load longer
 FAKETIME_LIB = "/usr/local/lib/faketime/libfaketime.so.1"
-CLOCK_OFFSET_FILE = "/var/lib/elastic-sim/clock-offset"
 CLOCK_ENV = {
     "LD_PRELOAD": FAKETIME_LIB,
     "FAKETIME_TIMESTAMP_FILE": CLOCK_OFFSET_FILE,

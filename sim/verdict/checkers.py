@@ -499,7 +499,7 @@ def check_checkpoint_integrity(run: RunModel, spec: RunSpec) -> CheckResult:
             )
             continue
         step = int(match.group(1))
-        if fault.fault == "kill-during-checkpoint" and match.group(2) and fault.result.gone_at_kill:
+        if fault.kind.strikes_in_write and match.group(2) and fault.result.gone_at_kill:
             # The temp file was gone right after the kill: the worker had renamed it into place, whole,
             # between the trigger seeing it open and the signal (seen under load); nothing was damaged.
             notes.append(f"{fault.describe()} landed just after the write of step {step} completed ({file} renamed)")
@@ -706,7 +706,7 @@ def check_stale_checkpoint(run: RunModel, spec: RunSpec) -> CheckResult:
     reasons = [s.describe() for s in lost][:MAX_EXAMPLES] + [s.describe() for s in found if not s.lost][:MAX_EXAMPLES]
     if not found:
         reasons.append(f"no checkpoint written by a superseded round ({len(run.checkpoint_writes)} writes seen)")
-    for fault in (f for f in run.faults if f.fault == "freeze-during-checkpoint"):
+    for fault in (f for f in run.faults if f.kind.holds_write_open):
         # The frozen writer's own write lands, if at all, before its node starts a new worker.
         restarted = min((s.t for s in run.starts if s.node == fault.node and s.t > fault.t_ok), default=math.inf)
         if not any(w.node == fault.node and fault.t_ok < w.t < restarted for w in run.checkpoint_writes):
@@ -807,7 +807,7 @@ def check_recovery(run: RunModel, spec: RunSpec) -> CheckResult:
         if public.struck_during:  # a compound fault: it landed while another was still being recovered from
             what += f" (struck during {public.struck_during}'s regroup)"
         if public.degraded:
-            went = "training slowed" if public.fault == "slow-node" else "training went on"
+            went = "training slowed" if recovery.fault.kind.slows_steps else "training went on"
             facts.append(f"{what}: {went}, no restart" + _throughput_words(public))
         elif public.recovery_s is None:
             cut = f"; {public.regroup_cut_by} struck during its regroup" if public.regroup_cut_by else ""

@@ -430,7 +430,7 @@ def no_save_on_sigterm(run: RunModel) -> Finding | None:
     saves = _saves(run)
     for recovery in recoveries(run):
         fault = recovery.fault
-        if fault.fault != "stop-node" or not recovery.steps_lost or recovery.steps_lost <= 0:
+        if not fault.kind.preempts or not recovery.steps_lost or recovery.steps_lost <= 0:
             continue
         node = fault.node
         if not any(s.node == node and s.t < fault.t_invoke for s in saves):

@@ -307,7 +307,7 @@ def _silenced_nodes(fault: FaultEvent) -> set[str]:
     """Nodes whose agents do not count as noticing this fault: taken out, restarted, frozen or added by it
     (their own node's agent is not the one that notices)."""
     nodes = {fault.where} if fault.kind.silences_node else set()
-    if fault.fault == "scale":
+    if fault.kind.changes_node_count:
         nodes |= set(fault.result.joined or ()) | set(fault.result.left or ())
     return nodes
 

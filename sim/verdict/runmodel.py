@@ -120,7 +120,7 @@ class FaultEvent:
         """It touched no training node's workers or their links to each other: a fault of etcd's
         container, or a partition that cuts no training node from another (history since cuts
         were recorded)."""
-        if self.fault == "partition":
+        if self.kind.cuts_links:
             cuts = self.result.cuts
             return cuts is not None and not any(all(AGENT_CONTAINER.match(str(n)) for n in cut) for cut in cuts)
         return self.node is not None and not AGENT_CONTAINER.match(self.node)
@@ -135,8 +135,8 @@ class FaultEvent:
 
     def heals(self, fault: FaultEvent) -> bool:
         """Whether this heal operation undid `fault`."""
-        if self.fault == "unpause":
-            return fault.heal_id == f"pause-{self.where}"
+        if self.kind.undoes_in_force is not None:  # an unpause: the pause of its node
+            return fault.heal_id == f"{self.kind.undoes_in_force}-{self.where}"
         return self.target in (fault.heal_id, "all") or fault.heal_id in (self.result.healed or ())
 
 
@@ -425,7 +425,7 @@ class RunModel:
         for fault in self.faults:
             if fault.kind.removes_node:
                 nodes = [fault.where]
-            elif fault.fault == "scale":
+            elif fault.kind.changes_node_count:
                 nodes = list(fault.result.left or ())
             else:
                 continue

@@ -14,6 +14,7 @@ import re
 import statistics
 from collections.abc import Iterable, Sequence
 
+from sim.core.faultkinds import kind_of
 from sim.core.history import AgentRecord, DockerRecord, FaultRecord, Record, RunRecord, TrainerRecord, WorkerRecord
 from sim.core.nodes import node_order
 from sim.verdict import FaultRecovery, Verdict
@@ -254,7 +255,7 @@ def _kind(label: str) -> str:
 
 def _own_recovery_words(recovery: FaultRecovery) -> str:
     if recovery.degraded:
-        return "slowed, no restart" if recovery.fault == "slow-node" else "no restart"
+        return "slowed, no restart" if kind_of(recovery.fault).slows_steps else "no restart"
     if recovery.recovery_s is None:
         return "never recovered"
     lost = "" if recovery.steps_lost is None else f", {recovery.steps_lost} steps lost"
@@ -363,7 +364,7 @@ def _partitions(run: RunModel, names: list[str], end: float) -> dict[str, Period
     """Node -> periods it was on a side of a partition (the fault's target names the nodes)."""
     cut: dict[str, Periods] = {name: [] for name in names}
     for fault in run.faults:
-        if fault.fault != "partition":
+        if fault.kind.lane != "partitioned":
             continue
         healed = run.healed_at(fault)
         text = " ".join(str(part) for part in (fault.target, fault.result.partition))

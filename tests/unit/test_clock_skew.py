@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from chaos.faults import FAULTS, parse_offset
-from chaos.nemesis import CLOCK_NOT_PRELOADED, CLOCK_SCRIPT
+from chaos.faults import FAULTS
 from chaos.scenario import parse_scenario
 from sim.cli import doctor
 from sim.core.errors import UnsupportedFaultError, UsageError
+from sim.core.faultkinds.clock import CLOCK_NOT_PRELOADED, CLOCK_OFFSET_FILE, CLOCK_SCRIPT
+from sim.core.faultoptions import parse_offset
 from sim.engines.docker import ExecResult
-from sim.engines.render import CLOCK_ENV, CLOCK_OFFSET_FILE, FAKETIME_LIB
+from sim.engines.render import CLOCK_ENV, FAKETIME_LIB
 from sim.verdict.diagnoses.registry import diagnose
 from tests.unit.test_nemesis import FakeProvider, nemesis, state_home  # noqa: F401 (fixtures)
 
@@ -57,15 +58,21 @@ def test_skew_clock_is_a_reversible_node_fault_in_scenarios():
         FAULTS["skew-clock"].make_options({"target": "node1"})
 
 
+def _skew(nem, target: str, *, by: float) -> dict:
+    """skew-clock as `sim skew-clock` and a scenario step inject it: its catalog entry, carried out by the nemesis."""
+    entry = FAULTS["skew-clock"]
+    return entry.invoke(nem, entry.make_options({"target": target, "by": by}))
+
+
 def test_skew_clock_writes_the_offset_records_what_the_node_saw_and_heal_sets_it_back(nemesis):  # noqa: F811
     nem, fake = nemesis
     fake.answers = {CLOCK_SCRIPT: ExecResult(0, "59.99982\n", "")}
-    result = nem.skew_clock("node1", by=60)
+    result = _skew(nem, "node1", by=60)
     assert (result["id"], result["node"], result["by"], result["seen"]) == ("skew-node1", "node1", 60, 60.0)
     wrote = [c[2] for c in fake.calls if c[0] == "exec" and CLOCK_SCRIPT in c[2]]
     assert wrote == [["sh", "-c", CLOCK_SCRIPT, "sh", "+60.000", CLOCK_OFFSET_FILE]]
     with pytest.raises(UsageError, match="node1: its clock is skewed already; `sim heal skew-node1` first"):
-        nem.skew_clock("node1", by=5)
+        _skew(nem, "node1", by=5)
     fake.answers = {CLOCK_SCRIPT: ExecResult(0, "0.0001\n", "")}
     nem.heal("skew-node1")
     wrote = [c[2] for c in fake.calls if c[0] == "exec" and CLOCK_SCRIPT in c[2]]
@@ -79,7 +86,7 @@ def test_a_node_without_libfaketime_is_one_clear_line(nemesis):  # noqa: F811
     nem, fake = nemesis
     fake.answers = {CLOCK_SCRIPT: ExecResult(CLOCK_NOT_PRELOADED, "", "")}
     with pytest.raises(UnsupportedFaultError, match="node2: no libfaketime in its processes .*`sim up` again"):
-        nem.skew_clock("node2", by=-600)
+        _skew(nem, "node2", by=-600)
     assert [r.phase for r in nem.history.records()] == ["invoke", "fail"] and nem.active() == []
 
 

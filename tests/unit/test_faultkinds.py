@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
+import pkgutil
 from pathlib import Path
 
 import pytest
 
 from chaos.faults import FAULTS
-from sim.core.faultkinds import FAULT_KINDS, KINDS, UNDO_OPS, FaultKind, kind_of
+from sim.core import faultkinds
+from sim.core.faultkinds import FAULT_KINDS, KINDS, LANES, UNDO_OPS, Action, FaultKind, kind_of
+from sim.core.faultoptions import FaultOptions
 from sim.verdict.runmodel import FaultEvent
 
 # The nemesis and its verb modules.
@@ -43,14 +47,17 @@ def _nemesis_calls() -> tuple[set[str], set[str]]:
 def test_every_name_the_nemesis_records_is_a_fault_kind_and_every_kind_is_recorded():
     recorded, _ = _nemesis_calls()
     assert recorded, "no invoke calls found: the test reads chaos/nemesis.py"
-    assert recorded == set(KINDS)
+    acting = {kind.name for kind in FAULT_KINDS if kind.act is not None}  # Nemesis.carry_out records their names
+    assert not recorded & acting, "a kind with its own act has a verb of its own too"
+    assert recorded | acting == set(KINDS)
 
 
 def test_every_in_force_kind_of_the_fault_store_belongs_to_one_fault_kind():
     _, in_force = _nemesis_calls()
     declared = [kind.in_force for kind in FAULT_KINDS if kind.in_force is not None]
     assert sorted(declared) == sorted(set(declared)), "two kinds share an in-force kind"
-    assert in_force == set(declared)
+    acting = {kind.in_force for kind in FAULT_KINDS if kind.act is not None and kind.in_force is not None}
+    assert in_force | acting == set(declared)
 
 
 @pytest.mark.parametrize("entry", FAULTS.values(), ids=lambda entry: entry.name)
@@ -73,9 +80,9 @@ def test_undo_operations_are_kinds_that_undo_and_every_reversible_kind_names_one
 
 def test_a_kind_refuses_traits_that_contradict_each_other():
     with pytest.raises(ValueError, match="needs its in-force kind"):
-        FaultKind("x", undone_by="heal")
+        FaultKind("x", undo_op="heal")
     with pytest.raises(ValueError, match="not one of"):
-        FaultKind("x", undone_by="restart", in_force="x")
+        FaultKind("x", undo_op="restart", in_force="x")
     with pytest.raises(ValueError, match="a node removed is a node silenced"):
         FaultKind("x", removes_node=True)
     with pytest.raises(ValueError, match="lives_in_node"):
@@ -105,3 +112,40 @@ def test_an_older_pause_record_without_an_id_is_named_by_its_node():
     pause = _fault("pause", {"node": "node2"}, target="node2")
     assert pause.heal_id == "pause-node2"
     assert _fault("kill-node", {"node": "node2"}).heal_id is None
+
+
+# ---------------------------------------------------------------- every kind declares every part
+
+
+@pytest.mark.parametrize("kind", FAULT_KINDS, ids=lambda kind: kind.name)
+def test_every_kind_declares_every_part(kind):
+    """A kind is one object in its family's module (sim/core/faultkinds/<family>.py): its traits, lane and
+    in-force record, its provocations for `sim vet`, and how it is asked for and what it does (its act, or, for
+    a kind not converted yet, its catalog entry and Nemesis verb). A kind that lacks a part fails here."""
+    assert kind.lane in (None, *LANES)
+    assert (kind.in_force is not None) == kind.reversible or kind.undoes
+    entries = [entry for entry in FAULTS.values() if entry.kind is kind]
+    assert entries, f"{kind.name}: no catalog entry asks for it"
+    for name, provocation in kind.provocations.items():
+        assert FAULTS[provocation.fault].kind is kind, f"{name}: provokes {provocation.fault}, not {kind.name}"
+    act = kind.act
+    if act is None:
+        return
+    assert act.verb and act.help and act.already and act.example, kind.name
+    assert issubclass(act.options, FaultOptions) and "target" in {f.name for f in dataclasses.fields(act.options)}
+    options = FAULTS[kind.name].make_options(act.example)  # the example is valid options
+    actions = act.inject(options, "node1")
+    assert actions and all(isinstance(a, Action.__args__) for a in actions), kind.name
+    assert act.detail(options)
+    assert (act.undo is not None) == kind.reversible
+    if act.undo is not None:
+        assert act.undo("node1") and all(isinstance(a, Action.__args__) for a in act.undo("node1"))
+    mesh = act.k8s(options)
+    assert mesh is None or (mesh.kind.endswith("Chaos") and mesh.note), kind.name
+
+
+def test_every_kind_is_declared_by_one_family_module_only():
+    """A family module declares KINDS; the package collects them (a new kind is a new module, picked up)."""
+    modules = [m.name for m in pkgutil.iter_modules(faultkinds.__path__) if m.name != "base"]
+    declared = [k.name for m in modules for k in importlib.import_module(f"sim.core.faultkinds.{m}").KINDS]
+    assert sorted(declared) == sorted(KINDS)

@@ -12,13 +12,13 @@ from chaos.heal import (
     EndAct,
     Keep,
     RemoveFile,
-    ResetClock,
     RestoreCpu,
     Undo,
     Unpause,
     plan_heal,
 )
-from sim.core.faultkinds import FAULT_KINDS
+from sim.core.faultkinds import FAULT_KINDS, NodeShell
+from sim.core.faultkinds.clock import SKEW_CLOCK
 
 RUNNING = {"etcd": "running", "node0": "running", "node1": "running", "node2": "running"}
 
@@ -81,6 +81,11 @@ def test_heal_all_sweeps_and_a_partition_is_only_forgotten():
     assert plan.sweep and plan.steps[0].actions == () and "applied again" in plan.steps[0].why
 
 
+def _set_clock(node: str, seconds: float) -> NodeShell:
+    (action,) = SKEW_CLOCK.act.undo(node) if seconds == 0 else SKEW_CLOCK.act.inject(None, node)
+    return action
+
+
 @pytest.mark.parametrize("kind", [k for k in FAULT_KINDS if k.in_force is not None], ids=lambda k: k.name)
 def test_every_in_force_kind_on_a_running_node_has_an_undo(kind):
     record = fault(kind.in_force, pid=40, file="/ckpt/x", cpu_quota=5000, cpu_period=100_000)
@@ -93,7 +98,7 @@ def test_every_in_force_kind_on_a_running_node_has_an_undo(kind):
         "hang": ContinueWorker("node1", 40),
         "stall": RemoveFile("node1", "/ckpt/x"),
         "slow": RestoreCpu("node1", 5000, 100_000),
-        "skew": ResetClock("node1"),
+        "skew": _set_clock("node1", 0),
         "fill": RemoveFile("node1", "/ckpt/x"),
         "freeze": ContinueWorker("node1", 40),
     }

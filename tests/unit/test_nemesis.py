@@ -16,12 +16,14 @@ from pathlib import Path
 import pytest
 
 from chaos import nodescripts
-from chaos.nemesis import CLOCK_SCRIPT, Nemesis
+from chaos.faults import FAULTS
+from chaos.nemesis import Nemesis
 from chaos.partition import Partition, isolate, split
 from sim.core import labels
 from sim.core import labels as labels_mod
 from sim.core.capabilities import COMPOSE
 from sim.core.errors import FaultError, UsageError
+from sim.core.faultkinds.clock import CLOCK_SCRIPT
 from sim.core.history import History
 from sim.engines.cluster import Cluster
 from sim.engines.docker import (
@@ -115,6 +117,9 @@ class FakeProvider:
 
     def update_resources(self, container, **limits):
         self.calls.append(("update", container, limits))
+
+    def limit_writes(self, container, path, bps):
+        self.calls.append(("limit_writes", container, path, bps))
 
     # ContainerControl, whole: each verb is recorded with its arguments.
     def kill(self, container, signal="SIGKILL"):
@@ -633,7 +638,7 @@ def test_heal_forgets_what_a_stopped_or_removed_node_took_along_and_undoes_what_
 def test_heal_keeps_in_force_what_a_stopped_node_still_holds_and_heals_the_rest(nemesis):
     nem, fake = nemesis
     fake.answers = {CLOCK_SCRIPT: ExecResult(0, "59.99982\n", "")}
-    nem.skew_clock("node2", by=60)
+    _skew(nem, "node2", by=60)
     nem.link("node1", loss_pct=10)
     fake.states = {"node2": "exited"}
     with pytest.raises(FaultError) as error:
@@ -777,7 +782,12 @@ def test_a_fault_is_in_the_store_before_it_acts_and_a_timed_out_exec_is_info(nem
 
     fake.exec = timing_out
     with pytest.raises(ExecTimeout):
-        nem.skew_clock("node1", by=5.0)
+        _skew(nem, "node1", by=5.0)
     assert seen == [["skew-node1"]]  # recorded before it acted
     assert [f.id for f in nem.active()] == ["skew-node1"]  # outcome unknown: `heal --all` sees it
     assert [r.phase for r in nem.history.records()] == ["invoke", "info"]
+
+
+def _skew(nem, target: str, *, by: float) -> dict:
+    entry = FAULTS["skew-clock"]
+    return entry.invoke(nem, entry.make_options({"target": target, "by": by}))

@@ -3,14 +3,14 @@ import signal
 
 import pytest
 
-from chaos.parse import (
+from sim.core.errors import UsageError
+from sim.core.parse import (
     check_node_names,
     parse_duration,
     parse_percent,
     parse_rate,
     parse_signal,
 )
-from sim.core.errors import UsageError
 
 NODES = ("node0", "node1", "node2", "node3")
 

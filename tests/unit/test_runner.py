@@ -18,6 +18,8 @@ from chaos.scenario import Step, parse_scenario
 from sim.cli.main import main as sim_main
 from sim.core import labels
 from sim.core.errors import UsageError
+from sim.core.faultkinds.clock import SKEW_CLOCK, SkewOptions
+from sim.core.faultkinds.slow_disk import SLOW_DISK, SlowDiskOptions
 from sim.core.history import History
 from sim.core.spec import spec_from_options
 
@@ -166,7 +168,13 @@ WIRING = {
     "skew-clock": (
         "target: node1\n    by: -10m",
         ["skew-clock", "node1", "--by=-10m"],
-        ("skew_clock", ("node1",), {"by": -600.0}),
+        ("carry_out", (SKEW_CLOCK, SkewOptions("node1", -600.0)), {}),
+        ("heal", ("link-node1",), {}),
+    ),
+    "slow-disk": (
+        "target: node1\n    write_rate: 1m",
+        ["slow-disk", "node1", "--write-rate", "1m"],
+        ("carry_out", (SLOW_DISK, SlowDiskOptions("node1", 2**20)), {}),
         ("heal", ("link-node1",), {}),
     ),
     "oom-worker": (

@@ -58,7 +58,7 @@ def test_freeze_during_checkpoint_stops_the_writer_then_pauses_the_node_and_heal
 
 def test_freeze_during_checkpoint_is_a_reversible_catalog_fault_undone_by_heal():
     fault = FAULTS["freeze-during-checkpoint"]
-    assert fault.reversible and fault.undone_by == "heal" and fault.verb == ("freeze-during-checkpoint",)
+    assert fault.reversible and fault.undo_verb == "heal" and fault.verb == ("freeze-during-checkpoint",)
     assert fault.option_names == ("target", "dir", "within")
     assert fault.make_options({}).target == "rank0"
 

@@ -238,11 +238,14 @@ CASES = {
     "scale": ({"nodes": 1}, None),
 }
 REFUSED = {"fill-disk": {"target": "node1"}}
+# Faults that act on this machine's cgroups (the engine's containers must run here): refused on any swarm.
+NOT_HERE = {"slow-disk": {"target": "node1", "write_rate": 2**20}}
 EVERY_HOST = {"partition", "heal", "etcd-isolate"}  # rules in every container's namespace, each on its host
 
 
 def test_every_fault_is_either_routed_or_refused():
-    assert set(CASES) | set(REFUSED) == set(FAULTS)  # a new fault must be classified here and in docs/SWARM.md
+    # a new fault must be classified here and in docs/SWARM.md
+    assert set(CASES) | set(REFUSED) | set(NOT_HERE) == set(FAULTS)
     assert set(REFUSED) == set(swarm.REFUSED_ON_SHARED_CKPT)
 
 
@@ -281,6 +284,17 @@ def test_a_fault_that_cannot_work_on_several_hosts_is_refused_before_anything(tm
     )
     assert "\n" not in str(refused.value)
     assert here.calls == there.calls == [] and not history.path.exists()
+
+
+@pytest.mark.parametrize("name", sorted(NOT_HERE))
+def test_a_fault_on_this_machines_cgroups_is_refused_on_a_swarm_in_one_line(name, tmp_path):
+    docker, here, there = two_hosts()
+    nemesis = Nemesis(Cluster("demo", docker), history=History(tmp_path / "h.jsonl"), seed=1)
+    fault = FAULTS[name]
+    with pytest.raises(UnsupportedFaultError) as refused:
+        fault.invoke(nemesis, fault.make_options(NOT_HERE[name]))
+    assert str(refused.value) == "throttling a disk needs the Docker engine on this machine (its cgroups)"
+    assert nemesis.active() == []  # its intent is forgotten: nothing is in force
 
 
 def test_fill_disk_is_refused_on_a_shared_checkpoint_folder_too():

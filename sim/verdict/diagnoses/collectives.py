@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from sim.core.faultkinds import names_where
+from sim.core.faultkinds import kind_of
 from sim.core.history import AgentRecord, DockerRecord, FaultRecord, Record, WorkerRecord
 from sim.core.nodes import node_order
 from sim.verdict.diagnoses.evidence import (
@@ -17,16 +17,13 @@ from sim.verdict.diagnoses.evidence import (
     _agent_nodes,
     _at,
     _describe,
-    _fault_records,
+    _faults_where,
     _first_per_node,
     _frozen_node,
     _line,
 )
 from sim.verdict.runmodel import AGENT_CONTAINER, RunModel
 
-# The faults that freeze a peer (its process lives on): a node paused, a worker stopped, or held before its
-# next collective.
-FREEZES = ("pause", "hang-worker", "hang-collectives")
 # A worker silent this long after a peer of its group finished the script (exit 0) is stuck at its end.
 STUCK_AT_EXIT_S = 60.0
 
@@ -191,13 +188,9 @@ def nccl_dead_peer(run: RunModel) -> Diagnosis | None:
         return _nccl_watchdog_logged(run)
     first = min(held, key=lambda r: r.t)
     began = first.began if first.began is not None else first.t - (first.seconds or 0.0)
-    losses = [
-        f
-        for f in _fault_records(run, *names_where(lambda kind: kind.loses_node or kind.ends_workers))
-        if f.t <= began + 5.0
-    ]
+    losses = [f for f in _faults_where(run, lambda kind: kind.loses_node or kind.ends_workers) if f.t <= began + 5.0]
     loss = losses[-1] if losses else None
-    if loss is None and any(f.t <= began + 5.0 for f in _fault_records(run, *FREEZES)):
+    if loss is None and any(f.t <= began + 5.0 for f in _faults_where(run, lambda kind: kind.stalls_workers)):
         return None  # a peer frozen, not dead: process-group-timeout tells that story
     timeouts = sorted({r.timeout_s for r in held if r.timeout_s is not None})
     timeout = timeouts[-1] if timeouts else None
@@ -229,7 +222,7 @@ def _nccl_watchdog_logged(run: RunModel) -> Diagnosis | None:
     """A real NCCL run (no emulation records): the watchdog's own lines after a peer's node or process died."""
     words = "Watchdog caught collective operation timeout"
     logged = [r for r in run.agent_events("worker_error") if words in (r.message or "")]
-    lost = _fault_records(run, *names_where(lambda kind: kind.loses_node or kind.ends_workers))
+    lost = _faults_where(run, lambda kind: kind.loses_node or kind.ends_workers)
     if not logged or not lost or lost[0].t > logged[0].t:
         return None
     ran = [int(m.group(1)) for r in logged if (m := re.search(r"ran for (\d+) milliseconds", r.message or ""))]
@@ -252,7 +245,7 @@ def _frozen_stalls(run: RunModel) -> list[tuple[FaultRecord | DockerRecord, floa
     if not beats:
         return []  # nothing measures progress for this script: no claim
     stalls = []
-    pauses = _fault_records(run, *FREEZES) or [r for r in run.docker if r.action == "pause"]
+    pauses = _faults_where(run, lambda kind: kind.stalls_workers) or [r for r in run.docker if r.action == "pause"]
     for pause in pauses:
         target = _frozen_node(pause)
         resumed = [
@@ -260,7 +253,7 @@ def _frozen_stalls(run: RunModel) -> list[tuple[FaultRecord | DockerRecord, floa
             for r in run.records
             if r.t > pause.t
             and (
-                (isinstance(r, FaultRecord) and r.fault in ("unpause", "resume-worker") and r.target == target)
+                (isinstance(r, FaultRecord) and kind_of(r.fault).resumes_workers and r.target == target)
                 or (isinstance(r, DockerRecord) and r.action == "unpause" and r.node == target)
             )
         ]
@@ -335,7 +328,7 @@ WAITED_MS = re.compile(r"(?:timeout after|waiting|Timed out after) (\d+)\s?(ms|s
 def init_peer_lost(run: RunModel) -> Diagnosis | None:
     """(r) A node lost while its round's workers were still inside init_process_group: the others wait for it
     in the store (and gloo's connection set-up) until init's timeout, and nothing regroups meanwhile."""
-    losses = [f for f in _fault_records(run, *names_where(lambda kind: kind.loses_node)) if f.where]
+    losses = [f for f in _faults_where(run, lambda kind: kind.loses_node) if f.where]
     losses += [
         r
         for r in run.docker
@@ -343,7 +336,7 @@ def init_peer_lost(run: RunModel) -> Diagnosis | None:
         and not any(f.where == r.node and abs(f.t - r.t) < 5.0 for f in losses)
     ]  # fmt: skip
     for loss in sorted(losses, key=lambda r: r.t):
-        lost = _frozen_node(loss) if isinstance(loss, FaultRecord) and loss.fault == "pause" else (
+        lost = _frozen_node(loss) if isinstance(loss, FaultRecord) and kind_of(loss.fault).freezes_node else (
             loss.where if isinstance(loss, FaultRecord) else loss.node
         )  # fmt: skip
         held = [h for node in _agent_nodes(run) if node != lost and (h := _held_in_init(run, node, loss.t))]

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 
+from sim.core.faultkinds import FaultKind, kind_of
 from sim.core.history import AgentRecord, DockerRecord, FaultRecord, Record
 from sim.core.nodes import node_order
 from sim.verdict.runmodel import RunModel
@@ -40,8 +41,10 @@ def _agent_nodes(run: RunModel) -> list[str]:
     return sorted({r.node for r in run.agent if r.node}, key=node_order)
 
 
-def _fault_records(run: RunModel, *kinds: str) -> list[FaultRecord]:
-    return [r for r in run.records if isinstance(r, FaultRecord) and r.phase == "ok" and r.fault in kinds]
+def _faults_where(run: RunModel, trait: Callable[[FaultKind], bool]) -> list[FaultRecord]:
+    """The faults done (their ok records) of every kind with a trait (sim.core.faultkinds), e.g.
+    _faults_where(run, lambda kind: kind.loses_node)."""
+    return [r for r in run.records if isinstance(r, FaultRecord) and r.phase == "ok" and trait(kind_of(r.fault))]
 
 
 def _at(t: float) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from sim.core.faultkinds import kind_of, names_where
+from sim.core.faultkinds import kind_of
 from sim.core.history import AgentRecord, DockerRecord, FaultRecord, Record, RunRecord
 from sim.core.nodes import node_order
 from sim.verdict.diagnoses.evidence import (
@@ -17,7 +17,7 @@ from sim.verdict.diagnoses.evidence import (
     _agent_nodes,
     _at,
     _describe,
-    _fault_records,
+    _faults_where,
     _first_per_node,
     _line,
 )
@@ -148,7 +148,7 @@ def waiting_for_nodes(run: RunModel) -> Diagnosis | None:
         return None
     live, lost = _live_nodes(run, until=min(r.t for r in [*timeouts, *waiting]))
     short = isinstance(min_nodes, int) and live is not None and len(live) < min_nodes
-    cut_off = _first_per_node(run.agent_events("keepalive_failed")) + _fault_records(run, "partition")
+    cut_off = _first_per_node(run.agent_events("keepalive_failed")) + _faults_where(run, lambda kind: kind.cuts_links)
     if isinstance(min_nodes, int) and live is not None and not short and not cut_off:
         # The premise is false: enough nodes were live and none was cut off, so the rendezvous did not wait for
         # nodes (a joiner waits for a round the others never come back to: another cause holds them).
@@ -489,7 +489,7 @@ def clock_skew(run: RunModel) -> Diagnosis | None:
     """(p) A node's clock was skewed past the keep-alive window, and then the agents disagreed on who was
     in a round: a round's size counted differently, or the skewed node in a round of its own (two groups)."""
     window = _keep_alive_window(run)
-    skews = [f for f in _fault_records(run, "skew-clock") if abs(f.outcome.by or 0) > window]
+    skews = [f for f in _faults_where(run, lambda kind: kind.skews_clock) if abs(f.outcome.by or 0) > window]
     if not skews:
         return None
     skew = skews[0]
@@ -580,7 +580,7 @@ def late_join_at_end(run: RunModel) -> Diagnosis | None:
         node = closed.node
         joined = [
             f
-            for f in _fault_records(run, "scale", "restart-node")
+            for f in _faults_where(run, lambda kind: kind.rejoins_nodes)
             if node in (*(f.outcome.joined or ()), f.outcome.node)
         ]
         started = [r for r in run.docker if r.node == node and r.action == "start" and r.t <= closed.t]
@@ -663,7 +663,11 @@ def _rounds(run: RunModel) -> dict[int, list[AgentRecord]]:
 
 def _node_losses(run: RunModel) -> list[tuple[str, Record]]:
     """(node, the record that took it out): faults that lose a node, and Docker's die/kill of a node container."""
-    losses = [(f.where, f) for f in _fault_records(run, *_LOSING) if f.where and AGENT_CONTAINER.match(f.where)]
+    losses = [
+        (f.where, f)
+        for f in _faults_where(run, lambda kind: kind.loses_node)
+        if f.where and AGENT_CONTAINER.match(f.where)
+    ]
     losses += [
         (r.node, r)
         for r in run.docker
@@ -672,9 +676,6 @@ def _node_losses(run: RunModel) -> list[tuple[str, Record]]:
         and not any(node == r.node and abs(f.t - r.t) < 5.0 for node, f in losses)
     ]
     return sorted(losses, key=lambda pair: pair[1].t)
-
-
-_LOSING = names_where(lambda kind: kind.loses_node)
 
 
 def lost_before_ranks(run: RunModel) -> Diagnosis | None:

@@ -5,7 +5,7 @@ Registered, in order, by registry.py's DIAGNOSES."""
 
 from __future__ import annotations
 
-from sim.core.faultkinds import names_where
+from sim.core.faultkinds import kind_of
 from sim.core.history import DockerRecord, FaultRecord, Record, WorkerRecord
 from sim.core.nodes import node_order
 from sim.verdict.checkers import stale_writes
@@ -13,7 +13,7 @@ from sim.verdict.diagnoses.evidence import (
     Diagnosis,
     _at,
     _describe,
-    _fault_records,
+    _faults_where,
     _line,
     _tidy,
 )
@@ -111,7 +111,7 @@ def disk_full(run: RunModel) -> Diagnosis | None:
     full = [r for r in run.agent_events("worker_error") if r.kind == "disk_full"]
     if not full:
         return None
-    fills = [r for r in _fault_records(run, "fill-disk") if r.t <= full[-1].t]
+    fills = [r for r in _faults_where(run, lambda kind: kind.fills_disk) if r.t <= full[-1].t]
     failed = run.agent_events("worker_failed")
     evidence = [_line(r, f"fault fill-disk: {_filled(r)}") for r in fills[-2:]]
     for error in full:
@@ -160,7 +160,11 @@ def oom_kill(run: RunModel) -> Diagnosis | None:
     for oom, exits in killed:
         # The oom-worker fault that caused it: its ok record follows the kill on the same node.
         fault = next(
-            (r for r in _fault_records(run, "oom-worker") if r.where == oom.node and abs(r.t - oom.t) <= OOM_EXIT_S),
+            (
+                r
+                for r in _faults_where(run, lambda kind: kind.ooms_worker)
+                if r.where == oom.node and abs(r.t - oom.t) <= OOM_EXIT_S
+            ),
             None,
         )
         lines = [(oom, "Docker event oom: the kernel's OOM killer killed a process in the container")]
@@ -191,7 +195,7 @@ def oom_kill(run: RunModel) -> Diagnosis | None:
 def damaged_checkpoint_loaded(run: RunModel) -> Diagnosis | None:
     """(k) After a checkpoint was damaged on purpose, the script's torch.load fails on it: it loads
     the newest checkpoint blindly, with no checksum and no fallback."""
-    damage = _fault_records(run, *names_where(lambda kind: kind.damages_checkpoint))
+    damage = _faults_where(run, lambda kind: kind.damages_checkpoint)
     if not damage:
         return None
     unreadable = [
@@ -222,7 +226,7 @@ def damaged_checkpoint_loaded(run: RunModel) -> Diagnosis | None:
 
 def _damage_words(fault: FaultRecord) -> str:
     result = fault.outcome
-    if fault.fault == "kill-during-checkpoint":
+    if kind_of(fault.fault).strikes_in_write:
         pid = "?" if result.pid is None else result.pid
         return f"fault kill-during-checkpoint: pid {pid} killed while it wrote {result.file}"
     return f"fault corrupt-checkpoint: {result.file} damaged ({result.mode or '?'})"
@@ -242,7 +246,7 @@ def superseded_round_checkpoint(run: RunModel) -> Diagnosis | None:
             evidence.append(_line(stale.replaced, f"the newer round's rank {stale.replaced.rank} had written it"))
         if stale.loaded_by is not None:
             evidence.append(_line(stale.loaded_by, f"rank {stale.loaded_by.rank} resumed from it"))
-    frozen = _fault_records(run, "freeze-during-checkpoint", "pause")
+    frozen = _faults_where(run, lambda kind: kind.freezes_node)
     evidence += [_line(r, f"fault {r.fault} froze {r.where}") for r in frozen[:2]]
     nodes = ", ".join(sorted({s.write.node for s in lost}, key=node_order))
     return Diagnosis(

@@ -104,3 +104,13 @@ def check_node_names(names: Iterable[str], known: Sequence[str] | None, source: 
             raise UsageError(f"{source}: node {name!r} named twice; name each node once")
         seen.add(name)
     return names
+
+
+def go_duration(seconds: float | None, *, signed: bool = False) -> str:
+    """Seconds as a Go duration (Chaos Mesh parses durations with time.ParseDuration): 90 -> "90s", 0.1 -> "100ms"."""
+    seconds = float(seconds or 0.0)
+    millis = round(seconds * 1000)
+    text = f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
+    if millis < 0:
+        text = f"-{abs(millis) // 1000}s" if millis % 1000 == 0 else f"-{abs(millis)}ms"
+    return f"+{text}" if signed and millis > 0 else text

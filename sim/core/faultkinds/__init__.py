@@ -1,0 +1,72 @@
+"""Every fault kind, once: one object per kind, a module per family (process, container, network, disk,
+checkpoint, clock, etcd, ...). A family module declares `KINDS`; this package collects them, so a new kind is
+one new module (or one more object in its family's). The run model, checkers, recovery, timeline, diagnoses,
+the nemesis and `sim vet` read the traits here, never a list of names of their own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+
+from .base import LANES, NODE_EFFECTS, UNDO_OPS, Act, Action, ChaosMesh, FaultKind, LimitWrites, NodeShell, Provocation
+
+__all__ = [
+    "Act",
+    "Action",
+    "ChaosMesh",
+    "LimitWrites",
+    "NodeShell",
+    "FAULT_KINDS",
+    "KINDS",
+    "LANES",
+    "NODE_EFFECTS",
+    "PROVOCATIONS",
+    "UNDO_OPS",
+    "UNKNOWN",
+    "FaultKind",
+    "Provocation",
+    "in_force_kinds",
+    "kind_of",
+    "names_where",
+]
+_NOT_FAMILIES = {"base"}
+
+
+def _collect() -> tuple[FaultKind, ...]:
+    found: list[FaultKind] = []
+    for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if module.name.startswith("_") or module.name in _NOT_FAMILIES:
+            continue
+        found += importlib.import_module(f"{__name__}.{module.name}").KINDS
+    names = [kind.name for kind in found]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"fault kinds declared twice: {', '.join(twice)}")
+    return tuple(found)
+
+
+FAULT_KINDS: tuple[FaultKind, ...] = _collect()
+KINDS: dict[str, FaultKind] = {kind.name: kind for kind in FAULT_KINDS}
+# A record of a kind this version does not know (a newer history): no trait, so nothing is assumed.
+UNKNOWN = FaultKind("unknown")
+# Every kind's provocations, by the name `sim vet --faults` takes, in the gauntlet's order.
+PROVOCATIONS: dict[str, Provocation] = dict(
+    sorted(((name, p) for kind in FAULT_KINDS for name, p in kind.provocations.items()), key=lambda np: np[1].order)
+)
+
+
+def kind_of(name: str) -> FaultKind:
+    """The kind a history record names; UNKNOWN for a name this version does not know."""
+    return KINDS.get(name, UNKNOWN)
+
+
+def names_where(trait: Callable[[FaultKind], bool]) -> tuple[str, ...]:
+    """The history names of every kind with a trait, e.g. names_where(lambda k: k.damages_checkpoint)."""
+    return tuple(kind.name for kind in FAULT_KINDS if trait(kind))
+
+
+def in_force_kinds(trait: Callable[[FaultKind], bool]) -> tuple[str, ...]:
+    """The fault store's kinds of every kind with a trait (what `sim faults` lists them as)."""
+    return tuple(kind.in_force for kind in FAULT_KINDS if kind.in_force is not None and trait(kind))
