@@ -20,7 +20,7 @@ lint: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
-# The quick suite: every fault kind and outcome on every backend (chaos.shipped.QUICK_SUITE).
+# The quick suite: every fault kind and outcome on every backend (sim.scenarios.shipped.QUICK_SUITE).
 # Two pytest-xdist workers (CI time: about half), a test file at a time each (--dist loadfile: a
 # module's shared cluster stays on one worker), in file order (--no-loadscope-reorder: xdist would
 # start with the files of most tests, and the catalog's three tours, the longest file, would come last).

@@ -14,7 +14,7 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 # sim/core/paths.py reads the same names, beside sim/ or in sim/_data/.
-PROJECT_FOLDERS = ("images", "compose", "trainer", "rendezvous-etcd-v3")
+PROJECT_FOLDERS = ("images", "compose", "trainer", "rendezvous-etcd-v3", "chaos")
 DATA_PACKAGE_DIR = Path("sim", "_data")
 
 

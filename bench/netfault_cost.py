@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import quiet  # noqa: E402
-from chaos.nemesis import Nemesis  # noqa: E402
-from chaos.partition import isolate  # noqa: E402
 from sim.core.history import History  # noqa: E402
 from sim.core.spec import ClusterSpec  # noqa: E402
 from sim.engines import cluster as cluster_mod  # noqa: E402
 from sim.engines.docker import Docker  # noqa: E402
+from sim.faults.nemesis import Nemesis  # noqa: E402
+from sim.faults.partition import isolate  # noqa: E402
 
 FAULTS = {
     "partition (isolate node1)": lambda nem: nem.partition(isolate(["node1"], ["node0", "node1", "etcd"])),

@@ -11,7 +11,7 @@ each figure is the median seconds from the fault to the first training step afte
                 first step at world 2
   scale-up      a third node starts beside a job of two (max 3), to the first step at world 3
 
-Each on c10d and etcd-v2, with the fast profile (chaos.scenario.PROFILES) and torch's defaults.
+Each on c10d and etcd-v2, with the fast profile (sim.scenarios.scenario.PROFILES) and torch's defaults.
 Both sides get one spec: the bare command is the sim node's own (sim.core.torchrun) with the host's
 endpoint. The fault always hits node2, never node0: node0 hosts the c10d store in the sim (its
 hostname is the endpoint); on the bare side node0 starts first and binds the store port before the
@@ -56,14 +56,14 @@ from bench.common import (  # noqa: E402
     save_results,
     trainer_records,
 )
-from chaos.nemesis import Nemesis  # noqa: E402
-from chaos.scenario import PROFILES, Scenario, scenario_spec_options  # noqa: E402
 from sim.core.errors import SimError  # noqa: E402
 from sim.core.history import FILE_NAME, History, WorkerRecord  # noqa: E402
 from sim.core.spec import ClusterSpec, spec_from_options  # noqa: E402
 from sim.engines.cluster import up  # noqa: E402
 from sim.engines.docker import Docker  # noqa: E402
 from sim.engines.images import ImageBuilder  # noqa: E402
+from sim.faults.nemesis import Nemesis  # noqa: E402
+from sim.scenarios.scenario import PROFILES, Scenario, scenario_spec_options  # noqa: E402
 from sim.verdict.recovery import Recovery, recoveries  # noqa: E402
 from sim.verdict.runmodel import RunModel  # noqa: E402
 

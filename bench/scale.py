@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import print_columns, save_results  # noqa: E402
 from bench.scenario_runs import run_generated  # noqa: E402
-from chaos.runner import default_cluster_name  # noqa: E402
 from sim.core import labels  # noqa: E402
 from sim.core.errors import SimError  # noqa: E402
 from sim.core.history import FILE_NAME, History  # noqa: E402
 from sim.core.spec import max_nodes_in_memory  # noqa: E402
 from sim.engines.docker import Docker  # noqa: E402
+from sim.scenarios.runner import default_cluster_name  # noqa: E402
 from sim.verdict.runmodel import RunModel  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results.json"

@@ -9,8 +9,8 @@ import statistics
 import yaml
 
 from bench.common import ROOT, print_columns
-from chaos.runner import ScenarioResult, run_scenario
-from chaos.scenario import parse_scenario
+from sim.scenarios.runner import ScenarioResult, run_scenario
+from sim.scenarios.scenario import parse_scenario
 
 # Scripts in a generated scenario are named as from the shipped catalog's folder.
 SOURCE_DIR = ROOT / "chaos" / "scenarios"

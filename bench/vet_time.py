@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import print_columns, quiet, save_results  # noqa: E402
-from chaos.vet import DEFAULT_GAUNTLET, prepare, run_vet  # noqa: E402
+from sim.vet.gauntlet import DEFAULT_GAUNTLET, prepare, run_vet  # noqa: E402
 
 SCRIPT = ROOT / "tests" / "scripts" / "fixed_name_ckpt.py"
 ARGS = ["--steps", "1000000", "--step-time", "0.1", "--pg-timeout", "10"]

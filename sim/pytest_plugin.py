@@ -5,7 +5,7 @@
         ...
 
     def test_my_job_survives_the_gauntlet(sim_vet):
-        result = sim_vet("train.py", quick=True, script_args=["--epochs", "1000"])   # chaos.vet.VetResult
+        result = sim_vet("train.py", quick=True, script_args=["--epochs", "1000"])   # sim.vet.gauntlet.VetResult
         assert result.passed, result.scorecard
 
     A GPU script runs with CUDA and NCCL emulated on CPU unless told otherwise:
@@ -20,7 +20,7 @@
         assert made.scales[0].shares.goodput > 0.9, made.scales[0].levers
 
     def test_my_settings(sim_tune):                       # torch's elastic settings, tried on the job
-        tuned = sim_tune("train.py", budget="10m", script_args=["--epochs", "1000"])   # chaos.tune.TuneResult
+        tuned = sim_tune("train.py", budget="10m", script_args=["--epochs", "1000"])   # sim.vet.tune.TuneResult
         assert tuned.best is not None, tuned.points       # tuned.torchrun: the flags to use
 
     def test_worker_crash(sim_scenario):
@@ -94,9 +94,9 @@ def sim_cluster(sim_docker) -> Iterator[Callable[..., Cluster]]:
 @pytest.fixture
 def sim_scenario(sim_docker) -> Callable[..., list]:
     """Run a scenario file (or shipped name) on each of its backends; returns ScenarioResults."""
-    from chaos.runner import run_scenario
-    from chaos.scenario import load_scenario
-    from chaos.shipped import find_scenario
+    from sim.scenarios.runner import run_scenario
+    from sim.scenarios.scenario import load_scenario
+    from sim.scenarios.shipped import find_scenario
 
     def run(name_or_path: str, *, backend: str | None = None, seed: int | None = None) -> list:
         return run_scenario(load_scenario(find_scenario(name_or_path)), backend, docker=sim_docker, seed=seed)
@@ -107,11 +107,11 @@ def sim_scenario(sim_docker) -> Callable[..., list]:
 @pytest.fixture
 def sim_vet(sim_docker) -> Callable[..., object]:
     """`sim vet` from a test: `sim_vet(script, faults=None | "a,b" | [...], quick=False, script_args=None,
-    out_dir=None, parallel=None, **up_options)` runs the gauntlet and returns its chaos.vet.VetResult (the object
+    out_dir=None, parallel=None, **up_options)` runs the gauntlet and returns its sim.vet.gauntlet.VetResult (the object
     vet.json holds); with out_dir it also writes vet.json and vet.html there."""
     from pathlib import Path
 
-    from chaos.vet import prepare, run_vet, write_outputs
+    from sim.vet.gauntlet import prepare, run_vet, write_outputs
 
     def run(script, *, faults=None, quick=False, script_args=None, out_dir=None, parallel=None, **options):
         if faults is not None and not isinstance(faults, str):
@@ -128,12 +128,12 @@ def sim_vet(sim_docker) -> Callable[..., object]:
 @pytest.fixture
 def sim_forecast() -> Callable[..., object]:
     """`sim forecast` from a test: `sim_forecast(vet, nodes=(64, 512, 2048), gpus_per_node=8, mtbf_node=None)`,
-    `vet` a chaos.vet.VetResult (sim_vet's) or the path of a vet.json (or its folder); returns the
-    chaos.forecast.Forecast (its `scales`, each with `shares.goodput`, `young_s` and `levers`). Failure rates:
+    `vet` a sim.vet.gauntlet.VetResult (sim_vet's) or the path of a vet.json (or its folder); returns the
+    sim.vet.forecast.Forecast (its `scales`, each with `shares.goodput`, `young_s` and `levers`). Failure rates:
     Llama 3's, or Llama 3's mix at a node MTBF of `mtbf_node` ("200d")."""
     from pathlib import Path
 
-    from chaos.forecast import (
+    from sim.vet.forecast import (
         DEFAULT_SCALES,
         forecast,
         llama3_rates,
@@ -161,12 +161,12 @@ def sim_tune(sim_docker) -> Callable[..., object]:
     """`sim tune` from a test: `sim_tune(script, budget="10m", faults=None, keep_alive=None, last_call=None,
     join=None, monitor=None, pg_timeout=None, script_args=None, out_dir=None, parallel=None, **up_options)`, the
     grid lists as the command's ("2x3,3x3", "1,3", ...), tries each point of the grid on real clusters and returns
-    the chaos.tune.TuneResult (`best`: the recommended point or None, `torchrun`, `k8s`, `points`); with out_dir it
+    the sim.vet.tune.TuneResult (`best`: the recommended point or None, `torchrun`, `k8s`, `points`); with out_dir it
     also writes tune.json and tune.html there."""
     from pathlib import Path
 
-    from chaos.tune import prepare, run_tune, write_outputs
     from sim.core.parse import parse_duration
+    from sim.vet.tune import prepare, run_tune, write_outputs
 
     def run(script=None, *, budget="10m", faults=None, script_args=None, out_dir=None, parallel=None, **options):
         grid_keys = ("keep_alive", "last_call", "join", "monitor", "pg_timeout")

@@ -1,6 +1,6 @@
 """Chaos Toolkit extension for elastic-sim: `chaos discover chaostoolkit-elastic-sim` lists its activities.
 
-Actions (chaosesim.actions) and probes (chaosesim.probes) are elastic-sim's own (chaos/toolkit.py):
+Actions (chaosesim.actions) and probes (chaosesim.probes) are elastic-sim's own (sim/cli/toolkit.py):
 the faults go through the same audited path as `sim kill-worker` and friends.
 """
 

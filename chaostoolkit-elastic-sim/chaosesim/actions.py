@@ -4,7 +4,7 @@ Each returns the audited result of its Nemesis call (the history's `ok` record).
 experiment's configuration key `sim_cluster`, else $SIM_CLUSTER, else "sim".
 """
 
-from chaos.toolkit import ACTIONS
+from sim.cli.toolkit import ACTIONS
 
 globals().update(ACTIONS)
 __all__ = sorted(ACTIONS)

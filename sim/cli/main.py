@@ -274,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(sub, up)
     _add_forecast(sub)
     _add_tune(sub)
-    from chaos.cli import register as register_faults
+    from sim.cli.faults import register as register_faults
 
     COMMANDS.update(register_faults(sub))
     return parser
@@ -455,7 +455,7 @@ def _save_logs(cluster) -> None:
 
 
 def cmd_vet(args: argparse.Namespace, script_args: list[str] | None) -> int:
-    from chaos.vet import DEFAULT_GAUNTLET, cluster_count, prepare, run_vet, scorecard, write_outputs
+    from sim.vet.gauntlet import DEFAULT_GAUNTLET, cluster_count, prepare, run_vet, scorecard, write_outputs
 
     if args.placement != "spread" or args.ckpt_nfs or args.ckpt_dir:
         raise UsageError(
@@ -473,7 +473,7 @@ def cmd_vet(args: argparse.Namespace, script_args: list[str] | None) -> int:
     files = write_outputs(vet, Path(args.out), Path(args.junit) if args.junit else None, forecast=made)
     print(scorecard(vet))
     if made is not None:
-        from chaos.forecast import render
+        from sim.vet.forecast import render
 
         print(render(made))
     print("  " + "   ".join(f"{kind}: {path}" for kind, path in files.items()))
@@ -793,7 +793,7 @@ def _add_export(sub: argparse._SubParsersAction, up: argparse.ArgumentParser) ->
 
 
 def cmd_export(args: argparse.Namespace, script_args: list[str] | None) -> int:
-    from chaos.k8s import DEFAULT_IMAGE, DEFAULT_KUBECTL_IMAGE, export_scenario, export_spec, write_export
+    from sim.export.k8s import DEFAULT_IMAGE, DEFAULT_KUBECTL_IMAGE, export_scenario, export_spec, write_export
 
     images = {
         "image": args.image or DEFAULT_IMAGE,
@@ -803,8 +803,8 @@ def cmd_export(args: argparse.Namespace, script_args: list[str] | None) -> int:
         "target": args.target,
     }
     if args.scenario:
-        from chaos.scenario import load_scenario
-        from chaos.shipped import find_scenario
+        from sim.scenarios.scenario import load_scenario
+        from sim.scenarios.shipped import find_scenario
 
         scenario = load_scenario(find_scenario(args.scenario))
         if args.backend and args.backend not in scenario.backends:
@@ -871,7 +871,7 @@ def _add_forecast(sub: argparse._SubParsersAction) -> None:
 
 def forecast_rates(mtbf_node: str | None, tool: Mapping[str, object]):
     """The failure rates: --mtbf-node over pyproject.toml's [tool.elastic-sim.mtbf] over Llama 3's."""
-    from chaos.forecast import llama3_rates, parse_mtbf, scaled_rates, table_rates
+    from sim.vet.forecast import llama3_rates, parse_mtbf, scaled_rates, table_rates
 
     if mtbf_node is not None:
         return scaled_rates(llama3_rates(), parse_mtbf("--mtbf-node", mtbf_node), mtbf_node)
@@ -883,7 +883,7 @@ def forecast_rates(mtbf_node: str | None, tool: Mapping[str, object]):
 def vet_forecast(vet, rates):
     """`sim vet --forecast`: the forecast at the default scales from the vet just run (None, said, where its
     runs cannot give one: no fault recovered, no step seen)."""
-    from chaos.forecast import forecast, measure_vet
+    from sim.vet.forecast import forecast, measure_vet
 
     try:
         measured = measure_vet(vet.as_dict(), Path.cwd(), "this vet")
@@ -896,8 +896,8 @@ def vet_forecast(vet, rates):
 def cmd_forecast(args: argparse.Namespace, _: list[str] | None) -> int:
     import json
 
-    from chaos.forecast import forecast, measure, parse_scales, render, with_given
     from sim.core.parse import parse_duration
+    from sim.vet.forecast import forecast, measure, parse_scales, render, with_given
 
     scales = parse_scales(args.scales)
     if args.gpus_per_node < 1:
@@ -910,7 +910,7 @@ def cmd_forecast(args: argparse.Namespace, _: list[str] | None) -> int:
     save_cost = parse_duration(args.save_cost) if args.save_cost is not None else None
     measured = with_given(measure(vet_path), save_cost, args.ckpt_every)
     if args.check:  # its inputs checked before anything is printed or started
-        from chaos.forecast_check import check_inputs, run_check, vet_job
+        from sim.vet.forecast_check import check_inputs, run_check, vet_job
 
         check_inputs(measured, args.check_kind, every, soak)
         vet = json.loads(Path(measured.source).read_text(encoding="utf-8"))
@@ -970,8 +970,8 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tune(args: argparse.Namespace, script_args: list[str] | None) -> int:
-    from chaos.tune import plan_text, prepare, render, run_tune, write_outputs
     from sim.core.parse import parse_duration
+    from sim.vet.tune import plan_text, prepare, render, run_tune, write_outputs
 
     if args.monitor_interval is not None or args.rdzv_conf and _tuned_keys(args.rdzv_conf):
         raise UsageError(
@@ -996,7 +996,7 @@ def cmd_tune(args: argparse.Namespace, script_args: list[str] | None) -> int:
 
 
 def _tuned_keys(conf: str) -> bool:
-    from chaos.tune import Settings
+    from sim.vet.tune import Settings
 
     tuned = set(Settings(1, 1, 1, 1, 1.0).rdzv_conf())
     return any(pair.split("=", 1)[0].strip() in tuned for pair in conf.split(","))

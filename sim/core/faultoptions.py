@@ -1,6 +1,7 @@
 """What a fault's options hold and how each is spelt: the part of a fault kind a person types (a CLI
 argument, a scenario value). A kind's options are a frozen dataclass of `option(...)` fields that checks
-itself (FaultOptions); chaos/scenario.py and chaos/cli.py generate the scenario format and the CLI from them.
+itself (FaultOptions); sim/scenarios/scenario.py and sim/cli/faults.py generate the scenario format and
+the CLI from them.
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ class _Nested:
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
 class FaultResult(_Nested):
-    """What a fault operation did, as its `ok` record says (the dict chaos/nemesis.py's verb returned).
+    """What a fault operation did, as its `ok` record says (the dict sim/faults/nemesis.py's verb returned).
     Each verb writes the fields that apply to it; a field it does not write is None."""
 
     node: str | None = None  # the node it acted on (a role such as "random" resolved)
@@ -275,7 +275,7 @@ class RunRecord(Record):
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
 class FaultRecord(Record):
-    """One phase of a fault operation (chaos/nemesis.py's invoke)."""
+    """One phase of a fault operation (sim/faults/nemesis.py's invoke)."""
 
     TYPE: ClassVar[str] = "fault"
     op: str

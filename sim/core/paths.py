@@ -31,6 +31,8 @@ IMAGES_DIR = PROJECT_FILES / "images"
 TRAINER_DIR = PROJECT_FILES / "trainer"
 # The etcd v3 rendezvous backend: its own package, installed into the node runtime.
 RENDEZVOUS_DIR = PROJECT_FILES / "rendezvous-etcd-v3"
+# The shipped chaos scenarios (YAML), where users find them: chaos/scenarios/ in the checkout.
+SCENARIOS_DIR = PROJECT_FILES / "chaos" / "scenarios"
 
 
 def state_home() -> Path:

@@ -127,7 +127,7 @@ class FaultEvent:
 
     @property
     def heal_id(self) -> str | None:
-        """The id a heal names this fault by (chaos/nemesis.py's fault ids)."""
+        """The id a heal names this fault by (sim/faults/nemesis.py's fault ids)."""
         if not self.kind.reversible:
             return None
         # The id the nemesis gave; a pause or link fault of an older history has none: its node's.

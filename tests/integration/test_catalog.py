@@ -1,5 +1,5 @@
 """The fault-tolerance suite: every shipped scenario on every backend it names, with the fast
-profile. `make test` runs the quick suite (chaos.shipped.QUICK_SUITE: every fault kind and
+profile. `make test` runs the quick suite (sim.scenarios.shipped.QUICK_SUITE: every fault kind and
 outcome on every backend); the rest are marked `full` and run in `make test-full`. A scenario
 passes when its verdict matches its expectation (`recovers`, or `fails` the way torch is known
 to: fast and cleanly). The tours, the longest runs, are in test_catalog_tours.py."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.shipped import QUICK_SUITE, shipped_scenarios
 from sim.pytest_plugin import assert_verdict
+from sim.scenarios.shipped import QUICK_SUITE, shipped_scenarios
 
 pytestmark = pytest.mark.docker
 

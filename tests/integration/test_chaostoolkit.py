@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.scenario import PROFILES
 from sim.core.history import FILE_NAME, FaultRecord, History
+from sim.scenarios.scenario import PROFILES
 
 pytestmark = pytest.mark.docker
 

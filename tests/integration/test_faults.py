@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from chaos.nemesis import Nemesis
 from sim.core.history import FILE_NAME, History
 from sim.core.wait import Condition, wait_for
 from sim.engines.cluster import Cluster
+from sim.faults.nemesis import Nemesis
 from tests.conftest import run_sim, unique_name
 from tests.integration.netprobe import start_tcp_server, tcp_connects, udp_delivery
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos.runner import default_cluster_name
 from sim.core import labels
 from sim.core.history import FILE_NAME
 from sim.engines.cluster import COLLECTOR_PID_FILE, Cluster
+from sim.scenarios.runner import default_cluster_name
 from tests.conftest import ROOT, run_sim, unique_name
 
 pytestmark = pytest.mark.docker

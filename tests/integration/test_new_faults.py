@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos.nemesis import Nemesis
 from sim.core.history import FILE_NAME, History
 from sim.core.spec import ClusterSpec
 from sim.engines.cluster import Cluster, up
+from sim.faults.nemesis import Nemesis
 from sim.pytest_plugin import assert_verdict
 from sim.verdict.checkers import RunSpec, check_stale_checkpoint
 from sim.verdict.diagnoses.registry import diagnose

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from chaos.nemesis import Nemesis
 from sim.core.history import FILE_NAME, FaultRecord, History, TrainerRecord
 from sim.core.wait import wait_for
 from sim.engines.cluster import Cluster, JobFinished
+from sim.faults.nemesis import Nemesis
 from sim.verdict.runfolder import report_run
 from tests.conftest import run_sim, unique_name
 from tests.integration.test_faults import FAST, eventually

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from chaos.nemesis import Nemesis
 from sim.core import labels
 from sim.core.agentlog import parse_node_log
 from sim.core.history import AgentRecord
@@ -20,6 +19,7 @@ from sim.core.wait import Condition, wait_for
 from sim.engines.cluster import Cluster, JobFinished
 from sim.engines.engine import choose_engine
 from sim.engines.swarm import GWBRIDGE, swarm_state
+from sim.faults.nemesis import Nemesis
 from tests.conftest import run_sim, unique_name
 
 # In `make test-full`: a swarm's init and leave must not run beside Compose clusters (docs/SWARM.md),

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.full]
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "netns-engine.sh"
 HOSTS = {"a": ("sim-host-a", "10.213.0.1"), "b": ("sim-host-b", "10.213.0.2")}
-# The fast profile's rendezvous settings (chaos/scenario.py's), so each recovery takes seconds.
+# The fast profile's rendezvous settings (sim/scenarios/scenario.py's), so each recovery takes seconds.
 FAST = ["--rdzv-conf", "last_call_timeout=2,join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3"]
 JOB = ["--", "--steps", "100000", "--step-time", "0.1", "--ckpt-interval", "20", "--pg-timeout", "15"]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.runner import default_cluster_name
 from sim.core import labels
+from sim.scenarios.runner import default_cluster_name
 from tests.conftest import unique_name
 from tests.wheel_build import ROOT, build_wheel
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.scenario import parse_scenario
 from sim.cli.main import check_environment, check_start_timeout
 from sim.core.errors import UsageError
 from sim.core.spec import (
@@ -15,6 +14,7 @@ from sim.core.spec import (
     spec_from_options,
 )
 from sim.engines.render import render
+from sim.scenarios.scenario import parse_scenario
 
 HEAD = "name: bad\ndescription: a bad scenario\nexpect: {outcome: recovers}\n"
 GIB = 1024

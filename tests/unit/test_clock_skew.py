@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from chaos.faults import FAULTS
-from chaos.scenario import parse_scenario
 from sim.cli import doctor
 from sim.core.errors import UnsupportedFaultError, UsageError
 from sim.core.faultkinds.clock import CLOCK_NOT_PRELOADED, CLOCK_OFFSET_FILE, CLOCK_SCRIPT
 from sim.core.faultoptions import parse_offset
 from sim.engines.docker import ExecResult
 from sim.engines.render import CLOCK_ENV, FAKETIME_LIB
+from sim.faults.catalog import FAULTS
+from sim.scenarios.scenario import parse_scenario
 from sim.verdict.diagnoses.registry import diagnose
 from tests.unit.test_nemesis import FakeProvider, nemesis, state_home  # noqa: F401 (fixtures)
 

@@ -531,7 +531,7 @@ def test_render_switches_the_workers_emulation():
 
 
 def test_a_scenario_sets_devices_and_failure_timing():
-    from chaos.scenario import load_scenario
+    from sim.scenarios.scenario import load_scenario
 
     path = Path(__file__).resolve().parents[1] / "scripts" / "multinode-ddp-node-loss.yaml"
     cluster = load_scenario(path).cluster

@@ -10,11 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import chaos.runner
 import sim.cli.main as cli
-from chaos.nemesis import Nemesis
-from chaos.runner import ScenarioRunner
-from chaos.scenario import parse_scenario
+import sim.scenarios.runner
 from sim.core.capabilities import CAPABILITIES, COMPOSE, ONE_HOST, SWARM, Capabilities, Placement, Support
 from sim.core.errors import UnsupportedFaultError, UsageError
 from sim.core.history import History
@@ -24,6 +21,9 @@ from sim.engines.docker import Docker
 from sim.engines.engine import ComposeEngine, choose_engine
 from sim.engines.swarm import LAYOUT_FILE, SwarmDocker, SwarmEngine
 from sim.engines.swarm_render import SwarmLayout
+from sim.faults.nemesis import Nemesis
+from sim.scenarios.runner import ScenarioRunner
+from sim.scenarios.scenario import parse_scenario
 from tests.unit.test_nemesis import FakeProvider
 
 NFS = "nfs.example:/srv/ckpt"
@@ -229,7 +229,7 @@ def test_the_nemesis_refuses_what_its_clusters_engine_cannot_do_before_recording
 
 def test_a_scenario_run_starts_its_cluster_through_the_engine_chosen_from_its_spec(monkeypatch):
     engine, chosen = FakeEngine(SWARM), []
-    monkeypatch.setattr(chaos.runner, "choose_engine", lambda docker, **given: chosen.append(given) or engine)
+    monkeypatch.setattr(sim.scenarios.runner, "choose_engine", lambda docker, **given: chosen.append(given) or engine)
     scenario = parse_scenario("name: t\ndescription: d\ncluster: {nodes: 3}\nexpect: {outcome: recovers}\n", "t.yaml")
     spec = ClusterSpec(name="vet-sw", engine="swarm")
     runner = ScenarioRunner(scenario, "etcd-v2", docker=NoDocker(), spec=spec, keep=True, progress=lambda _: None)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from chaos.scenario import parse_scenario, scenario_spec_options
 from sim.core.errors import UsageError
 from sim.core.hostpaths import PROJECT_DIR_IN_NODE, PROJECT_STAGE_DIR, exposure, tree_summary
 from sim.core.paths import IMAGES_DIR
@@ -16,6 +15,7 @@ from sim.core.spec import ClusterSpec, image_torch_version, spec_from_options
 from sim.engines.images import is_progress_line
 from sim.engines.render import PROJECT_COPY, render
 from sim.engines.userimages import ImageProbe, UserImages, hook_files, pip_failure
+from sim.scenarios.scenario import parse_scenario, scenario_spec_options
 
 IMAGES = {"node_image": "N", "etcd_image": "E", "run_id": "r"}
 SEEDJOB = Path(__file__).resolve().parent.parent / "scripts" / "seedjob"

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from chaos.faults import FAULTS
 from sim.core import faultkinds
 from sim.core.faultkinds import FAULT_KINDS, KINDS, LANES, UNDO_OPS, Action, FaultKind, kind_of
 from sim.core.faultoptions import FaultOptions
+from sim.faults.catalog import FAULTS
 from sim.verdict.runmodel import FaultEvent
 
 # The nemesis and its verb modules.
 NEMESIS = [
-    Path(__file__).resolve().parents[2] / "chaos" / f"{name}.py"
+    Path(__file__).resolve().parents[2] / "sim" / "faults" / f"{name}.py"
     for name in ("nemesis", "processes", "containers", "disk", "network")
 ]
 
@@ -46,7 +46,7 @@ def _nemesis_calls() -> tuple[set[str], set[str]]:
 
 def test_every_name_the_nemesis_records_is_a_fault_kind_and_every_kind_is_recorded():
     recorded, _ = _nemesis_calls()
-    assert recorded, "no invoke calls found: the test reads chaos/nemesis.py"
+    assert recorded, "no invoke calls found: the test reads sim/faults/nemesis.py"
     acting = {kind.name for kind in FAULT_KINDS if kind.act is not None}  # Nemesis.carry_out records their names
     assert not recorded & acting, "a kind with its own act has a verb of its own too"
     assert recorded | acting == set(KINDS)

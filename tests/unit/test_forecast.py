@@ -1,4 +1,4 @@
-"""chaos/forecast.py: the model on hand-made measurements against figures worked out by hand, the published
+"""sim/vet/forecast.py: the model on hand-made measurements against figures worked out by hand, the published
 rates, and the measurements read from captured vet histories."""
 
 from __future__ import annotations
@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos.forecast import (
+from sim.core.errors import UsageError
+from sim.core.history import History
+from sim.verdict.runmodel import RunModel
+from sim.vet.forecast import (
     LLAMA3,
     FailureRates,
     KindCost,
@@ -31,10 +34,7 @@ from chaos.forecast import (
     with_given,
     young_interval,
 )
-from chaos.vet import FaultScore, VetResult, write_outputs
-from sim.core.errors import UsageError
-from sim.core.history import History
-from sim.verdict.runmodel import RunModel
+from sim.vet.gauntlet import FaultScore, VetResult, write_outputs
 
 from .histories import T0
 
@@ -289,7 +289,7 @@ def test_vet_forecast_goes_into_vet_json_and_vet_html(tmp_path):
 
 
 def test_check_refuses_a_vet_that_saw_no_save_before_anything_starts():
-    from chaos.forecast_check import check_inputs
+    from sim.vet.forecast_check import check_inputs
 
     m = Measurements(step_s=0.1, kinds=(KindCost("kill-worker", 5.0),))
     with pytest.raises(UsageError, match="the vet saw no checkpoint save .*--ckpt-every N"):
@@ -341,7 +341,7 @@ def test_the_interval_is_the_common_gap_between_saved_steps_or_the_one_saved_ste
 
 
 def test_the_check_judges_the_vets_forecast_and_the_model_given_the_soaks_own_recoveries():
-    from chaos.forecast_check import judge
+    from sim.vet.forecast_check import judge
 
     m = Measurements(step_s=1.0, kinds=(KindCost("kill-worker", 1.0),), save_s=0.0, interval_steps=10)
     checked = judge(m, "kill-worker", 25.0, 7, RunModel(_soak_history()), "run")

@@ -1,12 +1,13 @@
-"""Heal as a plan (chaos/heal.py): what to undo, in which order, what to keep and why, as data from the
+"""Heal as a plan (sim/faults/heal.py): what to undo, in which order, what to keep and why, as data from the
 faults in force and the containers' states. No Docker, no nemesis: the executor is tested in test_nemesis."""
 
 from __future__ import annotations
 
 import pytest
 
-from chaos.faultstore import InForce
-from chaos.heal import (
+from sim.core.faultkinds import FAULT_KINDS, NodeShell
+from sim.core.faultkinds.clock import SKEW_CLOCK
+from sim.faults.heal import (
     ClearLink,
     ContinueWorker,
     EndAct,
@@ -17,8 +18,7 @@ from chaos.heal import (
     Unpause,
     plan_heal,
 )
-from sim.core.faultkinds import FAULT_KINDS, NodeShell
-from sim.core.faultkinds.clock import SKEW_CLOCK
+from sim.faults.inforce import InForce
 
 RUNNING = {"etcd": "running", "node0": "running", "node1": "running", "node2": "running"}
 
@@ -113,7 +113,7 @@ def test_the_plan_does_not_change_the_states_it_was_given():
 
 
 def test_an_in_force_record_round_trips_through_the_store_and_keeps_keys_it_does_not_name(tmp_path):
-    from chaos.faultstore import FaultStore
+    from sim.faults.inforce import FaultStore
 
     store = FaultStore(tmp_path / "faults.json")
     store.remember({"id": "partition-x", "fault": "partition", "target": "a | b", "cuts": [["a"], ["b"]], "new": 1})
@@ -152,7 +152,7 @@ def test_an_interrupted_fill_ends_its_filler_before_removing_the_file_and_a_fini
 
 
 def test_an_intent_is_recorded_before_the_act_and_stays_when_the_call_is_interrupted(tmp_path):
-    from chaos.faultstore import FaultStore
+    from sim.faults.inforce import FaultStore
 
     store = FaultStore(tmp_path / "faults.json")
     with (

@@ -16,7 +16,9 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-from chaos.k8s import (
+from sim.cli.main import main
+from sim.core.spec import ClusterSpec, GpuRequest
+from sim.export.k8s import (
     COMPLETION_INDEX_LABEL,
     JOB_NAME_LABEL,
     JOBSET_NAME_LABEL,
@@ -28,10 +30,8 @@ from chaos.k8s import (
     export_spec,
     write_export,
 )
-from chaos.scenario import parse_scenario
-from chaos.shipped import shipped_scenarios
-from sim.cli.main import main
-from sim.core.spec import ClusterSpec, GpuRequest
+from sim.scenarios.scenario import parse_scenario
+from sim.scenarios.shipped import shipped_scenarios
 
 from .k8s_schema import (
     CHAOS_KINDS,

@@ -8,8 +8,6 @@ import time
 
 import pytest
 
-from chaos.k8s import export_spec
-from chaos.scenario import parse_scenario
 from sim.cli.main import build_parser
 from sim.core import labels
 from sim.core.errors import UsageError
@@ -26,6 +24,8 @@ from sim.engines.cluster import Cluster, check_engine_room, engine_room, other_c
 from sim.engines.docker import Container, DockerError, Resources
 from sim.engines.locks import LOCK_DIR_ENV
 from sim.engines.swarm_render import SwarmLayout, to_stack
+from sim.export.k8s import export_spec
+from sim.scenarios.scenario import parse_scenario
 
 
 @pytest.fixture(autouse=True)

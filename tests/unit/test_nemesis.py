@@ -15,10 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from chaos import nodescripts
-from chaos.faults import FAULTS
-from chaos.nemesis import Nemesis
-from chaos.partition import Partition, isolate, split
 from sim.core import labels
 from sim.core import labels as labels_mod
 from sim.core.capabilities import COMPOSE
@@ -39,6 +35,10 @@ from sim.engines.docker import (
     Resources,
 )
 from sim.engines.proctable import PROBE_ARGV, parse_probe
+from sim.faults import nodescripts
+from sim.faults.catalog import FAULTS
+from sim.faults.nemesis import Nemesis
+from sim.faults.partition import Partition, isolate, split
 
 NODES = {"etcd": "10.0.0.2", "node0": "10.0.0.3", "node1": "10.0.0.4", "node2": "10.0.0.5"}
 PROBE_OUTPUT = "\n".join(
@@ -481,10 +481,12 @@ def test_an_in_write_fault_on_rank0_waits_for_the_restarted_groups_rank0(nemesis
         return "node1"
 
     monkeypatch.setattr(nem, "resolve", resolve)
-    monkeypatch.setattr("chaos.processes.time.sleep", lambda s: None)
+    monkeypatch.setattr("sim.faults.processes.time.sleep", lambda s: None)
     assert nem.kill_during_checkpoint("rank0", within=5)["node"] == "node1" and len(looked) == 3
     looked.clear()
-    monkeypatch.setattr("chaos.processes.time.monotonic", iter(range(0, 1000, 10)).__next__)  # past `within` at once
+    monkeypatch.setattr(
+        "sim.faults.processes.time.monotonic", iter(range(0, 1000, 10)).__next__
+    )  # past `within` at once
     with pytest.raises(FaultError, match="no running node has a worker group of rank 0"):
         nem.kill_during_checkpoint("rank0", within=5)
 
@@ -689,7 +691,7 @@ def test_faults_that_end_with_a_nodes_processes_are_forgotten_when_it_stops_rest
 
 
 def test_a_held_fault_that_ended_with_its_node_needs_no_undo_when_its_hold_ends(nemesis):
-    from chaos.faults import FAULTS
+    from sim.faults.catalog import FAULTS
 
     nem, fake = nemesis
     held = nem.link("node1", loss_pct=10)

@@ -2,7 +2,8 @@ import re
 
 import pytest
 
-from chaos.netcmd import (
+from sim.core.errors import FaultError, UsageError
+from sim.faults.netcmd import (
     LOSS_IN_CHAIN,
     LOSS_OUT_CHAIN,
     PARTITION_CHAIN,
@@ -19,7 +20,6 @@ from chaos.netcmd import (
     parse_route_get,
     partition_rules,
 )
-from sim.core.errors import FaultError, UsageError
 
 IPT = ["iptables", "-w"]
 

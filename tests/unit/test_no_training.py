@@ -235,8 +235,8 @@ def test_the_summary_of_a_job_that_cannot_finish_names_its_first_cause_first():
 
 
 def test_a_step_that_never_fired_says_what_the_job_was_doing_in_words(tmp_path):
-    from chaos.runner import HistoryState, not_fired_words
-    from chaos.scenario import Step, Trigger
+    from sim.scenarios.runner import HistoryState, not_fired_words
+    from sim.scenarios.scenario import Step, Trigger
 
     history = History(tmp_path / "history.jsonl")
     state = HistoryState(history.path)
@@ -257,7 +257,7 @@ def test_a_step_that_never_fired_says_what_the_job_was_doing_in_words(tmp_path):
 
 
 def test_the_scorecard_says_a_miss_in_full_and_gives_no_recovery_figure_to_a_fault_that_did_not_recover():
-    from chaos.vet import FaultScore, VetResult, scorecard
+    from sim.vet.gauntlet import FaultScore, VetResult, scorecard
 
     why = (
         "kill-node node2 never struck: waiting for training steady at world size 3 (5 steps in a row on every rank), "
@@ -278,8 +278,8 @@ def test_a_vet_whose_job_never_trained_stops_with_one_line(tmp_path):
 
     import pytest
 
-    from chaos.vet import require_training
     from sim.core.errors import JobNeverTrainedError
+    from sim.vet.gauntlet import require_training
 
     run = _no_data_run()
     (tmp_path / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run.records))

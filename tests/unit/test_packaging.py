@@ -48,7 +48,7 @@ def test_wheel_holds_each_project_folder_file_for_file(wheel, folder):
 def test_wheel_holds_the_shipped_scenarios_and_their_format(wheel):
     expected = {p.name: p.read_bytes() for p in (ROOT / "chaos" / "scenarios").iterdir() if p.is_file()}
     assert "FORMAT.md" in expected
-    assert wheel_files(wheel, "chaos/scenarios/") == expected
+    assert wheel_files(wheel, f"{DATA}/chaos/scenarios/") == expected
 
 
 def test_installed_layout_tags_images_as_the_checkout_does(installed, tmp_path):
@@ -58,9 +58,9 @@ def test_installed_layout_tags_images_as_the_checkout_does(installed, tmp_path):
 
 
 def test_installed_package_finds_its_files_without_a_checkout(installed):
-    # Run from the unpacked wheel: its sim/ and chaos/ come first on sys.path.
+    # Run from the unpacked wheel: its sim/ comes first on sys.path.
     code = (
-        "import sim, sim.core.paths as p, chaos.shipped as c; "
+        "import sim, sim.core.paths as p, sim.scenarios.shipped as c; "
         "print(p.PROJECT_FILES == p.PACKAGE_DIR / '_data', p.COMPOSE_TEMPLATE.is_file(), "
         "(p.IMAGES_DIR / 'node' / 'Dockerfile').is_file(), len(c.shipped_paths()) > 0, sim.__file__)"
     )

@@ -2,7 +2,8 @@ import re
 
 import pytest
 
-from chaos.partition import (
+from sim.core.errors import UsageError
+from sim.faults.partition import (
     Partition,
     blocked_peers,
     cut_from,
@@ -11,7 +12,6 @@ from chaos.partition import (
     parse_groups,
     split,
 )
-from sim.core.errors import UsageError
 
 FOUR = ["node0", "node1", "node2", "node3"]
 FIVE = FOUR + ["node4"]

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
-from chaos.runner import ScenarioResult
-from chaos.vet import plan_vet, score_gauntlet, vet_spec
 from sim.core.spec import spec_from_options
+from sim.scenarios.runner import ScenarioResult
 from sim.verdict.diagnoses.registry import diagnose
 from sim.verdict.runmodel import RunModel
+from sim.vet.gauntlet import plan_vet, score_gauntlet, vet_spec
 
 RUNS = Path(__file__).resolve().parents[1] / "data" / "runs"
 NODE_DIR = Path(__file__).resolve().parents[2] / "images" / "node"
@@ -78,7 +78,7 @@ def test_the_first_save_describes_what_the_checkpoint_holds():
 
 
 def test_the_vet_names_the_jobs_pitfalls_whatever_the_outcomes():
-    from chaos.vet import VetResult, job_pitfalls, scorecard
+    from sim.vet.gauntlet import VetResult, job_pitfalls, scorecard
 
     pitfalls = job_pitfalls(RUNS / "vet_tutorial_scale_up")
     assert [d["code"] for d in pitfalls] == ["node-local-checkpoint", "resumed-apart", "missing-optimizer-state"]
@@ -101,7 +101,7 @@ def test_a_job_that_ends_before_the_gauntlet_is_done_is_reported_with_the_faults
 def test_the_default_gauntlet_of_a_real_run_is_scored_fault_by_fault():
     """bench/vet_time.py's gauntlet: fixed_name_ckpt.py (0.1 s step, 10 s process-group timeout), 3 nodes x 1,
     etcd-v2; every fault fired once the job was steady again (etcd-restart ran on a cluster of its own)."""
-    from chaos.vet import DEFAULT_GAUNTLET, prepare
+    from sim.vet.gauntlet import DEFAULT_GAUNTLET, prepare
 
     options = {"script": "tests/scripts/fixed_name_ckpt.py", "rdzv_backend": "etcd-v2"}
     spec, kinds = prepare(options, ["--pg-timeout", "10"], None)
@@ -205,9 +205,9 @@ def test_replicas_fingerprint_equal_when_in_step_and_apart_when_not():
 
 def test_an_unexplained_fault_carries_each_nodes_last_records():
     """late_join_at_end: node2's agent got RendezvousClosedError; its last records are what the user sees."""
-    from chaos.vet import FaultScore, VetResult, junit_xml, last_records, scorecard
     from sim.core.history import History
     from sim.core.nodes import node_order
+    from sim.vet.gauntlet import FaultScore, VetResult, junit_xml, last_records, scorecard
 
     records = History(RUNS / "late_join_at_end" / "history.jsonl").read().records
     lines = last_records(records, float("-inf"), float("inf"))
@@ -262,7 +262,7 @@ def test_a_job_without_these_pitfalls_is_not_named_for_them():
 
 
 def test_the_vet_lists_the_new_pitfalls_among_the_jobs_own():
-    from chaos.vet import job_pitfalls
+    from sim.vet.gauntlet import job_pitfalls
 
     codes = [d["code"] for d in job_pitfalls(RUNS / "rank_ckpt_preempt")]
     for code in ("missing-scheduler-state", "sampler-epoch-fixed", "rank-derived-paths", "replicas-diverged"):

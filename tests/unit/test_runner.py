@@ -9,12 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import chaos.cli
-from chaos.faults import FAULTS, PartitionOptions
-from chaos.faultstore import InForce
-from chaos.partition import cut_from, isolate, one_way, split
-from chaos.runner import HistoryState, ScenarioRunner, default_cluster_name
-from chaos.scenario import Step, parse_scenario
+import sim.cli.faults
 from sim.cli.main import main as sim_main
 from sim.core import labels
 from sim.core.errors import UsageError
@@ -22,6 +17,11 @@ from sim.core.faultkinds.clock import SKEW_CLOCK, SkewOptions
 from sim.core.faultkinds.slow_disk import SLOW_DISK, SlowDiskOptions
 from sim.core.history import History
 from sim.core.spec import spec_from_options
+from sim.faults.catalog import FAULTS, PartitionOptions
+from sim.faults.inforce import InForce
+from sim.faults.partition import cut_from, isolate, one_way, split
+from sim.scenarios.runner import HistoryState, ScenarioRunner, default_cluster_name
+from sim.scenarios.scenario import Step, parse_scenario
 
 
 def test_history_state_follows_a_growing_file(tmp_path):
@@ -53,7 +53,7 @@ ETCD_CUT = cut_from(["etcd"], NODES, [*NODES, "etcd"])
 
 
 class RecordingNemesis:
-    """Stands in for chaos.nemesis.Nemesis on a cluster of node0..node2 and etcd: records each
+    """Stands in for sim.faults.nemesis.Nemesis on a cluster of node0..node2 and etcd: records each
     call by method name, so a fault wired to the wrong verb, or with the wrong arguments, shows."""
 
     def __init__(self):
@@ -249,7 +249,7 @@ def test_a_scenario_step_reaches_its_nemesis_call_and_undo(fault):
 def test_a_cli_verb_reaches_its_nemesis_call_and_undo(fault, monkeypatch, capsys):
     _, argv, call, undo = WIRING[fault]
     nemesis, needs_running = RecordingNemesis(), []
-    monkeypatch.setattr(chaos.cli, "_nemesis", lambda args, running=True: needs_running.append(running) or nemesis)
+    monkeypatch.setattr(sim.cli.faults, "_nemesis", lambda args, running=True: needs_running.append(running) or nemesis)
     assert sim_main([*argv, "--name", "t", *(["--for", "0s"] if undo else [])]) == 0, capsys.readouterr().err
     assert nemesis.calls == [call] + ([undo] if undo else [])
     assert needs_running == [fault not in NOT_NEEDING_RUNNING]
@@ -289,7 +289,7 @@ def test_a_cli_verb_reaches_its_nemesis_call_and_undo(fault, monkeypatch, capsys
 )
 def test_cli_option_shapes(argv, call, monkeypatch, capsys):
     nemesis = RecordingNemesis()
-    monkeypatch.setattr(chaos.cli, "_nemesis", lambda args, running=True: nemesis)
+    monkeypatch.setattr(sim.cli.faults, "_nemesis", lambda args, running=True: nemesis)
     assert sim_main([*argv, "--name", "t"]) == 0, capsys.readouterr().err
     assert nemesis.calls[0] == call
 
@@ -314,7 +314,7 @@ def test_cli_option_shapes(argv, call, monkeypatch, capsys):
     ],
 )
 def test_bad_cli_input_is_one_line_and_reaches_no_cluster(argv, message, monkeypatch, capsys):
-    monkeypatch.setattr(chaos.cli, "_nemesis", lambda *a, **k: pytest.fail("reached the cluster"))
+    monkeypatch.setattr(sim.cli.faults, "_nemesis", lambda *a, **k: pytest.fail("reached the cluster"))
     assert sim_main([*argv, "--name", "t"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err

@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos.faults import FAULTS
-from chaos.scenario import (
+from sim.core.errors import UsageError
+from sim.core.spec import spec_from_options
+from sim.faults.catalog import FAULTS
+from sim.scenarios.scenario import (
     PROFILES,
     Expectation,
     Scenario,
@@ -15,9 +17,7 @@ from chaos.scenario import (
     parse_scenario,
     scenario_spec_options,
 )
-from chaos.shipped import QUICK_SUITE, shipped_scenarios
-from sim.core.errors import UsageError
-from sim.core.spec import spec_from_options
+from sim.scenarios.shipped import QUICK_SUITE, shipped_scenarios
 
 SOURCE = "chaos/scenarios/t.yaml"
 FORMAT_MD = Path(__file__).resolve().parents[2] / "chaos" / "scenarios" / "FORMAT.md"

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from chaos.scenario import parse_scenario, scenario_spec_options
 from sim.cli.main import build_parser
 from sim.core.errors import UsageError
 from sim.core.history import History
@@ -19,6 +18,7 @@ from sim.core.sidechannel import EventsTail, ProgressMatcher, compile_progress_r
 from sim.core.spec import ClusterSpec, spec_from_options
 from sim.engines.collector import Collector
 from sim.engines.render import render
+from sim.scenarios.scenario import parse_scenario, scenario_spec_options
 
 # Lines as elastic_sim_instrument writes them (captured from tests/unit/test_instrument.py's run).
 START = (

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.faults import FAULTS
-from chaos.heal import Undo, plan_heal
-from chaos.k8s import export_scenario
-from chaos.scenario import parse_scenario
-from chaos.vet import parse_faults
 from sim.core.errors import UsageError
 from sim.core.faultkinds import PROVOCATIONS, LimitWrites
+from sim.export.k8s import export_scenario
+from sim.faults.catalog import FAULTS
+from sim.faults.heal import Undo, plan_heal
+from sim.scenarios.scenario import parse_scenario
+from sim.vet.gauntlet import parse_faults
 from tests.unit.test_nemesis import FakeProvider, nemesis, state_home  # noqa: F401 (fixtures)
 
 
@@ -41,7 +41,7 @@ def test_slow_disk_limits_the_nodes_checkpoint_writes_until_healed(nemesis):  # 
 
 
 def test_a_stopped_node_took_its_limit_along():
-    from chaos.faultstore import InForce
+    from sim.faults.inforce import InForce
 
     fault = InForce(id="slow-disk-node1", fault="slow-disk", target="node1")
     assert plan_heal([fault], {"node1": "exited"}).steps == (

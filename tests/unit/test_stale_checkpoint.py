@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from chaos import nodescripts
-from chaos.faults import FAULTS
 from sim.core.errors import UsageError
 from sim.core.history import as_records
 from sim.engines.docker import ExecResult
+from sim.faults import nodescripts
+from sim.faults.catalog import FAULTS
 from sim.verdict import StaleCheckpointMetrics
 from sim.verdict.checkers import RunSpec, check_all, check_stale_checkpoint, stale_writes
 from sim.verdict.diagnoses.registry import diagnose

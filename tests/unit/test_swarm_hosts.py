@@ -12,9 +12,6 @@ import threading
 import pytest
 import requests
 
-from chaos import nodescripts
-from chaos.faults import FAULTS
-from chaos.nemesis import Nemesis
 from sim.cli.main import main
 from sim.core import labels
 from sim.core.errors import DockerUnavailableError, SimError, UnsupportedFaultError, UsageError
@@ -29,6 +26,9 @@ from sim.engines.proctable import PROBE_ARGV
 from sim.engines.swarm import MergedEvents, SwarmDocker, SwarmHosts
 from sim.engines.swarm_hosts import HostDocker, HostEngine, register, registered, unregister
 from sim.engines.swarm_render import SwarmLayout
+from sim.faults import nodescripts
+from sim.faults.catalog import FAULTS
+from sim.faults.nemesis import Nemesis
 from tests.unit.test_nemesis import PROBE_OUTPUT, oom_answers
 
 NFS = "nfs.example:/srv/ckpt"

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos import toolkit
-from chaos.cli import _options
-from chaos.faults import FAULTS
+from sim.cli import toolkit
+from sim.cli.faults import _options
 from sim.cli.main import build_parser
+from sim.faults.catalog import FAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAOS = Path(sys.executable).parent / "chaos"  # the chaostoolkit console script of this venv
@@ -106,13 +106,13 @@ def test_chaos_validate_accepts_the_shipped_experiment(tmp_path):
     assert done.returncode == 0 and "look valid" in done.stdout + done.stderr, done.stdout + done.stderr
 
 
-def test_installing_the_toolkit_keeps_our_chaos_package():
-    """chaostoolkit installs the packages chaostoolkit and chaoslib, and a `chaos` command, not a `chaos` package."""
-    import chaos
+def test_installing_the_toolkit_keeps_our_package():
+    """chaostoolkit installs the packages chaostoolkit and chaoslib and a `chaos` command: nothing named `sim`."""
+    import sim
 
-    assert Path(chaos.__file__).resolve().parent == ROOT / "chaos"
+    assert Path(sim.__file__).resolve().parent == ROOT / "sim"
     import importlib.metadata as metadata
 
     for name in ("chaostoolkit", "chaostoolkit-lib"):
         top = {str(f).split("/")[0] for f in metadata.distribution(name).files}
-        assert "chaos" not in top and top & {"chaostoolkit", "chaoslib"}, (name, top)
+        assert "sim" not in top and top & {"chaostoolkit", "chaoslib"}, (name, top)

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from chaos.tune import (
+from sim.cli.main import main
+from sim.core.errors import UsageError
+from sim.core.spec import ClusterSpec
+from sim.vet.gauntlet import FaultScore, plan_vet
+from sim.vet.gauntlet import prepare as vet_prepare
+from sim.vet.tune import (
     DEFAULT_GRID,
     TORCH_DEFAULTS,
     TUNE_KINDS,
@@ -28,11 +33,6 @@ from chaos.tune import (
     point_spec,
     vet_line,
 )
-from chaos.vet import FaultScore, plan_vet
-from chaos.vet import prepare as vet_prepare
-from sim.cli.main import main
-from sim.core.errors import UsageError
-from sim.core.spec import ClusterSpec
 from tests.unit.histories import HistoryBuilder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -349,7 +349,7 @@ def test_bad_input_is_one_line_and_no_cluster(argv, words, capsys, monkeypatch, 
 def test_the_command_states_the_plan_and_prints_the_winner_as_torchrun_and_k8s_flags(capsys, monkeypatch, tmp_path):
     """The command's own part (no cluster): its plan and cost first, then the table, the recommendation in
     torchrun's and Kubernetes' words, tune.json and tune.html. The points' results are made here."""
-    import chaos.tune as tune
+    import sim.vet.tune as tune
 
     def fake_run(spec, kinds, grid, pg, **_):
         points = tuple(_point(s, [10 + i, 20 + i, 30 + i, 40 + i]) for i, s in enumerate(grid.points))

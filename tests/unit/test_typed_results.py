@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos.faults import FAULTS
 from sim.core.errors import FaultError
 from sim.core.history import FaultResult, RecordedSpec, RunRecord, parse_record
 from sim.core.spec import ClusterSpec
+from sim.faults.catalog import FAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,7 +107,7 @@ def test_no_reader_indexes_a_fault_result_or_the_spec_as_a_dict():
     pattern = re.compile(r"(\.result|\.outcome|spec_fields|\.extra)\s*(\)|or \{\}\))?\s*(\.get\(|\[)")
     found = [
         f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
-        for folder in ("sim", "chaos")
+        for folder in ("sim",)
         for path in sorted((ROOT / folder).rglob("*.py"))
         if path.name != "history.py"
         for n, line in enumerate(path.read_text().splitlines(), 1)

@@ -8,9 +8,13 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from chaos.faults import FAULTS, PROVOCATIONS
-from chaos.scenario import Trigger
-from chaos.vet import (
+from sim.cli.main import build_parser, main, read_tool_config, vet_options
+from sim.core.errors import ClusterError, UsageError
+from sim.core.spec import spec_from_options
+from sim.faults.catalog import FAULTS, PROVOCATIONS
+from sim.scenarios.scenario import Trigger
+from sim.verdict.runmodel import RunModel
+from sim.vet.gauntlet import (
     DEFAULT_GAUNTLET,
     QUICK_GAUNTLET,
     FaultScore,
@@ -29,10 +33,6 @@ from chaos.vet import (
     split_kinds,
     vet_spec,
 )
-from sim.cli.main import build_parser, main, read_tool_config, vet_options
-from sim.core.errors import ClusterError, UsageError
-from sim.core.spec import spec_from_options
-from sim.verdict.runmodel import RunModel
 
 SCRIPT = "tests/scripts/ddp_sgd.py"
 
@@ -297,8 +297,8 @@ def test_html_has_the_scorecard_on_top_and_a_section_per_fault():
 def test_the_recovered_trigger_waits_for_every_rank_to_train_five_steps_since_its_start(tmp_path):
     import json
 
-    from chaos.runner import HistoryState
-    from chaos.scenario import parse_scenario
+    from sim.scenarios.runner import HistoryState
+    from sim.scenarios.scenario import parse_scenario
 
     text = "name: r\ndescription: d\ncluster: {nodes: 3}\nsteps:\n  - fault: kill-worker\n    at: {recovered: 3}\n"
     text += "expect: {outcome: recovers}\n"
@@ -342,7 +342,7 @@ def test_a_held_fault_is_undone_once_the_others_are_steady_without_its_node(tmp_
     import json
     import time
 
-    from chaos.runner import HistoryState, ScenarioRunner, _Once
+    from sim.scenarios.runner import HistoryState, ScenarioRunner, _Once
 
     path = tmp_path / "history.jsonl"
     path.write_text("")
@@ -392,8 +392,8 @@ class _LaneRunner:
 
 
 def test_an_error_on_one_cluster_stops_the_other_and_the_vet_fails_with_it(monkeypatch):
-    monkeypatch.setattr("chaos.vet.ScenarioRunner", _LaneRunner)
-    monkeypatch.setattr("chaos.vet.job_images", lambda *args, **kwargs: None)
+    monkeypatch.setattr("sim.vet.gauntlet.ScenarioRunner", _LaneRunner)
+    monkeypatch.setattr("sim.vet.gauntlet.job_images", lambda *args, **kwargs: None)
     engine = type("RemoteEngine", (), {"local": False})()
     with pytest.raises(ClusterError, match="lane2's engine went away"):
         run_vet(_spec(), DEFAULT_GAUNTLET, docker=engine, progress=lambda line: None, parallel=2)
@@ -430,7 +430,7 @@ def test_each_faults_picture_carries_its_own_verdict_not_the_run_it_shared(tmp_p
     run it shared ended FAIL, and why), never the run's FAIL; the node crash's picture says FAIL."""
     from matplotlib.figure import Figure
 
-    from chaos.vet import fault_timelines
+    from sim.vet.gauntlet import fault_timelines
 
     worker_t, node_t = _shared_run(tmp_path)
     base = dict(survival="s", run_dir=str(tmp_path), target="node1")

@@ -21,12 +21,12 @@ NODE_EFFECTS = ("same", "less", "more")
 
 @dataclasses.dataclass(frozen=True)
 class Provocation:
-    """How `sim vet` provokes one kind of fault (chaos/vet.py builds a scenario from these), when the job counts
+    """How `sim vet` provokes one kind of fault (sim/vet/gauntlet.py builds a scenario from these), when the job counts
     as recovered from it and what surviving it means. `fault` names the catalog's entry; `options` are its
     options, with "{victim}" standing for the node it strikes (never node0: on c10d it hosts the store)."""
 
     label: str  # what the scorecard calls it: "worker crash"
-    fault: str  # a catalog entry's name (chaos.faults.FAULTS)
+    fault: str  # a catalog entry's name (sim.faults.catalog.FAULTS)
     order: int  # its place in the gauntlet (the vet runs them in this order)
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     duration_s: float | None = None  # reversible faults: undone after this long
@@ -41,7 +41,7 @@ class Provocation:
     quick: bool = False  # one of `--quick`'s five most telling
     default: bool = True  # in the whole gauntlet (`sim vet` with no --faults); False: only when named
     # Seconds it typically adds to a gauntlet (bench/vet_time.py: the time from its fault to the next, a
-    # restoring scale included): what splitting the kinds between clusters balances. None: chaos.vet.TYPICAL_S.
+    # restoring scale included): what splitting the kinds between clusters balances. None: sim.vet.gauntlet.TYPICAL_S.
     cost_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -51,7 +51,7 @@ class Provocation:
 
 # ---------------------------------------------------------------- what a kind asks the executor to do
 
-# A kind's inject and undo return actions: data the nemesis (chaos/nemesis.py, the executor) carries out
+# A kind's inject and undo return actions: data the nemesis (sim/faults/nemesis.py, the executor) carries out
 # inside its one audited call. A new mechanism is a new action here and its one branch in Nemesis._act.
 
 
@@ -82,7 +82,7 @@ Action = NodeShell | LimitWrites
 
 @dataclasses.dataclass(frozen=True)
 class ChaosMesh:
-    """How a kind is exported to Kubernetes (chaos/k8s.py): one Chaos Mesh object of `kind` for the step's
+    """How a kind is exported to Kubernetes (sim/export/k8s.py): one Chaos Mesh object of `kind` for the step's
     hold, `spec` under it (the exporter adds the mode, the selector of `target` and, when `in_container`,
     the job's container), and the note that says how it differs from the local fault."""
 
@@ -184,7 +184,7 @@ class FaultKind:
     # How `sim vet` provokes it, by the name `sim vet --faults` takes (most kinds one, some none or two).
     provocations: Mapping[str, Provocation] = dataclasses.field(default_factory=dict)
     # How it is asked for and what it does (options, inject, undo, result, Chaos Mesh form); None: a kind whose
-    # verb is still a Nemesis method with its entry in chaos/faults.py (docs/ARCHITECTURE.md says which).
+    # verb is still a Nemesis method with its entry in sim/faults/catalog.py (docs/ARCHITECTURE.md says which).
     act: Act | None = None
 
     def __post_init__(self) -> None:

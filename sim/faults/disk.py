@@ -1,6 +1,6 @@
 """Checkpoint-volume faults: damage the newest checkpoint, fill the disk (and remove a file again).
 
-The verbs of `Nemesis` (chaos/nemesis.py) that act on the cluster's shared checkpoint storage.
+The verbs of `Nemesis` (sim/faults/nemesis.py) that act on the cluster's shared checkpoint storage.
 """
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ from __future__ import annotations
 import posixpath
 
 from sim.core.errors import FaultError, UsageError
-
-from . import nodescripts
-from .verbbase import SHARED_CKPT_DIR, _last
+from sim.faults import nodescripts
+from sim.faults.verbbase import SHARED_CKPT_DIR, _last
 
 FILL_AT_MOST = 16 * 2**30  # fill-disk refuses a disk with more free than this: the host's own
 

@@ -4,7 +4,7 @@ The job is put through the kinds of fault whose recovery torch's settings decide
 a freeze past the keep-alive, a joining node) once per point of a small grid of those settings: the c10d/etcd
 rendezvous's keep_alive_interval x keep_alive_max_attempt, last_call_timeout and join_timeout (`--rdzv-conf`),
 torchrun's `--monitor-interval`, and the process-group timeout where the script takes it from an option or the
-environment (found in its source: find_pg_timeout). Each point is one `sim vet` plan (chaos/vet.py), run on the
+environment (found in its source: find_pg_timeout). Each point is one `sim vet` plan (sim/vet/gauntlet.py), run on the
 vet's lanes, several clusters at once; before its first fault the job trains with no fault for CONTROL_S
 seconds, the no-fault control.
 
@@ -31,12 +31,12 @@ from typing import Any
 from sim.core.errors import UsageError
 from sim.core.history import FILE_NAME, History
 from sim.core.parse import parse_duration
+from sim.core.paths import TRAINER_DIR
 from sim.core.spec import ClusterSpec, over_trainer_defaults
 from sim.core.torchrun import torchrun_argv
+from sim.faults.catalog import PROVOCATIONS
 from sim.verdict.runmodel import RunModel
-
-from .faults import PROVOCATIONS
-from .vet import FaultScore, Plan, clusters_that_fit, plan_vet, run_lanes
+from sim.vet.gauntlet import FaultScore, Plan, clusters_that_fit, plan_vet, run_lanes
 
 Progress = Callable[[str], None]
 
@@ -48,7 +48,7 @@ TUNE_KINDS = ("kill-worker", "kill-node", "pause", "scale-up")
 DEFAULT_GRID = {"keep_alive": "4x3,6x3", "last_call": "2,5", "monitor": "0.1", "pg_timeout": "10"}
 CONTROL_S = 20.0  # the no-fault control window: steady training before the first fault
 DYNAMIC_BACKENDS = ("etcd-v2", "etcd-v3", "c10d")  # torch's DynamicRendezvousHandler reads the tuned keys
-SHIPPED_TRAINER_SOURCE = Path(__file__).resolve().parents[1] / "trainer" / "train.py"
+SHIPPED_TRAINER_SOURCE = TRAINER_DIR / "train.py"
 
 # ---------------------------------------------------------------- the settings
 
@@ -582,7 +582,7 @@ def k8s_form(spec: ClusterSpec, pg: PgTimeout) -> str:
     the worker container's torchrun args (and the pg-timeout variable), as YAML."""
     import yaml
 
-    from .k8s import export_spec
+    from sim.export.k8s import export_spec
 
     export = export_spec(spec)
     job = next(o for o in export.objects() if o.get("kind") == "PyTorchJob")
@@ -642,7 +642,7 @@ def false_restarts(run: RunModel, plan: Plan, nproc: int) -> list[str]:
 
 def _fired(run: RunModel, plan: Plan) -> list:
     """Per gauntlet step, in order: the fault event that carried it out (None: it never took effect)."""
-    from .faults import FAULTS
+    from sim.faults.catalog import FAULTS
 
     fired, cursor = [], 0.0
     for step in plan.gauntlet:
@@ -1033,8 +1033,8 @@ def prepare(
 ) -> tuple[ClusterSpec, tuple[str, ...], Grid, PgTimeout]:
     """The job's spec as the vet runs it, the kinds, the grid cut to the budget and the script's pg timeout:
     every input checked before anything starts. Shared by `sim tune` and the pytest plugin's sim_tune."""
-    from .vet import cluster_count
-    from .vet import prepare as vet_prepare
+    from sim.vet.gauntlet import cluster_count
+    from sim.vet.gauntlet import prepare as vet_prepare
 
     if not budget_s > 0:
         raise UsageError(f"--budget {budget_s:g}s: give a time above zero, e.g. --budget 10m")

@@ -18,8 +18,7 @@ from pathlib import Path
 
 from sim.core.errors import SimError, UsageError
 from sim.engines.docker import ExecTimeout
-
-from .verbbase import SHARED_CKPT_DIR
+from sim.faults.verbbase import SHARED_CKPT_DIR
 
 
 @dataclasses.dataclass(frozen=True)

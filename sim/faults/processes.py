@@ -1,6 +1,6 @@
 """Process faults: signal, stop, hold, starve or catch one training worker (or the agent) inside a node.
 
-The verbs of `Nemesis` (chaos/nemesis.py) that act on a node's processes; each goes through `self.invoke`.
+The verbs of `Nemesis` (sim/faults/nemesis.py) that act on a node's processes; each goes through `self.invoke`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import time
 from sim.core.errors import FaultError, SimError
 from sim.engines.docker import NO_MEMORY_LIMIT
 from sim.engines.proctable import Worker
-
-from . import nodescripts
-from .verbbase import SHARED_CKPT_DIR, _last, _worker_target
+from sim.faults import nodescripts
+from sim.faults.verbbase import SHARED_CKPT_DIR, _last, _worker_target
 
 OOM_HEADROOM = 64 * 2**20  # oom-worker: the node's limit, this much above its use
 OOM_WITHIN_S = 30.0  # oom-worker: how long the memory hog may take

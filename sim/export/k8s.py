@@ -35,11 +35,10 @@ from sim.core.errors import UsageError
 from sim.core.parse import go_duration
 from sim.core.spec import C10D_PORT, ENV_SHOWN_KEYS, ETCD_CLIENT_PORT, ClusterSpec, parse_size
 from sim.core.torchrun import torchrun_argv
-
-from . import nodescripts
-from .faults import FAULTS, PartitionOptions
-from .scenario import Scenario, Step, scenario_spec_options
-from .targets import ETCD
+from sim.faults import nodescripts
+from sim.faults.catalog import FAULTS, PartitionOptions
+from sim.faults.targets import ETCD
+from sim.scenarios.scenario import Scenario, Step, scenario_spec_options
 
 KUBEFLOW_API = "kubeflow.org/v1"
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"

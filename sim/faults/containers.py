@@ -1,6 +1,6 @@
 """Container faults: kill, stop, restart, start, pause or slow a whole node (or etcd), wipe etcd, scale.
 
-The verbs of `Nemesis` (chaos/nemesis.py) that act on containers through the Docker provider.
+The verbs of `Nemesis` (sim/faults/nemesis.py) that act on containers through the Docker provider.
 """
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ import time
 
 from sim.core.errors import FaultError, UsageError
 from sim.core.nodes import node_order
-
-from .targets import ETCD
-from .verbbase import CPU_PERIOD_US, PROCESS_BOUND_FAULTS, _last
+from sim.faults.targets import ETCD
+from sim.faults.verbbase import CPU_PERIOD_US, PROCESS_BOUND_FAULTS, _last
 
 
 class ContainerFaults:

@@ -3,7 +3,7 @@
 An entry names the fault as a scenario step does, and carries its options (a frozen dataclass
 that validates itself; each field declares how it is read and what it holds), its CLI verb, how
 to invoke it on a Nemesis and, for a reversible fault, how to undo it. The scenario parser
-(chaos.scenario), the runner's dispatch (chaos.runner) and the CLI verbs (chaos.cli) are all
+(sim.scenarios.scenario), the runner's dispatch (sim.scenarios.runner) and the CLI verbs (sim.cli.faults) are all
 generated from FAULTS, so a new fault is one entry here.
 """
 
@@ -39,12 +39,11 @@ from sim.core.faultoptions import (
 )
 from sim.core.history import FaultResult
 from sim.core.parse import check_node_names
-
-from . import partition as partitions
-from .targets import ETCD
+from sim.faults import partition as partitions
+from sim.faults.targets import ETCD
 
 if TYPE_CHECKING:
-    from .nemesis import Nemesis
+    from sim.faults.nemesis import Nemesis
 
 
 # ---------------------------------------------------------------- options only these faults take

@@ -1,15 +1,15 @@
 """The scenario catalog: the shipped scenarios (chaos/scenarios/*.yaml), name lookup and the quick suite
-(the fault catalog is chaos/faults.py)."""
+(the fault catalog is sim/faults/catalog.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from sim.core.errors import UsageError
+from sim.core.paths import SCENARIOS_DIR
+from sim.scenarios.scenario import Scenario, load_scenario
 
-from .scenario import Scenario, load_scenario
-
-SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
+SCENARIO_DIR = SCENARIOS_DIR  # chaos/scenarios/, where users find them
 
 
 def shipped_paths() -> list[Path]:

@@ -1,11 +1,11 @@
 """elastic-sim's faults and checks as Chaos Toolkit activities (the `chaosesim` extension wraps these).
 
-Actions are generated from the fault catalog (chaos.faults), one per fault kind, named as the kind
+Actions are generated from the fault catalog (sim.faults.catalog), one per fault kind, named as the kind
 with '_' for '-' (kill-worker -> kill_worker), taking the CLI's arguments by the same names (a reversible
 fault also takes `duration`, the CLI's --for). Each goes through the CLI's own audited path
-(chaos.cli.inject: parse as the CLI does, one Nemesis call that writes the history's invoke/ok records)
+(sim.cli.faults.inject: parse as the CLI does, one Nemesis call that writes the history's invoke/ok records)
 and returns the audited result. Probes read the run's history as `sim report` does. No import of
-chaoslib here: the chaos package works without the Chaos Toolkit installed.
+chaoslib here: elastic-sim works without the Chaos Toolkit installed.
 
 Which cluster: the experiment's configuration key `sim_cluster`, else $SIM_CLUSTER, else "sim";
 run folders are found under $SIM_HOME as for every other command.
@@ -21,16 +21,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sim.cli.faults import inject
 from sim.core.errors import UsageError
 from sim.core.faultoptions import FLAG, option_of
 from sim.core.history import FILE_NAME, FaultRecord, History
 from sim.core.spec import DEFAULT_NAME
 from sim.engines.cluster import Cluster
 from sim.engines.docker import Docker
+from sim.faults.catalog import FAULTS, GROUPS, NODES, NODES_PAIR, FaultEntry
 from sim.verdict.runmodel import trigger_step
-
-from .cli import inject
-from .faults import FAULTS, GROUPS, NODES, NODES_PAIR, FaultEntry
 
 CLUSTER_KEY = "sim_cluster"
 POLL_S = 0.5

@@ -2,7 +2,7 @@
 
 The soak: the vet's job (its first run's spec), steady, then one fault of a kind the vet measured every
 `every_s` seconds on average (seeded gaps between half and one and a half times that, so the faults land
-anywhere in the checkpoint cycle), on a random node (seeded), for `duration_s`. Its goodput (chaos.forecast's
+anywhere in the checkpoint cycle), on a random node (seeded), for `duration_s`. Its goodput (sim.vet.forecast's
 soak_measure) is set beside the model's for that rate (soak_prediction).
 """
 
@@ -16,14 +16,13 @@ from pathlib import Path
 from sim.core.errors import UsageError
 from sim.core.history import FILE_NAME, History
 from sim.core.spec import ClusterSpec
+from sim.scenarios.runner import ScenarioRunner
+from sim.scenarios.scenario import Expectation, Scenario, Step, Trigger
 from sim.verdict.checkers import CHECKS_FOR
 from sim.verdict.runfolder import ENDING_CHECKS
 from sim.verdict.runmodel import RunModel
-
-from .forecast import Measurements, Shares, SoakMeasure, soak_measure, soak_prediction
-from .runner import ScenarioRunner
-from .scenario import Expectation, Scenario, Step, Trigger
-from .vet import STEP_BUDGET_S, VET_PROFILE
+from sim.vet.forecast import Measurements, Shares, SoakMeasure, soak_measure, soak_prediction
+from sim.vet.gauntlet import STEP_BUDGET_S, VET_PROFILE
 
 TOLERANCE = 0.10  # the model must come within 10 % of the measured goodput
 START_ALLOWANCE_S = 900.0  # a shared engine: the soak's cluster may wait this long for others' builds and starts

@@ -1,6 +1,6 @@
 """`sim vet`: a job put through what clusters do to it, one fault after another, with a scorecard.
 
-A generator over the fault catalog, not a new runner: each kind's Provocation (chaos/faults.py)
+A generator over the fault catalog, not a new runner: each kind's Provocation (sim/faults/catalog.py)
 says how to provoke it, what survival means and what node count it leaves. The vet shares the kinds
 out between clusters that run at once (two by default), builds one scenario per cluster from them
 (each step fires once training is steady again: the `recovered` trigger) and hands each to the
@@ -34,6 +34,9 @@ from sim.core.nodes import node_order
 from sim.core.spec import ClusterSpec, check_room_beside, node_name, spec_from_options
 from sim.engines.cluster import job_images, other_clusters_memory
 from sim.engines.docker import Docker
+from sim.faults.catalog import FAULTS
+from sim.scenarios.runner import ScenarioResult, ScenarioRunner
+from sim.scenarios.scenario import PROFILES, Expectation, Scenario, Step, Trigger
 from sim.verdict import Verdict
 from sim.verdict.checkers import CHECKS_FOR, no_training_reason
 from sim.verdict.diagnoses.registry import Diagnosis, diagnose
@@ -41,12 +44,8 @@ from sim.verdict.pitfalls import PITFALL_CODES, mixed_sources, resume_sources, w
 from sim.verdict.recovery import Recovery, recoveries
 from sim.verdict.runfolder import ENDING_CHECKS, saved_logs
 from sim.verdict.runmodel import RunModel
-
-from .faults import FAULTS
-from .forecast import Forecast
-from .forecast import render_html as forecast_html
-from .runner import ScenarioResult, ScenarioRunner
-from .scenario import PROFILES, Expectation, Scenario, Step, Trigger
+from sim.vet.forecast import Forecast
+from sim.vet.forecast import render_html as forecast_html
 
 DEFAULT_GAUNTLET = tuple(name for name, p in PROVOCATIONS.items() if p.default)  # each kind declares its own
 QUICK_GAUNTLET = tuple(kind for kind in DEFAULT_GAUNTLET if PROVOCATIONS[kind].quick)
@@ -1018,7 +1017,7 @@ def render_html(vet: VetResult, pictures: Mapping[str, bytes], extra: str = "") 
 def write_outputs(
     vet: VetResult, out_dir: Path, junit: Path | None = None, forecast: Forecast | None = None
 ) -> dict[str, Path]:
-    """vet.json, vet.html (and JUnit XML); `forecast` (chaos.forecast.Forecast, `sim vet --forecast`) in both."""
+    """vet.json, vet.html (and JUnit XML); `forecast` (sim.vet.forecast.Forecast, `sim vet --forecast`) in both."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"json": out_dir / "vet.json", "html": out_dir / "vet.html"}
     data = vet.as_dict()

@@ -7,7 +7,7 @@ network namespace went with them (a pause, a link fault, a held or frozen worker
 container's settings or files stays with a stopped container (a CPU quota, a clock offset, a filler file),
 and a filler on the shared checkpoint volume outlives the container.
 
-A fault is recorded as an intent before it acts (chaos/faultstore.py `acting`): one interrupted mid-act is
+A fault is recorded as an intent before it acts (sim/faults/inforce.py `acting`): one interrupted mid-act is
 undone as if it had acted, its node script ended first (EndAct), a worker it may have stopped continued.
 """
 
@@ -17,10 +17,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from sim.core import faultkinds as kinds
-
-from .faultstore import InForce
-from .targets import ETCD
-from .verbbase import CPU_PERIOD_US
+from sim.faults.inforce import InForce
+from sim.faults.targets import ETCD
+from sim.faults.verbbase import CPU_PERIOD_US
 
 
 @dataclasses.dataclass(frozen=True)

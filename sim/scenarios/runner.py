@@ -26,14 +26,13 @@ from sim.core.spec import ClusterSpec, spec_from_options
 from sim.engines.cluster import DEFAULT_START_TIMEOUT, Cluster, JobFinished
 from sim.engines.docker import Docker
 from sim.engines.engine import ClusterEngine, choose_engine
+from sim.faults.catalog import FAULTS
+from sim.faults.nemesis import Nemesis
+from sim.scenarios.scenario import RECOVERED_STEPS, Scenario, Step, Trigger, scenario_spec_options
 from sim.verdict import Verdict
 from sim.verdict.checkers import RunSpec
 from sim.verdict.runfolder import report_run
 from sim.verdict.runmodel import trigger_step
-
-from .faults import FAULTS
-from .nemesis import Nemesis
-from .scenario import RECOVERED_STEPS, Scenario, Step, Trigger, scenario_spec_options
 
 Progress = Callable[[str], None]
 POLL_S = 0.5

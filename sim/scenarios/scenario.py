@@ -40,10 +40,9 @@ from sim.core.spec import (
     parse_size,
     spec_from_options,
 )
+from sim.faults.catalog import FAULTS, NODES, NODES_PAIR
+from sim.faults.targets import ETCD, ROLE_TARGETS
 from sim.verdict.checkers import CHECKERS
-
-from .faults import FAULTS, NODES, NODES_PAIR
-from .targets import ETCD, ROLE_TARGETS
 
 OUTCOMES = ("recovers", "fails", "hangs")  # as sim.verdict.checkers.RunSpec.expected
 TRIGGER_KINDS = ("time", "step", "after", "world_size", "round", "recovered", "joining")
@@ -105,7 +104,7 @@ class Trigger:
 
 @dataclass(frozen=True)
 class Step:
-    """One fault of the schedule. `options` are the fault's (chaos.faults), defaults filled in;
+    """One fault of the schedule. `options` are the fault's (sim.faults.catalog), defaults filled in;
     a mapping of option names to parsed values is turned into them."""
 
     fault: str

@@ -4,11 +4,11 @@ As in Blockade, each verb goes through `Nemesis.invoke`, which appends an
 `invoke` record to the run's history before acting and an `ok` (with what was
 actually done: the pid signalled, the rules installed) or `fail` (with why)
 after. Nothing is injected without a record. As in Jepsen, partitions are data
-(chaos.partition) applied by one mechanism (`_apply_partitions`).
+(sim.faults.partition) applied by one mechanism (`_apply_partitions`).
 
-The verbs live by what they act on: chaos/processes.py (workers, the agent), chaos/containers.py (whole
-nodes, etcd, scale), chaos/disk.py (the checkpoint volume), chaos/network.py (links, partitions); the
-faults in force in chaos/faultstore.py. Heal plans (chaos/heal.py), then this module's one loop acts.
+The verbs live by what they act on: sim/faults/processes.py (workers, the agent), sim/faults/containers.py (whole
+nodes, etcd, scale), sim/faults/disk.py (the checkpoint volume), sim/faults/network.py (links, partitions); the
+faults in force in sim/faults/inforce.py. Heal plans (sim/faults/heal.py), then this module's one loop acts.
 """
 
 from __future__ import annotations
@@ -27,12 +27,10 @@ from sim.core.nodes import node_order
 from sim.engines.cluster import Cluster, ContainerInfo
 from sim.engines.docker import ExecTimeout
 from sim.engines.proctable import PROBE_ARGV, NodeProcesses, parse_probe
-
-from . import nodescripts
-from .containers import ContainerFaults
-from .disk import FILL_AT_MOST, DiskFaults
-from .faultstore import FaultStore, InForce
-from .heal import (
+from sim.faults import nodescripts
+from sim.faults.containers import ContainerFaults
+from sim.faults.disk import FILL_AT_MOST, DiskFaults
+from sim.faults.heal import (
     Action,
     ClearLink,
     ContinueWorker,
@@ -44,10 +42,11 @@ from .heal import (
     Unpause,
     plan_heal,
 )
-from .network import NetworkFaults
-from .processes import OOM_HEADROOM, OOM_WITHIN_S, WRITER_POLL_S, ProcessFaults
-from .targets import ETCD
-from .verbbase import CPU_PERIOD_US, PROCESS_BOUND_FAULTS, SHARED_CKPT_DIR, _last
+from sim.faults.inforce import FaultStore, InForce
+from sim.faults.network import NetworkFaults
+from sim.faults.processes import OOM_HEADROOM, OOM_WITHIN_S, WRITER_POLL_S, ProcessFaults
+from sim.faults.targets import ETCD
+from sim.faults.verbbase import CPU_PERIOD_US, PROCESS_BOUND_FAULTS, SHARED_CKPT_DIR, _last
 
 __all__ = [
     "CPU_PERIOD_US",
@@ -186,7 +185,7 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
             return ""
         raise TypeError(f"no executor for {action!r}")  # pragma: no cover - a new action without its branch
 
-    # --- heal: a plan (chaos/heal.py), carried out by one loop ---------------------------
+    # --- heal: a plan (sim/faults/heal.py), carried out by one loop ---------------------------
 
     def heal(self, fault_id: str | None = None) -> dict:
         """Undo one fault by id, or every reversible one (partitions, link faults, pauses)."""
@@ -258,7 +257,7 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
         else:  # pragma: no cover - a new action without its executor
             raise TypeError(f"heal: no executor for {action!r}")
 
-    # --- faults in force (chaos/faultstore.py: a small file beside the compose file) -------------
+    # --- faults in force (sim/faults/inforce.py: a small file beside the compose file) -------------
 
     def active(self) -> list[InForce]:
         return self.store.active()

@@ -1,6 +1,6 @@
 """Fault verbs of the command line: `sim kill-worker`, `sim pause`, `sim partition`, ...
 
-The verbs are generated from the fault catalog (chaos.faults): each checks its input, finds the
+The verbs are generated from the fault catalog (sim.faults.catalog): each checks its input, finds the
 running cluster, and makes one Nemesis call (which writes the audit records). `--for DURATION`
 holds a reversible fault, then undoes it (also on Ctrl-C).
 """
@@ -21,10 +21,9 @@ from sim.core.paths import ClusterName
 from sim.core.spec import DEFAULT_NAME, ENGINES
 from sim.engines.docker import Docker
 from sim.engines.engine import choose_engine
-
-from .faults import FAULTS, FaultEntry
-from .nemesis import Nemesis
-from .targets import ETCD
+from sim.faults.catalog import FAULTS, FaultEntry
+from sim.faults.nemesis import Nemesis
+from sim.faults.targets import ETCD
 
 
 def register(sub: argparse._SubParsersAction) -> dict[str, Callable]:
@@ -179,7 +178,7 @@ def _inject(fault: FaultEntry, args: argparse.Namespace) -> int:
 def inject(fault: FaultEntry, args: argparse.Namespace, report: Callable[[dict], None] = lambda result: None) -> dict:
     """Check the input, then one Nemesis call; with --for, hold the fault and undo it (also on Ctrl-C).
     Returns the audited result (a held fault's undo under "ended"); `report` sees each as it comes.
-    The verbs and the Chaos Toolkit actions (chaos.toolkit) both inject through here."""
+    The verbs and the Chaos Toolkit actions (sim.cli.toolkit) both inject through here."""
     # Everything is parsed before acting: bad input must change nothing.
     options = _options(fault, args)
     hold_s = None if getattr(args, "duration", None) is None else _checked("--for", parse_duration, args.duration)
@@ -233,9 +232,9 @@ def cmd_faults(args, _):
 
 
 def cmd_chaos(args, _):
-    from .runner import run_scenario
-    from .scenario import load_scenario
-    from .shipped import find_scenario, shipped_scenarios
+    from sim.scenarios.runner import run_scenario
+    from sim.scenarios.scenario import load_scenario
+    from sim.scenarios.shipped import find_scenario, shipped_scenarios
 
     if args.chaos_command == "list":
         for scenario in shipped_scenarios():

@@ -1,5 +1,5 @@
 """Network faults: a node's link (loss, rate, netem), partitions as data applied by one mechanism
-(`_apply_partitions`, as in Jepsen), and the interface lookup. The verbs of `Nemesis` (chaos/nemesis.py)
+(`_apply_partitions`, as in Jepsen), and the interface lookup. The verbs of `Nemesis` (sim/faults/nemesis.py)
 that act in a node's network namespace.
 """
 
@@ -12,10 +12,9 @@ from collections.abc import Sequence
 from sim.core.errors import FaultError, SimError, UnsupportedFaultError, UsageError
 from sim.core.nodes import node_order
 from sim.engines.docker import ExecResult
-
-from . import netcmd
-from .partition import Partition, blocked_peers
-from .verbbase import PROCESS_BOUND_FAULTS, _last
+from sim.faults import netcmd
+from sim.faults.partition import Partition, blocked_peers
+from sim.faults.verbbase import PROCESS_BOUND_FAULTS, _last
 
 
 class NetworkFaults:

@@ -1,0 +1,1 @@
+"""Faults: the catalog of fault kinds, the nemesis that carries them out, the faults in force and heal."""

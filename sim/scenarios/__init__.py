@@ -1,0 +1,1 @@
+"""Chaos scenarios: the file format, the runner and the shipped catalog (the files: chaos/scenarios/*.yaml)."""
