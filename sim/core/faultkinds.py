@@ -48,12 +48,19 @@ class FaultKind:
     lives_in_node: bool = False
     # It undoes faults of other kinds rather than injecting one.
     undoes: bool = False
+    # While in force it holds its workers (frozen, stopped, held before a collective), and with them every
+    # rank they train with: a step seen just after it is one already in flight, not training going on.
+    holds_workers: bool = False
 
     def __post_init__(self) -> None:
         if self.undone_by is not None and self.undone_by not in UNDO_OPS:
             raise ValueError(f"fault kind {self.name}: undone_by {self.undone_by!r} is not one of {UNDO_OPS}")
         if self.undone_by is not None and self.in_force is None:
             raise ValueError(f"fault kind {self.name}: reversible, so it needs its in-force kind")
+        if self.holds_workers and not self.reversible:
+            raise ValueError(
+                f"fault kind {self.name}: holds_workers is for a fault that is undone (a kill is over at once)"
+            )
         if self.lives_in_node and self.in_force is None:
             raise ValueError(f"fault kind {self.name}: lives_in_node says what ends it while in force")
         if self.removes_node and not (self.silences_node and self.ends_workers):
@@ -76,14 +83,22 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
     FaultKind("stop-node", removes_node=True, silences_node=True, ends_workers=True, loses_node=True),
     FaultKind("restart-node", silences_node=True, ends_workers=True, loses_node=True),
     FaultKind("start-node", silences_node=True),
-    FaultKind("pause", undone_by="unpause", in_force="pause", silences_node=True, loses_node=True, lives_in_node=True),
+    FaultKind(
+        "pause",
+        undone_by="unpause",
+        in_force="pause",
+        silences_node=True,
+        loses_node=True,
+        lives_in_node=True,
+        holds_workers=True,
+    ),
     FaultKind("unpause", undoes=True),
     FaultKind("partition", undone_by="heal", in_force="partition", loses_node=True),
     FaultKind("heal", undoes=True),
     FaultKind("link", undone_by="heal", in_force="link", degrading=True, lives_in_node=True),
     FaultKind("wipe-etcd"),
-    FaultKind("hang-worker", undone_by="heal", in_force="hang", lives_in_node=True),
-    FaultKind("hang-collectives", undone_by="heal", in_force="stall", lives_in_node=True),
+    FaultKind("hang-worker", undone_by="heal", in_force="hang", lives_in_node=True, holds_workers=True),
+    FaultKind("hang-collectives", undone_by="heal", in_force="stall", lives_in_node=True, holds_workers=True),
     FaultKind("resume-worker", undoes=True),
     FaultKind("slow-node", undone_by="heal", in_force="slow", degrading=True),
     FaultKind("skew-clock", undone_by="heal", in_force="skew", degrading=True),
@@ -91,7 +106,14 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
     FaultKind("corrupt-checkpoint", damages_checkpoint=True),
     FaultKind("fill-disk", undone_by="heal", in_force="fill"),
     FaultKind("kill-during-checkpoint", ends_workers=True, damages_checkpoint=True),
-    FaultKind("freeze-during-checkpoint", undone_by="heal", in_force="freeze", silences_node=True, lives_in_node=True),
+    FaultKind(
+        "freeze-during-checkpoint",
+        undone_by="heal",
+        in_force="freeze",
+        silences_node=True,
+        lives_in_node=True,
+        holds_workers=True,
+    ),
     FaultKind("scale"),
 )
 KINDS: dict[str, FaultKind] = {kind.name: kind for kind in FAULT_KINDS}
