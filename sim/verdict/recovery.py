@@ -262,8 +262,9 @@ def _past_in_flight(run: RunModel, fault: FaultEvent, window_end: float) -> tupl
     """(the step records in flight after a fault that holds its workers, the first step of steady training after
     the hold): a worker held before its next collective, or frozen, still finishes the step it was in and its
     peers log theirs, then every rank waits. So the steps after the fault up to the first silence longer than
-    the hold's mark were in flight, and training went on only at the first step after that silence (None: the
-    silence lasted to the next fault or the run's end). No such silence: the hold never stopped training."""
+    the hold's mark (or, for a hold undone sooner, the gap across its undo) were in flight, and training went on
+    only at the first step after that silence (None: the silence lasted to the next fault or the run's end). No
+    such silence: the hold never stopped training."""
     before = run.step_beats[
         bisect.bisect_left(run.step_beat_times, fault.t_invoke - THROUGHPUT_WINDOW_S) : bisect.bisect_left(
             run.step_beat_times, fault.t_invoke
@@ -274,9 +275,12 @@ def _past_in_flight(run: RunModel, fault: FaultEvent, window_end: float) -> tupl
     after = run.step_beats[
         bisect.bisect_right(run.step_beat_times, fault.t_ok) : bisect.bisect_left(run.step_beat_times, window_end)
     ]
+    # A short hold shows where it was undone: a gap across the heal, longer than the steps' usual one, is the hold.
+    healed = run.healed_at(fault)
     last = fault.t_ok
     for index, beat in enumerate(after):
-        if beat.t - last > held_s:
+        across_heal = healed is not None and last < healed <= beat.t and beat.t - last > HELD_GAP_FACTOR * usual
+        if beat.t - last > held_s or across_heal:
             return _steps(after[:index]), beat
         last = beat.t
     if window_end - last > held_s:

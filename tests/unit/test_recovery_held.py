@@ -44,7 +44,7 @@ def test_the_same_holds_for_a_held_worker_and_a_paused_node():
 
 def test_a_heal_that_releases_the_hold_is_timed_to_the_steady_training_after_it():
     def heal_then_train(run):
-        t_heal = run.fault("heal", "node1", node="node1")
+        t_heal = run.fault("heal", "all")
         run.train(60, step_s=0.5)
         run.finish(end=False)
         heal_then_train.t_heal = t_heal
@@ -70,3 +70,16 @@ def test_a_hold_that_never_bit_leaves_training_going_on_as_before():
     (recovery,) = recoveries(run.model())
     assert recovery.public().recovery_s is not None and recovery.public().recovery_s < 1.0
     assert recovery.t_recovered > t_ok
+
+
+def test_a_hold_healed_within_seconds_is_timed_to_the_step_after_its_heal():
+    """Held 1.5 s (shorter than the 3 s that otherwise mark a hold): the gap across the heal is the hold."""
+
+    def heal_then_train(run):
+        heal_then_train.t_heal = run.fault("heal", "all", take_s=0.2)
+        run.train(60, step_s=0.5)
+        run.finish(end=False)
+
+    run = held_run(in_flight=(26,), quiet_s=1.5, then=heal_then_train)
+    (held,) = recoveries(run.model())
+    assert held.in_flight == 1 and held.t_recovered > heal_then_train.t_heal
