@@ -811,8 +811,14 @@ def check_recovery(run: RunModel, spec: RunSpec) -> CheckResult:
             facts.append(f"{what}: {went}, no restart" + _throughput_words(public))
         elif public.recovery_s is None:
             cut = f"; {public.regroup_cut_by} struck during its regroup" if public.regroup_cut_by else ""
+            flight = (
+                f"{recovery.in_flight} step{'s' if recovery.in_flight != 1 else ''} in flight right after it, "
+                "then no progress"
+                if recovery.in_flight
+                else "no progress after it"
+            )
             problems.append(
-                f"{what}: never recovered (no progress after it"
+                f"{what}: never recovered ({flight}"
                 + (f"; workers restarted at {clock(recovery.restart.t)}" if recovery.restart else "")
                 + f"{cut})"
             )

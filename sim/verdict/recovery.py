@@ -33,6 +33,10 @@ LOSS_WINDOW = 3
 NOISE_WINDOW = 10
 NOISE_FACTOR = 3.0
 LOSS_JUMP_TOLERANCE = 0.5  # relative: 0.5 = the loss may rise by half
+# A fault that holds its workers: a silence after it longer than this (and than HELD_GAP_FACTOR times the
+# longest gap between steps just before it) is the hold; the steps before that silence were in flight.
+HELD_MIN_S = 3.0
+HELD_GAP_FACTOR = 3.0
 # Agent events that show an agent noticed a fault: its workers failed, nodes wait to join, its
 # keep-alive failed, or it entered a new rendezvous (sim/core/agentlog.py).
 NOTICE_EVENTS = ("worker_failed", "group_failed", "new_nodes", "keepalive_failed", "rdzv_joining")
@@ -94,6 +98,9 @@ class Recovery:
     # fault that struck during this one's regroup (each recovery is still timed from its own fault).
     struck_during: FaultEvent | None = None
     cut_by: FaultEvent | None = None
+    # A fault that holds its workers: how many steps seen after it were only in flight before training
+    # stopped (not a recovery).
+    in_flight: int = 0
 
     @property
     def degraded(self) -> bool:
@@ -205,6 +212,10 @@ def _recovery(run: RunModel, fault: FaultEvent, next_fault: FaultEvent | None) -
         # torch restarts a group whose worker ended: with no restart seen, a step after the fault is one still
         # in flight in the ending group, not a recovery (where starts are seen; else no restart can be told).
         first = None
+    in_flight = 0
+    if restart is None and fault.kind.holds_workers and not _rides_on(fault):
+        window_end = next_fault.t_invoke if next_fault else run.t_end
+        in_flight, first = _past_in_flight(run, fault, window_end)
     # What tells where the recovery went lies before its first step (else the next fault, the run's end).
     phases_end = first.t if first else next_fault.t_invoke if next_fault else run.t_end
     world_after = run.world_at(first) if first else None
@@ -218,7 +229,18 @@ def _recovery(run: RunModel, fault: FaultEvent, next_fault: FaultEvent | None) -
             rate_after = throughput(run, healed, healed + THROUGHPUT_WINDOW_S) if healed is not None else None
         phases = recovery_phases(run, fault, None, first, phases_end)
         return Recovery(
-            fault, None, first, None, None, world_before, world_after, rate_before, rate_after, during, phases
+            fault,
+            None,
+            first,
+            None,
+            None,
+            world_before,
+            world_after,
+            rate_before,
+            rate_after,
+            during,
+            phases,
+            in_flight=in_flight,
         )
     recovering = run.cohort_at(first.t) if first else restart
     steps_before = run.highest_step_before(restart.t) if run.steps_known else None
@@ -234,6 +256,41 @@ def _recovery(run: RunModel, fault: FaultEvent, next_fault: FaultEvent | None) -
         rate_after,
         phases=recovery_phases(run, fault, recovering, first, phases_end),
     )
+
+
+def _past_in_flight(run: RunModel, fault: FaultEvent, window_end: float) -> tuple[int, Beat | None]:
+    """(the step records in flight after a fault that holds its workers, the first step of steady training after
+    the hold): a worker held before its next collective, or frozen, still finishes the step it was in and its
+    peers log theirs, then every rank waits. So the steps after the fault up to the first silence longer than
+    the hold's mark (or, for a hold undone sooner, the gap across its undo) were in flight, and training went on
+    only at the first step after that silence (None: the silence lasted to the next fault or the run's end). No
+    such silence: the hold never stopped training."""
+    before = run.step_beats[
+        bisect.bisect_left(run.step_beat_times, fault.t_invoke - THROUGHPUT_WINDOW_S) : bisect.bisect_left(
+            run.step_beat_times, fault.t_invoke
+        )
+    ]
+    usual = max((b.t - a.t for a, b in itertools.pairwise(before)), default=0.0)
+    held_s = max(HELD_MIN_S, HELD_GAP_FACTOR * usual)
+    after = run.step_beats[
+        bisect.bisect_right(run.step_beat_times, fault.t_ok) : bisect.bisect_left(run.step_beat_times, window_end)
+    ]
+    # A short hold shows where it was undone: a gap across the heal, longer than the steps' usual one, is the hold.
+    healed = run.healed_at(fault)
+    last = fault.t_ok
+    for index, beat in enumerate(after):
+        across_heal = healed is not None and last < healed <= beat.t and beat.t - last > HELD_GAP_FACTOR * usual
+        if beat.t - last > held_s or across_heal:
+            return _steps(after[:index]), beat
+        last = beat.t
+    if window_end - last > held_s:
+        return _steps(after), None
+    return 0, after[0] if after else None
+
+
+def _steps(beats: list[Beat]) -> int:
+    """How many steps these records (of every rank) are: by step number, else one each."""
+    return len({b.step for b in beats}) if all(b.step is not None for b in beats) else len(beats)
 
 
 def _rides_on(fault: FaultEvent) -> bool:

@@ -1061,8 +1061,12 @@ def test_a_real_hang_under_the_default_timeout_is_stalled_and_diagnosed():
     assert_reason(verdict.result("stalled"), "after hang-collectives node1", "every agent still running, no restart")
     (found,) = [d for d in diagnose(run, {}) if d.code == "process-group-timeout"]
     assert "node1 stopped answering (fault hang-collectives on node1 (ok))" in found.evidence[0]
-    # The same history judged as a run meant to recover fails: it never did.
+    # The same history judged as a run meant to recover fails: it never did. node0 logged step 29, in flight when
+    # node1 was held, 0.2 s after the fault: no recovery (the old checker said "recovered in 0.2 s").
     assert not check_all(run, RunSpec.from_run(run)).valid
+    result = check_recovery(run, RunSpec.from_run(run))
+    assert not result.valid and result.metrics.recoveries[0].recovery_s is None
+    assert_reason(result, "hang-collectives node1", "never recovered (1 step in flight right after it, then no")
 
 
 def test_completed_excuses_a_node_refused_by_the_closed_rendezvous_at_the_end():

@@ -202,6 +202,13 @@ class FaultKind:
             raise ValueError(f"fault kind {self.name}: lane {self.lane!r} is not one of {LANES}")
 
     @property
+    def holds_workers(self) -> bool:
+        """While in force it holds its workers (stopped, frozen with their node, held before a collective), and
+        with them every rank they train with: a step seen just after it is one already in flight, not training
+        going on (sim.verdict.recovery)."""
+        return self.stalls_workers or self.freezes_node
+
+    @property
     def reversible(self) -> bool:
         return self.undo_op is not None
 
