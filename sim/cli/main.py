@@ -881,7 +881,12 @@ def _add_forecast(sub: argparse._SubParsersAction) -> None:
     forecast.add_argument("--save-cost", metavar="TIME", help="how long a save blocks training (default: the vet's)")
     forecast.add_argument("--out", metavar="DIR", help="where forecast.json goes (default: the vet's folder)")
     forecast.add_argument("--check", action="store_true", help="run a real soak of the job and compare (minutes)")
-    forecast.add_argument("--every", default="60s", metavar="TIME", help="--check: a fault this often (default 60s)")
+    forecast.add_argument(
+        "--every",
+        default="60s",
+        metavar="TIME",
+        help="--check: a fault this long after each recovery, on average (default 60s)",
+    )
     forecast.add_argument("--soak", default="10m", metavar="TIME", help="--check: the soak's length (default 10m)")
     forecast.add_argument("--check-kind", default="kill-worker", metavar="KIND", help="--check: the fault kind")
     forecast.add_argument("--seed", type=int, default=1, help="--check: the soak's seed (default 1)")
