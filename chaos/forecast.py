@@ -277,15 +277,19 @@ def step_seconds(run: RunModel) -> float | None:
 
 
 def save_costs(run: RunModel) -> tuple[list[float], list[int]]:
-    """(the seconds each save blocked training: per saved step, the slowest rank's; the saved steps)."""
+    """(the seconds each save blocked training: per saved step, the slowest rank's; the saved steps). A save whose
+    record holds no step (an optimizer that keeps none, as SGD) saved the step the job had reached when it began."""
     by_step: dict[int, float] = {}
     steps = set()
     for write in run.checkpoint_writes:
-        if write.step is None:
+        step = write.step
+        if step is None and isinstance(write, WorkerRecord) and run.steps_known:
+            step = _step_at(run, write.began if write.began is not None else write.t)
+        if step is None:
             continue
-        steps.add(write.step)
+        steps.add(step)
         if isinstance(write, WorkerRecord) and write.seconds is not None:
-            by_step[write.step] = max(by_step.get(write.step, 0.0), write.seconds)
+            by_step[step] = max(by_step.get(step, 0.0), write.seconds)
     return list(by_step.values()), sorted(steps)
 
 

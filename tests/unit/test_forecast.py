@@ -368,3 +368,37 @@ def test_each_soak_fault_strikes_a_training_job_a_seeded_gap_after_the_last_reco
     gaps = [s.trigger.lag_s for s in rest]
     assert all(30 <= g <= 90 for g in gaps) and sum(gaps[:-1]) < 600 <= sum(gaps)
     assert gaps == [s.trigger.lag_s for s in soak_scenario(6, "kill-worker", 60, 600, seed=3).steps[1:]]
+
+
+def test_the_shipped_trainers_saves_are_measured_though_its_sgd_keeps_no_step():
+    """The trainer's torch.save into its temp file, renamed into place: the instrumentation's save record carries no
+    step (SGD's state holds none), so it is the step the job had reached when the save began: 10, 20, 30."""
+    from chaos.forecast import save_costs
+
+    from .histories import HistoryBuilder
+
+    b = HistoryBuilder(nodes=2, nproc=1, steps=30, ckpt=10)
+    b.start_workers()
+    b.train(30, step_s=0.5)
+    for line in [r for r in b.records if r.get("kind") == "checkpoint"]:
+        b.records.append(
+            {
+                "t": line["t"] + 0.041,  # its rename; the save began after the step's progress line
+                "type": "worker",
+                "node": "node0",
+                "event": "save",
+                "rank": 0,
+                "local_rank": 0,
+                "world_size": 2,
+                "restart": 0,
+                "pid": 19,
+                "run_id": "sim",
+                "op": "os.replace",
+                "path": line["path"],
+                "began": line["t"] + 0.001,
+                "seconds": 0.04,
+                "n": line["step"],
+            }
+        )
+    seconds, steps = save_costs(b.model())
+    assert steps == [10, 20, 30] and seconds == pytest.approx([0.04, 0.04, 0.04])
