@@ -183,6 +183,19 @@ PHASE_NATURE = {
     "first_step_s": ("grows", "grows with the model: building it and its first step"),
 }
 SETTING_KEYS = ("last_call_timeout", "join_timeout", "keep_alive_interval", "keep_alive_max_attempt")
+# torch's own defaults for them, read from torch 2.13's torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:
+# RendezvousTimeout._DEFAULT_TIMEOUTS (join 600 s, last_call 30 s) and create_handler's keep_alive_interval (5 s)
+# and keep_alive_max_attempt (3).
+TORCH_DEFAULTS = {
+    "last_call_timeout": "30",
+    "join_timeout": "600",
+    "keep_alive_interval": "5",
+    "keep_alive_max_attempt": "3",
+}
+# Kinds whose node leaves the job: its agent's keep-alive stops, and torch drops it from the rendezvous only once it
+# is keep_alive_interval × keep_alive_max_attempt old (detection); the new round then has fewer nodes than the job's
+# most, so it waits last_call_timeout before it completes (rendezvous).
+NODE_LEAVES = ("kill-node", "stop-node", "partition", "kill-agent")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +210,8 @@ class KindCost:
     # The slow start after it: the steps the first THROUGHPUT_WINDOW_S seconds after the recovery fell short of the
     # window before the fault, as seconds of training (a restarted job's first steps are slower: warm-up).
     slow_s: float = 0.0
+    # The phases moved from the vet's settings to the forecast's (at_settings), a line each; () where none was.
+    modelled: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("recovery_s", "slow_s"):
@@ -230,6 +245,9 @@ class Measurements:
     saves_seen: int = 0
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the rdzv_conf the vet ran with
     source: str = ""
+    max_nodes: int | None = None  # the job's most nodes (torchrun --nnodes MIN:MAX): a round below it waits last call
+    # The settings the kinds' costs are at (at_settings): None, the vet's own (`settings`).
+    at: Mapping[str, str] | None = None
     given: frozenset[str] = frozenset()  # the fields the user gave instead of the vet's (save_s, interval_steps)
 
     def __post_init__(self) -> None:
@@ -338,7 +356,9 @@ def measurements_from(vet: Mapping[str, Any], runs: Sequence[RunModel], source: 
     intervals = []
     seen = 0
     settings: dict[str, str] = {}
+    max_nodes = None
     for run in runs:
+        max_nodes = max_nodes or run.spec_fields.max_nodes
         costs, steps = save_costs(run)
         saves += costs
         seen += len(steps)
@@ -356,6 +376,7 @@ def measurements_from(vet: Mapping[str, Any], runs: Sequence[RunModel], source: 
         saves_seen=seen,
         settings=settings,
         source=source,
+        max_nodes=max_nodes,
     )
 
 
@@ -396,6 +417,73 @@ def with_given(m: Measurements, save_s: float | None = None, interval_steps: flo
         name: value for name, value in (("save_s", save_s), ("interval_steps", interval_steps)) if value is not None
     }
     return dataclasses.replace(m, **given, given=m.given | frozenset(given)) if given else m
+
+
+def waits(settings: Mapping[str, str]) -> tuple[float, float]:
+    """(the last call, the keep-alive expiry: interval × attempts) in seconds under `settings`, torch's defaults
+    for what they do not set."""
+
+    def get(key: str) -> float:
+        return float(settings.get(key, TORCH_DEFAULTS[key]))
+
+    return get("last_call_timeout"), get("keep_alive_interval") * get("keep_alive_max_attempt")
+
+
+def settings_words(settings: Mapping[str, str]) -> str:
+    """The settings that fix the waits, each with torch's default where it differs."""
+    said = []
+    for key in ("last_call_timeout", "keep_alive_interval", "keep_alive_max_attempt"):
+        value = settings.get(key, TORCH_DEFAULTS[key])
+        said.append(
+            f"{key}={value}" + (f" (torch's default {TORCH_DEFAULTS[key]})" if value != TORCH_DEFAULTS[key] else "")
+        )
+    return ", ".join(said)
+
+
+def at_settings(m: Measurements, target: Mapping[str, str]) -> Measurements:
+    """`m` with each kind's setting-driven phases moved from the vet's settings to `target`'s (missing keys: the
+    vet's). A round below the job's most nodes (a kind whose node leaves, or a vet below --max-nodes) waits the last
+    call: its rendezvous moves by the last calls' difference; a node that leaves is dropped after its keep-alive
+    expires: its detection moves by the expiries' difference. Each move is named in the kind's `modelled`."""
+    target = {**m.settings, **target}
+    (call_v, alive_v), (call_t, alive_t) = waits(m.settings), waits(target)
+    kinds = []
+    for cost in m.kinds:
+        leaves = cost.kind in NODE_LEAVES
+        below = leaves or (m.max_nodes is not None and m.nodes < m.max_nodes)
+        moves = []
+        if below and call_t != call_v:
+            moves.append(("rendezvous_s", call_t - call_v, f"last call {call_v:g} s -> {call_t:g} s"))
+        if leaves and alive_t != alive_v:
+            moves.append(("detection_s", alive_t - alive_v, f"keep-alive expiry {alive_v:g} s -> {alive_t:g} s"))
+        phases, recovery, notes = dict(cost.phases), cost.recovery_s, []
+        for phase, delta, why in moves:
+            measured = phases.get(phase)
+            if measured is not None:  # the wait is in this phase: it cannot go below zero
+                phases[phase] = round(max(0.0, measured + delta), 3)
+                delta = phases[phase] - measured
+            recovery = round(max(0.0, recovery + delta), 3)
+            was = "?" if measured is None else f"{measured:.1f}"
+            now = "?" if measured is None else f"{phases[phase]:.1f}"
+            notes.append(f"{phase.removesuffix('_s')} {was} s measured -> {now} s modelled ({why})")
+        kinds.append(dataclasses.replace(cost, phases=phases, recovery_s=recovery, modelled=tuple(notes)))
+    return dataclasses.replace(m, kinds=tuple(kinds), at=target)
+
+
+def parse_settings(text: str) -> dict[str, str]:
+    """`--rdzv-conf`: "torch-defaults" or k=v pairs of SETTING_KEYS, whole seconds (or attempts)."""
+    if text.strip() == "torch-defaults":
+        return dict(TORCH_DEFAULTS)
+    settings = {}
+    for item in text.split(","):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or key not in SETTING_KEYS or not value.isdigit() or int(value) < 1:
+            raise UsageError(
+                f"--rdzv-conf {text!r}: {item.strip()!r} is not one of {', '.join(SETTING_KEYS)} = a whole number "
+                "of 1 or more; use e.g. --rdzv-conf last_call_timeout=30,keep_alive_interval=5, or torch-defaults"
+            )
+        settings[key] = value
+    return settings
 
 
 def measure_vet(vet: Mapping[str, Any], base: Path, source: str) -> Measurements:
@@ -487,6 +575,8 @@ class Forecast:
                 "saves_seen": m.saves_seen,
                 "given": sorted(m.given),
                 "settings": dict(m.settings),
+                "forecast_settings": None if m.at is None else dict(m.at),
+                "torch_defaults": dict(TORCH_DEFAULTS),
                 "kinds": [dataclasses.asdict(k) for k in m.kinds],
                 "vet_nodes": m.nodes,
             },
@@ -588,7 +678,6 @@ def levers(scale: ScaleForecast, per_s: Mapping[str, float], costs: Mapping[str,
 
 
 def assumptions(m: Measurements, rates: FailureRates, vet_nodes: int) -> tuple[str, ...]:
-    settings = ", ".join(f"{k}={v}" for k, v in m.settings.items()) or "torch's defaults"
     said = [
         f"failure rates: {rates.source}; a node fails once every {rates.node_mtbf_h / 24:.0f} days on average",
         "failures are independent and arrive at a constant rate (exponential), each node alike",
@@ -620,16 +709,37 @@ def assumptions(m: Measurements, rates: FailureRates, vet_nodes: int) -> tuple[s
             "between the saved steps; one saved step: that step, the job saving at its multiples)"
         )
     said.append(
-        f"recovery times measured on {vet_nodes} nodes here, under rdzv settings {settings}; their phases "
-        "detection and rendezvous are set by those settings and kept as measured; worker start, pg init, "
-        "checkpoint load and first step grow with the job: measured at small scale, so a lower bound at scale"
+        f"recovery times measured on {vet_nodes} nodes here, under the vet's rdzv settings "
+        f"{settings_words(m.settings)}. Their waits are set by torch's settings: a round below the job's most nodes "
+        "(a node left) waits last_call_timeout (rendezvous); a node that leaves is dropped once its keep-alive "
+        "(keep_alive_interval × keep_alive_max_attempt) expires (detection). Worker start, pg init, checkpoint load "
+        "and first step grow with the job: measured at small scale, so a lower bound at scale"
     )
+    if m.at is None:
+        said.append(
+            "forecast at the vet's own rdzv settings (the job at scale run with them); at others: --rdzv-conf, "
+            "e.g. --rdzv-conf torch-defaults"
+        )
+    else:
+        moved = [f"{k.kind}: {line}" for k in m.kinds for line in k.modelled]
+        said.append(
+            f"forecast at rdzv settings {settings_words(m.at)}, not the vet's: "
+            + ("; ".join(moved) if moved else "no measured phase waits on a setting that differs")
+        )
     return tuple(said)
 
 
 def forecast(
-    m: Measurements, rates: FailureRates, nodes: Sequence[int] = DEFAULT_SCALES, gpus_per_node: int = 8
+    m: Measurements,
+    rates: FailureRates,
+    nodes: Sequence[int] = DEFAULT_SCALES,
+    gpus_per_node: int = 8,
+    settings: Mapping[str, str] | None = None,
 ) -> Forecast:
+    """The forecast at each of `nodes`; at the rdzv `settings` given (their setting-driven phases moved: at_settings),
+    else at the vet's own."""
+    if settings is not None:
+        m = at_settings(m, settings)
     scales = tuple(forecast_scale(m, rates, n, gpus_per_node) for n in nodes)
     said = list(assumptions(m, rates, m.nodes))
     used = sorted({(k.kind, k.stand_in) for s in scales for k in s.kinds if k.stand_in})
@@ -674,7 +784,13 @@ def render(f: Forecast, width: int = 118) -> str:
         + ", interval τ "
         + ("-" if m.interval_s is None else f"{m.interval_steps:g} steps = {m.interval_s:.1f} s"),
     ]
-    lines.append("  phases in s: [S] set by torch's settings, kept as measured; [G] grows with the job, a lower bound")
+    at = "the vet's" if m.at is None else "the forecast's: modelled where they differ from the vet's"
+    lines.append(
+        f"  phases in s: [S] set by torch's settings, at {at}; [G] grows with the job, measured: a lower bound"
+    )
+    lines.append(f"  the vet's rdzv settings: {settings_words(m.settings)}")
+    if m.at is not None:
+        lines.append(f"  the forecast's rdzv settings: {settings_words(m.at)}")
     tags = {"settings": "S", "grows": "G"}
     for k in m.kinds:
         phases = ", ".join(
@@ -686,6 +802,8 @@ def render(f: Forecast, width: int = 118) -> str:
         lines += textwrap.wrap(
             f"{said} ({phases or 'no phases'})", width, initial_indent="  ", subsequent_indent="    "
         )
+        for line in k.modelled:
+            lines += textwrap.wrap(f"modelled: {line}", width, initial_indent="    ", subsequent_indent="      ")
     head = (
         f"{'nodes':>6} {'GPUs':>6} {'int/day':>8} {'MTBF':>8} {'restarts':>9} {'re-done':>8} {'ckpt':>6} "
         f"{'goodput':>8} {'τ*':>7} {'at τ*':>7}"
@@ -749,6 +867,7 @@ def render_html(f: Forecast) -> str:
                 for p, v in k.phases.items()
                 if v is not None and p in PHASE_NATURE
             )
+            + "".join(f"; modelled: {line}" for line in k.modelled)
         )
         + "</td></tr>"
         for k in f.measurements.kinds

@@ -879,6 +879,12 @@ def _add_forecast(sub: argparse._SubParsersAction) -> None:
         "--ckpt-every", type=int, metavar="STEPS", help="the checkpoint interval the job keeps (default: the vet's)"
     )
     forecast.add_argument("--save-cost", metavar="TIME", help="how long a save blocks training (default: the vet's)")
+    forecast.add_argument(
+        "--rdzv-conf",
+        metavar="K=V,K=V",
+        help="forecast at these rdzv settings (last_call_timeout, keep_alive_interval, keep_alive_max_attempt, "
+        "join_timeout; or torch-defaults): the phases they set are moved from the vet's (default: the vet's own)",
+    )
     forecast.add_argument("--out", metavar="DIR", help="where forecast.json goes (default: the vet's folder)")
     forecast.add_argument("--check", action="store_true", help="run a real soak of the job and compare (minutes)")
     forecast.add_argument(
@@ -920,10 +926,11 @@ def vet_forecast(vet, rates):
 def cmd_forecast(args: argparse.Namespace, _: list[str] | None) -> int:
     import json
 
-    from chaos.forecast import forecast, measure, parse_scales, render, with_given
+    from chaos.forecast import forecast, measure, parse_scales, parse_settings, render, with_given
     from chaos.parse import parse_duration
 
     scales = parse_scales(args.scales)
+    settings = parse_settings(args.rdzv_conf) if args.rdzv_conf is not None else None
     if args.gpus_per_node < 1:
         raise UsageError(f"--gpus-per-node {args.gpus_per_node}: give 1 or more GPUs per node")
     rates = forecast_rates(args.mtbf_node, read_tool_config(Path.cwd()))
@@ -939,7 +946,7 @@ def cmd_forecast(args: argparse.Namespace, _: list[str] | None) -> int:
         check_inputs(measured, args.check_kind, every, soak)
         vet = json.loads(Path(measured.source).read_text(encoding="utf-8"))
         spec = vet_job(vet, Path(measured.source).parent)
-    made = forecast(measured, rates, scales, args.gpus_per_node)
+    made = forecast(measured, rates, scales, args.gpus_per_node, settings)
     print(render(made))
     out = Path(args.out) if args.out else Path(measured.source).parent
     out.mkdir(parents=True, exist_ok=True)

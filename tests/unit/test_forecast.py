@@ -3,6 +3,7 @@ rates, and the measurements read from captured vet histories."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -308,6 +309,8 @@ def test_check_refuses_a_vet_that_saw_no_save_before_anything_starts():
         (["--check", "--every", "2s"], "--every 2s: too often to recover in between"),
         (["--check", "--soak", "1m"], "--soak 60s: shorter than two faults"),
         (["--check", "--check-kind", "partition"], "--check-kind partition: the vet did not measure it"),
+        (["--rdzv-conf", "last_call=30"], "--rdzv-conf 'last_call=30': 'last_call=30' is not one of"),
+        (["--rdzv-conf", "keep_alive_interval=0"], "--rdzv-conf 'keep_alive_interval=0'"),
     ],
 )
 def test_sim_forecast_bad_input_is_one_line_and_exit_2(argv, words, tmp_path, capsys, monkeypatch):
@@ -402,3 +405,53 @@ def test_the_shipped_trainers_saves_are_measured_though_its_sgd_keeps_no_step():
         )
     seconds, steps = save_costs(b.model())
     assert steps == [10, 20, 30] and seconds == pytest.approx([0.04, 0.04, 0.04])
+
+
+# By hand: the vet ran the fast profile (last call 2 s, keep-alive 1 s × 3 = 3 s) on 3 of at most 3 nodes.
+# At torch's defaults (last call 30 s, keep-alive 5 s × 3 = 15 s):
+#   kill-worker: every node stays, the round is full: nothing waits a setting: 10.0 s as measured
+#   kill-node:   its node leaves: rendezvous 2.5 + (30 - 2) = 30.5 s, detection 3.0 + (15 - 3) = 15.0 s,
+#                recovery 12.0 + 28 + 12 = 52.0 s
+#   at 100 nodes, a node loss every 10 h (1/36000 per s): restarts 52 / 36000 = 0.00144444
+FAST = {"last_call_timeout": "2", "join_timeout": "120", "keep_alive_interval": "1", "keep_alive_max_attempt": "3"}
+SETTINGS_HAND = Measurements(
+    step_s=1.0,
+    kinds=(
+        KindCost("kill-worker", 10.0, {"detection_s": 1.0, "rendezvous_s": 1.0, "worker_start_s": 8.0}, 5),
+        KindCost("kill-node", 12.0, {"detection_s": 3.0, "rendezvous_s": 2.5, "worker_start_s": 6.5}, 5),
+    ),
+    save_s=1.0,
+    interval_steps=100,
+    nodes=3,
+    max_nodes=3,
+    settings=FAST,
+)
+
+
+def test_the_phases_torchs_settings_fix_are_moved_to_the_settings_forecast_at():
+    from chaos.forecast import TORCH_DEFAULTS, at_settings, parse_settings
+
+    assert parse_settings("torch-defaults") == TORCH_DEFAULTS
+    assert TORCH_DEFAULTS["last_call_timeout"] == "30" and TORCH_DEFAULTS["keep_alive_interval"] == "5"
+    worker, node = at_settings(SETTINGS_HAND, TORCH_DEFAULTS).kinds
+    assert (worker.recovery_s, worker.phases, worker.modelled) == (10.0, SETTINGS_HAND.kinds[0].phases, ())
+    assert node.recovery_s == pytest.approx(52.0)
+    assert node.phases == {"detection_s": 15.0, "rendezvous_s": 30.5, "worker_start_s": 6.5}
+    assert node.modelled == (
+        "rendezvous 2.5 s measured -> 30.5 s modelled (last call 2 s -> 30 s)",
+        "detection 3.0 s measured -> 15.0 s modelled (keep-alive expiry 3 s -> 15 s)",
+    )
+    # Only the last call given: the keep-alive stays the vet's; a wait cannot take a phase below zero.
+    (_, node) = at_settings(SETTINGS_HAND, parse_settings("last_call_timeout=1")).kinds
+    assert node.recovery_s == pytest.approx(11.0) and node.phases["detection_s"] == 3.0
+    # A vet below its most nodes waits the last call in every round, a worker crash's too.
+    below = at_settings(dataclasses.replace(SETTINGS_HAND, max_nodes=4), TORCH_DEFAULTS)
+    assert below.kinds[0].recovery_s == pytest.approx(38.0) and below.kinds[0].phases["rendezvous_s"] == 29.0
+    # The forecast at them: the moved recovery is what the model charges.
+    rates = FailureRates({"kill-node": 0.001}, "by hand")
+    made = forecast(SETTINGS_HAND, rates, (100,), 8, TORCH_DEFAULTS)
+    assert made.scales[0].shares.restarts == pytest.approx(52.0 / 36000)
+    assert forecast(SETTINGS_HAND, rates, (100,), 8).scales[0].shares.restarts == pytest.approx(12.0 / 36000)
+    text = render(made)
+    assert "last_call_timeout=2 (torch's default 30)" in text and "modelled: rendezvous 2.5 s measured" in text
+    assert made.as_dict()["measured"]["forecast_settings"] == TORCH_DEFAULTS
