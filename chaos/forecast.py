@@ -243,6 +243,8 @@ class Measurements:
     nodes: int = 1
     gpus_per_node: int = 1
     saves_seen: int = 0
+    saves_timed: int = 0  # the saves δ is the median of (per saved step, the slowest rank's)
+    save_how: str = ""  # how those saves were written: the instrumented call and a file, e.g. "os.replace onto /ckpt/x"
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the rdzv_conf the vet ran with
     source: str = ""
     max_nodes: int | None = None  # the job's most nodes (torchrun --nnodes MIN:MAX): a round below it waits last call
@@ -357,10 +359,15 @@ def measurements_from(vet: Mapping[str, Any], runs: Sequence[RunModel], source: 
     seen = 0
     settings: dict[str, str] = {}
     max_nodes = None
+    how = ""
     for run in runs:
         max_nodes = max_nodes or run.spec_fields.max_nodes
         costs, steps = save_costs(run)
         saves += costs
+        timed = [w for w in run.checkpoint_writes if isinstance(w, WorkerRecord) and w.seconds is not None]
+        if timed and not how:
+            op = statistics.mode(w.op for w in timed)
+            how = f"{op} onto {next(w.path for w in timed if w.op == op)}"
         seen += len(steps)
         interval = interval_of(steps)
         if interval is not None:
@@ -374,6 +381,8 @@ def measurements_from(vet: Mapping[str, Any], runs: Sequence[RunModel], source: 
         nodes=int(vet.get("nodes") or 1),
         gpus_per_node=int(vet.get("nproc_per_node") or 1),
         saves_seen=seen,
+        saves_timed=len(saves),
+        save_how=how,
         settings=settings,
         source=source,
         max_nodes=max_nodes,
@@ -573,6 +582,8 @@ class Forecast:
                 "interval_steps": m.interval_steps,
                 "interval_s": m.interval_s,
                 "saves_seen": m.saves_seen,
+                "saves_timed": m.saves_timed,
+                "save_how": m.save_how,
                 "given": sorted(m.given),
                 "settings": dict(m.settings),
                 "forecast_settings": None if m.at is None else dict(m.at),
@@ -692,9 +703,11 @@ def assumptions(m: Measurements, rates: FailureRates, vet_nodes: int) -> tuple[s
             "give --save-cost, or vet the job saving more often"
         )
     else:
+        how = f" ({m.save_how}, ...)" if m.save_how else ""
         said.append(
-            f"save cost δ {m.save_s:.3f} s: measured (the slowest rank's torch.save, the median of "
-            f"{m.saves_seen} save{'' if m.saves_seen == 1 else 's'})"
+            f"save cost δ {m.save_s:.3f} s: measured by the instrumentation around the script's own saves (its "
+            "torch.save or DCP save, to the rename that publishes it where it writes atomically), the slowest "
+            f"rank's, the median of {m.saves_timed} save{'' if m.saves_timed == 1 else 's'}{how}"
         )
     if "interval_steps" in m.given:
         said.append(f"checkpoint interval τ {m.interval_steps:g} steps = {m.interval_s:.1f} s: GIVEN (--ckpt-every)")

@@ -182,7 +182,8 @@ def test_measurements_come_from_the_vets_histories_saves_steps_and_settings():
     assert m.interval_steps == 10  # fixed_name_ckpt.py's --ckpt-every default
     assert 0.1 <= m.step_s < 0.12  # its --step-time 0.1 plus the step itself
     assert 0.0005 < m.save_s < 0.01  # a small model's torch.save, fsync and rename
-    assert m.saves_seen == 40
+    assert m.saves_seen == 40 and m.saves_timed == 40
+    assert m.save_how.startswith("os.replace onto ") and m.save_how.endswith("checkpoint.pt")  # traceable
     assert m.settings["last_call_timeout"] == "2"
 
 
