@@ -798,12 +798,14 @@ def render(f: Forecast, width: int = 118) -> str:
         + ("-" if m.interval_s is None else f"{m.interval_steps:g} steps = {m.interval_s:.1f} s"),
     ]
     at = "the vet's" if m.at is None else "the forecast's: modelled where they differ from the vet's"
-    lines.append(
-        f"  phases in s: [S] set by torch's settings, at {at}; [G] grows with the job, measured: a lower bound"
-    )
-    lines.append(f"  the vet's rdzv settings: {settings_words(m.settings)}")
+    said = [
+        f"phases in s: [S] set by torch's settings, at {at}; [G] grows with the job, measured: a lower bound",
+        f"the vet's rdzv settings: {settings_words(m.settings)}",
+    ]
     if m.at is not None:
-        lines.append(f"  the forecast's rdzv settings: {settings_words(m.at)}")
+        said.append(f"the forecast's rdzv settings: {settings_words(m.at)}")
+    for line in said:
+        lines += textwrap.wrap(line, width, initial_indent="  ", subsequent_indent="    ")
     tags = {"settings": "S", "grows": "G"}
     for k in m.kinds:
         phases = ", ".join(
