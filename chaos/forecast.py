@@ -23,6 +23,7 @@ assumption (Assumptions lists them all).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import math
@@ -331,26 +332,59 @@ def run_settings(records: Iterable[Any]) -> dict[str, str]:
 
 
 def slow_start(fault: Mapping[str, Any], window_s: float) -> float:
-    """Seconds of training a fault's slow start cost: the window after its recovery at the throughput measured
-    there, short of the throughput before it (0 where it was as fast, or either is unknown)."""
+    """Seconds of training a fault's slow start cost: the `window_s` seconds its throughput after the recovery was
+    measured over, at that throughput, short of the throughput before it (0 where it was as fast, or either is
+    unknown)."""
     before, after = fault.get("throughput_before"), fault.get("throughput_after")
     if not before or after is None or after >= before:
         return 0.0
     return round(window_s * (1 - after / before), 3)
 
 
+def after_window(run: RunModel, first_step: float) -> float:
+    """The seconds of training the throughput after a recovery was measured over (sim.verdict.recovery's throughput:
+    rank 0's progress in THROUGHPUT_WINDOW_S from the first step, cohort by cohort): the whole window, or less where
+    the next fault or the run's end came first. The vet strikes again as soon as the job is steady, a second or two
+    after the first step: a slow start measured there is the first seconds' only, the slowest, not the window's."""
+    end = first_step + THROUGHPUT_WINDOW_S
+    spans: dict[int, list[float]] = {}
+    for beat in run.progress[bisect.bisect_left(run.progress_times, first_step) :]:
+        if beat.t >= end:
+            break
+        if beat.rank in (0, None):
+            spans.setdefault(run.cohort_index(beat.t), []).append(beat.t)
+    return sum(times[-1] - times[0] for times in spans.values())
+
+
+def after_windows(vet: Mapping[str, Any], runs: Sequence[RunModel]) -> dict[float, float]:
+    """For each of the vet's faults (by its invoke time, vet.json's t_fault) whose recovery its runs show, the seconds
+    its throughput after was measured over (after_window). A fault not found there: its vet.json window, from its
+    first step (t_fault + recovery_s, to within its own ok) to its end (t_end: the next fault, the run's end)."""
+    found = {}
+    invoked = {f.get("t_fault") for f in vet.get("faults", ())}
+    for run in runs:
+        for r in recoveries(run):
+            if r.fault.t_invoke in invoked and r.first_progress is not None:
+                found[r.fault.t_invoke] = after_window(run, r.first_progress.t)
+    for f in vet.get("faults", ()):
+        t, end, recovery = f.get("t_fault"), f.get("t_end"), f.get("recovery_s")
+        if t not in found and None not in (t, end, recovery):
+            found[t] = min(THROUGHPUT_WINDOW_S, max(0.0, end - t - recovery))
+    return found
+
+
 def measurements_from(vet: Mapping[str, Any], runs: Sequence[RunModel], source: str = "") -> Measurements:
     """The measurements in a vet's result (vet.json's dict) and its runs' models: pure."""
     kinds = []
+    windows = after_windows(vet, runs)
     for f in vet.get("faults", ()):
         if f.get("outcome") != "survived" or f.get("recovery_s") is None or f.get("solo"):
             continue
         lost = f.get("steps_lost")
         restarted = bool(f.get("restarts")) or bool(lost)
         phases = dict(f.get("phases") or {})
-        kinds.append(
-            KindCost(f["kind"], float(f["recovery_s"]), phases, lost, restarted, slow_start(f, THROUGHPUT_WINDOW_S))
-        )
+        slow = slow_start(f, windows.get(f.get("t_fault"), THROUGHPUT_WINDOW_S))
+        kinds.append(KindCost(f["kind"], float(f["recovery_s"]), phases, lost, restarted, slow))
     step_times = [s for s in (step_seconds(run) for run in runs) if s is not None]
     if not step_times:
         raise UsageError(f"{source or 'the vet'}: its runs show no training steps; vet a job that steps")
@@ -921,8 +955,6 @@ class SoakMeasure:
 
 
 def _step_at(run: RunModel, t: float) -> int | None:
-    import bisect
-
     index = bisect.bisect_left(run.progress_times, t)
     return run.progress[index - 1].step if index > 0 else None
 
@@ -938,9 +970,9 @@ def soak_measure(run: RunModel) -> SoakMeasure:
     step_s = step_seconds(run)
     if first is None or last is None or step_s is None:
         raise UsageError("the soak's history shows no training steps around its faults: nothing to measure")
-    inside = [r.public() for r in recoveries(run) if begin <= r.fault.t_invoke < end]
-    times = [r.recovery_s for r in inside if r.recovery_s is not None]
-    slow = [slow_start(dataclasses.asdict(r), THROUGHPUT_WINDOW_S) for r in inside if r.recovery_s is not None]
+    inside = [r for r in recoveries(run) if begin <= r.fault.t_invoke < end and r.first_progress is not None]
+    times = [r.public().recovery_s for r in inside]
+    slow = [slow_start(dataclasses.asdict(r.public()), after_window(run, r.first_progress.t)) for r in inside]
     return SoakMeasure(
         end - begin,
         len(invokes) - 1,

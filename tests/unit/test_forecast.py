@@ -456,3 +456,35 @@ def test_the_phases_torchs_settings_fix_are_moved_to_the_settings_forecast_at():
     text = render(made)
     assert "last_call_timeout=2 (torch's default 30)" in text and "modelled: rendezvous 2.5 s measured" in text
     assert made.as_dict()["measured"]["forecast_settings"] == TORCH_DEFAULTS
+
+
+def test_a_slow_start_counts_only_the_seconds_its_throughput_was_measured_over():
+    """The vet strikes again as soon as the job is steady: after node1's worker crash the job steps at 21, 22, 23
+    (0.5 s apart: 1.0 s of training measured) and node0's worker is killed. By hand: 2 steps/s before, 1 step/s
+    measured after; the old reading took that half speed for all of THROUGHPUT_WINDOW_S (10 s): 5.0 s lost; over
+    the 1.0 s measured it is 1.0 × (1 - 1/2) = 0.5 s."""
+    from chaos.forecast import THROUGHPUT_WINDOW_S, after_windows, slow_start
+
+    from .histories import HistoryBuilder
+
+    b = HistoryBuilder(nodes=2, nproc=1, steps=100)
+    b.start_workers()
+    b.train(20, step_s=0.5)
+    b.fault("kill-worker", "node1", take_s=0.4, node="node1")
+    invoked = next(r["t"] for r in reversed(b.records) if r.get("phase") == "invoke")
+    b.group_failure()
+    b.wait(1.0)
+    b.start_workers(resumed_from=20)
+    b.train(23, step_s=0.5)
+    b.wait(0.5)
+    b.fault("kill-worker", "node0", take_s=0.4, node="node0")
+    b.end()
+    run = b.model()
+    fault = {"kind": "kill-worker", "t_fault": invoked, "throughput_before": 2.0, "throughput_after": 1.0}
+    windows = after_windows({"faults": [fault]}, [run])
+    assert windows == {invoked: pytest.approx(1.0)}
+    assert slow_start(fault, THROUGHPUT_WINDOW_S) == 5.0  # the old reading
+    assert slow_start(fault, windows[invoked]) == pytest.approx(0.5)
+    # Without its run, vet.json's own times bound it: first step at t_fault + recovery_s, its end at t_end.
+    alone = {**fault, "recovery_s": 4.0, "t_end": invoked + 5.5}
+    assert after_windows({"faults": [alone]}, []) == {invoked: pytest.approx(1.5)}
