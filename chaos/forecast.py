@@ -948,6 +948,10 @@ class SoakMeasure:
     # slow start (None: none measured). The model given these tells its own error from its inputs'.
     recovery_s: float | None = None
     slow_s: float | None = None
+    # Their phases, each the mean over the recoveries that show it, and the slowest recovery: where the soak's
+    # recoveries differ from the vet's is seen phase by phase (waits on settings, or work on a shared CPU).
+    phases: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    slowest_s: float | None = None
 
     @property
     def goodput(self) -> float:
@@ -973,6 +977,11 @@ def soak_measure(run: RunModel) -> SoakMeasure:
     inside = [r for r in recoveries(run) if begin <= r.fault.t_invoke < end and r.first_progress is not None]
     times = [r.public().recovery_s for r in inside]
     slow = [slow_start(dataclasses.asdict(r.public()), after_window(run, r.first_progress.t)) for r in inside]
+    phases = {}
+    for phase in PHASES:
+        values = [getattr(r.phases, phase) for r in inside if getattr(r.phases, phase) is not None]
+        if values:
+            phases[phase] = round(statistics.mean(values), 3)
     return SoakMeasure(
         end - begin,
         len(invokes) - 1,
@@ -980,6 +989,8 @@ def soak_measure(run: RunModel) -> SoakMeasure:
         step_s,
         statistics.mean(times) if times else None,
         statistics.mean(slow) if slow else None,
+        phases,
+        max(times, default=None),
     )
 
 

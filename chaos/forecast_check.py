@@ -21,7 +21,7 @@ from sim.verdict.checkers import CHECKS_FOR
 from sim.verdict.runmodel import RunModel
 from sim.verdict.runreport import ENDING_CHECKS
 
-from .forecast import Measurements, Shares, SoakMeasure, soak_measure, soak_prediction
+from .forecast import KindCost, Measurements, Shares, SoakMeasure, soak_measure, soak_prediction
 from .runner import ScenarioRunner
 from .scenario import Expectation, Scenario, Step, Trigger
 from .vet import STEP_BUDGET_S, VET_PROFILE
@@ -39,6 +39,7 @@ class CheckResult:
     predicted: Shares
     run_dir: str
     given_soak: Shares | None = None  # the model given the soak's own recoveries: its error apart from its inputs'
+    vet_cost: KindCost | None = None  # what the vet measured of the kind (its phases beside the soak's)
 
     @property
     def error(self) -> float:
@@ -58,6 +59,7 @@ class CheckResult:
             "predicted": dataclasses.asdict(self.predicted),
             "error": self.error,
             "given_soak_recoveries": None if self.given_soak is None else dataclasses.asdict(self.given_soak),
+            "vet_cost": None if self.vet_cost is None else dataclasses.asdict(self.vet_cost),
             "within": self.within,
             "tolerance": TOLERANCE,
             "run_dir": self.run_dir,
@@ -81,10 +83,17 @@ class CheckResult:
         if g is None or m.recovery_s is None:
             return ""
         apart = (g.goodput - m.goodput) / m.goodput
+        vet = self.vet_cost
+        by_phase = ", ".join(
+            f"{p.removesuffix('_s')} {vet.phases[p]:.1f} -> {v:.1f}"
+            for p, v in m.phases.items()
+            if vet is not None and vet.phases.get(p) is not None
+        )
         return (
             f"\n  the vet measured this kind's recovery once; the soak's own recoveries averaged {m.recovery_s:.1f} s "
-            f"+ {m.slow_s or 0:.1f} s slow start: given those, the model says {100 * g.goodput:.1f} % "
-            f"({100 * apart:+.1f} %)"
+            f"(the slowest {m.slowest_s or 0:.1f} s) + {m.slow_s or 0:.1f} s slow start: given those, the model says "
+            f"{100 * g.goodput:.1f} % ({100 * apart:+.1f} %)"
+            + (f"\n  phases in s, the vet's -> the soak's mean: {by_phase}" if by_phase else "")
         )
 
 
@@ -183,4 +192,4 @@ def judge(m: Measurements, kind: str, every_s: float, seed: int, run: RunModel, 
     if measured.recovery_s is not None:
         own = dataclasses.replace(m.cost(kind)[0], recovery_s=measured.recovery_s, slow_s=measured.slow_s or 0.0)
         given = soak_prediction(m, kind, measured.faults, measured.window_s, own)
-    return CheckResult(kind, every_s, seed, measured, predicted, run_dir, given)
+    return CheckResult(kind, every_s, seed, measured, predicted, run_dir, given, m.cost(kind)[0])

@@ -357,7 +357,7 @@ def test_the_check_judges_the_vets_forecast_and_the_model_given_the_soaks_own_re
     assert checked.given_soak.goodput == pytest.approx(0.568)
     line = checked.line()
     assert "goodput measured 80.0 %" in line and "forecast 76.0 %" in line and "-5.0 %, within 10 %" in line
-    assert "given those, the model says 56.8 % (-29.0 %)" in line
+    assert "given those, the model says 56.8 % (-29.0 %)" in line and "(the slowest 5.8 s)" in line
 
 
 def test_each_soak_fault_strikes_a_training_job_a_seeded_gap_after_the_last_recovery():
