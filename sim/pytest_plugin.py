@@ -127,10 +127,11 @@ def sim_vet(sim_docker) -> Callable[..., object]:
 
 @pytest.fixture
 def sim_forecast() -> Callable[..., object]:
-    """`sim forecast` from a test: `sim_forecast(vet, nodes=(64, 512, 2048), gpus_per_node=8, mtbf_node=None)`,
-    `vet` a sim.vet.gauntlet.VetResult (sim_vet's) or the path of a vet.json (or its folder); returns the
-    sim.vet.forecast.Forecast (its `scales`, each with `shares.goodput`, `young_s` and `levers`). Failure rates:
-    Llama 3's, or Llama 3's mix at a node MTBF of `mtbf_node` ("200d")."""
+    """`sim forecast` from a test: `sim_forecast(vet, nodes=(64, 512, 2048), gpus_per_node=8, mtbf_node=None,
+    rdzv_conf=None)`, `vet` a sim.vet.gauntlet.VetResult (sim_vet's) or the path of a vet.json (or its folder); returns
+    the sim.vet.forecast.Forecast (its `scales`, each with `shares.goodput`, `young_s` and `levers`). Failure rates:
+    Llama 3's, or Llama 3's mix at a node MTBF of `mtbf_node` ("200d"). `rdzv_conf`: the rdzv settings to forecast
+    at (`sim forecast --rdzv-conf`'s text, e.g. "torch-defaults"); default the vet's own."""
     from pathlib import Path
 
     from sim.vet.forecast import (
@@ -140,10 +141,11 @@ def sim_forecast() -> Callable[..., object]:
         measure,
         measure_vet,
         parse_mtbf,
+        parse_settings,
         scaled_rates,
     )
 
-    def run(vet, *, nodes=DEFAULT_SCALES, gpus_per_node=8, mtbf_node=None):
+    def run(vet, *, nodes=DEFAULT_SCALES, gpus_per_node=8, mtbf_node=None, rdzv_conf=None):
         if isinstance(vet, (str, os.PathLike)):
             measured = measure(Path(vet))
         else:
@@ -151,7 +153,8 @@ def sim_forecast() -> Callable[..., object]:
         rates = llama3_rates()
         if mtbf_node is not None:
             rates = scaled_rates(rates, parse_mtbf("mtbf_node", mtbf_node), mtbf_node)
-        return forecast(measured, rates, tuple(nodes), gpus_per_node)
+        settings = parse_settings(rdzv_conf) if rdzv_conf is not None else None
+        return forecast(measured, rates, tuple(nodes), gpus_per_node, settings)
 
     return run
 

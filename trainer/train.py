@@ -133,9 +133,12 @@ def encode_checkpoint(state):
     buffer = io.BytesIO()
     torch.save(state, buffer)
     payload = buffer.getvalue()
-    digest = hashlib.sha256(payload).hexdigest()
-    header = b"%s %s %d\n" % (CKPT_MAGIC, digest.encode(), len(payload))
-    return header + payload
+    return checkpoint_header(hashlib.sha256(payload).hexdigest().encode(), len(payload)) + payload
+
+
+def checkpoint_header(digest, length):
+    """The header line; the length zero-padded to a fixed width, so that write_checkpoint can fill it in last."""
+    return b"%s %s %020d\n" % (CKPT_MAGIC, digest, length)
 
 
 def decode_checkpoint(data):
@@ -166,12 +169,24 @@ def checkpoint_path(ckpt_dir, step):
 
 
 def write_checkpoint(ckpt_dir, step, state):
-    """Atomically write the checkpoint for `step`, keep the newest CKPTS_KEPT."""
+    """Atomically write the checkpoint for `step`, keep the newest CKPTS_KEPT.
+
+    torch.save writes straight into the temp file, as a job's save to its checkpoint directory does
+    (the instrumentation then times the save, to its os.replace: how long it blocks training). The
+    header goes first with the digest's place held, and is filled in once the payload is written.
+    """
     os.makedirs(ckpt_dir, exist_ok=True)
     path = checkpoint_path(ckpt_dir, step)
     tmp_path = f"{path}.tmp.{os.getpid()}"
-    with open(tmp_path, "wb") as tmp_file:
-        tmp_file.write(encode_checkpoint(state))
+    with open(tmp_path, "w+b") as tmp_file:
+        tmp_file.write(checkpoint_header(b"0" * 64, 0))
+        start = tmp_file.tell()
+        torch.save(state, tmp_file)
+        length = tmp_file.tell() - start
+        tmp_file.seek(start)
+        digest = hashlib.file_digest(tmp_file, "sha256").hexdigest()
+        tmp_file.seek(0)
+        tmp_file.write(checkpoint_header(digest.encode(), length))
         tmp_file.flush()
         os.fsync(tmp_file.fileno())
     os.replace(tmp_path, path)

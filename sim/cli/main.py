@@ -860,9 +860,20 @@ def _add_forecast(sub: argparse._SubParsersAction) -> None:
         "--ckpt-every", type=int, metavar="STEPS", help="the checkpoint interval the job keeps (default: the vet's)"
     )
     forecast.add_argument("--save-cost", metavar="TIME", help="how long a save blocks training (default: the vet's)")
+    forecast.add_argument(
+        "--rdzv-conf",
+        metavar="K=V,K=V",
+        help="forecast at these rdzv settings (last_call_timeout, keep_alive_interval, keep_alive_max_attempt, "
+        "join_timeout; or torch-defaults): the phases they set are moved from the vet's (default: the vet's own)",
+    )
     forecast.add_argument("--out", metavar="DIR", help="where forecast.json goes (default: the vet's folder)")
     forecast.add_argument("--check", action="store_true", help="run a real soak of the job and compare (minutes)")
-    forecast.add_argument("--every", default="60s", metavar="TIME", help="--check: a fault this often (default 60s)")
+    forecast.add_argument(
+        "--every",
+        default="60s",
+        metavar="TIME",
+        help="--check: a fault this long after each recovery, on average (default 60s)",
+    )
     forecast.add_argument("--soak", default="10m", metavar="TIME", help="--check: the soak's length (default 10m)")
     forecast.add_argument("--check-kind", default="kill-worker", metavar="KIND", help="--check: the fault kind")
     forecast.add_argument("--seed", type=int, default=1, help="--check: the soak's seed (default 1)")
@@ -897,9 +908,10 @@ def cmd_forecast(args: argparse.Namespace, _: list[str] | None) -> int:
     import json
 
     from sim.core.parse import parse_duration
-    from sim.vet.forecast import forecast, measure, parse_scales, render, with_given
+    from sim.vet.forecast import forecast, measure, parse_scales, parse_settings, render, with_given
 
     scales = parse_scales(args.scales)
+    settings = parse_settings(args.rdzv_conf) if args.rdzv_conf is not None else None
     if args.gpus_per_node < 1:
         raise UsageError(f"--gpus-per-node {args.gpus_per_node}: give 1 or more GPUs per node")
     rates = forecast_rates(args.mtbf_node, read_tool_config(Path.cwd()))
@@ -915,7 +927,7 @@ def cmd_forecast(args: argparse.Namespace, _: list[str] | None) -> int:
         check_inputs(measured, args.check_kind, every, soak)
         vet = json.loads(Path(measured.source).read_text(encoding="utf-8"))
         spec = vet_job(vet, Path(measured.source).parent)
-    made = forecast(measured, rates, scales, args.gpus_per_node)
+    made = forecast(measured, rates, scales, args.gpus_per_node, settings)
     print(render(made))
     out = Path(args.out) if args.out else Path(measured.source).parent
     out.mkdir(parents=True, exist_ok=True)

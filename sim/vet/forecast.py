@@ -23,6 +23,7 @@ assumption (Assumptions lists them all).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import math
@@ -183,6 +184,19 @@ PHASE_NATURE = {
     "first_step_s": ("grows", "grows with the model: building it and its first step"),
 }
 SETTING_KEYS = ("last_call_timeout", "join_timeout", "keep_alive_interval", "keep_alive_max_attempt")
+# torch's own defaults for them, read from torch 2.13's torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:
+# RendezvousTimeout._DEFAULT_TIMEOUTS (join 600 s, last_call 30 s) and create_handler's keep_alive_interval (5 s)
+# and keep_alive_max_attempt (3).
+TORCH_DEFAULTS = {
+    "last_call_timeout": "30",
+    "join_timeout": "600",
+    "keep_alive_interval": "5",
+    "keep_alive_max_attempt": "3",
+}
+# Kinds whose node leaves the job: its agent's keep-alive stops, and torch drops it from the rendezvous only once it
+# is keep_alive_interval × keep_alive_max_attempt old (detection); the new round then has fewer nodes than the job's
+# most, so it waits last_call_timeout before it completes (rendezvous).
+NODE_LEAVES = ("kill-node", "stop-node", "partition", "kill-agent")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +211,8 @@ class KindCost:
     # The slow start after it: the steps the first THROUGHPUT_WINDOW_S seconds after the recovery fell short of the
     # window before the fault, as seconds of training (a restarted job's first steps are slower: warm-up).
     slow_s: float = 0.0
+    # The phases moved from the vet's settings to the forecast's (at_settings), a line each; () where none was.
+    modelled: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("recovery_s", "slow_s"):
@@ -228,8 +244,13 @@ class Measurements:
     nodes: int = 1
     gpus_per_node: int = 1
     saves_seen: int = 0
+    saves_timed: int = 0  # the saves δ is the median of (per saved step, the slowest rank's)
+    save_how: str = ""  # how those saves were written: the instrumented call and a file, e.g. "os.replace onto /ckpt/x"
     settings: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the rdzv_conf the vet ran with
     source: str = ""
+    max_nodes: int | None = None  # the job's most nodes (torchrun --nnodes MIN:MAX): a round below it waits last call
+    # The settings the kinds' costs are at (at_settings): None, the vet's own (`settings`).
+    at: Mapping[str, str] | None = None
     given: frozenset[str] = frozenset()  # the fields the user gave instead of the vet's (save_s, interval_steps)
 
     def __post_init__(self) -> None:
@@ -277,15 +298,19 @@ def step_seconds(run: RunModel) -> float | None:
 
 
 def save_costs(run: RunModel) -> tuple[list[float], list[int]]:
-    """(the seconds each save blocked training: per saved step, the slowest rank's; the saved steps)."""
+    """(the seconds each save blocked training: per saved step, the slowest rank's; the saved steps). A save whose
+    record holds no step (an optimizer that keeps none, as SGD) saved the step the job had reached when it began."""
     by_step: dict[int, float] = {}
     steps = set()
     for write in run.checkpoint_writes:
-        if write.step is None:
+        step = write.step
+        if step is None and isinstance(write, WorkerRecord) and run.steps_known:
+            step = _step_at(run, write.began if write.began is not None else write.t)
+        if step is None:
             continue
-        steps.add(write.step)
+        steps.add(step)
         if isinstance(write, WorkerRecord) and write.seconds is not None:
-            by_step[write.step] = max(by_step.get(write.step, 0.0), write.seconds)
+            by_step[step] = max(by_step.get(step, 0.0), write.seconds)
     return list(by_step.values()), sorted(steps)
 
 
@@ -307,26 +332,59 @@ def run_settings(records: Iterable[Any]) -> dict[str, str]:
 
 
 def slow_start(fault: Mapping[str, Any], window_s: float) -> float:
-    """Seconds of training a fault's slow start cost: the window after its recovery at the throughput measured
-    there, short of the throughput before it (0 where it was as fast, or either is unknown)."""
+    """Seconds of training a fault's slow start cost: the `window_s` seconds its throughput after the recovery was
+    measured over, at that throughput, short of the throughput before it (0 where it was as fast, or either is
+    unknown)."""
     before, after = fault.get("throughput_before"), fault.get("throughput_after")
     if not before or after is None or after >= before:
         return 0.0
     return round(window_s * (1 - after / before), 3)
 
 
+def after_window(run: RunModel, first_step: float) -> float:
+    """The seconds of training the throughput after a recovery was measured over (sim.verdict.recovery's throughput:
+    rank 0's progress in THROUGHPUT_WINDOW_S from the first step, cohort by cohort): the whole window, or less where
+    the next fault or the run's end came first. The vet strikes again as soon as the job is steady, a second or two
+    after the first step: a slow start measured there is the first seconds' only, the slowest, not the window's."""
+    end = first_step + THROUGHPUT_WINDOW_S
+    spans: dict[int, list[float]] = {}
+    for beat in run.progress[bisect.bisect_left(run.progress_times, first_step) :]:
+        if beat.t >= end:
+            break
+        if beat.rank in (0, None):
+            spans.setdefault(run.cohort_index(beat.t), []).append(beat.t)
+    return sum(times[-1] - times[0] for times in spans.values())
+
+
+def after_windows(vet: Mapping[str, Any], runs: Sequence[RunModel]) -> dict[float, float]:
+    """For each of the vet's faults (by its invoke time, vet.json's t_fault) whose recovery its runs show, the seconds
+    its throughput after was measured over (after_window). A fault not found there: its vet.json window, from its
+    first step (t_fault + recovery_s, to within its own ok) to its end (t_end: the next fault, the run's end)."""
+    found = {}
+    invoked = {f.get("t_fault") for f in vet.get("faults", ())}
+    for run in runs:
+        for r in recoveries(run):
+            if r.fault.t_invoke in invoked and r.first_progress is not None:
+                found[r.fault.t_invoke] = after_window(run, r.first_progress.t)
+    for f in vet.get("faults", ()):
+        t, end, recovery = f.get("t_fault"), f.get("t_end"), f.get("recovery_s")
+        if t not in found and None not in (t, end, recovery):
+            found[t] = min(THROUGHPUT_WINDOW_S, max(0.0, end - t - recovery))
+    return found
+
+
 def measurements_from(vet: Mapping[str, Any], runs: Sequence[RunModel], source: str = "") -> Measurements:
     """The measurements in a vet's result (vet.json's dict) and its runs' models: pure."""
     kinds = []
+    windows = after_windows(vet, runs)
     for f in vet.get("faults", ()):
         if f.get("outcome") != "survived" or f.get("recovery_s") is None or f.get("solo"):
             continue
         lost = f.get("steps_lost")
         restarted = bool(f.get("restarts")) or bool(lost)
         phases = dict(f.get("phases") or {})
-        kinds.append(
-            KindCost(f["kind"], float(f["recovery_s"]), phases, lost, restarted, slow_start(f, THROUGHPUT_WINDOW_S))
-        )
+        slow = slow_start(f, windows.get(f.get("t_fault"), THROUGHPUT_WINDOW_S))
+        kinds.append(KindCost(f["kind"], float(f["recovery_s"]), phases, lost, restarted, slow))
     step_times = [s for s in (step_seconds(run) for run in runs) if s is not None]
     if not step_times:
         raise UsageError(f"{source or 'the vet'}: its runs show no training steps; vet a job that steps")
@@ -334,9 +392,16 @@ def measurements_from(vet: Mapping[str, Any], runs: Sequence[RunModel], source: 
     intervals = []
     seen = 0
     settings: dict[str, str] = {}
+    max_nodes = None
+    how = ""
     for run in runs:
+        max_nodes = max_nodes or run.spec_fields.max_nodes
         costs, steps = save_costs(run)
         saves += costs
+        timed = [w for w in run.checkpoint_writes if isinstance(w, WorkerRecord) and w.seconds is not None]
+        if timed and not how:
+            op = statistics.mode(w.op for w in timed)
+            how = f"{op} onto {next(w.path for w in timed if w.op == op)}"
         seen += len(steps)
         interval = interval_of(steps)
         if interval is not None:
@@ -350,8 +415,11 @@ def measurements_from(vet: Mapping[str, Any], runs: Sequence[RunModel], source: 
         nodes=int(vet.get("nodes") or 1),
         gpus_per_node=int(vet.get("nproc_per_node") or 1),
         saves_seen=seen,
+        saves_timed=len(saves),
+        save_how=how,
         settings=settings,
         source=source,
+        max_nodes=max_nodes,
     )
 
 
@@ -392,6 +460,73 @@ def with_given(m: Measurements, save_s: float | None = None, interval_steps: flo
         name: value for name, value in (("save_s", save_s), ("interval_steps", interval_steps)) if value is not None
     }
     return dataclasses.replace(m, **given, given=m.given | frozenset(given)) if given else m
+
+
+def waits(settings: Mapping[str, str]) -> tuple[float, float]:
+    """(the last call, the keep-alive expiry: interval × attempts) in seconds under `settings`, torch's defaults
+    for what they do not set."""
+
+    def get(key: str) -> float:
+        return float(settings.get(key, TORCH_DEFAULTS[key]))
+
+    return get("last_call_timeout"), get("keep_alive_interval") * get("keep_alive_max_attempt")
+
+
+def settings_words(settings: Mapping[str, str]) -> str:
+    """The settings that fix the waits, each with torch's default where it differs."""
+    said = []
+    for key in ("last_call_timeout", "keep_alive_interval", "keep_alive_max_attempt"):
+        value = settings.get(key, TORCH_DEFAULTS[key])
+        said.append(
+            f"{key}={value}" + (f" (torch's default {TORCH_DEFAULTS[key]})" if value != TORCH_DEFAULTS[key] else "")
+        )
+    return ", ".join(said)
+
+
+def at_settings(m: Measurements, target: Mapping[str, str]) -> Measurements:
+    """`m` with each kind's setting-driven phases moved from the vet's settings to `target`'s (missing keys: the
+    vet's). A round below the job's most nodes (a kind whose node leaves, or a vet below --max-nodes) waits the last
+    call: its rendezvous moves by the last calls' difference; a node that leaves is dropped after its keep-alive
+    expires: its detection moves by the expiries' difference. Each move is named in the kind's `modelled`."""
+    target = {**m.settings, **target}
+    (call_v, alive_v), (call_t, alive_t) = waits(m.settings), waits(target)
+    kinds = []
+    for cost in m.kinds:
+        leaves = cost.kind in NODE_LEAVES
+        below = leaves or (m.max_nodes is not None and m.nodes < m.max_nodes)
+        moves = []
+        if below and call_t != call_v:
+            moves.append(("rendezvous_s", call_t - call_v, f"last call {call_v:g} s -> {call_t:g} s"))
+        if leaves and alive_t != alive_v:
+            moves.append(("detection_s", alive_t - alive_v, f"keep-alive expiry {alive_v:g} s -> {alive_t:g} s"))
+        phases, recovery, notes = dict(cost.phases), cost.recovery_s, []
+        for phase, delta, why in moves:
+            measured = phases.get(phase)
+            if measured is not None:  # the wait is in this phase: it cannot go below zero
+                phases[phase] = round(max(0.0, measured + delta), 3)
+                delta = phases[phase] - measured
+            recovery = round(max(0.0, recovery + delta), 3)
+            was = "?" if measured is None else f"{measured:.1f}"
+            now = "?" if measured is None else f"{phases[phase]:.1f}"
+            notes.append(f"{phase.removesuffix('_s')} {was} s measured -> {now} s modelled ({why})")
+        kinds.append(dataclasses.replace(cost, phases=phases, recovery_s=recovery, modelled=tuple(notes)))
+    return dataclasses.replace(m, kinds=tuple(kinds), at=target)
+
+
+def parse_settings(text: str) -> dict[str, str]:
+    """`--rdzv-conf`: "torch-defaults" or k=v pairs of SETTING_KEYS, whole seconds (or attempts)."""
+    if text.strip() == "torch-defaults":
+        return dict(TORCH_DEFAULTS)
+    settings = {}
+    for item in text.split(","):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or key not in SETTING_KEYS or not value.isdigit() or int(value) < 1:
+            raise UsageError(
+                f"--rdzv-conf {text!r}: {item.strip()!r} is not one of {', '.join(SETTING_KEYS)} = a whole number "
+                "of 1 or more; use e.g. --rdzv-conf last_call_timeout=30,keep_alive_interval=5, or torch-defaults"
+            )
+        settings[key] = value
+    return settings
 
 
 def measure_vet(vet: Mapping[str, Any], base: Path, source: str) -> Measurements:
@@ -481,8 +616,12 @@ class Forecast:
                 "interval_steps": m.interval_steps,
                 "interval_s": m.interval_s,
                 "saves_seen": m.saves_seen,
+                "saves_timed": m.saves_timed,
+                "save_how": m.save_how,
                 "given": sorted(m.given),
                 "settings": dict(m.settings),
+                "forecast_settings": None if m.at is None else dict(m.at),
+                "torch_defaults": dict(TORCH_DEFAULTS),
                 "kinds": [dataclasses.asdict(k) for k in m.kinds],
                 "vet_nodes": m.nodes,
             },
@@ -584,7 +723,6 @@ def levers(scale: ScaleForecast, per_s: Mapping[str, float], costs: Mapping[str,
 
 
 def assumptions(m: Measurements, rates: FailureRates, vet_nodes: int) -> tuple[str, ...]:
-    settings = ", ".join(f"{k}={v}" for k, v in m.settings.items()) or "torch's defaults"
     said = [
         f"failure rates: {rates.source}; a node fails once every {rates.node_mtbf_h / 24:.0f} days on average",
         "failures are independent and arrive at a constant rate (exponential), each node alike",
@@ -599,9 +737,11 @@ def assumptions(m: Measurements, rates: FailureRates, vet_nodes: int) -> tuple[s
             "give --save-cost, or vet the job saving more often"
         )
     else:
+        how = f" ({m.save_how}, ...)" if m.save_how else ""
         said.append(
-            f"save cost δ {m.save_s:.3f} s: measured (the slowest rank's torch.save, the median of "
-            f"{m.saves_seen} save{'' if m.saves_seen == 1 else 's'})"
+            f"save cost δ {m.save_s:.3f} s: measured by the instrumentation around the script's own saves (its "
+            "torch.save or DCP save, to the rename that publishes it where it writes atomically), the slowest "
+            f"rank's, the median of {m.saves_timed} save{'' if m.saves_timed == 1 else 's'}{how}"
         )
     if "interval_steps" in m.given:
         said.append(f"checkpoint interval τ {m.interval_steps:g} steps = {m.interval_s:.1f} s: GIVEN (--ckpt-every)")
@@ -616,16 +756,37 @@ def assumptions(m: Measurements, rates: FailureRates, vet_nodes: int) -> tuple[s
             "between the saved steps; one saved step: that step, the job saving at its multiples)"
         )
     said.append(
-        f"recovery times measured on {vet_nodes} nodes here, under rdzv settings {settings}; their phases "
-        "detection and rendezvous are set by those settings and kept as measured; worker start, pg init, "
-        "checkpoint load and first step grow with the job: measured at small scale, so a lower bound at scale"
+        f"recovery times measured on {vet_nodes} nodes here, under the vet's rdzv settings "
+        f"{settings_words(m.settings)}. Their waits are set by torch's settings: a round below the job's most nodes "
+        "(a node left) waits last_call_timeout (rendezvous); a node that leaves is dropped once its keep-alive "
+        "(keep_alive_interval × keep_alive_max_attempt) expires (detection). Worker start, pg init, checkpoint load "
+        "and first step grow with the job: measured at small scale, so a lower bound at scale"
     )
+    if m.at is None:
+        said.append(
+            "forecast at the vet's own rdzv settings (the job at scale run with them); at others: --rdzv-conf, "
+            "e.g. --rdzv-conf torch-defaults"
+        )
+    else:
+        moved = [f"{k.kind}: {line}" for k in m.kinds for line in k.modelled]
+        said.append(
+            f"forecast at rdzv settings {settings_words(m.at)}, not the vet's: "
+            + ("; ".join(moved) if moved else "no measured phase waits on a setting that differs")
+        )
     return tuple(said)
 
 
 def forecast(
-    m: Measurements, rates: FailureRates, nodes: Sequence[int] = DEFAULT_SCALES, gpus_per_node: int = 8
+    m: Measurements,
+    rates: FailureRates,
+    nodes: Sequence[int] = DEFAULT_SCALES,
+    gpus_per_node: int = 8,
+    settings: Mapping[str, str] | None = None,
 ) -> Forecast:
+    """The forecast at each of `nodes`; at the rdzv `settings` given (their setting-driven phases moved: at_settings),
+    else at the vet's own."""
+    if settings is not None:
+        m = at_settings(m, settings)
     scales = tuple(forecast_scale(m, rates, n, gpus_per_node) for n in nodes)
     said = list(assumptions(m, rates, m.nodes))
     used = sorted({(k.kind, k.stand_in) for s in scales for k in s.kinds if k.stand_in})
@@ -670,7 +831,15 @@ def render(f: Forecast, width: int = 118) -> str:
         + ", interval τ "
         + ("-" if m.interval_s is None else f"{m.interval_steps:g} steps = {m.interval_s:.1f} s"),
     ]
-    lines.append("  phases in s: [S] set by torch's settings, kept as measured; [G] grows with the job, a lower bound")
+    at = "the vet's" if m.at is None else "the forecast's: modelled where they differ from the vet's"
+    said = [
+        f"phases in s: [S] set by torch's settings, at {at}; [G] grows with the job, measured: a lower bound",
+        f"the vet's rdzv settings: {settings_words(m.settings)}",
+    ]
+    if m.at is not None:
+        said.append(f"the forecast's rdzv settings: {settings_words(m.at)}")
+    for line in said:
+        lines += textwrap.wrap(line, width, initial_indent="  ", subsequent_indent="    ")
     tags = {"settings": "S", "grows": "G"}
     for k in m.kinds:
         phases = ", ".join(
@@ -682,6 +851,8 @@ def render(f: Forecast, width: int = 118) -> str:
         lines += textwrap.wrap(
             f"{said} ({phases or 'no phases'})", width, initial_indent="  ", subsequent_indent="    "
         )
+        for line in k.modelled:
+            lines += textwrap.wrap(f"modelled: {line}", width, initial_indent="    ", subsequent_indent="      ")
     head = (
         f"{'nodes':>6} {'GPUs':>6} {'int/day':>8} {'MTBF':>8} {'restarts':>9} {'re-done':>8} {'ckpt':>6} "
         f"{'goodput':>8} {'τ*':>7} {'at τ*':>7}"
@@ -745,6 +916,7 @@ def render_html(f: Forecast) -> str:
                 for p, v in k.phases.items()
                 if v is not None and p in PHASE_NATURE
             )
+            + "".join(f"; modelled: {line}" for line in k.modelled)
         )
         + "</td></tr>"
         for k in f.measurements.kinds
@@ -776,6 +948,10 @@ class SoakMeasure:
     # slow start (None: none measured). The model given these tells its own error from its inputs'.
     recovery_s: float | None = None
     slow_s: float | None = None
+    # Their phases, each the mean over the recoveries that show it, and the slowest recovery: where the soak's
+    # recoveries differ from the vet's is seen phase by phase (waits on settings, or work on a shared CPU).
+    phases: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    slowest_s: float | None = None
 
     @property
     def goodput(self) -> float:
@@ -783,8 +959,6 @@ class SoakMeasure:
 
 
 def _step_at(run: RunModel, t: float) -> int | None:
-    import bisect
-
     index = bisect.bisect_left(run.progress_times, t)
     return run.progress[index - 1].step if index > 0 else None
 
@@ -800,9 +974,14 @@ def soak_measure(run: RunModel) -> SoakMeasure:
     step_s = step_seconds(run)
     if first is None or last is None or step_s is None:
         raise UsageError("the soak's history shows no training steps around its faults: nothing to measure")
-    inside = [r.public() for r in recoveries(run) if begin <= r.fault.t_invoke < end]
-    times = [r.recovery_s for r in inside if r.recovery_s is not None]
-    slow = [slow_start(dataclasses.asdict(r), THROUGHPUT_WINDOW_S) for r in inside if r.recovery_s is not None]
+    inside = [r for r in recoveries(run) if begin <= r.fault.t_invoke < end and r.first_progress is not None]
+    times = [r.public().recovery_s for r in inside]
+    slow = [slow_start(dataclasses.asdict(r.public()), after_window(run, r.first_progress.t)) for r in inside]
+    phases = {}
+    for phase in PHASES:
+        values = [getattr(r.phases, phase) for r in inside if getattr(r.phases, phase) is not None]
+        if values:
+            phases[phase] = round(statistics.mean(values), 3)
     return SoakMeasure(
         end - begin,
         len(invokes) - 1,
@@ -810,6 +989,8 @@ def soak_measure(run: RunModel) -> SoakMeasure:
         step_s,
         statistics.mean(times) if times else None,
         statistics.mean(slow) if slow else None,
+        phases,
+        max(times, default=None),
     )
 
 

@@ -1,8 +1,9 @@
 """`sim forecast --check`: the forecast at the vet's own scale against a real soak of the same job.
 
-The soak: the vet's job (its first run's spec), steady, then one fault of a kind the vet measured every
-`every_s` seconds on average (seeded gaps between half and one and a half times that, so the faults land
-anywhere in the checkpoint cycle), on a random node (seeded), for `duration_s`. Its goodput (sim.vet.forecast's
+The soak: the vet's job (its first run's spec), steady, then one fault of a kind the vet measured `every_s`
+seconds on average after the job recovered from the one before (seeded gaps between half and one and a half times
+that, so the faults land anywhere in the checkpoint cycle), on a random node (seeded), until the gaps fill
+`duration_s`. Its goodput (sim.vet.forecast's
 soak_measure) is set beside the model's for that rate (soak_prediction).
 """
 
@@ -21,7 +22,7 @@ from sim.scenarios.scenario import Expectation, Scenario, Step, Trigger
 from sim.verdict.checkers import CHECKS_FOR
 from sim.verdict.runfolder import ENDING_CHECKS
 from sim.verdict.runmodel import RunModel
-from sim.vet.forecast import Measurements, Shares, SoakMeasure, soak_measure, soak_prediction
+from sim.vet.forecast import KindCost, Measurements, Shares, SoakMeasure, soak_measure, soak_prediction
 from sim.vet.gauntlet import STEP_BUDGET_S, VET_PROFILE
 
 TOLERANCE = 0.10  # the model must come within 10 % of the measured goodput
@@ -37,6 +38,7 @@ class CheckResult:
     predicted: Shares
     run_dir: str
     given_soak: Shares | None = None  # the model given the soak's own recoveries: its error apart from its inputs'
+    vet_cost: KindCost | None = None  # what the vet measured of the kind (its phases beside the soak's)
 
     @property
     def error(self) -> float:
@@ -56,6 +58,7 @@ class CheckResult:
             "predicted": dataclasses.asdict(self.predicted),
             "error": self.error,
             "given_soak_recoveries": None if self.given_soak is None else dataclasses.asdict(self.given_soak),
+            "vet_cost": None if self.vet_cost is None else dataclasses.asdict(self.vet_cost),
             "within": self.within,
             "tolerance": TOLERANCE,
             "run_dir": self.run_dir,
@@ -79,10 +82,17 @@ class CheckResult:
         if g is None or m.recovery_s is None:
             return ""
         apart = (g.goodput - m.goodput) / m.goodput
+        vet = self.vet_cost
+        by_phase = ", ".join(
+            f"{p.removesuffix('_s')} {vet.phases[p]:.1f} -> {v:.1f}"
+            for p, v in m.phases.items()
+            if vet is not None and vet.phases.get(p) is not None
+        )
         return (
             f"\n  the vet measured this kind's recovery once; the soak's own recoveries averaged {m.recovery_s:.1f} s "
-            f"+ {m.slow_s or 0:.1f} s slow start: given those, the model says {100 * g.goodput:.1f} % "
-            f"({100 * apart:+.1f} %)"
+            f"(the slowest {m.slowest_s or 0:.1f} s) + {m.slow_s or 0:.1f} s slow start: given those, the model says "
+            f"{100 * g.goodput:.1f} % ({100 * apart:+.1f} %)"
+            + (f"\n  phases in s, the vet's -> the soak's mean: {by_phase}" if by_phase else "")
         )
 
 
@@ -99,13 +109,16 @@ def vet_job(vet: dict, vet_dir: Path) -> ClusterSpec:
 def soak_scenario(
     world: int, kind: str, every_s: float, duration_s: float, seed: int, backend: str = "etcd-v2"
 ) -> Scenario:
-    """Steady first, then a fault every `every_s` on average (seeded gaps) until `duration_s` is filled."""
+    """Steady first, then a fault `every_s` on average (seeded gaps) after the job has recovered from the one
+    before, until the gaps fill `duration_s`. Each fault strikes a training job, as the model takes it (at scale a
+    job fails every few hours and recovers in a minute): a fault timed from the one before could land inside its
+    recovery, where its cost is not its own (seen: a 59 s "recovery" that held the next fault's)."""
     rng = random.Random(seed)
     gaps: list[float] = []
     while sum(gaps) < duration_s:
         gaps.append(round(rng.uniform(0.5, 1.5) * every_s, 1))
     steps = [Step(kind, {"target": "random"}, Trigger("recovered", world))]
-    steps += [Step(kind, {"target": "random"}, Trigger("after", gap)) for gap in gaps]
+    steps += [Step(kind, {"target": "random"}, Trigger("recovered", world, lag_s=gap)) for gap in gaps]
     checkers = tuple(c for c in CHECKS_FOR["recovers"] if c not in ENDING_CHECKS)
     return Scenario(
         "forecast-soak",
@@ -115,8 +128,9 @@ def soak_scenario(
         seed=seed,
         steps=tuple(steps),
         expect=Expectation({backend: "recovers"}, checkers=checkers),
-        # The run's bound counts from before the cluster's start, which may wait on other clusters' image builds.
-        timeout_s=duration_s * 1.5 + STEP_BUDGET_S * 3 + START_ALLOWANCE_S,
+        # The run's bound counts from before the cluster's start, which may wait on other clusters' image builds;
+        # each fault's recovery comes on top of the gaps.
+        timeout_s=duration_s * 1.5 + STEP_BUDGET_S * (3 + len(gaps)) + START_ALLOWANCE_S,
     )
 
 
@@ -177,4 +191,4 @@ def judge(m: Measurements, kind: str, every_s: float, seed: int, run: RunModel, 
     if measured.recovery_s is not None:
         own = dataclasses.replace(m.cost(kind)[0], recovery_s=measured.recovery_s, slow_s=measured.slow_s or 0.0)
         given = soak_prediction(m, kind, measured.faults, measured.window_s, own)
-    return CheckResult(kind, every_s, seed, measured, predicted, run_dir, given)
+    return CheckResult(kind, every_s, seed, measured, predicted, run_dir, given, m.cost(kind)[0])

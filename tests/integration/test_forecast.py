@@ -41,6 +41,7 @@ def test_vet_forecast_measures_the_saves_and_steps_of_a_plain_script_and_forecas
     measured = data["forecast"]["measured"]
     assert measured["interval_steps"] == 10, measured
     assert 0 < measured["save_s"] < 5, measured  # torch.save + fsync + rename of a small model, measured
+    assert measured["save_how"].startswith("os.replace onto ") and measured["saves_timed"] >= 1, measured
     assert 0.1 <= measured["step_s"] < 1.0, measured  # --step-time 0.1 plus the step
     assert [k["kind"] for k in measured["kinds"]] == ["kill-worker"]
     scales = data["forecast"]["scales"]
@@ -49,7 +50,21 @@ def test_vet_forecast_measures_the_saves_and_steps_of_a_plain_script_and_forecas
     assert "biggest lever:" in result.stdout and "Llama 3" in result.stdout
     assert "Forecast at scale" in (tmp_path / "vet.html").read_text()
 
-    again = run_sim("forecast", str(tmp_path), "--nodes", "512", "--mtbf-node", "100d", "--out", str(tmp_path / "f"))
+    again = run_sim(
+        "forecast",
+        str(tmp_path),
+        "--nodes",
+        "512",
+        "--mtbf-node",
+        "100d",
+        "--rdzv-conf",
+        "torch-defaults",
+        "--out",
+        str(tmp_path / "f"),
+    )
     assert again.returncode == 0, again.stdout + again.stderr
-    (scale,) = json.loads((tmp_path / "f" / "forecast.json").read_text())["scales"]
+    made = json.loads((tmp_path / "f" / "forecast.json").read_text())
+    (scale,) = made["scales"]
     assert abs(scale["per_day"] - 5.12) < 1e-9  # 512 nodes, each failing once in 100 days
+    assert made["measured"]["forecast_settings"]["last_call_timeout"] == "30"  # torch's, named beside the vet's
+    assert "last_call_timeout=2 (torch's default 30)" in again.stdout

@@ -3,6 +3,7 @@ rates, and the measurements read from captured vet histories."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -181,7 +182,8 @@ def test_measurements_come_from_the_vets_histories_saves_steps_and_settings():
     assert m.interval_steps == 10  # fixed_name_ckpt.py's --ckpt-every default
     assert 0.1 <= m.step_s < 0.12  # its --step-time 0.1 plus the step itself
     assert 0.0005 < m.save_s < 0.01  # a small model's torch.save, fsync and rename
-    assert m.saves_seen == 40
+    assert m.saves_seen == 40 and m.saves_timed == 40
+    assert m.save_how.startswith("os.replace onto ") and m.save_how.endswith("checkpoint.pt")  # traceable
     assert m.settings["last_call_timeout"] == "2"
 
 
@@ -308,6 +310,8 @@ def test_check_refuses_a_vet_that_saw_no_save_before_anything_starts():
         (["--check", "--every", "2s"], "--every 2s: too often to recover in between"),
         (["--check", "--soak", "1m"], "--soak 60s: shorter than two faults"),
         (["--check", "--check-kind", "partition"], "--check-kind partition: the vet did not measure it"),
+        (["--rdzv-conf", "last_call=30"], "--rdzv-conf 'last_call=30': 'last_call=30' is not one of"),
+        (["--rdzv-conf", "keep_alive_interval=0"], "--rdzv-conf 'keep_alive_interval=0'"),
     ],
 )
 def test_sim_forecast_bad_input_is_one_line_and_exit_2(argv, words, tmp_path, capsys, monkeypatch):
@@ -353,4 +357,134 @@ def test_the_check_judges_the_vets_forecast_and_the_model_given_the_soaks_own_re
     assert checked.given_soak.goodput == pytest.approx(0.568)
     line = checked.line()
     assert "goodput measured 80.0 %" in line and "forecast 76.0 %" in line and "-5.0 %, within 10 %" in line
-    assert "given those, the model says 56.8 % (-29.0 %)" in line
+    assert "given those, the model says 56.8 % (-29.0 %)" in line and "(the slowest 5.8 s)" in line
+
+
+def test_each_soak_fault_strikes_a_training_job_a_seeded_gap_after_the_last_recovery():
+    """A fault timed from the one before may land inside its recovery (seen: a 59 s "recovery" holding the next
+    fault's), a cost the model does not charge that way: every fault waits for the job to be steady again."""
+    from sim.vet.forecast_check import soak_scenario
+
+    scenario = soak_scenario(6, "kill-worker", 60, 600, seed=3)
+    first, *rest = scenario.steps
+    assert (first.trigger.kind, first.trigger.value, first.trigger.lag_s) == ("recovered", 6, 0.0)
+    assert rest and all(s.trigger.kind == "recovered" and s.trigger.value == 6 for s in rest)
+    gaps = [s.trigger.lag_s for s in rest]
+    assert all(30 <= g <= 90 for g in gaps) and sum(gaps[:-1]) < 600 <= sum(gaps)
+    assert gaps == [s.trigger.lag_s for s in soak_scenario(6, "kill-worker", 60, 600, seed=3).steps[1:]]
+
+
+def test_the_shipped_trainers_saves_are_measured_though_its_sgd_keeps_no_step():
+    """The trainer's torch.save into its temp file, renamed into place: the instrumentation's save record carries no
+    step (SGD's state holds none), so it is the step the job had reached when the save began: 10, 20, 30."""
+    from sim.vet.forecast import save_costs
+
+    from .histories import HistoryBuilder
+
+    b = HistoryBuilder(nodes=2, nproc=1, steps=30, ckpt=10)
+    b.start_workers()
+    b.train(30, step_s=0.5)
+    for line in [r for r in b.records if r.get("kind") == "checkpoint"]:
+        b.records.append(
+            {
+                "t": line["t"] + 0.041,  # its rename; the save began after the step's progress line
+                "type": "worker",
+                "node": "node0",
+                "event": "save",
+                "rank": 0,
+                "local_rank": 0,
+                "world_size": 2,
+                "restart": 0,
+                "pid": 19,
+                "run_id": "sim",
+                "op": "os.replace",
+                "path": line["path"],
+                "began": line["t"] + 0.001,
+                "seconds": 0.04,
+                "n": line["step"],
+            }
+        )
+    seconds, steps = save_costs(b.model())
+    assert steps == [10, 20, 30] and seconds == pytest.approx([0.04, 0.04, 0.04])
+
+
+# By hand: the vet ran the fast profile (last call 2 s, keep-alive 1 s × 3 = 3 s) on 3 of at most 3 nodes.
+# At torch's defaults (last call 30 s, keep-alive 5 s × 3 = 15 s):
+#   kill-worker: every node stays, the round is full: nothing waits a setting: 10.0 s as measured
+#   kill-node:   its node leaves: rendezvous 2.5 + (30 - 2) = 30.5 s, detection 3.0 + (15 - 3) = 15.0 s,
+#                recovery 12.0 + 28 + 12 = 52.0 s
+#   at 100 nodes, a node loss every 10 h (1/36000 per s): restarts 52 / 36000 = 0.00144444
+FAST = {"last_call_timeout": "2", "join_timeout": "120", "keep_alive_interval": "1", "keep_alive_max_attempt": "3"}
+SETTINGS_HAND = Measurements(
+    step_s=1.0,
+    kinds=(
+        KindCost("kill-worker", 10.0, {"detection_s": 1.0, "rendezvous_s": 1.0, "worker_start_s": 8.0}, 5),
+        KindCost("kill-node", 12.0, {"detection_s": 3.0, "rendezvous_s": 2.5, "worker_start_s": 6.5}, 5),
+    ),
+    save_s=1.0,
+    interval_steps=100,
+    nodes=3,
+    max_nodes=3,
+    settings=FAST,
+)
+
+
+def test_the_phases_torchs_settings_fix_are_moved_to_the_settings_forecast_at():
+    from sim.vet.forecast import TORCH_DEFAULTS, at_settings, parse_settings
+
+    assert parse_settings("torch-defaults") == TORCH_DEFAULTS
+    assert TORCH_DEFAULTS["last_call_timeout"] == "30" and TORCH_DEFAULTS["keep_alive_interval"] == "5"
+    worker, node = at_settings(SETTINGS_HAND, TORCH_DEFAULTS).kinds
+    assert (worker.recovery_s, worker.phases, worker.modelled) == (10.0, SETTINGS_HAND.kinds[0].phases, ())
+    assert node.recovery_s == pytest.approx(52.0)
+    assert node.phases == {"detection_s": 15.0, "rendezvous_s": 30.5, "worker_start_s": 6.5}
+    assert node.modelled == (
+        "rendezvous 2.5 s measured -> 30.5 s modelled (last call 2 s -> 30 s)",
+        "detection 3.0 s measured -> 15.0 s modelled (keep-alive expiry 3 s -> 15 s)",
+    )
+    # Only the last call given: the keep-alive stays the vet's; a wait cannot take a phase below zero.
+    (_, node) = at_settings(SETTINGS_HAND, parse_settings("last_call_timeout=1")).kinds
+    assert node.recovery_s == pytest.approx(11.0) and node.phases["detection_s"] == 3.0
+    # A vet below its most nodes waits the last call in every round, a worker crash's too.
+    below = at_settings(dataclasses.replace(SETTINGS_HAND, max_nodes=4), TORCH_DEFAULTS)
+    assert below.kinds[0].recovery_s == pytest.approx(38.0) and below.kinds[0].phases["rendezvous_s"] == 29.0
+    # The forecast at them: the moved recovery is what the model charges.
+    rates = FailureRates({"kill-node": 0.001}, "by hand")
+    made = forecast(SETTINGS_HAND, rates, (100,), 8, TORCH_DEFAULTS)
+    assert made.scales[0].shares.restarts == pytest.approx(52.0 / 36000)
+    assert forecast(SETTINGS_HAND, rates, (100,), 8).scales[0].shares.restarts == pytest.approx(12.0 / 36000)
+    text = render(made)
+    assert "last_call_timeout=2 (torch's default 30)" in text and "modelled: rendezvous 2.5 s measured" in text
+    assert made.as_dict()["measured"]["forecast_settings"] == TORCH_DEFAULTS
+
+
+def test_a_slow_start_counts_only_the_seconds_its_throughput_was_measured_over():
+    """The vet strikes again as soon as the job is steady: after node1's worker crash the job steps at 21, 22, 23
+    (0.5 s apart: 1.0 s of training measured) and node0's worker is killed. By hand: 2 steps/s before, 1 step/s
+    measured after; the old reading took that half speed for all of THROUGHPUT_WINDOW_S (10 s): 5.0 s lost; over
+    the 1.0 s measured it is 1.0 × (1 - 1/2) = 0.5 s."""
+    from sim.vet.forecast import THROUGHPUT_WINDOW_S, after_windows, slow_start
+
+    from .histories import HistoryBuilder
+
+    b = HistoryBuilder(nodes=2, nproc=1, steps=100)
+    b.start_workers()
+    b.train(20, step_s=0.5)
+    b.fault("kill-worker", "node1", take_s=0.4, node="node1")
+    invoked = next(r["t"] for r in reversed(b.records) if r.get("phase") == "invoke")
+    b.group_failure()
+    b.wait(1.0)
+    b.start_workers(resumed_from=20)
+    b.train(23, step_s=0.5)
+    b.wait(0.5)
+    b.fault("kill-worker", "node0", take_s=0.4, node="node0")
+    b.end()
+    run = b.model()
+    fault = {"kind": "kill-worker", "t_fault": invoked, "throughput_before": 2.0, "throughput_after": 1.0}
+    windows = after_windows({"faults": [fault]}, [run])
+    assert windows == {invoked: pytest.approx(1.0)}
+    assert slow_start(fault, THROUGHPUT_WINDOW_S) == 5.0  # the old reading
+    assert slow_start(fault, windows[invoked]) == pytest.approx(0.5)
+    # Without its run, vet.json's own times bound it: first step at t_fault + recovery_s, its end at t_end.
+    alone = {**fault, "recovery_s": 4.0, "t_end": invoked + 5.5}
+    assert after_windows({"faults": [alone]}, []) == {invoked: pytest.approx(1.5)}

@@ -173,6 +173,24 @@ def test_write_checkpoint_is_atomic_keeps_the_last_two_and_clears_stale_temp_fil
     assert [step for step, _ in train.list_checkpoints(str(ckpt_dir))] == [30, 20]
 
 
+def test_write_checkpoint_saves_with_torch_save_into_the_temp_file_it_then_renames(tmp_path, monkeypatch):
+    """A real job's save: torch.save into a file in the checkpoint directory, renamed into place (what the
+    instrumentation times as the save's cost), not into memory first."""
+    targets = []
+    save = torch.save
+
+    def spy(obj, f, *args, **kwargs):
+        targets.append(getattr(f, "name", f))
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", spy)
+    path = train.write_checkpoint(str(tmp_path), 10, training_state(10))
+    assert targets == [f"{path}.tmp.{os.getpid()}"]
+    step, _, state = train.find_latest_checkpoint(str(tmp_path), pytest.fail)
+    assert (step, state["step"]) == (10, 10)
+    assert train.decode_checkpoint(Path(path).read_bytes())["step"] == 10
+
+
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one_with_a_warning(tmp_path):
     for step in (10, 20):
         train.write_checkpoint(str(tmp_path), step, training_state(step))
