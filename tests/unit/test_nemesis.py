@@ -548,13 +548,29 @@ def test_kill_in_write_script_kills_the_worker_that_opens_a_file_for_writing(tmp
     assert run_script(nodescripts.KILL_IN_WRITE, tmp_path, 0.2, 9).returncode == nodescripts.NEVER_CAME
 
 
+def _rss_mib(pid: int) -> int:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) // 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+
+
 def test_hog_script_stops_once_the_worker_is_gone():
-    # The hog takes at most 8 MiB per 5 ms: 4 GiB is at least 2.5 s away, so a kill at 0.2 s that a loaded
-    # machine delays still lands first (with 1 GiB and 0.5 s the slack was 0.2 s, and it once ran out).
+    # The worker is killed once the hog is seen holding memory (not after a fixed delay: a loaded machine
+    # once took longer than 0.2 s to start the hog's interpreter, the worker was gone before its first
+    # allocation, and it held nothing). The hog takes at most 8 MiB per 5 ms: 4 GiB is at least 2.5 s away.
     worker = subprocess.Popen(["sleep", "30"])
-    threading.Timer(0.2, worker.kill).start()
-    done = json.loads(run_script(nodescripts.HOG, worker.pid, 2**32, 10).stdout)
+    hog = subprocess.Popen(
+        [sys.executable, "-c", nodescripts.HOG, str(worker.pid), str(2**32), "10"], stdout=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 20
+    while _rss_mib(hog.pid) < 64 and hog.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    worker.kill()
+    out, _ = hog.communicate(timeout=30)
     worker.wait()
+    done = json.loads(out)
     assert done["worker_died"] is True and 0 < done["allocated"] < 2**32
 
 
