@@ -32,6 +32,7 @@ from signal import SIGCONT, SIGSTOP
 import yaml
 
 from sim.core.errors import UsageError
+from sim.core.faultkinds import ChaosMesh, EndsHold, ExecTask, FaultKind, Held, K8sForm, PodChaos
 from sim.core.parse import go_duration
 from sim.core.spec import C10D_PORT, ENV_SHOWN_KEYS, ETCD_CLIENT_PORT, ClusterSpec, parse_size
 from sim.core.torchrun import torchrun_argv
@@ -689,6 +690,8 @@ open(HANG.format(pid=pid), 'a').close()
 print(json.dumps({'pid': pid}))
 """.replace("HANG", repr(nodescripts.COLLECTIVE_HANG_FILE))
 )
+# The scripts a kind's ExecTask names (sim/core/faultkinds), by name.
+POD_SCRIPTS = {"signal-worker": _SIGNAL_WORKER, "continue-workers": _CONT_WORKERS, "stall-worker": _STALL_WORKER}
 
 
 class _Workflow:
@@ -808,7 +811,7 @@ class _Workflow:
     def _holds(self, timeline: list[tuple[float, Step, int]]) -> dict[int, float | None]:
         """For each step without a duration that a later step ends (heal, unpause, start, resume-worker):
         how long it is held; None: to the end of the run."""
-        ends = {"heal": None, "unpause": "pause", "etcd-unpause": "etcd-pause", "resume-worker": "hang-worker"}
+        ends = {"heal": None, "unpause": "pause", "etcd-unpause": "etcd-pause"}
         starts = {"start-node": ("kill-node", "stop-node"), "etcd-start": ("etcd-kill",)}
         holds: dict[int, float | None] = {}
         for number, (at, step, _) in enumerate(timeline):
@@ -819,6 +822,9 @@ class _Workflow:
                 same = getattr(later.options, "target", None) in (None, target) or later.fault == "heal"
                 reversible = FAULTS[step.fault].reversible
                 if later.fault in ends and reversible and ends[later.fault] in (None, step.fault) and same:
+                    holds[number] = later_at - at
+                    break
+                if reversible and _undoes(FAULTS[later.fault].kind, FAULTS[step.fault].kind) and same:
                     holds[number] = later_at - at
                     break
                 if later.fault in starts and step.fault in starts[later.fault] and same:
@@ -838,14 +844,10 @@ class _Workflow:
         where = f"steps[{index}] ({step.fault}, line {step.line})"
         fault = step.fault
         act = FAULTS[fault].kind.act
-        if act is not None:  # a kind that declares its own Chaos Mesh form (sim/core/faultkinds)
-            mesh = act.k8s(o)
-            if mesh is not None:
-                self.note(f"{where}: {mesh.note}")
-                chaos = {"mode": "all", "selector": self._selector(mesh.target), **mesh.spec}
-                if mesh.in_container:
-                    chaos["containerNames"] = [self.container]
-                return [self._chaos(name, mesh.kind, chaos, held or run_s)]
+        if act is not None:  # a kind that declares its own Kubernetes form (sim/core/faultkinds)
+            form = act.k8s(o)
+            if form is not None:
+                return self._form(name, fault, where, form, held, run_s)
         if fault in ("kill-node", "stop-node", "etcd-kill"):
             target = ETCD if fault == "etcd-kill" else o.target
             if hold is not None or target == ETCD:
@@ -868,12 +870,6 @@ class _Workflow:
                 self.note(f"{where}: downtime {o.downtime:g}s as PodChaos pod-failure for that long.")
                 return [self._pod_chaos(name, o.target, "pod-failure", o.downtime)]
             return [self._pod_chaos(name, o.target, "pod-kill", None, {"gracePeriod": int(o.grace)})]
-        if fault == "kill-agent":
-            self.note(
-                f"{where}: PodChaos container-kill kills the whole container (agent and workers) and the kubelet "
-                "restarts it; locally only the agent is signalled and the node container stays."
-            )
-            return [self._pod_chaos(name, o.target, "container-kill", None, {"containerNames": [self.container]})]
         if fault == "etcd-restart":
             if o.downtime:
                 self.note(f"{where}: etcd-restart's downtime {o.downtime:g}s is not mapped (the container restarts).")
@@ -900,16 +896,6 @@ class _Workflow:
             stop = self._exec_task(f"{name}-stop", target, _SIGNAL_ALL, int(SIGSTOP))
             cont = self._exec_task(f"{name}-cont", target, _SIGNAL_ALL, int(SIGCONT))
             return self._held(name, stop, cont, held, run_s)
-        if fault == "hang-worker":
-            args = (int(SIGSTOP), _or(o.rank), _or(o.local_rank), self.seed)
-            stop = self._exec_task(f"{name}-stop", o.target, _SIGNAL_WORKER, *args, rank=o.rank)
-            cont = self._exec_task(f"{name}-cont", o.target, _CONT_WORKERS, rank=o.rank)
-            return self._held(name, stop, cont, held, run_s)
-        if fault == "kill-worker":
-            args = (int(o.signal), _or(o.rank), _or(o.local_rank), self.seed)
-            return [self._exec_task(name, o.target, _SIGNAL_WORKER, *args, rank=o.rank)]
-        if fault == "hang-collectives":
-            return [self._exec_task(name, o.target, _STALL_WORKER, self.seed)]
         if fault == "corrupt-checkpoint":
             return [self._exec_task(name, o.target, nodescripts.CORRUPT, o.dir, o.mode, self.seed)]
         if fault == "kill-during-checkpoint":
@@ -929,17 +915,6 @@ class _Workflow:
             target = self._selector(o.target)
             chaos = {"mode": "all", "selector": target, "stressors": {"cpu": {"workers": 1, "load": load}}}
             return [self._chaos(name, "StressChaos", chaos, held or run_s)]
-        if fault == "oom-worker":
-            self.note(
-                f"{where}: oom-worker as StressChaos memory (size 100%): the kernel's OOM killer picks its victim "
-                "in the pod, which may be the stressor rather than a worker; locally a memory limit is set first."
-            )
-            chaos = {
-                "mode": "all",
-                "selector": self._selector(o.target),
-                "stressors": {"memory": {"workers": 1, "size": "100%"}},
-            }
-            return [self._chaos(name, "StressChaos", chaos, INSTANT_S * 6)]
         if fault == "fill-disk":
             self.note(
                 f"{where}: fill-disk as IOChaos fault errno {ENOSPC} (ENOSPC) on every write under {o.dir}: "
@@ -974,7 +949,7 @@ class _Workflow:
                 "(gracefully, with the pods' terminationGracePeriodSeconds; abrupt and grace are not mapped)."
             )
             return [self._task(name, command)]
-        if fault in ("heal", "unpause", "etcd-unpause", "start-node", "etcd-start", "resume-worker"):
+        if fault in ("heal", "unpause", "etcd-unpause", "start-node", "etcd-start"):
             self.note(
                 f"{where}: {fault} ends the fault before it: that fault's template lasts until this step's time "
                 "(Chaos Mesh undoes a fault when its template's deadline passes); no template of its own."
@@ -985,6 +960,35 @@ class _Workflow:
             "(run it on a local cluster: `sim chaos run`)."
         )
         return []
+
+    def _form(self, name: str, fault: str, where: str, form: K8sForm, held: float | None, run_s: float) -> list[dict]:
+        """The templates of a kind's own Kubernetes form (sim/core/faultkinds), the first one the Serial runs."""
+        if isinstance(form, ChaosMesh):
+            self.note(f"{where}: {form.note}")
+            chaos = {"mode": "all", "selector": self._selector(form.target), **form.spec}
+            if form.in_container:
+                chaos["containerNames"] = [self.container]
+            return [self._chaos(name, form.kind, chaos, form.deadline_s or held or run_s)]
+        if isinstance(form, PodChaos):
+            self.note(f"{where}: {form.note}")
+            extra = {"containerNames": [self.container]} if form.in_container else {}
+            return [self._pod_chaos(name, form.target, form.action, None, extra)]
+        if isinstance(form, ExecTask):
+            return [self._form_task(name, form)]
+        if isinstance(form, Held):
+            start, end = self._form_task(f"{name}-stop", form.start), self._form_task(f"{name}-cont", form.end)
+            return self._held(name, start, end, held, run_s)
+        if isinstance(form, EndsHold):
+            self.note(
+                f"{where}: {fault} ends the fault before it: that fault's template lasts until this step's time "
+                "(Chaos Mesh undoes a fault when its template's deadline passes); no template of its own."
+            )
+            return []
+        raise TypeError(f"no Kubernetes export for {form!r}")  # pragma: no cover - a new form without its branch
+
+    def _form_task(self, name: str, task: ExecTask) -> dict:
+        args = (*task.args, self.seed) if task.seeded else task.args
+        return self._exec_task(name, task.target, POD_SCRIPTS[task.script], *args, rank=task.rank)
 
     # --- template builders
 
@@ -1173,8 +1177,9 @@ class _Workflow:
         return self._task(name, command, {"SCRIPT": script})
 
 
-def _or(value: int | None) -> int:
-    return -1 if value is None else value
+def _undoes(later: FaultKind, kind: FaultKind) -> bool:
+    """A converted kind that undoes another's faults in force (resume-worker: a hang-worker's)."""
+    return later.act is not None and later.undoes_in_force is not None and later.undoes_in_force == kind.in_force
 
 
 def _node_index(target: str, spec: ClusterSpec) -> int | None:

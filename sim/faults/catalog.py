@@ -17,7 +17,7 @@ from signal import SIGKILL, Signals
 from typing import TYPE_CHECKING, Any
 
 from sim.core.errors import FaultError, UsageError
-from sim.core.faultkinds import FAULT_KINDS, KINDS, PROVOCATIONS, FaultKind
+from sim.core.faultkinds import FAULT_KINDS, KINDS, PROVOCATIONS, FaultKind, process
 from sim.core.faultoptions import (
     CPUS,
     DIRECTORY,
@@ -95,28 +95,6 @@ class TargetOptions(FaultOptions):
 
 
 @dataclass(frozen=True)
-class WorkerOptions(FaultOptions):
-    """One worker: at random on a node, or by local rank there, or by global rank anywhere."""
-
-    target: str = option(NODE_TARGET, _NODE_TARGET_HELP, "random", positional=True)
-    rank: int | None = option(whole(0, 0), "the worker with this global rank, wherever it runs")
-    local_rank: int | None = option(whole(0, 0), "the worker with this local rank on the target node")
-
-    def problem(self) -> str | None:
-        return exactly_one(self, ("rank", "local_rank"), at_most=True)
-
-
-@dataclass(frozen=True)
-class KillWorkerOptions(WorkerOptions):
-    signal: Signals = option(SIGNAL, "KILL, TERM, SEGV, INT, ...", SIGKILL)
-
-
-@dataclass(frozen=True)
-class NodeOptions(FaultOptions):
-    target: str = option(NODE_TARGET, _NODE_TARGET_HELP, required=True, positional=True)
-
-
-@dataclass(frozen=True)
 class SlowOptions(FaultOptions):
     target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
     cpus: float = option(CPUS, "the CPU time it gets, in CPUs, e.g. 0.2 (a cgroup CPU quota)", required=True)
@@ -154,12 +132,6 @@ class InWriteOptions(FaultOptions):
 @dataclass(frozen=True)
 class KillInWriteOptions(InWriteOptions):
     signal: Signals = option(SIGNAL, "KILL, TERM, ...", SIGKILL)
-
-
-@dataclass(frozen=True)
-class KillAgentOptions(FaultOptions):
-    target: str = option(NODE_TARGET, _NODE_TARGET_HELP, required=True, positional=True)
-    signal: Signals = option(SIGNAL, "KILL: abrupt; TERM: torchrun's graceful path", SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -363,21 +335,23 @@ def _heal_result(nemesis: Nemesis, result: dict) -> dict:
     return nemesis.heal(fault_id)
 
 
+def _acting(kind: FaultKind) -> FaultEntry:
+    """The catalog entry of a kind that declares its own act (sim/core/faultkinds): the nemesis carries it out."""
+    act = kind.act
+    return FaultEntry(
+        kind.name,
+        act.options,
+        act.verb,
+        act.help,
+        lambda n, o: n.carry_out(kind, o),
+        undo=_heal_result if kind.reversible else None,
+        undo_verb="heal" if kind.reversible else "",
+    )
+
+
 _CATALOG = (
-    FaultEntry(
-        "kill-worker",
-        KillWorkerOptions,
-        ("kill-worker",),
-        "signal one training worker (SIGKILL by default)",
-        lambda n, o: n.kill_worker(o.target, rank=o.rank, local_rank=o.local_rank, sig=o.signal),
-    ),
-    FaultEntry(
-        "kill-agent",
-        KillAgentOptions,
-        ("kill-agent",),
-        "signal the torchrun agent (KILL: abrupt; TERM: torchrun's graceful path)",
-        lambda n, o: n.kill_agent(o.target, sig=o.signal),
-    ),
+    _acting(process.KILL_WORKER),
+    _acting(process.KILL_AGENT),
     FaultEntry(
         "kill-node",
         TargetOptions,
@@ -524,31 +498,9 @@ _CATALOG = (
         needs_etcd=True,
         records="partition",
     ),
-    FaultEntry(
-        "hang-worker",
-        WorkerOptions,
-        ("hang-worker",),
-        "stop one worker process (SIGSTOP; its agent still sees it alive, its peers wait in a collective)",
-        lambda n, o: n.hang_worker(o.target, rank=o.rank, local_rank=o.local_rank),
-        undo=_heal_result,  # its id names the one worker it stopped (`sim resume-worker` continues them all)
-        undo_verb="heal",
-    ),
-    FaultEntry(
-        "hang-collectives",
-        WorkerOptions,
-        ("hang-collectives",),
-        "one worker stops calling collectives while its process runs on (a hang inside the script; instrumented)",
-        lambda n, o: n.hang_collectives(o.target, rank=o.rank, local_rank=o.local_rank),
-        undo=_heal_result,
-        undo_verb="heal",
-    ),
-    FaultEntry(
-        "resume-worker",
-        NodeOptions,
-        ("resume-worker",),
-        "continue the stopped workers of a node (SIGCONT)",
-        lambda n, o: n.resume_worker(o.target),
-    ),
+    _acting(process.HANG_WORKER),
+    _acting(process.HANG_COLLECTIVES),
+    _acting(process.RESUME_WORKER),
     FaultEntry(
         "slow-node",
         SlowOptions,
@@ -558,13 +510,7 @@ _CATALOG = (
         undo=_heal_result,
         undo_verb="heal",
     ),
-    FaultEntry(
-        "oom-worker",
-        WorkerOptions,
-        ("oom-worker",),
-        "the kernel's OOM killer kills one worker (a memory limit on its node, then memory pressure)",
-        lambda n, o: n.oom_worker(o.target, rank=o.rank, local_rank=o.local_rank),
-    ),
+    _acting(process.OOM_WORKER),
     FaultEntry(
         "corrupt-checkpoint",
         CorruptOptions,
@@ -608,22 +554,11 @@ _CATALOG = (
 )
 
 
-def _acting(kind: FaultKind) -> FaultEntry:
-    """The catalog entry of a kind that declares its own act (sim/core/faultkinds): the nemesis carries it out."""
-    act = kind.act
-    return FaultEntry(
-        kind.name,
-        act.options,
-        act.verb,
-        act.help,
-        lambda n, o: n.carry_out(kind, o),
-        undo=_heal_result if kind.reversible else None,
-        undo_verb="heal" if kind.reversible else "",
-    )
-
-
+# The converted kinds the catalog does not place (a new kind goes last).
+_PLACED = {entry.name for entry in _CATALOG}
 FAULTS: dict[str, FaultEntry] = {
-    fault.name: fault for fault in (*_CATALOG, *(_acting(kind) for kind in FAULT_KINDS if kind.act is not None))
+    fault.name: fault
+    for fault in (*_CATALOG, *(_acting(k) for k in FAULT_KINDS if k.act is not None and k.name not in _PLACED))
 }
 
 

@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from sim.core import faultkinds as kinds
+from sim.core.faultkinds import ContinueWorker, RemoveFile, Struck
 from sim.faults.inforce import InForce
 from sim.faults.targets import ETCD
 from sim.faults.verbbase import CPU_PERIOD_US
@@ -30,12 +31,6 @@ class Unpause:
 @dataclasses.dataclass(frozen=True)
 class ClearLink:
     node: str
-
-
-@dataclasses.dataclass(frozen=True)
-class ContinueWorker:
-    node: str
-    pid: int | None  # the worker may be gone since: fine; None: every worker of the node (which one is unknown)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,13 +49,7 @@ class RestoreCpu:
     cpu_period: int
 
 
-@dataclasses.dataclass(frozen=True)
-class RemoveFile:
-    node: str
-    file: str
-
-
-Action = Unpause | ClearLink | ContinueWorker | RestoreCpu | RemoveFile | EndAct | kinds.Action
+Action = Unpause | ClearLink | RestoreCpu | EndAct | kinds.Action
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,13 +112,14 @@ def _plan_one(fault: InForce, states: dict[str, str]) -> Undo | Keep:
         actions.append(EndAct(node, fault.act))  # first: a watcher left running would stop a worker after
     act = _ACTING.get(kind)
     if act is not None:  # a kind that declares its own undo (sim/core/faultkinds)
+        at = Struck(node, pid=fault.pid, file=fault.file)  # what it struck, as its record says
         if act.undo_needs_running and state is not None:
             refused = _not_running(fault, node, state)
             if refused:
                 return Keep(fault.id, refused)
-            actions += act.undo(node)
+            actions += act.undo(at)
         elif state == "running":
-            actions += act.undo(node)
+            actions += act.undo(at)
     elif kind == "link" and state == "running":
         actions.append(ClearLink(node))
     elif kind == "freeze" and state == "running":
@@ -145,9 +135,6 @@ def _plan_one(fault: InForce, states: dict[str, str]) -> Undo | Keep:
             if refused:
                 return Keep(fault.id, refused)
             actions.append(RemoveFile(node, fault.file or ""))
-    elif kind in ("hang", "stall") and state == "running":
-        # The file that holds a worker (stall), or a SIGSTOPped worker (hang); gone with a stopped node.
-        actions.append(ContinueWorker(node, fault.pid) if kind == "hang" else RemoveFile(node, fault.file or ""))
     if kind == "partition":
         why = "its rules go as the partitions left in force are applied again"
     else:

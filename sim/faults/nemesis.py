@@ -17,10 +17,22 @@ import contextlib
 import random
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from sim.core import faultkinds as kinds
 from sim.core.errors import FaultError, SimError, UnsupportedFaultError, UsageError
-from sim.core.faultkinds import FaultKind, LimitWrites, NodeShell
+from sim.core.faultkinds import (
+    ContinueWorker,
+    ExhaustMemory,
+    FaultKind,
+    ForgetInForce,
+    LimitWrites,
+    NodeShell,
+    RemoveFile,
+    Signal,
+    Touch,
+)
+from sim.core.faultkinds.process import OOM_HEADROOM
 from sim.core.faultoptions import FaultOptions
 from sim.core.history import FILE_NAME, History
 from sim.core.nodes import node_order
@@ -30,21 +42,10 @@ from sim.engines.proctable import PROBE_ARGV, NodeProcesses, parse_probe
 from sim.faults import nodescripts
 from sim.faults.containers import ContainerFaults
 from sim.faults.disk import FILL_AT_MOST, DiskFaults
-from sim.faults.heal import (
-    Action,
-    ClearLink,
-    ContinueWorker,
-    EndAct,
-    HealPlan,
-    Keep,
-    RemoveFile,
-    RestoreCpu,
-    Unpause,
-    plan_heal,
-)
+from sim.faults.heal import Action, ClearLink, EndAct, HealPlan, Keep, RestoreCpu, Unpause, plan_heal
 from sim.faults.inforce import FaultStore, InForce
 from sim.faults.network import NetworkFaults
-from sim.faults.processes import OOM_HEADROOM, OOM_WITHIN_S, WRITER_POLL_S, ProcessFaults
+from sim.faults.processes import OOM_WITHIN_S, WRITER_POLL_S, ProcessFaults
 from sim.faults.targets import ETCD
 from sim.faults.verbbase import CPU_PERIOD_US, PROCESS_BOUND_FAULTS, SHARED_CKPT_DIR, _last
 
@@ -148,31 +149,32 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
     # --- a kind that declares its act (sim/core/faultkinds): intent, actions, outcome --------------------
 
     def carry_out(self, kind: FaultKind, options: FaultOptions) -> dict:
-        """Inject a fault of a kind that declares its own act: its invoke record, its intent claimed (a reversible
-        kind: `sim faults` lists it before it acts, so an interrupted one is still healed), its actions carried
-        out, its typed result the ok record."""
+        """Inject a fault of a kind that declares its own act: its invoke record, what it strikes resolved, its
+        intent claimed (a reversible kind: `sim faults` lists it before it acts, so an interrupted one is still
+        healed), its actions carried out, its typed result the ok record."""
         act = kind.act
-        target = options.target
-        args = {name: value for name, value in options.given().items() if name != "target"}
+        args = act.recorded_args(options)
+        if act.seeded:
+            args["seed"] = self.seed
 
         def acting() -> dict:
-            node = self.resolve(target, allow_etcd=act.allow_etcd)
-            fault_id = kind.in_force_id(node)
+            at = self._strike(act, options)
+            fault_id = kind.in_force_id_of(at)
             if fault_id is None:
-                return act.result(options, node, self._carry_all(act.inject(options, node))).to_dict()
-            refused = f"{node}: {act.already}; `sim heal {fault_id}` first"
-            planned = {"fault": kind.in_force, "target": node, "detail": act.detail(options)}
-            with self._claimed(fault_id, refused, lambda: planned):
-                outcomes = self._carry_all(act.inject(options, node))
-            return act.result(options, node, outcomes).to_dict()
+                return act.result(options, at, self._carry_all(act.inject(options, at))).to_dict()
+            fields = act.in_force_fields(options, at)
+            planned = {"fault": kind.in_force, "target": at.node, **fields, "detail": act.detail(options, at)}
+            with self._claimed(fault_id, act.refused(at, fault_id), lambda: planned):
+                outcomes = self._carry_all(act.inject(options, at))
+            return act.result(options, at, outcomes).to_dict()
 
-        return self.invoke(kind.name, target, acting, **args)
+        return self.invoke(kind.name, act.recorded_target(options), acting, **args)
 
-    def _carry_all(self, actions: Sequence[kinds.Action]) -> tuple[str, ...]:
+    def _carry_all(self, actions: Sequence[kinds.Action]) -> tuple[Any, ...]:
         return tuple(self._carry(action) for action in actions)
 
-    def _carry(self, action: kinds.Action) -> str:
-        """One action of a kind's inject or undo; its outcome (a script's stdout)."""
+    def _carry(self, action: kinds.Action) -> Any:
+        """One action of a kind's inject or undo; its outcome (a script's stdout, the pids signalled, ...)."""
         if isinstance(action, NodeShell):
             done = self.cluster.exec(action.node, "sh", "-c", action.script, "sh", *action.args)
             if done.exit_code in action.refusals:
@@ -183,6 +185,24 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
         if isinstance(action, LimitWrites):
             self.docker.limit_writes(self._info(action.node).id, action.path, action.bps)
             return ""
+        if isinstance(action, Signal):
+            self._signal(action.node, action.pid, action.signal)
+            return ""
+        if isinstance(action, ContinueWorker):
+            return self._continue_workers(action)
+        if isinstance(action, Touch):
+            self._touch(action.node, action.file)
+            return ""
+        if isinstance(action, RemoveFile):
+            self._remove_file(action.node, action.file)
+            return ""
+        if isinstance(action, ExhaustMemory):
+            return self._exhaust_memory(action.node, action.pid, action.headroom)
+        if isinstance(action, ForgetInForce):
+            undone = [f.id for f in self.active() if f.fault == action.in_force and f.target == action.node]
+            for fault_id in undone:
+                self._forget(fault_id)
+            return undone
         raise TypeError(f"no executor for {action!r}")  # pragma: no cover - a new action without its branch
 
     # --- heal: a plan (sim/faults/heal.py), carried out by one loop ---------------------------
@@ -237,11 +257,6 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
             self.docker.unpause(self._info(action.node).id)
         elif isinstance(action, ClearLink):
             self._clear_link(action.node)
-        elif isinstance(action, ContinueWorker):
-            # The worker may be gone since: fine. No pid (an intent): every worker, as resume-worker does.
-            pids = [action.pid] if action.pid is not None else [w.pid for w in self.processes(action.node).workers]
-            for pid in pids:
-                self.cluster.exec(action.node, "kill", "-CONT", str(pid))
         elif isinstance(action, EndAct):
             ended = self.cluster.exec(action.node, *nodescripts.argv(nodescripts.END_ACT, action.marker))
             if not ended.ok:
@@ -250,10 +265,8 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
             self.docker.update_resources(
                 self._info(action.node).id, cpu_quota=action.cpu_quota, cpu_period=action.cpu_period
             )
-        elif isinstance(action, (NodeShell, LimitWrites)):
+        elif isinstance(action, kinds.Action):  # a kind's own undo (sim/core/faultkinds)
             self._carry(action)
-        elif isinstance(action, RemoveFile):
-            self._remove_file(action.node, action.file)
         else:  # pragma: no cover - a new action without its executor
             raise TypeError(f"heal: no executor for {action!r}")
 

@@ -13,7 +13,9 @@ from sim.core.errors import FaultError
 
 # While this file exists, the worker with that pid waits before its next collective: read by the node
 # image's instrumentation (images/node/elastic_sim_instrument.py HANG_FILE; a unit test keeps them equal).
-COLLECTIVE_HANG_FILE = "/tmp/elastic-sim-hang-{pid}"
+# hang-collectives' own module declares it.
+from sim.core.faultkinds.process import COLLECTIVE_HANG_FILE as COLLECTIVE_HANG_FILE
+
 WRONG_REQUEST = 3
 NEVER_CAME = 4
 

@@ -15,8 +15,24 @@ from pathlib import Path
 import pytest
 
 from sim.core import faultkinds
-from sim.core.faultkinds import FAULT_KINDS, KINDS, LANES, UNDO_OPS, Action, FaultKind, kind_of
+from sim.core.faultkinds import (
+    FAULT_KINDS,
+    KINDS,
+    LANES,
+    STRIKES,
+    UNDO_OPS,
+    Action,
+    ChaosMesh,
+    ExecTask,
+    FaultKind,
+    Held,
+    K8sForm,
+    PodChaos,
+    Struck,
+    kind_of,
+)
 from sim.core.faultoptions import FaultOptions
+from sim.export.k8s import POD_SCRIPTS
 from sim.faults.catalog import FAULTS
 from sim.verdict.runmodel import FaultEvent
 
@@ -131,17 +147,28 @@ def test_every_kind_declares_every_part(kind):
     act = kind.act
     if act is None:
         return
-    assert act.verb and act.help and act.already and act.example, kind.name
+    assert act.verb and act.help and act.example, kind.name
+    assert act.already or not kind.reversible, f"{kind.name}: says why a second one is refused"
     assert issubclass(act.options, FaultOptions) and "target" in {f.name for f in dataclasses.fields(act.options)}
+    assert act.strikes in STRIKES
     options = FAULTS[kind.name].make_options(act.example)  # the example is valid options
-    actions = act.inject(options, "node1")
+    at = Struck("node1", pid=41, rank=1, local_rank=1, file="/tmp/held")  # what the executor resolved
+    actions = act.inject(options, at)
     assert actions and all(isinstance(a, Action.__args__) for a in actions), kind.name
-    assert act.detail(options)
+    assert act.detail(options, at)
+    assert act.recorded_target(options) and isinstance(act.recorded_args(options), dict)
     assert (act.undo is not None) == kind.reversible
     if act.undo is not None:
-        assert act.undo("node1") and all(isinstance(a, Action.__args__) for a in act.undo("node1"))
-    mesh = act.k8s(options)
-    assert mesh is None or (mesh.kind.endswith("Chaos") and mesh.note), kind.name
+        assert act.undo(at) and all(isinstance(a, Action.__args__) for a in act.undo(at))
+        assert kind.in_force_id_of(at) and act.refused(at, kind.in_force_id_of(at))
+    form = act.k8s(options)
+    assert form is None or isinstance(form, K8sForm.__args__), kind.name
+    if isinstance(form, ChaosMesh):
+        assert form.kind.endswith("Chaos") and form.note, kind.name
+    if isinstance(form, PodChaos):
+        assert form.note, kind.name
+    for task in (form.start, form.end) if isinstance(form, Held) else (form,) if isinstance(form, ExecTask) else ():
+        assert task.script in POD_SCRIPTS, f"{kind.name}: no pod script {task.script!r} in sim/export/k8s.py"
 
 
 def test_every_kind_is_declared_by_one_family_module_only():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.core.faultkinds import FAULT_KINDS, NodeShell
+from sim.core.faultkinds import FAULT_KINDS, NodeShell, Struck
 from sim.core.faultkinds.clock import SKEW_CLOCK
 from sim.faults.heal import (
     ClearLink,
@@ -82,7 +82,7 @@ def test_heal_all_sweeps_and_a_partition_is_only_forgotten():
 
 
 def _set_clock(node: str, seconds: float) -> NodeShell:
-    (action,) = SKEW_CLOCK.act.undo(node) if seconds == 0 else SKEW_CLOCK.act.inject(None, node)
+    (action,) = SKEW_CLOCK.act.undo(Struck(node)) if seconds == 0 else SKEW_CLOCK.act.inject(None, Struck(node))
     return action
 
 

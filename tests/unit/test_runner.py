@@ -13,6 +13,7 @@ import sim.cli.faults
 from sim.cli.main import main as sim_main
 from sim.core import labels
 from sim.core.errors import UsageError
+from sim.core.faultkinds import process
 from sim.core.faultkinds.clock import SKEW_CLOCK, SkewOptions
 from sim.core.faultkinds.slow_disk import SLOW_DISK, SlowDiskOptions
 from sim.core.history import History
@@ -88,13 +89,13 @@ WIRING = {
     "kill-worker": (
         "target: node1\n    local_rank: 0\n    signal: TERM",
         ["kill-worker", "node1", "--local-rank", "0", "--signal", "TERM"],
-        ("kill_worker", ("node1",), {"rank": None, "local_rank": 0, "sig": signal.SIGTERM}),
+        ("carry_out", (process.KILL_WORKER, process.KillWorkerOptions("node1", None, 0, signal.SIGTERM)), {}),
         None,
     ),
     "kill-agent": (
         "target: node1\n    signal: TERM",
         ["kill-agent", "node1", "--signal", "TERM"],
-        ("kill_agent", ("node1",), {"sig": signal.SIGTERM}),
+        ("carry_out", (process.KILL_AGENT, process.KillAgentOptions("node1", signal.SIGTERM)), {}),
         None,
     ),
     "kill-node": ("target: node2", ["kill", "node2"], ("kill_node", ("node2",), {}), None),
@@ -149,16 +150,21 @@ WIRING = {
     "hang-worker": (
         "target: node1\n    local_rank: 1",
         ["hang-worker", "node1", "--local-rank", "1"],
-        ("hang_worker", ("node1",), {"rank": None, "local_rank": 1}),
+        ("carry_out", (process.HANG_WORKER, process.WorkerOptions("node1", None, 1)), {}),
         ("heal", ("link-node1",), {}),  # its own id: the one worker it stopped
     ),
     "hang-collectives": (
         "rank: 1",
         ["hang-collectives", "--rank", "1"],
-        ("hang_collectives", ("random",), {"rank": 1, "local_rank": None}),
+        ("carry_out", (process.HANG_COLLECTIVES, process.WorkerOptions("random", 1, None)), {}),
         ("heal", ("link-node1",), {}),
     ),
-    "resume-worker": ("target: node2", ["resume-worker", "node2"], ("resume_worker", ("node2",), {}), None),
+    "resume-worker": (
+        "target: node2",
+        ["resume-worker", "node2"],
+        ("carry_out", (process.RESUME_WORKER, process.NodeOptions("node2")), {}),
+        None,
+    ),
     "slow-node": (
         "target: node1\n    cpus: 0.25",
         ["slow", "node1", "--cpus", "0.25"],
@@ -180,7 +186,7 @@ WIRING = {
     "oom-worker": (
         "rank: 2",
         ["oom-worker", "--rank", "2"],
-        ("oom_worker", ("random",), {"rank": 2, "local_rank": None}),
+        ("carry_out", (process.OOM_WORKER, process.WorkerOptions("random", 2, None)), {}),
         None,
     ),
     "corrupt-checkpoint": (
@@ -271,7 +277,7 @@ def test_a_cli_verb_reaches_its_nemesis_call_and_undo(fault, monkeypatch, capsys
         ),
         (
             ["kill-worker", "--rank", "3"],
-            ("kill_worker", ("random",), {"rank": 3, "local_rank": None, "sig": signal.SIGKILL}),
+            ("carry_out", (process.KILL_WORKER, process.KillWorkerOptions("random", 3, None, signal.SIGKILL)), {}),
         ),
         (
             ["netem", "node1", "--loss", "30%", "--rate", "1mbit", "--for", "0s"],

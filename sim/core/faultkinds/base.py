@@ -6,6 +6,7 @@ its lane, its in-force record and its provocation for `sim vet`. One object per 
 from __future__ import annotations
 
 import dataclasses
+import signal as signals
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -52,7 +53,26 @@ class Provocation:
 # ---------------------------------------------------------------- what a kind asks the executor to do
 
 # A kind's inject and undo return actions: data the nemesis (sim/faults/nemesis.py, the executor) carries out
-# inside its one audited call. A new mechanism is a new action here and its one branch in Nemesis._act.
+# inside its one audited call. A new mechanism is a new action here and its one branch in Nemesis._carry.
+
+# What a kind strikes, resolved by the executor from its options before it acts (Act.strikes): a node (its
+# target), a worker of one (picked by the options' rank or local_rank, else at random, seeded), or a node's
+# torchrun agent.
+STRIKES = ("node", "worker", "agent")
+
+
+@dataclasses.dataclass(frozen=True)
+class Struck:
+    """What a fault strikes, as the executor resolved it: a node, and the process of it a worker or agent kind
+    strikes (its pid; a worker's ranks; the agent's workers). Heal builds one from the in-force record (its pid
+    and file) to plan a kind's undo."""
+
+    node: str
+    pid: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    workers: tuple[int, ...] = ()  # the agent's worker pids, when it strikes the agent
+    file: str | None = None  # the in-force record's file (a held worker's hang file)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,46 +97,171 @@ class LimitWrites:
     bps: int
 
 
-Action = NodeShell | LimitWrites
+@dataclasses.dataclass(frozen=True)
+class Signal:
+    """Send `signal` to one process of a node, as the node's own user (the one its agent and workers run as)."""
+
+    node: str
+    pid: int
+    signal: signals.Signals
+
+
+@dataclasses.dataclass(frozen=True)
+class ContinueWorker:
+    """SIGCONT a stopped worker of a node; it may be gone since: fine, unless `strict` (a signal that must
+    be delivered). No pid: every worker of the node. Outcome: the pids signalled."""
+
+    node: str
+    pid: int | None
+    strict: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Touch:
+    """Create an empty file in a node (a flag its processes watch)."""
+
+    node: str
+    file: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoveFile:
+    node: str
+    file: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ExhaustMemory:
+    """The kernel's OOM killer ends worker `pid`: its node's memory limited `headroom` bytes above its use
+    for the while, the worker made its first choice, a hog allocating until it is gone. Outcome: what the hog
+    saw (limit, allocated, limit_kept, oom_kills, hog_killed)."""
+
+    node: str
+    pid: int
+    headroom: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ForgetInForce:
+    """Forget the node's faults in force of kind `in_force`: what this fault undid. Outcome: their ids."""
+
+    node: str
+    in_force: str
+
+
+Action = NodeShell | LimitWrites | Signal | ContinueWorker | Touch | RemoveFile | ExhaustMemory | ForgetInForce
 
 
 @dataclasses.dataclass(frozen=True)
 class ChaosMesh:
     """How a kind is exported to Kubernetes (sim/export/k8s.py): one Chaos Mesh object of `kind` for the step's
-    hold, `spec` under it (the exporter adds the mode, the selector of `target` and, when `in_container`,
-    the job's container), and the note that says how it differs from the local fault."""
+    hold (or `deadline_s`), `spec` under it (the exporter adds the mode, the selector of `target` and, when
+    `in_container`, the job's container), and the note that says how it differs from the local fault."""
 
     kind: str  # "TimeChaos"
     spec: Mapping[str, Any]
     target: str
     note: str
     in_container: bool = True
+    deadline_s: float | None = None  # None: the step's hold (or the run); a one-shot's own deadline
+
+
+@dataclasses.dataclass(frozen=True)
+class PodChaos:
+    """A Chaos Mesh PodChaos `action` ("container-kill", ...) on the target's pod, once; `in_container`: of
+    the job's container only."""
+
+    action: str
+    target: str
+    note: str
+    in_container: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecTask:
+    """A Workflow Task that runs one of the exporter's pod scripts (`script`, by its name in
+    sim/export/k8s.py's POD_SCRIPTS) in the target's pod through `kubectl exec`, with `args`, then the
+    scenario's seed when `seeded`; `rank`: the pod whose worker has that global rank."""
+
+    script: str
+    target: str
+    args: tuple[Any, ...] = ()
+    seeded: bool = False
+    rank: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """Two Tasks: `start`, a wait for the step's hold, then `end`."""
+
+    start: ExecTask
+    end: ExecTask
+
+
+@dataclasses.dataclass(frozen=True)
+class EndsHold:
+    """No template of its own: the step ends the fault before it (that one lasts until this step's time)."""
+
+
+K8sForm = ChaosMesh | PodChaos | ExecTask | Held | EndsHold
+
+
+def _refusal(already: str) -> Callable[[Struck, str], str]:
+    return lambda at, fault_id: f"{at.node}: {already}; `sim heal {fault_id}` first"
 
 
 @dataclasses.dataclass(frozen=True)
 class Act:
     """How a kind is asked for and what it does, as data and pure functions; the nemesis carries it out.
 
-    `options`: its options (a FaultOptions dataclass; their `target` is the node it strikes). `inject(options,
-    node)`: the actions that inject it on the resolved node. `result(options, node, outcomes)`: its typed result
-    (`to_dict()` is the history's ok record) from each action's outcome. `detail(options)`: what `sim faults`
-    shows while it is in force, `already`: why a second one on the same node is refused. `undo(node)`: the
-    actions that end it. `k8s(options)`: its Chaos Mesh form, None where there is none."""
+    `options`: its options (a FaultOptions dataclass; their `target` is the node it strikes). The executor
+    resolves what it strikes (`strikes`, one of STRIKES) into a `Struck`. `inject(options, at)`: the actions
+    that inject it there. `result(options, at, outcomes)`: its typed result (`to_dict()` is the history's ok
+    record) from each action's outcome. `detail(options, at)`: what `sim faults` shows while it is in force,
+    `already`: why a second one on the same node is refused. `undo(at)`: the actions that end it (`at` from
+    its in-force record). `k8s(options)`: its Kubernetes form, None where there is none."""
 
     verb: tuple[str, ...]  # on the CLI: ("skew-clock",) is `sim skew-clock`
     help: str  # one line
     options: type[FaultOptions]
-    inject: Callable[[Any, str], tuple[Action, ...]]
-    result: Callable[[Any, str, tuple[str, ...]], Any]
-    detail: Callable[[Any], str]
+    inject: Callable[[Any, Struck], tuple[Action, ...]]
+    result: Callable[[Any, Struck, tuple[Any, ...]], Any]
+    detail: Callable[[Any, Struck], str]
     already: str
-    undo: Callable[[str], tuple[Action, ...]] | None
-    k8s: Callable[[Any], ChaosMesh | None]
+    undo: Callable[[Struck], tuple[Action, ...]] | None
+    k8s: Callable[[Any], K8sForm | None]
     example: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # options as a scenario step gives them
     allow_etcd: bool = True  # False: it acts on a node's training processes, never etcd
     # Its undo needs the node running (a stopped node's is refused with what to do first); False: a stopped
     # or removed node ended it with its container.
     undo_needs_running: bool = True
+    strikes: str = "node"  # STRIKES
+    # The invoke record's args (default: the options given, but the target); `seeded`: the nemesis's seed too.
+    args: Callable[[Any], Mapping[str, Any]] | None = None
+    seeded: bool = False
+    # Its id in force, when not `{in_force}-{node}` (a held worker's names its pid), and the in-force
+    # record's fields beyond its fault, target and detail (the pid or file heal needs).
+    in_force_id: Callable[[Struck], str] | None = None
+    in_force_fields: Callable[[Any, Struck], Mapping[str, Any]] = lambda o, at: {}
+    # Why a second one is refused (default: `{node}: {already}; sim heal ID first`).
+    refusal: Callable[[Struck, str], str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.strikes not in STRIKES:
+            raise ValueError(f"act {self.verb}: strikes {self.strikes!r} is not one of {STRIKES}")
+
+    def recorded_target(self, options: Any) -> str:
+        """The target its history records: a worker struck by global rank is `rank:N`, wherever it runs."""
+        rank = getattr(options, "rank", None) if self.strikes == "worker" else None
+        return options.target if rank is None else f"rank:{rank}"
+
+    def recorded_args(self, options: Any) -> dict[str, Any]:
+        if self.args is not None:
+            return dict(self.args(options))
+        return {name: value for name, value in options.given().items() if name != "target"}
+
+    def refused(self, at: Struck, fault_id: str) -> str:
+        return (self.refusal or _refusal(self.already))(at, fault_id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,3 +354,9 @@ class FaultKind:
         """The id `sim faults` and `sim heal` use for this fault on one node (a held or stalled worker's
         adds its pid: the nemesis's result holds it)."""
         return None if self.in_force is None else f"{self.in_force}-{node}"
+
+    def in_force_id_of(self, at: Struck) -> str | None:
+        """Its id in force once the executor resolved what it strikes."""
+        if self.in_force is not None and self.act is not None and self.act.in_force_id is not None:
+            return self.act.in_force_id(at)
+        return self.in_force_id(at.node)
