@@ -906,15 +906,6 @@ class _Workflow:
             return [self._network(name, ETCD, "partition", held or run_s, target=self._job_selector())]
         if fault == "netem":
             return self._netem(name, where, o, held or run_s)
-        if fault == "slow-node":
-            load = max(1, min(100, round(100 * (1 - o.cpus))))
-            self.note(
-                f"{where}: slow-node (a CPU quota of {o.cpus:g} CPUs) as StressChaos cpu load {load}%: Chaos Mesh "
-                "adds competing load instead of capping the pod's CPU."
-            )
-            target = self._selector(o.target)
-            chaos = {"mode": "all", "selector": target, "stressors": {"cpu": {"workers": 1, "load": load}}}
-            return [self._chaos(name, "StressChaos", chaos, held or run_s)]
         if fault == "fill-disk":
             self.note(
                 f"{where}: fill-disk as IOChaos fault errno {ENOSPC} (ENOSPC) on every write under {o.dir}: "

@@ -17,9 +17,8 @@ from signal import SIGKILL, Signals
 from typing import TYPE_CHECKING, Any
 
 from sim.core.errors import FaultError, UsageError
-from sim.core.faultkinds import FAULT_KINDS, KINDS, PROVOCATIONS, FaultKind, process
+from sim.core.faultkinds import FAULT_KINDS, KINDS, PROVOCATIONS, FaultKind, container, process
 from sim.core.faultoptions import (
-    CPUS,
     DIRECTORY,
     FLAG,
     NODE_TARGET,
@@ -92,12 +91,6 @@ class NoOptions(FaultOptions):
 @dataclass(frozen=True)
 class TargetOptions(FaultOptions):
     target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
-
-
-@dataclass(frozen=True)
-class SlowOptions(FaultOptions):
-    target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
-    cpus: float = option(CPUS, "the CPU time it gets, in CPUs, e.g. 0.2 (a cgroup CPU quota)", required=True)
 
 
 CORRUPTIONS = ("bitflip", "truncate")
@@ -501,15 +494,7 @@ _CATALOG = (
     _acting(process.HANG_WORKER),
     _acting(process.HANG_COLLECTIVES),
     _acting(process.RESUME_WORKER),
-    FaultEntry(
-        "slow-node",
-        SlowOptions,
-        ("slow",),
-        "a straggler: throttle a node's (or etcd's) CPU with a cgroup quota",
-        lambda n, o: n.slow_node(o.target, cpus=o.cpus),
-        undo=_heal_result,
-        undo_verb="heal",
-    ),
+    _acting(container.SLOW_NODE),
     _acting(process.OOM_WORKER),
     FaultEntry(
         "corrupt-checkpoint",

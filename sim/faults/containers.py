@@ -8,9 +8,10 @@ from __future__ import annotations
 import time
 
 from sim.core.errors import FaultError, UsageError
+from sim.core.faultkinds import container
 from sim.core.nodes import node_order
 from sim.faults.targets import ETCD
-from sim.faults.verbbase import CPU_PERIOD_US, PROCESS_BOUND_FAULTS, _last
+from sim.faults.verbbase import PROCESS_BOUND_FAULTS, _last
 
 
 class ContainerFaults:
@@ -96,26 +97,8 @@ class ContainerFaults:
 
     def slow_node(self, target: str, *, cpus: float) -> dict:
         """A straggler: the node (or etcd) gets `cpus` CPUs' worth of time (cgroup CPU quota,
-        `docker update --cpus`); its own limits come back with `heal`."""
-
-        def throttle_cpu() -> dict:
-            name = self.resolve(target)
-            cid = self._info(name).id
-            fault_id = f"slow-{name}"
-
-            def record() -> dict:  # the limits to restore, read under the store's lock
-                before = self.docker.resources(cid)
-                return {"fault": "slow", "target": name, "detail": f"{cpus:g} CPUs"} | {
-                    "cpu_quota": before.cpu_quota,
-                    "cpu_period": before.cpu_period,
-                }
-
-            quota = max(1000, round(cpus * CPU_PERIOD_US))  # the kernel's least quota is 1 ms
-            with self._claimed(fault_id, f"{name}: already slowed; `sim heal {fault_id}` first", record):
-                self.docker.update_resources(cid, cpu_quota=quota, cpu_period=CPU_PERIOD_US)
-            return {"id": fault_id, "node": name, "cpus": cpus, "cpu_quota": quota, "cpu_period": CPU_PERIOD_US}
-
-        return self.invoke("slow-node", target, throttle_cpu, cpus=cpus)
+        `docker update --cpus`); its own limits come back with `heal`. (sim/core/faultkinds/container.py)"""
+        return self.carry_out(container.SLOW_NODE, container.SlowOptions(target, cpus))
 
     def wipe_etcd(self, *, downtime: float = 0.0) -> dict:
         """Restart etcd with an empty data dir: every rendezvous key is gone. The data is

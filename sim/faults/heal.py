@@ -20,7 +20,6 @@ from sim.core import faultkinds as kinds
 from sim.core.faultkinds import ContinueWorker, RemoveFile, Struck
 from sim.faults.inforce import InForce
 from sim.faults.targets import ETCD
-from sim.faults.verbbase import CPU_PERIOD_US
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,14 +41,7 @@ class EndAct:
     marker: str
 
 
-@dataclasses.dataclass(frozen=True)
-class RestoreCpu:
-    node: str
-    cpu_quota: int  # -1: no quota
-    cpu_period: int
-
-
-Action = Unpause | ClearLink | RestoreCpu | EndAct | kinds.Action
+Action = Unpause | ClearLink | EndAct | kinds.Action
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,20 +104,19 @@ def _plan_one(fault: InForce, states: dict[str, str]) -> Undo | Keep:
         actions.append(EndAct(node, fault.act))  # first: a watcher left running would stop a worker after
     act = _ACTING.get(kind)
     if act is not None:  # a kind that declares its own undo (sim/core/faultkinds)
-        at = Struck(node, pid=fault.pid, file=fault.file)  # what it struck, as its record says
+        kept = {"cpu_quota": fault.cpu_quota, "cpu_period": fault.cpu_period}
+        at = Struck(node, pid=fault.pid, file=fault.file, kept=kept)  # what it struck, as its record says
         if act.undo_needs_running and state is not None:
             refused = _not_running(fault, node, state)
             if refused:
                 return Keep(fault.id, refused)
             actions += act.undo(at)
-        elif state == "running":
+        elif state == "running" or (act.undo_on_stopped and state is not None):
             actions += act.undo(at)
     elif kind == "link" and state == "running":
         actions.append(ClearLink(node))
     elif kind == "freeze" and state == "running":
         actions.append(ContinueWorker(node, fault.pid))  # an intent knows no pid yet: every worker
-    elif kind == "slow" and state is not None:  # a stopped container's quota applies again at its start
-        actions.append(RestoreCpu(node, fault.cpu_quota or -1, fault.cpu_period or CPU_PERIOD_US))
     elif kind == "fill":
         shared = fault.on_shared_volume
         if shared and state != "running":  # any running node reaches the shared volume

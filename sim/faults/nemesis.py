@@ -26,8 +26,10 @@ from sim.core.faultkinds import (
     ExhaustMemory,
     FaultKind,
     ForgetInForce,
+    LimitCpu,
     LimitWrites,
     NodeShell,
+    ReadCpuLimits,
     RemoveFile,
     Signal,
     Touch,
@@ -42,7 +44,7 @@ from sim.engines.proctable import PROBE_ARGV, NodeProcesses, parse_probe
 from sim.faults import nodescripts
 from sim.faults.containers import ContainerFaults
 from sim.faults.disk import FILL_AT_MOST, DiskFaults
-from sim.faults.heal import Action, ClearLink, EndAct, HealPlan, Keep, RestoreCpu, Unpause, plan_heal
+from sim.faults.heal import Action, ClearLink, EndAct, HealPlan, Keep, Unpause, plan_heal
 from sim.faults.inforce import FaultStore, InForce
 from sim.faults.network import NetworkFaults
 from sim.faults.processes import OOM_WITHIN_S, WRITER_POLL_S, ProcessFaults
@@ -163,8 +165,14 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
             if fault_id is None:
                 return act.result(options, at, self._carry_all(act.inject(options, at))).to_dict()
             fields = act.in_force_fields(options, at)
-            planned = {"fault": kind.in_force, "target": at.node, **fields, "detail": act.detail(options, at)}
-            with self._claimed(fault_id, act.refused(at, fault_id), lambda: planned):
+
+            def planned() -> dict:  # under the store's lock: what its undo restores, read before it acts
+                record = {"fault": kind.in_force, "target": at.node, **fields, "detail": act.detail(options, at)}
+                for kept in self._carry_all(act.remembers(at)):
+                    record |= kept
+                return record
+
+            with self._claimed(fault_id, act.refused(at, fault_id), planned):
                 outcomes = self._carry_all(act.inject(options, at))
             return act.result(options, at, outcomes).to_dict()
 
@@ -198,6 +206,14 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
             return ""
         if isinstance(action, ExhaustMemory):
             return self._exhaust_memory(action.node, action.pid, action.headroom)
+        if isinstance(action, LimitCpu):
+            self.docker.update_resources(
+                self._info(action.node).id, cpu_quota=action.cpu_quota, cpu_period=action.cpu_period
+            )
+            return ""
+        if isinstance(action, ReadCpuLimits):
+            before = self.docker.resources(self._info(action.node).id)
+            return {"cpu_quota": before.cpu_quota, "cpu_period": before.cpu_period}
         if isinstance(action, ForgetInForce):
             undone = [f.id for f in self.active() if f.fault == action.in_force and f.target == action.node]
             for fault_id in undone:
@@ -261,10 +277,6 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
             ended = self.cluster.exec(action.node, *nodescripts.argv(nodescripts.END_ACT, action.marker))
             if not ended.ok:
                 raise FaultError(f"{action.node}: ending an interrupted fault's script failed: {_last(ended.stderr)}")
-        elif isinstance(action, RestoreCpu):
-            self.docker.update_resources(
-                self._info(action.node).id, cpu_quota=action.cpu_quota, cpu_period=action.cpu_period
-            )
         elif isinstance(action, kinds.Action):  # a kind's own undo (sim/core/faultkinds)
             self._carry(action)
         else:  # pragma: no cover - a new action without its executor

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from sim.core.faultkinds import in_force_kinds
+from sim.core.faultkinds.container import CPU_PERIOD_US as CPU_PERIOD_US
 
-CPU_PERIOD_US = 100_000  # the CFS period a CPU quota is a share of
 # Faults in force that live in a node's processes or network namespace: they end when its container stops
 # or restarts.
 PROCESS_BOUND_FAULTS = in_force_kinds(lambda kind: kind.lives_in_node)

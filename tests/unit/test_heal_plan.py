@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.core.faultkinds import FAULT_KINDS, NodeShell, Struck
+from sim.core.faultkinds import FAULT_KINDS, LimitCpu, NodeShell, Struck
 from sim.core.faultkinds.clock import SKEW_CLOCK
 from sim.faults.heal import (
     ClearLink,
@@ -13,7 +13,6 @@ from sim.faults.heal import (
     EndAct,
     Keep,
     RemoveFile,
-    RestoreCpu,
     Undo,
     Unpause,
     plan_heal,
@@ -56,7 +55,7 @@ def test_a_stopped_node_took_its_process_faults_along_and_keeps_its_settings_and
     steps = {step.fault_id: step for step in plan.steps}
     assert steps["link-node1"] == Undo("link-node1", (), "nothing left to undo: node1 is exited")
     assert steps["hang-node1"].actions == ()
-    assert steps["slow-node1"].actions == (RestoreCpu("node1", -1, 100_000),)  # no quota of its own: none
+    assert steps["slow-node1"].actions == (LimitCpu("node1", -1, 100_000),)  # no quota of its own: none
     assert steps["skew-node1"] == Keep("skew-node1", "node1 is exited; `sim start node1`, then `sim heal skew-node1`")
     # the shared volume is reached from any running node but etcd
     assert steps["fill-node1"].actions == (RemoveFile("node0", "/ckpt/.sim-filler"),)
@@ -97,7 +96,7 @@ def test_every_in_force_kind_on_a_running_node_has_an_undo(kind):
         "link": ClearLink("node1"),
         "hang": ContinueWorker("node1", 40),
         "stall": RemoveFile("node1", "/ckpt/x"),
-        "slow": RestoreCpu("node1", 5000, 100_000),
+        "slow": LimitCpu("node1", 5000, 100_000),
         "skew": _set_clock("node1", 0),
         "fill": RemoveFile("node1", "/ckpt/x"),
         "freeze": ContinueWorker("node1", 40),

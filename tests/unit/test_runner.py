@@ -13,7 +13,7 @@ import sim.cli.faults
 from sim.cli.main import main as sim_main
 from sim.core import labels
 from sim.core.errors import UsageError
-from sim.core.faultkinds import process
+from sim.core.faultkinds import container, process
 from sim.core.faultkinds.clock import SKEW_CLOCK, SkewOptions
 from sim.core.faultkinds.slow_disk import SLOW_DISK, SlowDiskOptions
 from sim.core.history import History
@@ -168,7 +168,7 @@ WIRING = {
     "slow-node": (
         "target: node1\n    cpus: 0.25",
         ["slow", "node1", "--cpus", "0.25"],
-        ("slow_node", ("node1",), {"cpus": 0.25}),
+        ("carry_out", (container.SLOW_NODE, container.SlowOptions("node1", 0.25)), {}),
         ("heal", ("link-node1",), {}),
     ),
     "skew-clock": (

@@ -73,6 +73,8 @@ class Struck:
     local_rank: int | None = None
     workers: tuple[int, ...] = ()  # the agent's worker pids, when it strikes the agent
     file: str | None = None  # the in-force record's file (a held worker's hang file)
+    # What its in-force record kept to undo it (Act.remembers: a CPU quota to restore).
+    kept: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +144,23 @@ class ExhaustMemory:
 
 
 @dataclasses.dataclass(frozen=True)
+class LimitCpu:
+    """Give a node's container `cpu_quota` microseconds of CPU time every `cpu_period` (its cgroup's CFS
+    quota, what `docker update --cpus` sets); a quota of -1 lifts it."""
+
+    node: str
+    cpu_quota: int
+    cpu_period: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadCpuLimits:
+    """A node's CPU quota and period now. Outcome: {"cpu_quota": ..., "cpu_period": ...}."""
+
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
 class ForgetInForce:
     """Forget the node's faults in force of kind `in_force`: what this fault undid. Outcome: their ids."""
 
@@ -149,7 +168,18 @@ class ForgetInForce:
     in_force: str
 
 
-Action = NodeShell | LimitWrites | Signal | ContinueWorker | Touch | RemoveFile | ExhaustMemory | ForgetInForce
+Action = (
+    NodeShell
+    | LimitWrites
+    | Signal
+    | ContinueWorker
+    | Touch
+    | RemoveFile
+    | ExhaustMemory
+    | LimitCpu
+    | ReadCpuLimits
+    | ForgetInForce
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +265,8 @@ class Act:
     # Its undo needs the node running (a stopped node's is refused with what to do first); False: a stopped
     # or removed node ended it with its container.
     undo_needs_running: bool = True
+    # Its undo acts on a stopped container too (what it set stays in the container's settings).
+    undo_on_stopped: bool = False
     strikes: str = "node"  # STRIKES
     # The invoke record's args (default: the options given, but the target); `seeded`: the nemesis's seed too.
     args: Callable[[Any], Mapping[str, Any]] | None = None
@@ -243,6 +275,9 @@ class Act:
     # record's fields beyond its fault, target and detail (the pid or file heal needs).
     in_force_id: Callable[[Struck], str] | None = None
     in_force_fields: Callable[[Any, Struck], Mapping[str, Any]] = lambda o, at: {}
+    # Actions whose outcomes (dicts) its in-force record keeps for its undo, read under the fault store's
+    # lock before it acts (the CPU quota a straggler's undo restores).
+    remembers: Callable[[Struck], tuple[Action, ...]] = lambda at: ()
     # Why a second one is refused (default: `{node}: {already}; sim heal ID first`).
     refusal: Callable[[Struck, str], str] | None = None
 
