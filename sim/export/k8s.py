@@ -27,12 +27,11 @@ import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
-from signal import SIGCONT, SIGSTOP
 
 import yaml
 
 from sim.core.errors import UsageError
-from sim.core.faultkinds import ChaosMesh, EndsHold, ExecTask, FaultKind, Held, K8sForm, PodChaos
+from sim.core.faultkinds import ChaosMesh, CutFromJob, EndsHold, ExecTask, Held, K8sForm, PodChaos, PodDown
 from sim.core.parse import go_duration
 from sim.core.spec import C10D_PORT, ENV_SHOWN_KEYS, ETCD_CLIENT_PORT, ClusterSpec, parse_size
 from sim.core.torchrun import torchrun_argv
@@ -691,7 +690,12 @@ print(json.dumps({'pid': pid}))
 """.replace("HANG", repr(nodescripts.COLLECTIVE_HANG_FILE))
 )
 # The scripts a kind's ExecTask names (sim/core/faultkinds), by name.
-POD_SCRIPTS = {"signal-worker": _SIGNAL_WORKER, "continue-workers": _CONT_WORKERS, "stall-worker": _STALL_WORKER}
+POD_SCRIPTS = {
+    "signal-worker": _SIGNAL_WORKER,
+    "continue-workers": _CONT_WORKERS,
+    "stall-worker": _STALL_WORKER,
+    "signal-all": _SIGNAL_ALL,
+}
 
 
 class _Workflow:
@@ -811,28 +815,31 @@ class _Workflow:
     def _holds(self, timeline: list[tuple[float, Step, int]]) -> dict[int, float | None]:
         """For each step without a duration that a later step ends (heal, unpause, start, resume-worker):
         how long it is held; None: to the end of the run."""
-        ends = {"heal": None, "unpause": "pause", "etcd-unpause": "etcd-pause"}
-        starts = {"start-node": ("kill-node", "stop-node"), "etcd-start": ("etcd-kill",)}
         holds: dict[int, float | None] = {}
         for number, (at, step, _) in enumerate(timeline):
             if step.duration_s is not None:
                 continue
             for later_at, later, _ in timeline[number + 1 :]:
-                target = getattr(step.options, "target", None)
-                same = getattr(later.options, "target", None) in (None, target) or later.fault == "heal"
-                reversible = FAULTS[step.fault].reversible
-                if later.fault in ends and reversible and ends[later.fault] in (None, step.fault) and same:
-                    holds[number] = later_at - at
-                    break
-                if reversible and _undoes(FAULTS[later.fault].kind, FAULTS[step.fault].kind) and same:
-                    holds[number] = later_at - at
-                    break
-                if later.fault in starts and step.fault in starts[later.fault] and same:
+                if self._target(later) in (None, self._target(step)) and self._ends(later, step):
                     holds[number] = later_at - at
                     break
             else:
                 holds[number] = None
         return holds
+
+    def _ends(self, later: Step, step: Step) -> bool:
+        """Whether `later` ends `step`'s fault: an undo of what it holds in force (heal: any), or a start of the
+        node it took down."""
+        kind, ender = FAULTS[step.fault].kind, FAULTS[later.fault].kind
+        form = ender.act.k8s(later.options, self._target(later)) if ender.act is not None else None
+        if isinstance(form, EndsHold) and form.ends == "lost":
+            return kind.removes_node
+        return FAULTS[step.fault].reversible and ender.undoes and ender.undoes_in_force in (None, kind.in_force)
+
+    def _target(self, step: Step) -> str | None:
+        """What a step aims at: its target, an entry's fixed one (etcd-kill: etcd), None for none (heal, scale)."""
+        fixed = FAULTS[step.fault].fixed_target
+        return fixed if fixed is not None else getattr(step.options, "target", None)
 
     # --- one step
 
@@ -845,57 +852,15 @@ class _Workflow:
         fault = step.fault
         act = FAULTS[fault].kind.act
         if act is not None:  # a kind that declares its own Kubernetes form (sim/core/faultkinds)
-            form = act.k8s(o)
+            form = act.k8s(o, self._target(step))
             if form is not None:
-                return self._form(name, fault, where, form, held, run_s)
-        if fault in ("kill-node", "stop-node", "etcd-kill"):
-            target = ETCD if fault == "etcd-kill" else o.target
-            if hold is not None or target == ETCD:
-                # Down until a later start (or for the rest of the run): the pod is kept from running.
-                duration = hold if hold is not None else run_s
-                self.note(
-                    f"{where}: PodChaos pod-failure for {duration:g}s: the pod stays down until "
-                    f"the scenario starts it again ({self.recreator} or Deployment would re-create a killed pod at "
-                    "once)."
-                )
-                return [self._pod_chaos(name, target, "pod-failure", duration)]
-            extra = {"gracePeriod": int(o.grace)} if fault == "stop-node" else {}
-            self.note(
-                f"{where}: PodChaos pod-kill: {self.recreator} re-creates the pod and it rejoins; locally the node "
-                "stays down until `sim start`."
-            )
-            return [self._pod_chaos(name, target, "pod-kill", None, extra)]
-        if fault == "restart-node":
-            if o.downtime:
-                self.note(f"{where}: downtime {o.downtime:g}s as PodChaos pod-failure for that long.")
-                return [self._pod_chaos(name, o.target, "pod-failure", o.downtime)]
-            return [self._pod_chaos(name, o.target, "pod-kill", None, {"gracePeriod": int(o.grace)})]
-        if fault == "etcd-restart":
-            if o.downtime:
-                self.note(f"{where}: etcd-restart's downtime {o.downtime:g}s is not mapped (the container restarts).")
-            return [self._pod_chaos(name, ETCD, "container-kill", None, {"containerNames": [ETCD_CONTAINER]})]
+                return self._form(name, fault, where, form, held, hold, run_s)
         if fault == "etcd-wipe":
             self.note(
                 f"{where}: etcd-wipe as PodChaos pod-kill of the etcd pod: its emptyDir goes with it, so the "
                 f"Deployment's new pod starts empty{'; the downtime is not mapped' if o.downtime else ''}."
             )
             return [self._pod_chaos(name, ETCD, "pod-kill", None)]
-        if fault in ("pause", "etcd-pause"):
-            target = ETCD if fault == "etcd-pause" else o.target
-            if target == ETCD:
-                self.note(
-                    f"{where}: a frozen etcd as a NetworkChaos partition of the etcd pod (the etcd image has "
-                    "no shell to signal from): clients see it unresponsive, as when frozen."
-                )
-                return [self._network(name, ETCD, "partition", held or run_s, target=self._job_selector())]
-            self.note(
-                f"{where}: pause as a Task that SIGSTOPs every process of the pod but PID 1 (the kernel ignores "
-                "SIGSTOP sent to a namespace's init): the agent keeps heartbeating, its workers freeze; "
-                "locally docker pause freezes the agent too."
-            )
-            stop = self._exec_task(f"{name}-stop", target, _SIGNAL_ALL, int(SIGSTOP))
-            cont = self._exec_task(f"{name}-cont", target, _SIGNAL_ALL, int(SIGCONT))
-            return self._held(name, stop, cont, held, run_s)
         if fault == "corrupt-checkpoint":
             return [self._exec_task(name, o.target, nodescripts.CORRUPT, o.dir, o.mode, self.seed)]
         if fault == "kill-during-checkpoint":
@@ -940,7 +905,7 @@ class _Workflow:
                 "(gracefully, with the pods' terminationGracePeriodSeconds; abrupt and grace are not mapped)."
             )
             return [self._task(name, command)]
-        if fault in ("heal", "unpause", "etcd-unpause", "start-node", "etcd-start"):
+        if fault == "heal":
             self.note(
                 f"{where}: {fault} ends the fault before it: that fault's template lasts until this step's time "
                 "(Chaos Mesh undoes a fault when its template's deadline passes); no template of its own."
@@ -952,7 +917,9 @@ class _Workflow:
         )
         return []
 
-    def _form(self, name: str, fault: str, where: str, form: K8sForm, held: float | None, run_s: float) -> list[dict]:
+    def _form(
+        self, name: str, fault: str, where: str, form: K8sForm, held: float | None, hold: float | None, run_s: float
+    ) -> list[dict]:
         """The templates of a kind's own Kubernetes form (sim/core/faultkinds), the first one the Serial runs."""
         if isinstance(form, ChaosMesh):
             self.note(f"{where}: {form.note}")
@@ -961,12 +928,37 @@ class _Workflow:
                 chaos["containerNames"] = [self.container]
             return [self._chaos(name, form.kind, chaos, form.deadline_s or held or run_s)]
         if isinstance(form, PodChaos):
-            self.note(f"{where}: {form.note}")
-            extra = {"containerNames": [self.container]} if form.in_container else {}
-            return [self._pod_chaos(name, form.target, form.action, None, extra)]
+            if form.note:
+                self.note(f"{where}: {form.note}")
+            extra: dict = {"gracePeriod": form.grace} if form.grace is not None else {}
+            if form.in_container or form.container:
+                extra["containerNames"] = [self.container if form.in_container else form.container]
+            return [self._pod_chaos(name, form.target, form.action, form.duration_s, extra)]
+        if isinstance(form, PodDown):
+            if hold is not None or form.target == ETCD:
+                # Down until a later start (or for the rest of the run): the pod is kept from running.
+                duration = hold if hold is not None else run_s
+                self.note(
+                    f"{where}: PodChaos pod-failure for {duration:g}s: the pod stays down until "
+                    f"the scenario starts it again ({self.recreator} or Deployment would re-create a killed pod at "
+                    "once)."
+                )
+                return [self._pod_chaos(name, form.target, "pod-failure", duration)]
+            self.note(
+                f"{where}: PodChaos pod-kill: {self.recreator} re-creates the pod and it rejoins; locally the node "
+                "stays down until `sim start`."
+            )
+            grace = {"gracePeriod": form.grace} if form.grace is not None else {}
+            return [self._pod_chaos(name, form.target, "pod-kill", None, grace)]
+        if isinstance(form, CutFromJob):
+            if form.note:
+                self.note(f"{where}: {form.note}")
+            return [self._network(name, form.target, "partition", held or run_s, target=self._job_selector())]
         if isinstance(form, ExecTask):
             return [self._form_task(name, form)]
         if isinstance(form, Held):
+            if form.note:
+                self.note(f"{where}: {form.note}")
             start, end = self._form_task(f"{name}-stop", form.start), self._form_task(f"{name}-cont", form.end)
             return self._held(name, start, end, held, run_s)
         if isinstance(form, EndsHold):
@@ -1036,11 +1028,12 @@ class _Workflow:
             chaos["duration"] = go_duration(duration_s)
         return self._chaos(name, "PodChaos", chaos, duration_s)
 
-    def _network(self, name: str, target: str, action: str, deadline_s: float, **fields: dict) -> dict:
+    def _network(self, name: str, pod: str, action: str, deadline_s: float, **fields: dict) -> dict:
+        # `pod`, not `target`: a partition's other side is its `target` field.
         chaos: dict = {
             "action": action,
-            "mode": self._mode(target),
-            "selector": self._selector(target),
+            "mode": self._mode(pod),
+            "selector": self._selector(pod),
             "direction": "both",
         }
         if "target" in fields:
@@ -1166,11 +1159,6 @@ class _Workflow:
             "done; exit 1"
         )
         return self._task(name, command, {"SCRIPT": script})
-
-
-def _undoes(later: FaultKind, kind: FaultKind) -> bool:
-    """A converted kind that undoes another's faults in force (resume-worker: a hang-worker's)."""
-    return later.act is not None and later.undoes_in_force is not None and later.undoes_in_force == kind.in_force
 
 
 def _node_index(target: str, spec: ClusterSpec) -> int | None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sim.core.errors import FaultError, UsageError
 from sim.core.faultkinds import FAULT_KINDS, KINDS, PROVOCATIONS, FaultKind, container, process
+from sim.core.faultkinds.container import DowntimeOptions, NoOptions
 from sim.core.faultoptions import (
     DIRECTORY,
     FLAG,
@@ -83,16 +84,6 @@ _DOWNTIME_HELP = "stay down this long before starting again"
 _NODE_TARGET_HELP = "a node (node0, ...), or random (seeded), store-host, rank0"
 
 
-@dataclass(frozen=True)
-class NoOptions(FaultOptions):
-    pass
-
-
-@dataclass(frozen=True)
-class TargetOptions(FaultOptions):
-    target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
-
-
 CORRUPTIONS = ("bitflip", "truncate")
 _CKPT_DIR_HELP = "the checkpoint directory inside the nodes (shared by all)"
 
@@ -125,24 +116,6 @@ class InWriteOptions(FaultOptions):
 @dataclass(frozen=True)
 class KillInWriteOptions(InWriteOptions):
     signal: Signals = option(SIGNAL, "KILL, TERM, ...", SIGKILL)
-
-
-@dataclass(frozen=True)
-class StopOptions(FaultOptions):
-    target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
-    grace: float = option(SECONDS, "seconds between SIGTERM and SIGKILL", 10.0)
-
-
-@dataclass(frozen=True)
-class RestartOptions(FaultOptions):
-    target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
-    grace: float = option(SECONDS, "grace period before the kill", 0.0)
-    downtime: float = option(SECONDS, _DOWNTIME_HELP, 0.0)
-
-
-@dataclass(frozen=True)
-class DowntimeOptions(FaultOptions):
-    downtime: float = option(SECONDS, _DOWNTIME_HELP, 0.0)
 
 
 PARTITION_SHAPES = ("groups", "isolate", "from_etcd", "from_peers", "one_way")
@@ -249,6 +222,7 @@ class FaultEntry:
     # The kind of fault it is, as the history records it (sim.core.faultkinds), when not its own name:
     # etcd-kill is kill-node aimed at etcd, netem the kind link.
     records: str = ""
+    fixed_target: str | None = None  # an entry aimed at one target whatever its options (etcd-kill: etcd)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z]+(-[a-z]+)*", self.name):
@@ -328,6 +302,17 @@ def _heal_result(nemesis: Nemesis, result: dict) -> dict:
     return nemesis.heal(fault_id)
 
 
+def _undo_of(kind: FaultKind, target: str | None = None) -> Callable[[Nemesis, dict], dict] | None:
+    """How the runner ends a reversible kind's hold: heal its id, or carry out its undo kind on its node (an
+    entry's fixed `target`)."""
+    if not kind.reversible:
+        return None
+    if kind.undo_op == "heal":
+        return _heal_result
+    undo = KINDS[kind.undo_op]
+    return lambda n, result: n.carry_out(undo, undo.act.options(target=target or FaultResult.parse(result).node))
+
+
 def _acting(kind: FaultKind) -> FaultEntry:
     """The catalog entry of a kind that declares its own act (sim/core/faultkinds): the nemesis carries it out."""
     act = kind.act
@@ -337,55 +322,39 @@ def _acting(kind: FaultKind) -> FaultEntry:
         act.verb,
         act.help,
         lambda n, o: n.carry_out(kind, o),
-        undo=_heal_result if kind.reversible else None,
-        undo_verb="heal" if kind.reversible else "",
+        undo=_undo_of(kind),
+        undo_verb=kind.undo_op or "",
+        needs_running=act.needs_running,
+    )
+
+
+def _aimed(kind: FaultKind, name: str) -> FaultEntry:
+    """Another entry of a kind that declares its own act, aimed at its fixed target (etcd-kill: kill-node at etcd)."""
+    (entry,) = (e for e in kind.act.entries if e.name == name)
+    return FaultEntry(
+        entry.name,
+        entry.options,
+        entry.verb,
+        entry.help,
+        lambda n, o: n.carry_out(kind, o, target=entry.target),
+        undo=_undo_of(kind, entry.target),
+        undo_verb=entry.undo_verb or kind.undo_op or "",
+        needs_etcd=entry.needs_etcd,
+        needs_running=kind.act.needs_running,
+        records=kind.name,
+        fixed_target=entry.target,
     )
 
 
 _CATALOG = (
     _acting(process.KILL_WORKER),
     _acting(process.KILL_AGENT),
-    FaultEntry(
-        "kill-node",
-        TargetOptions,
-        ("kill",),
-        "crash a whole node or etcd at once (docker kill)",
-        lambda n, o: n.kill_node(o.target),
-    ),
-    FaultEntry(
-        "stop-node",
-        StopOptions,
-        ("stop",),
-        "preempt a node: SIGTERM, then SIGKILL after a grace period (docker stop -t)",
-        lambda n, o: n.stop_node(o.target, grace=o.grace),
-    ),
-    FaultEntry(
-        "restart-node",
-        RestartOptions,
-        ("restart",),
-        "restart a node or etcd with the same hostname (quick rejoin; etcd keeps its data)",
-        lambda n, o: n.restart_node(o.target, grace=o.grace, downtime=o.downtime),
-    ),
-    FaultEntry(
-        "start-node",
-        TargetOptions,
-        ("start",),
-        "start a node or etcd that was killed or stopped",
-        lambda n, o: n.start_node(o.target),
-        needs_running=False,
-    ),
-    FaultEntry(
-        "pause",
-        TargetOptions,
-        ("pause",),
-        "freeze a node or etcd (every process stops; docker pause)",
-        lambda n, o: n.pause(o.target),
-        undo=lambda n, result: n.unpause(FaultResult.parse(result).node),
-        undo_verb="unpause",
-    ),
-    FaultEntry(
-        "unpause", TargetOptions, ("unpause",), "resume a frozen node or etcd", lambda n, o: n.unpause(o.target)
-    ),
+    _acting(container.KILL_NODE),
+    _acting(container.STOP_NODE),
+    _acting(container.RESTART_NODE),
+    _acting(container.START_NODE),
+    _acting(container.PAUSE),
+    _acting(container.UNPAUSE),
     FaultEntry(
         "partition",
         PartitionOptions,
@@ -423,34 +392,9 @@ _CATALOG = (
         undo_verb="heal",
         records="link",
     ),
-    FaultEntry(
-        "etcd-kill",
-        NoOptions,
-        ("etcd", "kill"),
-        "crash etcd at once (docker kill)",
-        lambda n, o: n.kill_node(ETCD),
-        needs_etcd=True,
-        records="kill-node",
-    ),
-    FaultEntry(
-        "etcd-start",
-        NoOptions,
-        ("etcd", "start"),
-        "start etcd after a kill, keeping its data",
-        lambda n, o: n.start_node(ETCD),
-        needs_etcd=True,
-        needs_running=False,
-        records="start-node",
-    ),
-    FaultEntry(
-        "etcd-restart",
-        DowntimeOptions,
-        ("etcd", "restart"),
-        "restart etcd, keeping its data",
-        lambda n, o: n.restart_node(ETCD, downtime=o.downtime),
-        needs_etcd=True,
-        records="restart-node",
-    ),
+    _aimed(container.KILL_NODE, "etcd-kill"),
+    _aimed(container.START_NODE, "etcd-start"),
+    _aimed(container.RESTART_NODE, "etcd-restart"),
     FaultEntry(
         "etcd-wipe",
         DowntimeOptions,
@@ -460,26 +404,8 @@ _CATALOG = (
         needs_etcd=True,
         records="wipe-etcd",
     ),
-    FaultEntry(
-        "etcd-pause",
-        NoOptions,
-        ("etcd", "pause"),
-        "freeze etcd",
-        lambda n, o: n.pause(ETCD),
-        undo=lambda n, result: n.unpause(ETCD),
-        undo_verb="etcd unpause",
-        needs_etcd=True,
-        records="pause",
-    ),
-    FaultEntry(
-        "etcd-unpause",
-        NoOptions,
-        ("etcd", "unpause"),
-        "resume a frozen etcd",
-        lambda n, o: n.unpause(ETCD),
-        needs_etcd=True,
-        records="unpause",
-    ),
+    _aimed(container.PAUSE, "etcd-pause"),
+    _aimed(container.UNPAUSE, "etcd-unpause"),
     FaultEntry(
         "etcd-isolate",
         NoOptions,
@@ -543,7 +469,11 @@ _CATALOG = (
 _PLACED = {entry.name for entry in _CATALOG}
 FAULTS: dict[str, FaultEntry] = {
     fault.name: fault
-    for fault in (*_CATALOG, *(_acting(k) for k in FAULT_KINDS if k.act is not None and k.name not in _PLACED))
+    for fault in (
+        *_CATALOG,
+        *(_acting(k) for k in FAULT_KINDS if k.act is not None and k.name not in _PLACED),
+        *(_aimed(k, e.name) for k in FAULT_KINDS if k.act is not None for e in k.act.entries if e.name not in _PLACED),
+    )
 }
 
 

@@ -11,89 +11,52 @@ from sim.core.errors import FaultError, UsageError
 from sim.core.faultkinds import container
 from sim.core.nodes import node_order
 from sim.faults.targets import ETCD
-from sim.faults.verbbase import PROCESS_BOUND_FAULTS, _last
+from sim.faults.verbbase import _last
 
 
 class ContainerFaults:
+    # --- the container family's verbs for Python callers: each carries out its kind (faultkinds/container.py)
+
     def kill_node(self, target: str) -> dict:
         """The whole node dies at once (SIGKILL to every process: `docker kill`)."""
-
-        def kill_container() -> dict:
-            name = self.resolve(target)
-            self.docker.kill(self._info(name).id, "SIGKILL")
-            self._forget_faults_of([name], PROCESS_BOUND_FAULTS)
-            return {"node": name}
-
-        return self.invoke("kill-node", target, kill_container, seed=self.seed)
+        return self.carry_out(container.KILL_NODE, container.TargetOptions(target))
 
     def stop_node(self, target: str, *, grace: float = 10.0) -> dict:
         """Preemption: SIGTERM, then SIGKILL after `grace` seconds (`docker stop -t`)."""
-
-        def stop_container() -> dict:
-            name = self.resolve(target)
-            started = time.monotonic()
-            self.docker.stop(self._info(name).id, grace)
-            self._forget_faults_of([name], PROCESS_BOUND_FAULTS)
-            return {"node": name, "grace": grace, "took": round(time.monotonic() - started, 2)}
-
-        return self.invoke("stop-node", target, stop_container, grace=grace, seed=self.seed)
+        return self.carry_out(container.STOP_NODE, container.StopOptions(target, grace))
 
     def restart_node(self, target: str, *, grace: float = 0.0, downtime: float = 0.0) -> dict:
         """The same node (same hostname) comes back: a quick rejoin, or after `downtime`
         seconds down (a real restart takes seconds; whether a peer's call lands in the gap
         decides what torch does, so a scenario can make the gap certain)."""
-
-        def restart_container() -> dict:
-            name = self.resolve(target)
-            cid = self._info(name).id
-            if downtime > 0:
-                self.docker.stop(cid, grace)
-                time.sleep(downtime)
-                self.docker.start(cid)
-            else:
-                self.docker.restart(cid, grace)
-            self._reapply_network(name)
-            return {"node": name, "grace": grace, "downtime": downtime}
-
-        return self.invoke("restart-node", target, restart_container, grace=grace, downtime=downtime, seed=self.seed)
+        return self.carry_out(container.RESTART_NODE, container.RestartOptions(target, grace, downtime))
 
     def start_node(self, target: str) -> dict:
         """Start a node (or etcd) that was killed or stopped, keeping its data."""
-
-        def start_container() -> dict:
-            name = self.resolve(target)
-            self.docker.start(self._info(name).id)
-            self._reapply_network(name)
-            return {"node": name}
-
-        return self.invoke("start-node", target, start_container)
+        return self.carry_out(container.START_NODE, container.TargetOptions(target))
 
     def pause(self, target: str) -> dict:
         """Freeze every process of a node (cgroup freezer: `docker pause`)."""
-
-        def pause_container() -> dict:
-            name = self.resolve(target)
-            info = self._info(name)
-            if info.state == "paused":
-                raise UsageError(f"{name}: already paused; `sim unpause {name}` resumes it")
-            fault_id = f"pause-{name}"
-            with self._claimed(fault_id, None, lambda: {"fault": "pause", "target": name, "detail": "frozen"}):
-                self.docker.pause(info.id)  # the intent first: a pause interrupted here is still healed
-            return {"id": fault_id, "node": name}
-
-        return self.invoke("pause", target, pause_container, seed=self.seed)
+        return self.carry_out(container.PAUSE, container.TargetOptions(target))
 
     def unpause(self, target: str) -> dict:
-        def unpause_container() -> dict:
-            name = self.resolve(target)
-            info = self._info(name)
-            if info.state != "paused":
-                raise UsageError(f"{name}: not paused (it is {info.state})")
-            self.docker.unpause(info.id)
-            self._forget(f"pause-{name}")
-            return {"node": name}
+        return self.carry_out(container.UNPAUSE, container.TargetOptions(target))
 
-        return self.invoke("unpause", target, unpause_container)
+    # --- what the executor does for the container family's actions
+
+    def _restart_container(self, node: str, grace: float, downtime: float) -> None:
+        cid = self._info(node).id
+        if downtime > 0:
+            self.docker.stop(cid, grace)
+            time.sleep(downtime)
+            self.docker.start(cid)
+        else:
+            self.docker.restart(cid, grace)
+
+    def _stop_container(self, node: str, grace: float) -> float:
+        started = time.monotonic()
+        self.docker.stop(self._info(node).id, grace)
+        return round(time.monotonic() - started, 2)
 
     def slow_node(self, target: str, *, cpus: float) -> dict:
         """A straggler: the node (or etcd) gets `cpus` CPUs' worth of time (cgroup CPU quota,

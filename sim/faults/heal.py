@@ -17,14 +17,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from sim.core import faultkinds as kinds
-from sim.core.faultkinds import ContinueWorker, RemoveFile, Struck
+from sim.core.faultkinds import ContinueWorker, RemoveFile, Struck, Unpause
 from sim.faults.inforce import InForce
 from sim.faults.targets import ETCD
-
-
-@dataclasses.dataclass(frozen=True)
-class Unpause:
-    node: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +36,7 @@ class EndAct:
     marker: str
 
 
-Action = Unpause | ClearLink | EndAct | kinds.Action
+Action = ClearLink | EndAct | kinds.Action
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +73,8 @@ class HealPlan:
 
 
 _FROZEN = kinds.in_force_kinds(lambda kind: kind.freezes_node)  # pause, freeze: a frozen node runs nothing
+# The verb that thaws a frozen node: the kind that undoes a freeze in force.
+_THAW = next(" ".join(k.act.verb) for k in kinds.FAULT_KINDS if k.act is not None and k.undoes_in_force in _FROZEN)
 # In-force kind -> the act of the kind that declares its own undo.
 _ACTING = {k.in_force: k.act for k in kinds.FAULT_KINDS if k.act is not None and k.in_force is not None}
 
@@ -97,13 +94,17 @@ def _plan_one(fault: InForce, states: dict[str, str]) -> Undo | Keep:
     kind, node = fault.fault, fault.target
     state = states.get(node)  # None: no such container (scaled away), or not a node (a partition)
     actions: list[Action] = []
+    act = _ACTING.get(kind)
     if kind in _FROZEN and state == "paused":
-        actions.append(Unpause(node))
+        # A frozen node runs nothing: thawed first (a pause's own undo is its unpause).
+        at = Struck(node)
+        actions += act.undo(at) if act is not None and act.undo_while_paused else (Unpause(node),)
         state = states[node] = "running"
     if fault.acting and fault.act and state == "running":
         actions.append(EndAct(node, fault.act))  # first: a watcher left running would stop a worker after
-    act = _ACTING.get(kind)
-    if act is not None:  # a kind that declares its own undo (sim/core/faultkinds)
+    if act is not None and act.undo_while_paused:
+        pass  # undone above, or nothing to undo: a paused node someone thawed already
+    elif act is not None:  # a kind that declares its own undo (sim/core/faultkinds)
         kept = {"cpu_quota": fault.cpu_quota, "cpu_period": fault.cpu_period}
         at = Struck(node, pid=fault.pid, file=fault.file, kept=kept)  # what it struck, as its record says
         if act.undo_needs_running and state is not None:
@@ -137,6 +138,6 @@ def _not_running(fault: InForce, node: str, state: str | None) -> str | None:
     if state is None:
         return f"no running node reaches {fault.file}; start one, then `sim heal {fault.id}`"
     if state != "running":
-        wake = "unpause" if state == "paused" else "start"
+        wake = _THAW if state == "paused" else "start"
         return f"{node} is {state}; `sim {wake} {node}`, then `sim heal {fault.id}`"
     return None

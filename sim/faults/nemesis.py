@@ -14,6 +14,7 @@ faults in force in sim/faults/inforce.py. Heal plans (sim/faults/heal.py), then 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -23,16 +24,24 @@ from sim.core import faultkinds as kinds
 from sim.core.errors import FaultError, SimError, UnsupportedFaultError, UsageError
 from sim.core.faultkinds import (
     ContinueWorker,
+    EndedWithNode,
     ExhaustMemory,
     FaultKind,
     ForgetInForce,
+    KillContainer,
     LimitCpu,
     LimitWrites,
+    NetworkBack,
     NodeShell,
+    PauseContainer,
     ReadCpuLimits,
     RemoveFile,
+    RestartContainer,
     Signal,
+    StartContainer,
+    StopContainer,
     Touch,
+    Unpause,
 )
 from sim.core.faultkinds.process import OOM_HEADROOM
 from sim.core.faultoptions import FaultOptions
@@ -44,7 +53,7 @@ from sim.engines.proctable import PROBE_ARGV, NodeProcesses, parse_probe
 from sim.faults import nodescripts
 from sim.faults.containers import ContainerFaults
 from sim.faults.disk import FILL_AT_MOST, DiskFaults
-from sim.faults.heal import Action, ClearLink, EndAct, HealPlan, Keep, Unpause, plan_heal
+from sim.faults.heal import Action, ClearLink, EndAct, HealPlan, Keep, plan_heal
 from sim.faults.inforce import FaultStore, InForce
 from sim.faults.network import NetworkFaults
 from sim.faults.processes import OOM_WITHIN_S, WRITER_POLL_S, ProcessFaults
@@ -150,17 +159,20 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
 
     # --- a kind that declares its act (sim/core/faultkinds): intent, actions, outcome --------------------
 
-    def carry_out(self, kind: FaultKind, options: FaultOptions) -> dict:
+    def carry_out(self, kind: FaultKind, options: FaultOptions, *, target: str | None = None) -> dict:
         """Inject a fault of a kind that declares its own act: its invoke record, what it strikes resolved, its
         intent claimed (a reversible kind: `sim faults` lists it before it acts, so an interrupted one is still
-        healed), its actions carried out, its typed result the ok record."""
+        healed), its actions carried out, its typed result the ok record. `target`: an entry's fixed one (etcd)."""
         act = kind.act
         args = act.recorded_args(options)
         if act.seeded:
             args["seed"] = self.seed
 
         def acting() -> dict:
-            at = self._strike(act, options)
+            at = self._strike(act, options, target)
+            problem = act.problem(dataclasses.replace(at, state=self._info(at.node).state)) if act.problem else None
+            if problem:
+                raise UsageError(problem)
             fault_id = kind.in_force_id_of(at)
             if fault_id is None:
                 return act.result(options, at, self._carry_all(act.inject(options, at))).to_dict()
@@ -176,7 +188,7 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
                 outcomes = self._carry_all(act.inject(options, at))
             return act.result(options, at, outcomes).to_dict()
 
-        return self.invoke(kind.name, act.recorded_target(options), acting, **args)
+        return self.invoke(kind.name, act.recorded_target(options, target), acting, **args)
 
     def _carry_all(self, actions: Sequence[kinds.Action]) -> tuple[Any, ...]:
         return tuple(self._carry(action) for action in actions)
@@ -214,6 +226,29 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
         if isinstance(action, ReadCpuLimits):
             before = self.docker.resources(self._info(action.node).id)
             return {"cpu_quota": before.cpu_quota, "cpu_period": before.cpu_period}
+        if isinstance(action, KillContainer):
+            self.docker.kill(self._info(action.node).id, "SIGKILL")
+            return ""
+        if isinstance(action, StopContainer):
+            return self._stop_container(action.node, action.grace)
+        if isinstance(action, RestartContainer):
+            self._restart_container(action.node, action.grace, action.downtime)
+            return ""
+        if isinstance(action, StartContainer):
+            self.docker.start(self._info(action.node).id)
+            return ""
+        if isinstance(action, PauseContainer):
+            self.docker.pause(self._info(action.node).id)
+            return ""
+        if isinstance(action, Unpause):
+            self.docker.unpause(self._info(action.node).id)
+            return ""
+        if isinstance(action, EndedWithNode):
+            self._forget_faults_of([action.node], PROCESS_BOUND_FAULTS)
+            return ""
+        if isinstance(action, NetworkBack):
+            self._reapply_network(action.node)
+            return ""
         if isinstance(action, ForgetInForce):
             undone = [f.id for f in self.active() if f.fault == action.in_force and f.target == action.node]
             for fault_id in undone:
@@ -269,9 +304,7 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
 
     def _act(self, action: Action) -> None:
         """One action of a heal plan."""
-        if isinstance(action, Unpause):
-            self.docker.unpause(self._info(action.node).id)
-        elif isinstance(action, ClearLink):
+        if isinstance(action, ClearLink):
             self._clear_link(action.node)
         elif isinstance(action, EndAct):
             ended = self.cluster.exec(action.node, *nodescripts.argv(nodescripts.END_ACT, action.marker))

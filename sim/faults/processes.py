@@ -61,12 +61,13 @@ class ProcessFaults:
 
     # --- what the executor does for the process family's actions and targets
 
-    def _strike(self, act: Act, options) -> Struck:
-        """What a kind strikes, resolved from its options: a node, a worker of one, or a node's agent."""
+    def _strike(self, act: Act, options, target: str | None = None) -> Struck:
+        """What a kind strikes, resolved from its options (or an entry's fixed target): a node, a worker of
+        one, or a node's agent."""
         if act.strikes == "worker":
             node, worker = self._pick_worker(options.target, options.rank, options.local_rank)
             return Struck(node, worker.pid, worker.rank, worker.local_rank)
-        node = self.resolve(options.target, allow_etcd=act.allow_etcd)
+        node = self.resolve(target or options.target, allow_etcd=act.allow_etcd)
         if act.strikes == "agent":
             procs = self.processes(node)
             if procs.agent_pid is None:

@@ -11,6 +11,7 @@ import dataclasses
 import importlib
 import pkgutil
 from pathlib import Path
+from types import NoneType
 
 import pytest
 
@@ -160,8 +161,12 @@ def test_every_kind_declares_every_part(kind):
     assert (act.undo is not None) == kind.reversible
     if act.undo is not None:
         assert act.undo(at) and all(isinstance(a, Action.__args__) for a in act.undo(at))
-        assert kind.in_force_id_of(at) and act.refused(at, kind.in_force_id_of(at))
-    form = act.k8s(options)
+        refusal = act.refused(at, kind.in_force_id_of(at))
+        assert refusal is None or refusal.startswith("node1: "), kind.name
+    for entry in act.entries:  # another entry of it, aimed at its fixed target: asked for with no target
+        assert FAULTS[entry.name].kind is kind and "target" not in FAULTS[entry.name].option_names
+        assert isinstance(act.k8s(FAULTS[entry.name].make_options({}), entry.target), (*K8sForm.__args__, NoneType))
+    form = act.k8s(options, options.target)
     assert form is None or isinstance(form, K8sForm.__args__), kind.name
     if isinstance(form, ChaosMesh):
         assert form.kind.endswith("Chaos") and form.note, kind.name

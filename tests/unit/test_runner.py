@@ -83,6 +83,10 @@ class RecordingNemesis:
         return call
 
 
+PAUSE_NODE1 = ("carry_out", (container.PAUSE, container.TargetOptions("node1")), {})
+UNPAUSE_NODE1 = ("carry_out", (container.UNPAUSE, container.TargetOptions("node1")), {})
+UNPAUSE_ETCD = ("carry_out", (container.UNPAUSE, container.TargetOptions("etcd")), {})
+
 # fault -> (its scenario step's options, its CLI argv, the nemesis call, the undo call of a reversible one).
 # Written out by hand, not derived from the catalog: this is what the catalog must do.
 WIRING = {
@@ -98,22 +102,32 @@ WIRING = {
         ("carry_out", (process.KILL_AGENT, process.KillAgentOptions("node1", signal.SIGTERM)), {}),
         None,
     ),
-    "kill-node": ("target: node2", ["kill", "node2"], ("kill_node", ("node2",), {}), None),
+    "kill-node": (
+        "target: node2",
+        ["kill", "node2"],
+        ("carry_out", (container.KILL_NODE, container.TargetOptions("node2")), {}),
+        None,
+    ),
     "stop-node": (
         "target: node1\n    grace: 5s",
         ["stop", "node1", "--grace", "5s"],
-        ("stop_node", ("node1",), {"grace": 5.0}),
+        ("carry_out", (container.STOP_NODE, container.StopOptions("node1", 5.0)), {}),
         None,
     ),
     "restart-node": (
         "target: node1\n    grace: 1s\n    downtime: 2s",
         ["restart", "node1", "--grace", "1s", "--downtime", "2s"],
-        ("restart_node", ("node1",), {"grace": 1.0, "downtime": 2.0}),
+        ("carry_out", (container.RESTART_NODE, container.RestartOptions("node1", 1.0, 2.0)), {}),
         None,
     ),
-    "start-node": ("target: node1", ["start", "node1"], ("start_node", ("node1",), {}), None),
-    "pause": ("target: node1", ["pause", "node1"], ("pause", ("node1",), {}), ("unpause", ("node1",), {})),
-    "unpause": ("target: node1", ["unpause", "node1"], ("unpause", ("node1",), {}), None),
+    "start-node": (
+        "target: node1",
+        ["start", "node1"],
+        ("carry_out", (container.START_NODE, container.TargetOptions("node1")), {}),
+        None,
+    ),
+    "pause": ("target: node1", ["pause", "node1"], PAUSE_NODE1, UNPAUSE_NODE1),
+    "unpause": ("target: node1", ["unpause", "node1"], UNPAUSE_NODE1, None),
     "partition": (
         "isolate: [node1]",
         ["partition", "--isolate", "node1"],
@@ -135,17 +149,37 @@ WIRING = {
         ),
         ("heal", ("link-node1",), {}),
     ),
-    "etcd-kill": ("", ["etcd", "kill"], ("kill_node", ("etcd",), {}), None),
-    "etcd-start": ("", ["etcd", "start"], ("start_node", ("etcd",), {}), None),
+    "etcd-kill": (
+        "",
+        ["etcd", "kill"],
+        ("carry_out", (container.KILL_NODE, container.NoOptions()), {"target": "etcd"}),
+        None,
+    ),
+    "etcd-start": (
+        "",
+        ["etcd", "start"],
+        ("carry_out", (container.START_NODE, container.NoOptions()), {"target": "etcd"}),
+        None,
+    ),
     "etcd-restart": (
         "downtime: 3s",
         ["etcd", "restart", "--downtime", "3s"],
-        ("restart_node", ("etcd",), {"downtime": 3.0}),
+        ("carry_out", (container.RESTART_NODE, container.DowntimeOptions(3.0)), {"target": "etcd"}),
         None,
     ),
     "etcd-wipe": ("downtime: 3s", ["etcd", "wipe", "--downtime", "3s"], ("wipe_etcd", (), {"downtime": 3.0}), None),
-    "etcd-pause": ("", ["etcd", "pause"], ("pause", ("etcd",), {}), ("unpause", ("etcd",), {})),
-    "etcd-unpause": ("", ["etcd", "unpause"], ("unpause", ("etcd",), {}), None),
+    "etcd-pause": (
+        "",
+        ["etcd", "pause"],
+        ("carry_out", (container.PAUSE, container.NoOptions()), {"target": "etcd"}),
+        UNPAUSE_ETCD,
+    ),
+    "etcd-unpause": (
+        "",
+        ["etcd", "unpause"],
+        ("carry_out", (container.UNPAUSE, container.NoOptions()), {"target": "etcd"}),
+        None,
+    ),
     "etcd-isolate": ("", ["etcd", "isolate"], ("partition", (ETCD_CUT,), {}), ("heal", ("partition-x",), {})),
     "hang-worker": (
         "target: node1\n    local_rank: 1",

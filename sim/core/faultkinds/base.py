@@ -75,6 +75,7 @@ class Struck:
     file: str | None = None  # the in-force record's file (a held worker's hang file)
     # What its in-force record kept to undo it (Act.remembers: a CPU quota to restore).
     kept: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    state: str | None = None  # its container's state, when the act checks it (Act.problem)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +162,63 @@ class ReadCpuLimits:
 
 
 @dataclasses.dataclass(frozen=True)
+class KillContainer:
+    """The whole node dies at once: SIGKILL to every process of its container (`docker kill`)."""
+
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StopContainer:
+    """SIGTERM to the node's container, SIGKILL after `grace` seconds (`docker stop -t`). Outcome: the seconds
+    it took."""
+
+    node: str
+    grace: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartContainer:
+    """The same container (same hostname) again: restarted at once, or stopped for `downtime` seconds first."""
+
+    node: str
+    grace: float
+    downtime: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StartContainer:
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PauseContainer:
+    """Freeze every process of the node (the cgroup freezer: `docker pause`)."""
+
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Unpause:
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class EndedWithNode:
+    """Forget the node's faults in force that lived in its processes or network namespace (they ended with it)."""
+
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkBack:
+    """A restarted or started container has a fresh network namespace: the partitions in force are applied
+    to it again, and its faults that lived in the old one are forgotten."""
+
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
 class ForgetInForce:
     """Forget the node's faults in force of kind `in_force`: what this fault undid. Outcome: their ids."""
 
@@ -178,6 +236,14 @@ Action = (
     | ExhaustMemory
     | LimitCpu
     | ReadCpuLimits
+    | KillContainer
+    | StopContainer
+    | RestartContainer
+    | StartContainer
+    | PauseContainer
+    | Unpause
+    | EndedWithNode
+    | NetworkBack
     | ForgetInForce
 )
 
@@ -198,13 +264,34 @@ class ChaosMesh:
 
 @dataclasses.dataclass(frozen=True)
 class PodChaos:
-    """A Chaos Mesh PodChaos `action` ("container-kill", ...) on the target's pod, once; `in_container`: of
-    the job's container only."""
+    """A Chaos Mesh PodChaos `action` ("container-kill", "pod-kill", "pod-failure") on the target's pod, for
+    `duration_s` (pod-failure) or once; `in_container`: of the job's container only, `container`: of that
+    container; `grace`: its gracePeriod. `note`: "" when it says nothing the action does not."""
 
     action: str
     target: str
-    note: str
+    note: str = ""
     in_container: bool = False
+    container: str | None = None
+    grace: int | None = None
+    duration_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PodDown:
+    """A node lost: PodChaos pod-kill (its pod re-created at once, `grace` its gracePeriod), or, while a later
+    step starts it again (or always for etcd), pod-failure until then."""
+
+    target: str
+    grace: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CutFromJob:
+    """A NetworkChaos partition between the target's pod and the job's (a frozen or isolated etcd)."""
+
+    target: str
+    note: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,14 +313,40 @@ class Held:
 
     start: ExecTask
     end: ExecTask
+    note: str = ""
+
+
+# What an EndsHold step ends: a fault in force its kind undoes (heal: any; unpause: a pause), or a node lost
+# (start-node: a kill or stop of the same node, held down until then).
+ENDS = ("in force", "lost")
 
 
 @dataclasses.dataclass(frozen=True)
 class EndsHold:
     """No template of its own: the step ends the fault before it (that one lasts until this step's time)."""
 
+    ends: str = "in force"  # ENDS
 
-K8sForm = ChaosMesh | PodChaos | ExecTask | Held | EndsHold
+    def __post_init__(self) -> None:
+        if self.ends not in ENDS:
+            raise ValueError(f"EndsHold: ends {self.ends!r} is not one of {ENDS}")
+
+
+K8sForm = ChaosMesh | PodChaos | PodDown | CutFromJob | ExecTask | Held | EndsHold
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """Another catalog entry that asks for a kind, aimed at a fixed target: `sim etcd kill` is kill-node at
+    etcd. Its options have no target."""
+
+    name: str  # as a scenario step names it: "etcd-kill"
+    verb: tuple[str, ...]  # ("etcd", "kill")
+    help: str
+    options: type[FaultOptions]
+    target: str  # "etcd"
+    undo_verb: str = ""  # a reversible kind's: the verb that undoes it by hand ("etcd unpause")
+    needs_etcd: bool = True  # the cluster must have etcd
 
 
 def _refusal(already: str) -> Callable[[Struck, str], str]:
@@ -259,7 +372,7 @@ class Act:
     detail: Callable[[Any, Struck], str]
     already: str
     undo: Callable[[Struck], tuple[Action, ...]] | None
-    k8s: Callable[[Any], K8sForm | None]
+    k8s: Callable[[Any, str], K8sForm | None]  # (options, its target: an entry's fixed one or options.target)
     example: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # options as a scenario step gives them
     allow_etcd: bool = True  # False: it acts on a node's training processes, never etcd
     # Its undo needs the node running (a stopped node's is refused with what to do first); False: a stopped
@@ -278,24 +391,31 @@ class Act:
     # Actions whose outcomes (dicts) its in-force record keeps for its undo, read under the fault store's
     # lock before it acts (the CPU quota a straggler's undo restores).
     remembers: Callable[[Struck], tuple[Action, ...]] = lambda at: ()
-    # Why a second one is refused (default: `{node}: {already}; sim heal ID first`).
-    refusal: Callable[[Struck, str], str] | None = None
+    # Why a second one is refused (default: `{node}: {already}; sim heal ID first`); None from it: never.
+    refusal: Callable[[Struck, str], str | None] | None = None
+    # Why it cannot act on the node as it is (its container's state in `at.state`), before anything acts.
+    problem: Callable[[Struck], str | None] | None = None
+    needs_running: bool = True  # False: it brings a stopped container back
+    # Its undo acts only while its node is paused (a pause): the node runs again after it.
+    undo_while_paused: bool = False
+    entries: tuple[Entry, ...] = ()  # other catalog entries that ask for it (etcd-kill: kill-node at etcd)
 
     def __post_init__(self) -> None:
         if self.strikes not in STRIKES:
             raise ValueError(f"act {self.verb}: strikes {self.strikes!r} is not one of {STRIKES}")
 
-    def recorded_target(self, options: Any) -> str:
-        """The target its history records: a worker struck by global rank is `rank:N`, wherever it runs."""
+    def recorded_target(self, options: Any, target: str | None = None) -> str:
+        """The target its history records (`target`: an entry's fixed one): a worker struck by global rank is
+        `rank:N`, wherever it runs."""
         rank = getattr(options, "rank", None) if self.strikes == "worker" else None
-        return options.target if rank is None else f"rank:{rank}"
+        return (target or options.target) if rank is None else f"rank:{rank}"
 
     def recorded_args(self, options: Any) -> dict[str, Any]:
         if self.args is not None:
             return dict(self.args(options))
         return {name: value for name, value in options.given().items() if name != "target"}
 
-    def refused(self, at: Struck, fault_id: str) -> str:
+    def refused(self, at: Struck, fault_id: str) -> str | None:
         return (self.refusal or _refusal(self.already))(at, fault_id)
 
 

@@ -66,12 +66,12 @@ def _seen(node: str, outcome: str) -> float:
         raise FaultError(f"{node}: setting its clock failed: {outcome.strip() or 'no output'}") from None
 
 
-def _k8s(o: SkewOptions) -> ChaosMesh:
+def _k8s(o: SkewOptions, target: str) -> ChaosMesh:
     offset = go_duration(o.by, signed=True)
     return ChaosMesh(
         "TimeChaos",
         {"timeOffset": offset, "clockIds": ["CLOCK_REALTIME"]},
-        o.target,
+        target,
         f"TimeChaos shifts the clock of the container's processes by {offset} (clockIds CLOCK_REALTIME); "
         "processes started later by `kubectl exec` keep the true time.",
     )

@@ -153,29 +153,29 @@ def _or(value: int | None) -> int:
     return -1 if value is None else value
 
 
-def _signal_worker(o: WorkerOptions, sig: Signals) -> ExecTask:
-    return ExecTask("signal-worker", o.target, (int(sig), _or(o.rank), _or(o.local_rank)), seeded=True, rank=o.rank)
+def _signal_worker(o: WorkerOptions, target: str, sig: Signals) -> ExecTask:
+    return ExecTask("signal-worker", target, (int(sig), _or(o.rank), _or(o.local_rank)), seeded=True, rank=o.rank)
 
 
-def _k8s_hang(o: WorkerOptions) -> Held:
-    return Held(_signal_worker(o, SIGSTOP), ExecTask("continue-workers", o.target, rank=o.rank))
+def _k8s_hang(o: WorkerOptions, target: str) -> Held:
+    return Held(_signal_worker(o, target, SIGSTOP), ExecTask("continue-workers", target, rank=o.rank))
 
 
-def _k8s_kill_agent(o: KillAgentOptions) -> PodChaos:
+def _k8s_kill_agent(o: KillAgentOptions, target: str) -> PodChaos:
     return PodChaos(
         "container-kill",
-        o.target,
+        target,
         "PodChaos container-kill kills the whole container (agent and workers) and the kubelet restarts it; "
         "locally only the agent is signalled and the node container stays.",
         in_container=True,
     )
 
 
-def _k8s_oom(o: WorkerOptions) -> ChaosMesh:
+def _k8s_oom(o: WorkerOptions, target: str) -> ChaosMesh:
     return ChaosMesh(
         "StressChaos",
         {"stressors": {"memory": {"workers": 1, "size": "100%"}}},
-        o.target,
+        target,
         "oom-worker as StressChaos memory (size 100%): the kernel's OOM killer picks its victim in the pod, which "
         "may be the stressor rather than a worker; locally a memory limit is set first.",
         in_container=False,
@@ -201,7 +201,7 @@ KILL_WORKER = FaultKind(
         detail=lambda o, at: f"rank {at.rank} signalled",
         already="",
         undo=None,
-        k8s=lambda o: _signal_worker(o, o.signal),
+        k8s=lambda o, target: _signal_worker(o, target, o.signal),
         example={"target": "node1", "local_rank": 0, "signal": SIGTERM},
         allow_etcd=False,
         args=lambda o: {**_worker_args(o), "signal": o.signal.name},
@@ -301,7 +301,7 @@ HANG_COLLECTIVES = FaultKind(
         detail=lambda o, at: f"rank {at.rank} holds before its next collective",
         already="its worker is held already",
         undo=lambda at: (RemoveFile(at.node, at.file or ""),),
-        k8s=lambda o: ExecTask("stall-worker", o.target, seeded=True),
+        k8s=lambda o, target: ExecTask("stall-worker", target, seeded=True),
         example={"target": "node1", "rank": 1},
         allow_etcd=False,
         undo_needs_running=False,  # the file went with a stopped node's worker
@@ -327,7 +327,7 @@ RESUME_WORKER = FaultKind(
         detail=lambda o, at: "its workers continued",
         already="",
         undo=None,
-        k8s=lambda o: EndsHold(),
+        k8s=lambda o, target: EndsHold(),
         example={"target": "node2"},
         allow_etcd=False,
     ),

@@ -45,7 +45,7 @@ class SlowDiskResult:
         return dataclasses.asdict(self)
 
 
-def _k8s(o: SlowDiskOptions) -> ChaosMesh:
+def _k8s(o: SlowDiskOptions, target: str) -> ChaosMesh:
     return ChaosMesh(
         "IOChaos",
         {
@@ -56,7 +56,7 @@ def _k8s(o: SlowDiskOptions) -> ChaosMesh:
             "percent": 100,
             "methods": ["write", "fsync"],
         },
-        o.target,
+        target,
         f"slow-disk ({o.write_rate} bytes/s on {CKPT_DIR}) as IOChaos latency 100ms on every write and fsync under "
         f"{CKPT_DIR}: Chaos Mesh delays each call instead of limiting the bandwidth.",
     )
