@@ -855,12 +855,6 @@ class _Workflow:
             form = act.k8s(o, self._target(step))
             if form is not None:
                 return self._form(name, fault, where, form, held, hold, run_s)
-        if fault == "etcd-wipe":
-            self.note(
-                f"{where}: etcd-wipe as PodChaos pod-kill of the etcd pod: its emptyDir goes with it, so the "
-                f"Deployment's new pod starts empty{'; the downtime is not mapped' if o.downtime else ''}."
-            )
-            return [self._pod_chaos(name, ETCD, "pod-kill", None)]
         if fault == "corrupt-checkpoint":
             return [self._exec_task(name, o.target, nodescripts.CORRUPT, o.dir, o.mode, self.seed)]
         if fault == "kill-during-checkpoint":

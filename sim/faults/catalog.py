@@ -17,8 +17,8 @@ from signal import SIGKILL, Signals
 from typing import TYPE_CHECKING, Any
 
 from sim.core.errors import FaultError, UsageError
-from sim.core.faultkinds import FAULT_KINDS, KINDS, PROVOCATIONS, FaultKind, container, process
-from sim.core.faultkinds.container import DowntimeOptions, NoOptions
+from sim.core.faultkinds import FAULT_KINDS, KINDS, PROVOCATIONS, FaultKind, container, etcd, process
+from sim.core.faultkinds.container import NoOptions
 from sim.core.faultoptions import (
     DIRECTORY,
     FLAG,
@@ -395,15 +395,7 @@ _CATALOG = (
     _aimed(container.KILL_NODE, "etcd-kill"),
     _aimed(container.START_NODE, "etcd-start"),
     _aimed(container.RESTART_NODE, "etcd-restart"),
-    FaultEntry(
-        "etcd-wipe",
-        DowntimeOptions,
-        ("etcd", "wipe"),
-        "restart etcd empty: every rendezvous key is gone",
-        lambda n, o: n.wipe_etcd(downtime=o.downtime),
-        needs_etcd=True,
-        records="wipe-etcd",
-    ),
+    _aimed(etcd.WIPE_ETCD, "etcd-wipe"),
     _aimed(container.PAUSE, "etcd-pause"),
     _aimed(container.UNPAUSE, "etcd-unpause"),
     FaultEntry(
@@ -471,7 +463,7 @@ FAULTS: dict[str, FaultEntry] = {
     fault.name: fault
     for fault in (
         *_CATALOG,
-        *(_acting(k) for k in FAULT_KINDS if k.act is not None and k.name not in _PLACED),
+        *(_acting(k) for k in FAULT_KINDS if k.act is not None and k.act.verb and k.name not in _PLACED),
         *(_aimed(k, e.name) for k in FAULT_KINDS if k.act is not None for e in k.act.entries if e.name not in _PLACED),
     )
 }

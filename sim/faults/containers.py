@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import time
 
-from sim.core.errors import FaultError, UsageError
-from sim.core.faultkinds import container
+from sim.core.errors import UsageError
+from sim.core.faultkinds import container, etcd
 from sim.core.nodes import node_order
 from sim.faults.targets import ETCD
-from sim.faults.verbbase import _last
 
 
 class ContainerFaults:
@@ -64,25 +63,8 @@ class ContainerFaults:
         return self.carry_out(container.SLOW_NODE, container.SlowOptions(target, cpus))
 
     def wipe_etcd(self, *, downtime: float = 0.0) -> dict:
-        """Restart etcd with an empty data dir: every rendezvous key is gone. The data is
-        unlinked while etcd runs (it keeps its open files until it stops), so etcd is down
-        no longer than a plain restart, or for `downtime` seconds when given."""
-
-        def restart_etcd_empty() -> dict:
-            info = self._info(ETCD)
-            removed = self.cluster.exec(ETCD, "sh", "-c", "rm -rf /var/lib/etcd/data")
-            if not removed.ok:
-                raise FaultError(f"etcd: clearing its data failed: {_last(removed.stderr)}")
-            if downtime > 0:
-                self.docker.kill(info.id, "SIGKILL")
-                time.sleep(downtime)
-                self.docker.start(info.id)
-            else:
-                self.docker.restart(info.id, 0)
-            self._reapply_network(ETCD)
-            return {"node": ETCD, "downtime": downtime}
-
-        return self.invoke("wipe-etcd", ETCD, restart_etcd_empty, downtime=downtime)
+        """Restart etcd with an empty data dir: every rendezvous key is gone (sim/core/faultkinds/etcd.py)."""
+        return self.carry_out(etcd.WIPE_ETCD, etcd.WipeOptions(downtime), target=ETCD)
 
     def scale(self, nodes: int, *, abrupt: bool = False, grace: float = 10.0) -> dict:
         """Run exactly node0..node{nodes-1}: new nodes join the running job (torch

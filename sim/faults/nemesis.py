@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -42,6 +43,7 @@ from sim.core.faultkinds import (
     StopContainer,
     Touch,
     Unpause,
+    Wait,
 )
 from sim.core.faultkinds.process import OOM_HEADROOM
 from sim.core.faultoptions import FaultOptions
@@ -242,6 +244,9 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
             return ""
         if isinstance(action, Unpause):
             self.docker.unpause(self._info(action.node).id)
+            return ""
+        if isinstance(action, Wait):
+            time.sleep(action.seconds)
             return ""
         if isinstance(action, EndedWithNode):
             self._forget_faults_of([action.node], PROCESS_BOUND_FAULTS)

@@ -148,25 +148,27 @@ def test_every_kind_declares_every_part(kind):
     act = kind.act
     if act is None:
         return
-    assert act.verb and act.help and act.example, kind.name
+    assert (act.verb or act.entries) and act.help and act.example, kind.name
     assert act.already or not kind.reversible, f"{kind.name}: says why a second one is refused"
-    assert issubclass(act.options, FaultOptions) and "target" in {f.name for f in dataclasses.fields(act.options)}
+    assert issubclass(act.options, FaultOptions)
+    assert "target" in {f.name for f in dataclasses.fields(act.options)} or not act.verb, kind.name
     assert act.strikes in STRIKES
-    options = FAULTS[kind.name].make_options(act.example)  # the example is valid options
+    entry = FAULTS[kind.name] if act.verb else FAULTS[act.entries[0].name]
+    options = entry.make_options(act.example)  # the example is valid options
     at = Struck("node1", pid=41, rank=1, local_rank=1, file="/tmp/held")  # what the executor resolved
     actions = act.inject(options, at)
     assert actions and all(isinstance(a, Action.__args__) for a in actions), kind.name
     assert act.detail(options, at)
-    assert act.recorded_target(options) and isinstance(act.recorded_args(options), dict)
+    assert act.recorded_target(options, entry.fixed_target) and isinstance(act.recorded_args(options), dict)
     assert (act.undo is not None) == kind.reversible
     if act.undo is not None:
         assert act.undo(at) and all(isinstance(a, Action.__args__) for a in act.undo(at))
         refusal = act.refused(at, kind.in_force_id_of(at))
         assert refusal is None or refusal.startswith("node1: "), kind.name
-    for entry in act.entries:  # another entry of it, aimed at its fixed target: asked for with no target
-        assert FAULTS[entry.name].kind is kind and "target" not in FAULTS[entry.name].option_names
-        assert isinstance(act.k8s(FAULTS[entry.name].make_options({}), entry.target), (*K8sForm.__args__, NoneType))
-    form = act.k8s(options, options.target)
+    for other in act.entries:  # another entry of it, aimed at its fixed target: asked for with no target
+        assert FAULTS[other.name].kind is kind and "target" not in FAULTS[other.name].option_names
+        assert isinstance(act.k8s(FAULTS[other.name].make_options({}), other.target), (*K8sForm.__args__, NoneType))
+    form = act.k8s(options, entry.fixed_target or options.target)
     assert form is None or isinstance(form, K8sForm.__args__), kind.name
     if isinstance(form, ChaosMesh):
         assert form.kind.endswith("Chaos") and form.note, kind.name

@@ -13,7 +13,7 @@ import sim.cli.faults
 from sim.cli.main import main as sim_main
 from sim.core import labels
 from sim.core.errors import UsageError
-from sim.core.faultkinds import container, process
+from sim.core.faultkinds import container, etcd, process
 from sim.core.faultkinds.clock import SKEW_CLOCK, SkewOptions
 from sim.core.faultkinds.slow_disk import SLOW_DISK, SlowDiskOptions
 from sim.core.history import History
@@ -167,7 +167,12 @@ WIRING = {
         ("carry_out", (container.RESTART_NODE, container.DowntimeOptions(3.0)), {"target": "etcd"}),
         None,
     ),
-    "etcd-wipe": ("downtime: 3s", ["etcd", "wipe", "--downtime", "3s"], ("wipe_etcd", (), {"downtime": 3.0}), None),
+    "etcd-wipe": (
+        "downtime: 3s",
+        ["etcd", "wipe", "--downtime", "3s"],
+        ("carry_out", (etcd.WIPE_ETCD, etcd.WipeOptions(3.0)), {"target": "etcd"}),
+        None,
+    ),
     "etcd-pause": (
         "",
         ["etcd", "pause"],

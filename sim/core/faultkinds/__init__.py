@@ -48,6 +48,7 @@ from .base import (
     Struck,
     Touch,
     Unpause,
+    Wait,
 )
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "StartContainer",
     "StopContainer",
     "Unpause",
+    "Wait",
     "ENDS",
     "Act",
     "Action",

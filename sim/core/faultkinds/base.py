@@ -204,6 +204,13 @@ class Unpause:
 
 
 @dataclasses.dataclass(frozen=True)
+class Wait:
+    """Let `seconds` pass (a node kept down)."""
+
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
 class EndedWithNode:
     """Forget the node's faults in force that lived in its processes or network namespace (they ended with it)."""
 
@@ -242,6 +249,7 @@ Action = (
     | StartContainer
     | PauseContainer
     | Unpause
+    | Wait
     | EndedWithNode
     | NetworkBack
     | ForgetInForce
@@ -364,7 +372,7 @@ class Act:
     `already`: why a second one on the same node is refused. `undo(at)`: the actions that end it (`at` from
     its in-force record). `k8s(options)`: its Kubernetes form, None where there is none."""
 
-    verb: tuple[str, ...]  # on the CLI: ("skew-clock",) is `sim skew-clock`
+    verb: tuple[str, ...]  # on the CLI: ("skew-clock",) is `sim skew-clock`; (): asked for only as its entries
     help: str  # one line
     options: type[FaultOptions]
     inject: Callable[[Any, Struck], tuple[Action, ...]]
