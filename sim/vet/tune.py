@@ -34,7 +34,7 @@ from sim.core.parse import parse_duration
 from sim.core.paths import TRAINER_DIR
 from sim.core.spec import ClusterSpec, over_trainer_defaults
 from sim.core.torchrun import torchrun_argv
-from sim.faults.catalog import PROVOCATIONS
+from sim.faults.catalog import FAULTS, PROVOCATIONS
 from sim.verdict.runmodel import RunModel
 from sim.vet.gauntlet import FaultScore, Plan, clusters_that_fit, plan_vet, run_lanes
 
@@ -659,9 +659,10 @@ def _least_nodes(plan: Plan, nproc: int) -> list[int]:
     for step in plan.gauntlet:
         before = int(step.trigger.value) // nproc
         options = step.options.given()
-        if step.fault == "scale":
+        kind = FAULTS[step.fault].kind
+        if kind.changes_node_count:
             least.append(min(before, int(options["nodes"])))
-        elif step.undo_once_recovered is not None or step.fault in ("kill-node", "kill-agent", "stop-node"):
+        elif step.undo_once_recovered is not None or kind.removes_node:
             least.append(before - 1)
         else:
             least.append(before)
