@@ -31,7 +31,7 @@ from pathlib import Path
 import yaml
 
 from sim.core.errors import UsageError
-from sim.core.faultkinds import ChaosMesh, CutFromJob, EndsHold, ExecTask, Held, K8sForm, PodChaos, PodDown
+from sim.core.faultkinds import ChaosMesh, CutFromJob, EndsHold, ExecTask, Held, K8sForm, PodChaos, PodDown, ScaleJob
 from sim.core.parse import go_duration
 from sim.core.spec import C10D_PORT, ENV_SHOWN_KEYS, ETCD_CLIENT_PORT, ClusterSpec, parse_size
 from sim.core.torchrun import torchrun_argv
@@ -854,7 +854,7 @@ class _Workflow:
         if act is not None:  # a kind that declares its own Kubernetes form (sim/core/faultkinds)
             form = act.k8s(o, self._target(step))
             if form is not None:
-                return self._form(name, fault, where, form, held, hold, run_s)
+                return self._form(name, fault, where, form, held, hold, run_s, index)
         if fault == "corrupt-checkpoint":
             return [self._exec_task(name, o.target, nodescripts.CORRUPT, o.dir, o.mode, self.seed)]
         if fault == "kill-during-checkpoint":
@@ -884,21 +884,6 @@ class _Workflow:
                 "containerNames": [self.container],
             }
             return [self._chaos(name, "IOChaos", chaos, held or run_s)]
-        if self._dropped(step):
-            self.export.not_exported.append(f"steps[{index}] (scale)")
-            self.note(
-                f"{where}: scale is NOT exported: Kubeflow Trainer v2 has no elastic policy, a TrainJob's numNodes "
-                "is fixed (--target pytorchjob exports it as `kubectl scale`)."
-            )
-            return []
-        if fault == "scale":
-            self.needs_scale = True
-            command = f"kubectl scale -n {self.opts.namespace} pytorchjob/{self.opts.name} --replicas={o.nodes}"
-            self.note(
-                f"{where}: scale as a Task that runs `{command}`; the operator adds or deletes the highest pods "
-                "(gracefully, with the pods' terminationGracePeriodSeconds; abrupt and grace are not mapped)."
-            )
-            return [self._task(name, command)]
         if fault == "heal":
             self.note(
                 f"{where}: {fault} ends the fault before it: that fault's template lasts until this step's time "
@@ -912,7 +897,15 @@ class _Workflow:
         return []
 
     def _form(
-        self, name: str, fault: str, where: str, form: K8sForm, held: float | None, hold: float | None, run_s: float
+        self,
+        name: str,
+        fault: str,
+        where: str,
+        form: K8sForm,
+        held: float | None,
+        hold: float | None,
+        run_s: float,
+        index: int,
     ) -> list[dict]:
         """The templates of a kind's own Kubernetes form (sim/core/faultkinds), the first one the Serial runs."""
         if isinstance(form, ChaosMesh):
@@ -955,6 +948,21 @@ class _Workflow:
                 self.note(f"{where}: {form.note}")
             start, end = self._form_task(f"{name}-stop", form.start), self._form_task(f"{name}-cont", form.end)
             return self._held(name, start, end, held, run_s)
+        if isinstance(form, ScaleJob):
+            if self.opts.target == TRAINJOB:
+                self.export.not_exported.append(f"steps[{index}] ({fault})")
+                self.note(
+                    f"{where}: {fault} is NOT exported: Kubeflow Trainer v2 has no elastic policy, a TrainJob's "
+                    "numNodes is fixed (--target pytorchjob exports it as `kubectl scale`)."
+                )
+                return []
+            self.needs_scale = True
+            command = f"kubectl scale -n {self.opts.namespace} pytorchjob/{self.opts.name} --replicas={form.nodes}"
+            self.note(
+                f"{where}: {fault} as a Task that runs `{command}`; the operator adds or deletes the highest pods "
+                "(gracefully, with the pods' terminationGracePeriodSeconds; abrupt and grace are not mapped)."
+            )
+            return [self._task(name, command)]
         if isinstance(form, EndsHold):
             self.note(
                 f"{where}: {fault} ends the fault before it: that fault's template lasts until this step's time "

@@ -35,7 +35,6 @@ from sim.core.faultoptions import (
     exactly_one,
     is_names,
     option,
-    whole,
 )
 from sim.core.history import FaultResult
 from sim.core.parse import check_node_names
@@ -190,13 +189,6 @@ class NetemOptions(FaultOptions):
         if "jitter" in given and "delay" not in given:
             return "jitter varies a delay; add one, e.g. delay: 100ms"
         return None
-
-
-@dataclass(frozen=True)
-class ScaleOptions(FaultOptions):
-    nodes: int = option(whole(0, 3), "run exactly node0..node{N-1}", required=True)
-    abrupt: bool = option(FLAG, "removed nodes are killed, not stopped", False)
-    grace: float = option(SECONDS, "grace period for a graceful removal", 10.0)
 
 
 # ---------------------------------------------------------------- the catalog
@@ -447,13 +439,7 @@ _CATALOG = (
         undo=_heal_result,
         undo_verb="heal",
     ),
-    FaultEntry(
-        "scale",
-        ScaleOptions,
-        ("scale",),
-        "add nodes that join the running job, or remove the highest ones",
-        lambda n, o: n.scale(o.nodes, abrupt=o.abrupt, grace=o.grace),
-    ),
+    _acting(container.SCALE),
 )
 
 

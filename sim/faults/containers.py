@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 
-from sim.core.errors import UsageError
 from sim.core.faultkinds import container, etcd
 from sim.core.nodes import node_order
 from sim.faults.targets import ETCD
@@ -67,35 +66,31 @@ class ContainerFaults:
         return self.carry_out(etcd.WIPE_ETCD, etcd.WipeOptions(downtime), target=ETCD)
 
     def scale(self, nodes: int, *, abrupt: bool = False, grace: float = 10.0) -> dict:
-        """Run exactly node0..node{nodes-1}: new nodes join the running job (torch
-        decides whether now or as spares); the highest ones leave, gracefully
-        (`docker stop -t grace`) or abruptly (`docker kill`)."""
-        if not isinstance(nodes, int) or nodes < 0:
-            raise UsageError(f"scale --nodes {nodes!r}: must be a whole number >= 0")
+        """Run exactly node0..node{nodes-1}: new nodes join the running job (torch decides whether now or as
+        spares); the highest ones leave, gracefully (`docker stop -t grace`) or abruptly (`docker kill`)."""
+        return self.carry_out(container.SCALE, container.ScaleOptions(nodes, abrupt, grace))
 
-        def change_node_count() -> dict:
-            existing = {c.node: c for c in self.cluster.nodes()}
-            wanted = [f"node{i}" for i in range(nodes)]
-            leaving = sorted(
-                (n for n, c in existing.items() if n not in wanted and c.state in ("running", "paused")),
-                key=node_order,
-                reverse=True,
-            )
-            for name in leaving:
-                info = existing[name]
-                if info.state == "paused":
-                    self.docker.unpause(info.id)
-                if abrupt:
-                    self.docker.kill(info.id, "SIGKILL")
-                else:
-                    self.docker.stop(info.id, grace)
-                self.docker.remove("container", [info.id])
-                # Everything of the node went with its container, but a filler on the shared volume.
-                self._forget_faults_of([name], kinds=None, keep=lambda f: f.on_shared_volume)
-            joining = [n for n in wanted if n not in existing or existing[n].state not in ("running", "paused")]
-            if joining:
-                self.cluster.start_nodes(joining, nodes=nodes)
-                self._reapply_network(*joining)
-            return {"joined": joining, "left": leaving, "abrupt": abrupt}
-
-        return self.invoke("scale", f"nodes={nodes}", change_node_count, nodes=nodes, abrupt=abrupt, grace=grace)
+    def _scale_nodes(self, nodes: int, abrupt: bool, grace: float) -> dict:
+        existing = {c.node: c for c in self.cluster.nodes()}
+        wanted = [f"node{i}" for i in range(nodes)]
+        leaving = sorted(
+            (n for n, c in existing.items() if n not in wanted and c.state in ("running", "paused")),
+            key=node_order,
+            reverse=True,
+        )
+        for name in leaving:
+            info = existing[name]
+            if info.state == "paused":
+                self.docker.unpause(info.id)
+            if abrupt:
+                self.docker.kill(info.id, "SIGKILL")
+            else:
+                self.docker.stop(info.id, grace)
+            self.docker.remove("container", [info.id])
+            # Everything of the node went with its container, but a filler on the shared volume.
+            self._forget_faults_of([name], kinds=None, keep=lambda f: f.on_shared_volume)
+        joining = [n for n in wanted if n not in existing or existing[n].state not in ("running", "paused")]
+        if joining:
+            self.cluster.start_nodes(joining, nodes=nodes)
+            self._reapply_network(*joining)
+        return {"joined": joining, "left": leaving}

@@ -38,6 +38,7 @@ from sim.core.faultkinds import (
     ReadCpuLimits,
     RemoveFile,
     RestartContainer,
+    ScaleNodes,
     Signal,
     StartContainer,
     StopContainer,
@@ -245,6 +246,8 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
         if isinstance(action, Unpause):
             self.docker.unpause(self._info(action.node).id)
             return ""
+        if isinstance(action, ScaleNodes):
+            return self._scale_nodes(action.nodes, action.abrupt, action.grace)
         if isinstance(action, Wait):
             time.sleep(action.seconds)
             return ""

@@ -64,6 +64,8 @@ class ProcessFaults:
     def _strike(self, act: Act, options, target: str | None = None) -> Struck:
         """What a kind strikes, resolved from its options (or an entry's fixed target): a node, a worker of
         one, or a node's agent."""
+        if act.strikes == "cluster":
+            return Struck("")  # the cluster as a whole: no node to resolve
         if act.strikes == "worker":
             node, worker = self._pick_worker(options.target, options.rank, options.local_rank)
             return Struck(node, worker.pid, worker.rank, worker.local_rank)

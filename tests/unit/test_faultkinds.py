@@ -151,7 +151,9 @@ def test_every_kind_declares_every_part(kind):
     assert (act.verb or act.entries) and act.help and act.example, kind.name
     assert act.already or not kind.reversible, f"{kind.name}: says why a second one is refused"
     assert issubclass(act.options, FaultOptions)
-    assert "target" in {f.name for f in dataclasses.fields(act.options)} or not act.verb, kind.name
+    # Its options name what it strikes, unless an entry fixes that or it strikes the cluster as a whole.
+    fields = {f.name for f in dataclasses.fields(act.options)}
+    assert "target" in fields or not act.verb or (act.strikes == "cluster" and act.target_of), kind.name
     assert act.strikes in STRIKES
     entry = FAULTS[kind.name] if act.verb else FAULTS[act.entries[0].name]
     options = entry.make_options(act.example)  # the example is valid options
@@ -168,7 +170,7 @@ def test_every_kind_declares_every_part(kind):
     for other in act.entries:  # another entry of it, aimed at its fixed target: asked for with no target
         assert FAULTS[other.name].kind is kind and "target" not in FAULTS[other.name].option_names
         assert isinstance(act.k8s(FAULTS[other.name].make_options({}), other.target), (*K8sForm.__args__, NoneType))
-    form = act.k8s(options, entry.fixed_target or options.target)
+    form = act.k8s(options, entry.fixed_target or getattr(options, "target", None))
     assert form is None or isinstance(form, K8sForm.__args__), kind.name
     if isinstance(form, ChaosMesh):
         assert form.kind.endswith("Chaos") and form.note, kind.name

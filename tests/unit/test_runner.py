@@ -255,7 +255,7 @@ WIRING = {
     "scale": (
         "nodes: 2\n    abrupt: true\n    grace: 3s",
         ["scale", "--nodes", "2", "--abrupt", "--grace", "3s"],
-        ("scale", (2,), {"abrupt": True, "grace": 3.0}),
+        ("carry_out", (container.SCALE, container.ScaleOptions(2, True, 3.0)), {}),
         None,
     ),
 }

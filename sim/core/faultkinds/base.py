@@ -56,9 +56,9 @@ class Provocation:
 # inside its one audited call. A new mechanism is a new action here and its one branch in Nemesis._carry.
 
 # What a kind strikes, resolved by the executor from its options before it acts (Act.strikes): a node (its
-# target), a worker of one (picked by the options' rank or local_rank, else at random, seeded), or a node's
-# torchrun agent.
-STRIKES = ("node", "worker", "agent")
+# target), a worker of one (picked by the options' rank or local_rank, else at random, seeded), a node's
+# torchrun agent, or the cluster as a whole (a scale: its Struck names no node).
+STRIKES = ("node", "worker", "agent", "cluster")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,6 +204,16 @@ class Unpause:
 
 
 @dataclasses.dataclass(frozen=True)
+class ScaleNodes:
+    """Run exactly node0..node{nodes-1}: new nodes join the running job; the highest ones leave, gracefully
+    (`docker stop -t grace`) or abruptly (`docker kill`). Outcome: {"joined": [...], "left": [...]}."""
+
+    nodes: int
+    abrupt: bool
+    grace: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Wait:
     """Let `seconds` pass (a node kept down)."""
 
@@ -250,6 +260,7 @@ Action = (
     | PauseContainer
     | Unpause
     | Wait
+    | ScaleNodes
     | EndedWithNode
     | NetworkBack
     | ForgetInForce
@@ -316,6 +327,14 @@ class ExecTask:
 
 
 @dataclasses.dataclass(frozen=True)
+class ScaleJob:
+    """A Task that runs `kubectl scale` on the job to `nodes` replicas (a fixed-size TrainJob cannot: not
+    exported there)."""
+
+    nodes: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Held:
     """Two Tasks: `start`, a wait for the step's hold, then `end`."""
 
@@ -340,7 +359,7 @@ class EndsHold:
             raise ValueError(f"EndsHold: ends {self.ends!r} is not one of {ENDS}")
 
 
-K8sForm = ChaosMesh | PodChaos | PodDown | CutFromJob | ExecTask | Held | EndsHold
+K8sForm = ChaosMesh | PodChaos | PodDown | CutFromJob | ExecTask | Held | EndsHold | ScaleJob
 
 
 @dataclasses.dataclass(frozen=True)
@@ -407,6 +426,8 @@ class Act:
     # Its undo acts only while its node is paused (a pause): the node runs again after it.
     undo_while_paused: bool = False
     entries: tuple[Entry, ...] = ()  # other catalog entries that ask for it (etcd-kill: kill-node at etcd)
+    # The target its history records when its options name none (a scale: "nodes=N").
+    target_of: Callable[[Any], str] | None = None
 
     def __post_init__(self) -> None:
         if self.strikes not in STRIKES:
@@ -415,6 +436,8 @@ class Act:
     def recorded_target(self, options: Any, target: str | None = None) -> str:
         """The target its history records (`target`: an entry's fixed one): a worker struck by global rank is
         `rank:N`, wherever it runs."""
+        if self.target_of is not None:
+            return self.target_of(options)
         rank = getattr(options, "rank", None) if self.strikes == "worker" else None
         return (target or options.target) if rank is None else f"rank:{rank}"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from signal import SIGCONT, SIGSTOP
 
-from sim.core.faultoptions import CPUS, SECONDS, TARGET, FaultOptions, option
+from sim.core.faultoptions import CPUS, FLAG, SECONDS, TARGET, FaultOptions, option, whole
 
 from .base import (
     Act,
@@ -28,6 +28,8 @@ from .base import (
     Provocation,
     ReadCpuLimits,
     RestartContainer,
+    ScaleJob,
+    ScaleNodes,
     StartContainer,
     StopContainer,
     Struck,
@@ -72,6 +74,13 @@ class RestartOptions(FaultOptions):
 
 
 @dataclasses.dataclass(frozen=True)
+class ScaleOptions(FaultOptions):
+    nodes: int = option(whole(0, 3), "run exactly node0..node{N-1}", required=True)
+    abrupt: bool = option(FLAG, "removed nodes are killed, not stopped", False)
+    grace: float = option(SECONDS, "grace period for a graceful removal", 10.0)
+
+
+@dataclasses.dataclass(frozen=True)
 class DowntimeOptions(FaultOptions):
     downtime: float = option(SECONDS, _DOWNTIME_HELP, 0.0)
 
@@ -97,6 +106,16 @@ class StopResult(NodeResult):
 class RestartResult(NodeResult):
     grace: float
     downtime: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleResult:
+    joined: list[str]  # nodes started (new, or stopped ones started again)
+    left: list[str]  # nodes removed, highest first
+    abrupt: bool
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,6 +245,20 @@ PAUSE_ACT = Act(
     problem=_already_paused,
     undo_while_paused=True,
     entries=(Entry("etcd-pause", ("etcd", "pause"), "freeze etcd", NoOptions, ETCD, undo_verb="etcd unpause"),),
+)
+SCALE_ACT = Act(
+    verb=("scale",),
+    help="add nodes that join the running job, or remove the highest ones",
+    options=ScaleOptions,
+    strikes="cluster",
+    inject=lambda o, at: (ScaleNodes(o.nodes, o.abrupt, o.grace),),
+    result=lambda o, at, outcomes: ScaleResult(outcomes[0]["joined"], outcomes[0]["left"], o.abrupt),
+    detail=lambda o, at: f"{o.nodes} nodes",
+    already="",
+    undo=None,
+    k8s=lambda o, target: ScaleJob(o.nodes),
+    example={"nodes": 2, "abrupt": True, "grace": 3.0},
+    target_of=lambda o: f"nodes={o.nodes}",
 )
 UNPAUSE_ACT = Act(
     verb=("unpause",),
@@ -411,6 +444,7 @@ KINDS = (
     SLOW_NODE,
     FaultKind(
         "scale",
+        act=SCALE_ACT,
         rejoins_nodes=True,
         changes_node_count=True,
         provocations={
