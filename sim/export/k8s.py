@@ -865,25 +865,6 @@ class _Workflow:
             return [self._network(name, ETCD, "partition", held or run_s, target=self._job_selector())]
         if fault == "netem":
             return self._netem(name, where, o, held or run_s)
-        if fault == "fill-disk":
-            self.note(
-                f"{where}: fill-disk as IOChaos fault errno {ENOSPC} (ENOSPC) on every write under {o.dir}: "
-                "the disk is not filled, each write fails as on a full one"
-                + (f" (leave {o.leave} bytes is not mapped)" if o.leave else "")
-                + "."
-            )
-            chaos = {
-                "action": "fault",
-                "mode": "all",
-                "selector": self._selector("random"),
-                "volumePath": o.dir,
-                "path": f"{o.dir.rstrip('/')}/**/*",
-                "errno": ENOSPC,
-                "percent": 100,
-                "methods": ["write", "create"],
-                "containerNames": [self.container],
-            }
-            return [self._chaos(name, "IOChaos", chaos, held or run_s)]
         if fault == "heal":
             self.note(
                 f"{where}: {fault} ends the fault before it: that fault's template lasts until this step's time "
@@ -910,7 +891,7 @@ class _Workflow:
         """The templates of a kind's own Kubernetes form (sim/core/faultkinds), the first one the Serial runs."""
         if isinstance(form, ChaosMesh):
             self.note(f"{where}: {form.note}")
-            chaos = {"mode": "all", "selector": self._selector(form.target), **form.spec}
+            chaos = {**form.head, "mode": "all", "selector": self._selector(form.target), **form.spec}
             if form.in_container:
                 chaos["containerNames"] = [self.container]
             return [self._chaos(name, form.kind, chaos, form.deadline_s or held or run_s)]

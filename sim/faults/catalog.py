@@ -17,7 +17,7 @@ from signal import SIGKILL, Signals
 from typing import TYPE_CHECKING, Any
 
 from sim.core.errors import FaultError, UsageError
-from sim.core.faultkinds import FAULT_KINDS, KINDS, PROVOCATIONS, FaultKind, container, etcd, process
+from sim.core.faultkinds import FAULT_KINDS, KINDS, PROVOCATIONS, FaultKind, container, disk, etcd, process
 from sim.core.faultkinds.container import NoOptions
 from sim.core.faultoptions import (
     DIRECTORY,
@@ -27,7 +27,6 @@ from sim.core.faultoptions import (
     RATE,
     SECONDS,
     SIGNAL,
-    SIZE,
     TARGET,
     TEXT,
     FaultOptions,
@@ -94,15 +93,6 @@ class CorruptOptions(FaultOptions):
     )
     mode: str = option(CORRUPTION, "bitflip: flip a bit in 8 random bytes; truncate: cut to half its length", "bitflip")
     dir: str = option(DIRECTORY, _CKPT_DIR_HELP, "/ckpt")
-
-
-@dataclass(frozen=True)
-class FillOptions(FaultOptions):
-    target: str = option(
-        NODE_TARGET, "the node that writes the filler (the directory is shared)", "random", positional=True
-    )
-    dir: str = option(DIRECTORY, _CKPT_DIR_HELP + "; its disk must be size-limited (cluster ckpt_size)", "/ckpt")
-    leave: int = option(SIZE, "bytes left free, e.g. 4k", 0)
 
 
 @dataclass(frozen=True)
@@ -413,15 +403,7 @@ _CATALOG = (
         "flip bits in, or truncate, the newest checkpoint file",
         lambda n, o: n.corrupt_checkpoint(o.target, mode=o.mode, directory=o.dir),
     ),
-    FaultEntry(
-        "fill-disk",
-        FillOptions,
-        ("fill-disk",),
-        "fill the checkpoint disk (size-limited: cluster ckpt_size) so the next write fails with ENOSPC",
-        lambda n, o: n.fill_disk(o.target, directory=o.dir, leave=o.leave),
-        undo=_heal_result,
-        undo_verb="heal",
-    ),
+    _acting(disk.FILL_DISK),
     FaultEntry(
         "kill-during-checkpoint",
         KillInWriteOptions,

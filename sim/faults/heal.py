@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from sim.core import faultkinds as kinds
-from sim.core.faultkinds import ContinueWorker, RemoveFile, Struck, Unpause
+from sim.core.faultkinds import ContinueWorker, Struck, Unpause
 from sim.faults.inforce import InForce
 from sim.faults.targets import ETCD
 
@@ -107,7 +107,11 @@ def _plan_one(fault: InForce, states: dict[str, str]) -> Undo | Keep:
     elif act is not None:  # a kind that declares its own undo (sim/core/faultkinds)
         kept = {"cpu_quota": fault.cpu_quota, "cpu_period": fault.cpu_period}
         at = Struck(node, pid=fault.pid, file=fault.file, kept=kept)  # what it struck, as its record says
-        if act.undo_needs_running and state is not None:
+        shared = act.undo_anywhere(at)
+        if shared and state != "running":  # any running node reaches the shared volume
+            node, state = next(((n, st) for n, st in states.items() if st == "running" and n != ETCD), (node, state))
+            at = dataclasses.replace(at, node=node)
+        if act.undo_needs_running and (state is not None or shared):  # else: gone with a container removed since
             refused = _not_running(fault, node, state)
             if refused:
                 return Keep(fault.id, refused)
@@ -118,15 +122,6 @@ def _plan_one(fault: InForce, states: dict[str, str]) -> Undo | Keep:
         actions.append(ClearLink(node))
     elif kind == "freeze" and state == "running":
         actions.append(ContinueWorker(node, fault.pid))  # an intent knows no pid yet: every worker
-    elif kind == "fill":
-        shared = fault.on_shared_volume
-        if shared and state != "running":  # any running node reaches the shared volume
-            node, state = next(((n, st) for n, st in states.items() if st == "running" and n != ETCD), (node, state))
-        if shared or state is not None:  # else: in the filesystem of a container removed since
-            refused = _not_running(fault, node, state)
-            if refused:
-                return Keep(fault.id, refused)
-            actions.append(RemoveFile(node, fault.file or ""))
     if kind == "partition":
         why = "its rules go as the partitions left in force are applied again"
     else:

@@ -37,7 +37,9 @@ from sim.core.faultkinds import (
     PauseContainer,
     ReadCpuLimits,
     RemoveFile,
+    RequireCkptStorage,
     RestartContainer,
+    RunNodeScript,
     ScaleNodes,
     Signal,
     StartContainer,
@@ -46,6 +48,7 @@ from sim.core.faultkinds import (
     Unpause,
     Wait,
 )
+from sim.core.faultkinds.disk import FILL_AT_MOST
 from sim.core.faultkinds.process import OOM_HEADROOM
 from sim.core.faultoptions import FaultOptions
 from sim.core.history import FILE_NAME, History
@@ -55,7 +58,7 @@ from sim.engines.docker import ExecTimeout
 from sim.engines.proctable import PROBE_ARGV, NodeProcesses, parse_probe
 from sim.faults import nodescripts
 from sim.faults.containers import ContainerFaults
-from sim.faults.disk import FILL_AT_MOST, DiskFaults
+from sim.faults.disk import DiskFaults
 from sim.faults.heal import Action, ClearLink, EndAct, HealPlan, Keep, plan_heal
 from sim.faults.inforce import FaultStore, InForce
 from sim.faults.network import NetworkFaults
@@ -167,6 +170,7 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
         intent claimed (a reversible kind: `sim faults` lists it before it acts, so an interrupted one is still
         healed), its actions carried out, its typed result the ok record. `target`: an entry's fixed one (etcd)."""
         act = kind.act
+        self._carry_all(act.requires(options))  # refused before anything is recorded
         args = act.recorded_args(options)
         if act.seeded:
             args["seed"] = self.seed
@@ -189,6 +193,12 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
 
             with self._claimed(fault_id, act.refused(at, fault_id), planned):
                 outcomes = self._carry_all(act.inject(options, at))
+            if act.in_force_after is not None:  # what it did, in place of its intent
+                done = {"fault": kind.in_force, "target": at.node, **fields, "id": fault_id}
+                self._remember(
+                    {key: value for key, value in done.items() if key != "act"}
+                    | act.in_force_after(options, at, outcomes)
+                )
             return act.result(options, at, outcomes).to_dict()
 
         return self.invoke(kind.name, act.recorded_target(options, target), acting, **args)
@@ -246,6 +256,13 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
         if isinstance(action, Unpause):
             self.docker.unpause(self._info(action.node).id)
             return ""
+        if isinstance(action, RequireCkptStorage):
+            self._require_own_ckpt_storage(action.directory)
+            return ""
+        if isinstance(action, RunNodeScript):
+            args = (*action.args, self.rng.randrange(2**31)) if action.seeded else action.args
+            script = nodescripts.NODE_SCRIPTS[action.script]
+            return self._node_script(action.node, action.what, script, *args, act=action.act, hint=action.hint)
         if isinstance(action, ScaleNodes):
             return self._scale_nodes(action.nodes, action.abrupt, action.grace)
         if isinstance(action, Wait):

@@ -207,7 +207,8 @@ for p in os.listdir('/proc'):
 print(json.dumps({'ended': ended}))
 """
 
-ACT_MARKER = "elastic-sim-act={}"  # the last argument of a fault's node script: END_ACT finds it by it
+# The last argument of a fault's node script: END_ACT finds it by it (the kinds name it: RunNodeScript.act).
+from sim.core.faultkinds import ACT_MARKER as ACT_MARKER  # noqa: E402
 
 
 def argv(script: str, *args: object, act: str | None = None) -> list[str]:
@@ -222,3 +223,7 @@ def parse_result(node: str, what: str, stdout: str) -> dict:
         return json.loads(lines[-1])
     except (IndexError, json.JSONDecodeError):
         raise FaultError(f"{node}: {what}: no result from the node ({stdout.strip()[:200] or 'no output'})") from None
+
+
+# The scripts a kind's RunNodeScript names (sim/core/faultkinds), by name.
+NODE_SCRIPTS = {"fill": FILL, "corrupt": CORRUPT}

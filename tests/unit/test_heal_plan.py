@@ -5,18 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from sim.core.faultkinds import FAULT_KINDS, LimitCpu, NodeShell, Struck
+from sim.core.faultkinds import FAULT_KINDS, ContinueWorker, LimitCpu, NodeShell, RemoveFile, Struck, Unpause
 from sim.core.faultkinds.clock import SKEW_CLOCK
-from sim.faults.heal import (
-    ClearLink,
-    ContinueWorker,
-    EndAct,
-    Keep,
-    RemoveFile,
-    Undo,
-    Unpause,
-    plan_heal,
-)
+from sim.faults.heal import ClearLink, EndAct, Keep, Undo, plan_heal
 from sim.faults.inforce import InForce
 
 RUNNING = {"etcd": "running", "node0": "running", "node1": "running", "node2": "running"}

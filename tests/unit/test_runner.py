@@ -13,7 +13,7 @@ import sim.cli.faults
 from sim.cli.main import main as sim_main
 from sim.core import labels
 from sim.core.errors import UsageError
-from sim.core.faultkinds import container, etcd, process
+from sim.core.faultkinds import container, disk, etcd, process
 from sim.core.faultkinds.clock import SKEW_CLOCK, SkewOptions
 from sim.core.faultkinds.slow_disk import SLOW_DISK, SlowDiskOptions
 from sim.core.history import History
@@ -237,7 +237,7 @@ WIRING = {
     "fill-disk": (
         "target: node2\n    leave: 4k",
         ["fill-disk", "node2", "--leave", "4k"],
-        ("fill_disk", ("node2",), {"directory": "/ckpt", "leave": 4096}),
+        ("carry_out", (disk.FILL_DISK, disk.FillOptions("node2", "/ckpt", 4096)), {}),
         ("heal", ("link-node1",), {}),
     ),
     "kill-during-checkpoint": (

@@ -11,6 +11,7 @@ import pkgutil
 from collections.abc import Callable
 
 from .base import (
+    ACT_MARKER,
     ENDS,
     LANES,
     NODE_EFFECTS,
@@ -41,7 +42,9 @@ from .base import (
     Provocation,
     ReadCpuLimits,
     RemoveFile,
+    RequireCkptStorage,
     RestartContainer,
+    RunNodeScript,
     ScaleJob,
     ScaleNodes,
     Signal,
@@ -54,6 +57,9 @@ from .base import (
 )
 
 __all__ = [
+    "ACT_MARKER",
+    "RequireCkptStorage",
+    "RunNodeScript",
     "CutFromJob",
     "EndedWithNode",
     "Entry",

@@ -55,6 +55,9 @@ class Provocation:
 # A kind's inject and undo return actions: data the nemesis (sim/faults/nemesis.py, the executor) carries out
 # inside its one audited call. A new mechanism is a new action here and its one branch in Nemesis._carry.
 
+# The last argument of a fault's node script (RunNodeScript.act): heal ends an interrupted one by it.
+ACT_MARKER = "elastic-sim-act={}"
+
 # What a kind strikes, resolved by the executor from its options before it acts (Act.strikes): a node (its
 # target), a worker of one (picked by the options' rank or local_rank, else at random, seeded), a node's
 # torchrun agent, or the cluster as a whole (a scale: its Struck names no node).
@@ -204,6 +207,30 @@ class Unpause:
 
 
 @dataclasses.dataclass(frozen=True)
+class RequireCkptStorage:
+    """Refuse (before anything is recorded) a directory that is not the cluster's own size-limited checkpoint
+    storage: /ckpt or a folder in it, on a cluster started with ckpt_size."""
+
+    directory: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunNodeScript:
+    """Run one of the nemesis's node scripts (sim/faults/nodescripts.py, by its name in NODE_SCRIPTS) in a
+    node, with `args`, then a draw of the nemesis's seeded random numbers when `seeded`, then `act` (the
+    marker heal ends an interrupted one by). Outcome: what it printed (a dict). Exit 3: the request was wrong
+    for this node (its stderr, and `hint`)."""
+
+    node: str
+    script: str
+    what: str  # for the error: "filling the disk"
+    args: tuple[Any, ...] = ()
+    seeded: bool = False
+    act: str | None = None
+    hint: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class ScaleNodes:
     """Run exactly node0..node{nodes-1}: new nodes join the running job; the highest ones leave, gracefully
     (`docker stop -t grace`) or abruptly (`docker kill`). Outcome: {"joined": [...], "left": [...]}."""
@@ -261,6 +288,8 @@ Action = (
     | Unpause
     | Wait
     | ScaleNodes
+    | RequireCkptStorage
+    | RunNodeScript
     | EndedWithNode
     | NetworkBack
     | ForgetInForce
@@ -279,6 +308,7 @@ class ChaosMesh:
     note: str
     in_container: bool = True
     deadline_s: float | None = None  # None: the step's hold (or the run); a one-shot's own deadline
+    head: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # fields before the mode and selector
 
 
 @dataclasses.dataclass(frozen=True)
@@ -428,6 +458,12 @@ class Act:
     entries: tuple[Entry, ...] = ()  # other catalog entries that ask for it (etcd-kill: kill-node at etcd)
     # The target its history records when its options name none (a scale: "nodes=N").
     target_of: Callable[[Any], str] | None = None
+    # Checks carried out before anything is recorded (a filler goes only on the cluster's checkpoint storage).
+    requires: Callable[[Any], tuple[Action, ...]] = lambda o: ()
+    # Its in-force record once it acted, from its outcomes (the filler's size), replacing its intent's.
+    in_force_after: Callable[[Any, Struck, tuple[Any, ...]], Mapping[str, Any]] | None = None
+    # Its undo may run in any running node (a file on the cluster's shared checkpoint volume).
+    undo_anywhere: Callable[[Struck], bool] = lambda at: False
 
     def __post_init__(self) -> None:
         if self.strikes not in STRIKES:
