@@ -695,6 +695,8 @@ POD_SCRIPTS = {
     "continue-workers": _CONT_WORKERS,
     "stall-worker": _STALL_WORKER,
     "signal-all": _SIGNAL_ALL,
+    "corrupt": nodescripts.CORRUPT,
+    "kill-in-write": nodescripts.KILL_IN_WRITE,
 }
 
 
@@ -855,10 +857,6 @@ class _Workflow:
             form = act.k8s(o, self._target(step))
             if form is not None:
                 return self._form(name, fault, where, form, held, hold, run_s, index)
-        if fault == "corrupt-checkpoint":
-            return [self._exec_task(name, o.target, nodescripts.CORRUPT, o.dir, o.mode, self.seed)]
-        if fault == "kill-during-checkpoint":
-            return [self._exec_task(name, o.target, nodescripts.KILL_IN_WRITE, o.dir, o.within, int(o.signal))]
         if fault == "partition":
             return self._partition(name, where, o, held or run_s)
         if fault == "etcd-isolate":

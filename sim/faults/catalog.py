@@ -13,20 +13,16 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from signal import SIGKILL, Signals
 from typing import TYPE_CHECKING, Any
 
 from sim.core.errors import FaultError, UsageError
-from sim.core.faultkinds import FAULT_KINDS, KINDS, PROVOCATIONS, FaultKind, container, disk, etcd, process
+from sim.core.faultkinds import FAULT_KINDS, KINDS, PROVOCATIONS, FaultKind, checkpoint, container, disk, etcd, process
 from sim.core.faultkinds.container import NoOptions
 from sim.core.faultoptions import (
-    DIRECTORY,
     FLAG,
-    NODE_TARGET,
     PERCENT,
     RATE,
     SECONDS,
-    SIGNAL,
     TARGET,
     TEXT,
     FaultOptions,
@@ -50,9 +46,6 @@ if TYPE_CHECKING:
 def _comma_names(text: str) -> tuple[str, ...]:
     """Node names as typed on the command line: "node0,node2"."""
     return tuple(name.strip() for name in text.split(","))
-
-
-CORRUPTION = OptionKind("corruption", str, lambda v: v in CORRUPTIONS, "bitflip or truncate")
 
 
 NODES = OptionKind("nodes", _comma_names, is_names, "a list of node names")
@@ -80,31 +73,6 @@ NODES_PAIR = OptionKind(
 _TARGET_HELP = "a node (node0, ...), or random (seeded), store-host, rank0, etcd"
 _DOWNTIME_HELP = "stay down this long before starting again"
 _NODE_TARGET_HELP = "a node (node0, ...), or random (seeded), store-host, rank0"
-
-
-CORRUPTIONS = ("bitflip", "truncate")
-_CKPT_DIR_HELP = "the checkpoint directory inside the nodes (shared by all)"
-
-
-@dataclass(frozen=True)
-class CorruptOptions(FaultOptions):
-    target: str = option(
-        NODE_TARGET, "the node that writes the damage (the directory is shared)", "random", positional=True
-    )
-    mode: str = option(CORRUPTION, "bitflip: flip a bit in 8 random bytes; truncate: cut to half its length", "bitflip")
-    dir: str = option(DIRECTORY, _CKPT_DIR_HELP, "/ckpt")
-
-
-@dataclass(frozen=True)
-class InWriteOptions(FaultOptions):
-    target: str = option(NODE_TARGET, "the node whose worker writes checkpoints", "rank0", positional=True)
-    dir: str = option(DIRECTORY, _CKPT_DIR_HELP, "/ckpt")
-    within: float = option(SECONDS, "how long to wait for a write", 60.0)
-
-
-@dataclass(frozen=True)
-class KillInWriteOptions(InWriteOptions):
-    signal: Signals = option(SIGNAL, "KILL, TERM, ...", SIGKILL)
 
 
 PARTITION_SHAPES = ("groups", "isolate", "from_etcd", "from_peers", "one_way")
@@ -396,31 +364,10 @@ _CATALOG = (
     _acting(process.RESUME_WORKER),
     _acting(container.SLOW_NODE),
     _acting(process.OOM_WORKER),
-    FaultEntry(
-        "corrupt-checkpoint",
-        CorruptOptions,
-        ("corrupt-checkpoint",),
-        "flip bits in, or truncate, the newest checkpoint file",
-        lambda n, o: n.corrupt_checkpoint(o.target, mode=o.mode, directory=o.dir),
-    ),
+    _acting(checkpoint.CORRUPT_CHECKPOINT),
     _acting(disk.FILL_DISK),
-    FaultEntry(
-        "kill-during-checkpoint",
-        KillInWriteOptions,
-        ("kill-during-checkpoint",),
-        "signal the worker that writes a checkpoint, the moment it opens the file",
-        lambda n, o: n.kill_during_checkpoint(o.target, directory=o.dir, within=o.within, sig=o.signal),
-    ),
-    FaultEntry(
-        "freeze-during-checkpoint",
-        InWriteOptions,
-        ("freeze-during-checkpoint",),
-        "freeze a node while its worker writes a checkpoint (SIGSTOP at the open, then docker pause); "
-        "heal lets the write finish late, as a zombie's",
-        lambda n, o: n.freeze_during_checkpoint(o.target, directory=o.dir, within=o.within),
-        undo=_heal_result,
-        undo_verb="heal",
-    ),
+    _acting(checkpoint.KILL_DURING_CHECKPOINT),
+    _acting(checkpoint.FREEZE_DURING_CHECKPOINT),
     _acting(container.SCALE),
 )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import posixpath
 
 from sim.core.errors import FaultError, UsageError
-from sim.core.faultkinds import disk
+from sim.core.faultkinds import checkpoint, disk
 from sim.faults import nodescripts
 from sim.faults.verbbase import SHARED_CKPT_DIR, _last
 
@@ -18,17 +18,7 @@ class DiskFaults:
         self, target: str = "random", *, mode: str = "bitflip", directory: str = SHARED_CKPT_DIR
     ) -> dict:
         """Damage the newest file under `directory` (shared by every node): flip bits, or truncate it."""
-
-        def damage_newest_checkpoint() -> dict:
-            node = self.resolve(target, allow_etcd=False)
-            done = self._node_script(
-                node, "corrupting a checkpoint", nodescripts.CORRUPT, directory, mode, self.rng.randrange(2**31)
-            )
-            return {"node": node, **done}
-
-        return self.invoke(
-            "corrupt-checkpoint", target, damage_newest_checkpoint, mode=mode, directory=directory, seed=self.seed
-        )
+        return self.carry_out(checkpoint.CORRUPT_CHECKPOINT, checkpoint.CorruptOptions(target, mode, directory))
 
     def fill_disk(self, target: str = "random", *, directory: str = SHARED_CKPT_DIR, leave: int = 0) -> dict:
         """Fill the checkpoint disk until `leave` bytes are free (sim/core/faultkinds/disk.py)."""

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from sim.core import faultkinds as kinds
-from sim.core.faultkinds import ContinueWorker, Struck, Unpause
+from sim.core.faultkinds import Struck, Unpause
 from sim.faults.inforce import InForce
 from sim.faults.targets import ETCD
 
@@ -120,8 +120,6 @@ def _plan_one(fault: InForce, states: dict[str, str]) -> Undo | Keep:
             actions += act.undo(at)
     elif kind == "link" and state == "running":
         actions.append(ClearLink(node))
-    elif kind == "freeze" and state == "running":
-        actions.append(ContinueWorker(node, fault.pid))  # an intent knows no pid yet: every worker
     if kind == "partition":
         why = "its rules go as the partitions left in force are applied again"
     else:

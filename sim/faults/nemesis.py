@@ -24,6 +24,7 @@ from typing import Any
 from sim.core import faultkinds as kinds
 from sim.core.errors import FaultError, SimError, UnsupportedFaultError, UsageError
 from sim.core.faultkinds import (
+    CatchWriter,
     ContinueWorker,
     EndedWithNode,
     ExhaustMemory,
@@ -263,6 +264,15 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
             args = (*action.args, self.rng.randrange(2**31)) if action.seeded else action.args
             script = nodescripts.NODE_SCRIPTS[action.script]
             return self._node_script(action.node, action.what, script, *args, act=action.act, hint=action.hint)
+        if isinstance(action, CatchWriter):
+            caught = self._signal_in_write(action.node, action.directory, action.within, action.signal, act=action.act)
+            if action.pause_after:
+                try:
+                    self.docker.pause(self._info(action.node).id)
+                except SimError:
+                    self.cluster.exec(action.node, "kill", "-CONT", str(caught["pid"]))
+                    raise
+            return caught
         if isinstance(action, ScaleNodes):
             return self._scale_nodes(action.nodes, action.abrupt, action.grace)
         if isinstance(action, Wait):

@@ -10,8 +10,8 @@ import math
 import signal as signals
 import time
 
-from sim.core.errors import FaultError, SimError
-from sim.core.faultkinds import Act, ContinueWorker, Struck, process
+from sim.core.errors import FaultError
+from sim.core.faultkinds import Act, ContinueWorker, Struck, checkpoint, process
 from sim.engines.docker import NO_MEMORY_LIMIT
 from sim.engines.proctable import Worker
 from sim.faults import nodescripts
@@ -66,6 +66,9 @@ class ProcessFaults:
         one, or a node's agent."""
         if act.strikes == "cluster":
             return Struck("")  # the cluster as a whole: no node to resolve
+        if act.strikes == "writer":
+            node, left = self._writer_node(options.target, options.within)
+            return Struck(node, left=left)
         if act.strikes == "worker":
             node, worker = self._pick_worker(options.target, options.rank, options.local_rank)
             return Struck(node, worker.pid, worker.rank, worker.local_rank)
@@ -163,16 +166,10 @@ class ProcessFaults:
         within: float = 60.0,
         sig: signals.Signals = signals.SIGKILL,
     ) -> dict:
-        """Signal the worker of a node that opens a file under `directory` for writing, the moment
-        it does (within `within` seconds): a kill inside a checkpoint write, by design, not by luck."""
-
-        def kill_the_writer() -> dict:
-            node, left = self._writer_node(target, within)
-            return {"node": node, "signal": sig.name, **self._signal_in_write(node, directory, left, sig)}
-
-        return self.invoke(
-            "kill-during-checkpoint", target, kill_the_writer, directory=directory, within=within, signal=sig.name
-        )
+        """Signal the worker of a node that opens a file under `directory` for writing, the moment it does
+        (sim/core/faultkinds/checkpoint.py)."""
+        options = checkpoint.KillInWriteOptions(target, directory, within, sig)
+        return self.carry_out(checkpoint.KILL_DURING_CHECKPOINT, options)
 
     def _writer_node(self, target: str, within: float) -> tuple[str, int]:
         """The node whose worker will write, and the seconds left of `within`: rank 0's node is waited
@@ -205,37 +202,9 @@ class ProcessFaults:
     def freeze_during_checkpoint(
         self, target: str = "rank0", *, directory: str = SHARED_CKPT_DIR, within: float = 60.0
     ) -> dict:
-        """Freeze a node in the middle of a checkpoint write: its worker is stopped (SIGSTOP) the moment it
-        opens a file under `directory` for writing, then the whole node, agent included (`docker pause`).
-        `heal` unpauses it and continues the worker (SIGCONT), which finishes its write as a worker of a
-        round the others may have left by then: a zombie's write, late on purpose, not by luck."""
-
-        def freeze_the_writer() -> dict:
-            node, left = self._writer_node(target, within)
-            fault_id = f"freeze-{node}"
-            # The intent first: the watcher stops a worker in the node, and goes on doing so if our call is
-            # interrupted; heal ends the watcher, unpauses the node and continues its workers.
-            act = nodescripts.ACT_MARKER.format(fault_id)
-            intent = {"fault": "freeze", "target": node, "act": act, "detail": "waiting for a checkpoint write"}
-            with self._claimed(fault_id, f"{node}: already frozen; `sim heal {fault_id}` first", lambda: intent):
-                caught = self._signal_in_write(node, directory, left, signals.SIGSTOP, act=act)
-                try:
-                    self.docker.pause(self._info(node).id)
-                except SimError:
-                    self.cluster.exec(node, "kill", "-CONT", str(caught["pid"]))
-                    raise
-            self._remember(
-                {
-                    "id": fault_id,
-                    "fault": "freeze",
-                    "target": node,
-                    "pid": caught["pid"],
-                    "detail": f"frozen while pid {caught['pid']} writes {caught['file']}",
-                }
-            )
-            return {"id": fault_id, "node": node, **caught}
-
-        return self.invoke("freeze-during-checkpoint", target, freeze_the_writer, directory=directory, within=within)
+        """Freeze a node in the middle of a checkpoint write (sim/core/faultkinds/checkpoint.py)."""
+        options = checkpoint.InWriteOptions(target, directory, within)
+        return self.carry_out(checkpoint.FREEZE_DURING_CHECKPOINT, options)
 
     def _pick_worker(self, target: str, rank: int | None, local_rank: int | None) -> tuple[str, Worker]:
         node = self._node_of_rank(rank) if rank is not None else self.resolve(target, allow_etcd=False)

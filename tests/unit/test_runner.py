@@ -13,7 +13,7 @@ import sim.cli.faults
 from sim.cli.main import main as sim_main
 from sim.core import labels
 from sim.core.errors import UsageError
-from sim.core.faultkinds import container, disk, etcd, process
+from sim.core.faultkinds import checkpoint, container, disk, etcd, process
 from sim.core.faultkinds.clock import SKEW_CLOCK, SkewOptions
 from sim.core.faultkinds.slow_disk import SLOW_DISK, SlowDiskOptions
 from sim.core.history import History
@@ -231,7 +231,11 @@ WIRING = {
     "corrupt-checkpoint": (
         "target: node0\n    mode: truncate\n    dir: /data/ckpt",
         ["corrupt-checkpoint", "node0", "--mode", "truncate", "--dir", "/data/ckpt"],
-        ("corrupt_checkpoint", ("node0",), {"mode": "truncate", "directory": "/data/ckpt"}),
+        (
+            "carry_out",
+            (checkpoint.CORRUPT_CHECKPOINT, checkpoint.CorruptOptions("node0", "truncate", "/data/ckpt")),
+            {},
+        ),
         None,
     ),
     "fill-disk": (
@@ -243,13 +247,17 @@ WIRING = {
     "kill-during-checkpoint": (
         "within: 20s\n    signal: TERM",
         ["kill-during-checkpoint", "--within", "20s", "--signal", "TERM"],
-        ("kill_during_checkpoint", ("rank0",), {"directory": "/ckpt", "within": 20.0, "sig": signal.SIGTERM}),
+        (
+            "carry_out",
+            (checkpoint.KILL_DURING_CHECKPOINT, checkpoint.KillInWriteOptions("rank0", "/ckpt", 20.0, signal.SIGTERM)),
+            {},
+        ),
         None,
     ),
     "freeze-during-checkpoint": (
         "target: node1\n    within: 20s",
         ["freeze-during-checkpoint", "node1", "--within", "20s"],
-        ("freeze_during_checkpoint", ("node1",), {"directory": "/ckpt", "within": 20.0}),
+        ("carry_out", (checkpoint.FREEZE_DURING_CHECKPOINT, checkpoint.InWriteOptions("node1", "/ckpt", 20.0)), {}),
         ("heal", ("link-node1",), {}),
     ),
     "scale": (

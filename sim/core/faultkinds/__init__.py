@@ -19,6 +19,7 @@ from .base import (
     UNDO_OPS,
     Act,
     Action,
+    CatchWriter,
     ChaosMesh,
     ContinueWorker,
     CutFromJob,
@@ -57,6 +58,7 @@ from .base import (
 )
 
 __all__ = [
+    "CatchWriter",
     "ACT_MARKER",
     "RequireCkptStorage",
     "RunNodeScript",

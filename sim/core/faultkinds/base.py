@@ -60,8 +60,10 @@ ACT_MARKER = "elastic-sim-act={}"
 
 # What a kind strikes, resolved by the executor from its options before it acts (Act.strikes): a node (its
 # target), a worker of one (picked by the options' rank or local_rank, else at random, seeded), a node's
-# torchrun agent, or the cluster as a whole (a scale: its Struck names no node).
-STRIKES = ("node", "worker", "agent", "cluster")
+# torchrun agent, the cluster as a whole (a scale: its Struck names no node), or the node whose worker will write
+# a checkpoint (rank0's is waited for while a restarted group has none yet; its Struck's `left`: the seconds left
+# of the options' `within`).
+STRIKES = ("node", "worker", "agent", "cluster", "writer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +81,7 @@ class Struck:
     # What its in-force record kept to undo it (Act.remembers: a CPU quota to restore).
     kept: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     state: str | None = None  # its container's state, when the act checks it (Act.problem)
+    left: float | None = None  # a writer's: the seconds left to wait for its write
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,6 +234,21 @@ class RunNodeScript:
 
 
 @dataclasses.dataclass(frozen=True)
+class CatchWriter:
+    """Signal the first worker of a node that opens a file under `directory` for writing, the moment it does
+    (within `within` seconds); `act`: the marker heal ends an interrupted watcher by. Outcome: what it caught
+    (pid, file, size_at_kill)."""
+
+    node: str
+    directory: str
+    within: float
+    signal: signals.Signals
+    act: str | None = None
+    # Then freeze the whole node (`docker pause`); if that fails, the caught worker is continued.
+    pause_after: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class ScaleNodes:
     """Run exactly node0..node{nodes-1}: new nodes join the running job; the highest ones leave, gracefully
     (`docker stop -t grace`) or abruptly (`docker kill`). Outcome: {"joined": [...], "left": [...]}."""
@@ -290,6 +308,7 @@ Action = (
     | ScaleNodes
     | RequireCkptStorage
     | RunNodeScript
+    | CatchWriter
     | EndedWithNode
     | NetworkBack
     | ForgetInForce
