@@ -157,15 +157,19 @@ def expected_recovery(s: Settings, kind: str) -> float:
     slower of its detectors (P, K; the freeze ends first if both are longer), then the last call, then the
     thawed node's rejoin; a joining node, for the monitor's next look (M) and the last call."""
     pg = s.pg_timeout if s.pg_timeout is not None else TORCH_DEFAULTS.pg_timeout
-    if kind == "kill-worker":
-        return s.monitor_interval + WORKER_START_S
-    if kind == "kill-node":
-        return s.keep_alive_s + s.last_call_timeout + WORKER_START_S
-    if kind == "pause":
+    provocation = PROVOCATIONS.get(kind)
+    if provocation is None:
+        return WORKER_START_S
+    traits = FAULTS[provocation.fault].kind  # what the fault does, not its name
+    if traits.freezes_node:
         detect = min(max(pg, s.keep_alive_s), FREEZE_S)
         return detect + 2 * (s.last_call_timeout + WORKER_START_S)
-    if kind == "scale-up":
+    if traits.removes_node:
+        return s.keep_alive_s + s.last_call_timeout + WORKER_START_S
+    if traits.changes_node_count and provocation.nodes == "more":
         return s.monitor_interval + s.last_call_timeout + WORKER_START_S
+    if traits.ends_workers and not traits.silences_node:
+        return s.monitor_interval + WORKER_START_S
     return WORKER_START_S
 
 
