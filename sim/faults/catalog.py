@@ -4,7 +4,8 @@ An entry names the fault as a scenario step does, and carries its options (a fro
 that validates itself; each field declares how it is read and what it holds), its CLI verb, how
 to invoke it on a Nemesis and, for a reversible fault, how to undo it. The scenario parser
 (sim.scenarios.scenario), the runner's dispatch (sim.scenarios.runner) and the CLI verbs (sim.cli.faults) are all
-generated from FAULTS, so a new fault is one entry here.
+generated from FAULTS. A kind that declares its act (sim/core/faultkinds) gets its entries generated (`_acting`,
+`_aimed`), so a new kind is its module only; the network family's are still written out here.
 """
 
 from __future__ import annotations

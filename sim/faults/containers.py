@@ -1,6 +1,7 @@
 """Container faults: kill, stop, restart, start, pause or slow a whole node (or etcd), wipe etcd, scale.
 
-The verbs of `Nemesis` (sim/faults/nemesis.py) that act on containers through the Docker provider.
+Their kinds (sim/core/faultkinds/container.py, etcd.py) say what to do; here are the `Nemesis` methods for Python
+callers (one line each) and what the executor does for their actions through the Docker provider.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Checkpoint-volume faults: damage the newest checkpoint, fill the disk (and remove a file again).
 
-The verbs of `Nemesis` (sim/faults/nemesis.py) that act on the cluster's shared checkpoint storage.
+Their kinds (sim/core/faultkinds/disk.py, checkpoint.py) say what to do; here are the `Nemesis` methods for Python
+callers and what the executor does on the cluster's shared checkpoint storage (its node scripts, its checks).
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@ actually done: the pid signalled, the rules installed) or `fail` (with why)
 after. Nothing is injected without a record. As in Jepsen, partitions are data
 (sim.faults.partition) applied by one mechanism (`_apply_partitions`).
 
-The verbs live by what they act on: sim/faults/processes.py (workers, the agent), sim/faults/containers.py (whole
-nodes, etcd, scale), sim/faults/disk.py (the checkpoint volume), sim/faults/network.py (links, partitions); the
-faults in force in sim/faults/inforce.py. Heal plans (sim/faults/heal.py), then this module's one loop acts.
+A kind that declares its act (sim/core/faultkinds) is carried out by `carry_out`: its actions, one branch each
+in `_carry`. What those branches call lives by what it acts on: sim/faults/processes.py (workers, the agent, a
+checkpoint writer), sim/faults/containers.py (whole nodes, scale), sim/faults/disk.py (the checkpoint volume),
+sim/faults/network.py (links, partitions: still verbs of their own); the faults in force in sim/faults/inforce.py.
+Heal plans (sim/faults/heal.py), then this module's one loop acts.
 """
 
 from __future__ import annotations

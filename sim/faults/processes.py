@@ -1,7 +1,6 @@
-"""Process faults: what the executor does in a node's processes (the process family's kinds,
-sim/core/faultkinds/process.py, say what to do), and the checkpoint family's verbs that catch a worker in a write.
-
-The checkpoint verbs are still `Nemesis` methods; each goes through `self.invoke`.
+"""Process faults: what the executor does in a node's processes (the process and checkpoint families' kinds,
+sim/core/faultkinds/process.py and checkpoint.py, say what to do): pick a worker, signal it, wait for a writer,
+starve a node of memory; and the `Nemesis` methods for Python callers, one line each that carries out a kind.
 """
 
 from __future__ import annotations

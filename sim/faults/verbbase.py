@@ -11,10 +11,6 @@ PROCESS_BOUND_FAULTS = in_force_kinds(lambda kind: kind.lives_in_node)
 SHARED_CKPT_DIR = "/ckpt"  # where every node mounts the cluster's one checkpoint volume (compose/cluster.yaml)
 
 
-def _worker_target(target: str, rank: int | None) -> str:
-    return target if rank is None else f"rank:{rank}"
-
-
 def _last(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no output"
