@@ -27,11 +27,11 @@ import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
-from signal import SIGCONT, SIGSTOP
 
 import yaml
 
 from sim.core.errors import UsageError
+from sim.core.faultkinds import ChaosMesh, CutFromJob, EndsHold, ExecTask, Held, K8sForm, PodChaos, PodDown, ScaleJob
 from sim.core.parse import go_duration
 from sim.core.spec import C10D_PORT, ENV_SHOWN_KEYS, ETCD_CLIENT_PORT, ClusterSpec, parse_size
 from sim.core.torchrun import torchrun_argv
@@ -689,6 +689,15 @@ open(HANG.format(pid=pid), 'a').close()
 print(json.dumps({'pid': pid}))
 """.replace("HANG", repr(nodescripts.COLLECTIVE_HANG_FILE))
 )
+# The scripts a kind's ExecTask names (sim/core/faultkinds), by name.
+POD_SCRIPTS = {
+    "signal-worker": _SIGNAL_WORKER,
+    "continue-workers": _CONT_WORKERS,
+    "stall-worker": _STALL_WORKER,
+    "signal-all": _SIGNAL_ALL,
+    "corrupt": nodescripts.CORRUPT,
+    "kill-in-write": nodescripts.KILL_IN_WRITE,
+}
 
 
 class _Workflow:
@@ -808,25 +817,31 @@ class _Workflow:
     def _holds(self, timeline: list[tuple[float, Step, int]]) -> dict[int, float | None]:
         """For each step without a duration that a later step ends (heal, unpause, start, resume-worker):
         how long it is held; None: to the end of the run."""
-        ends = {"heal": None, "unpause": "pause", "etcd-unpause": "etcd-pause", "resume-worker": "hang-worker"}
-        starts = {"start-node": ("kill-node", "stop-node"), "etcd-start": ("etcd-kill",)}
         holds: dict[int, float | None] = {}
         for number, (at, step, _) in enumerate(timeline):
             if step.duration_s is not None:
                 continue
             for later_at, later, _ in timeline[number + 1 :]:
-                target = getattr(step.options, "target", None)
-                same = getattr(later.options, "target", None) in (None, target) or later.fault == "heal"
-                reversible = FAULTS[step.fault].reversible
-                if later.fault in ends and reversible and ends[later.fault] in (None, step.fault) and same:
-                    holds[number] = later_at - at
-                    break
-                if later.fault in starts and step.fault in starts[later.fault] and same:
+                if self._target(later) in (None, self._target(step)) and self._ends(later, step):
                     holds[number] = later_at - at
                     break
             else:
                 holds[number] = None
         return holds
+
+    def _ends(self, later: Step, step: Step) -> bool:
+        """Whether `later` ends `step`'s fault: an undo of what it holds in force (heal: any), or a start of the
+        node it took down."""
+        kind, ender = FAULTS[step.fault].kind, FAULTS[later.fault].kind
+        form = ender.act.k8s(later.options, self._target(later)) if ender.act is not None else None
+        if isinstance(form, EndsHold) and form.ends == "lost":
+            return kind.removes_node
+        return FAULTS[step.fault].reversible and ender.undoes and ender.undoes_in_force in (None, kind.in_force)
+
+    def _target(self, step: Step) -> str | None:
+        """What a step aims at: its target, an entry's fixed one (etcd-kill: etcd), None for none (heal, scale)."""
+        fixed = FAULTS[step.fault].fixed_target
+        return fixed if fixed is not None else getattr(step.options, "target", None)
 
     # --- one step
 
@@ -838,143 +853,17 @@ class _Workflow:
         where = f"steps[{index}] ({step.fault}, line {step.line})"
         fault = step.fault
         act = FAULTS[fault].kind.act
-        if act is not None:  # a kind that declares its own Chaos Mesh form (sim/core/faultkinds)
-            mesh = act.k8s(o)
-            if mesh is not None:
-                self.note(f"{where}: {mesh.note}")
-                chaos = {"mode": "all", "selector": self._selector(mesh.target), **mesh.spec}
-                if mesh.in_container:
-                    chaos["containerNames"] = [self.container]
-                return [self._chaos(name, mesh.kind, chaos, held or run_s)]
-        if fault in ("kill-node", "stop-node", "etcd-kill"):
-            target = ETCD if fault == "etcd-kill" else o.target
-            if hold is not None or target == ETCD:
-                # Down until a later start (or for the rest of the run): the pod is kept from running.
-                duration = hold if hold is not None else run_s
-                self.note(
-                    f"{where}: PodChaos pod-failure for {duration:g}s: the pod stays down until "
-                    f"the scenario starts it again ({self.recreator} or Deployment would re-create a killed pod at "
-                    "once)."
-                )
-                return [self._pod_chaos(name, target, "pod-failure", duration)]
-            extra = {"gracePeriod": int(o.grace)} if fault == "stop-node" else {}
-            self.note(
-                f"{where}: PodChaos pod-kill: {self.recreator} re-creates the pod and it rejoins; locally the node "
-                "stays down until `sim start`."
-            )
-            return [self._pod_chaos(name, target, "pod-kill", None, extra)]
-        if fault == "restart-node":
-            if o.downtime:
-                self.note(f"{where}: downtime {o.downtime:g}s as PodChaos pod-failure for that long.")
-                return [self._pod_chaos(name, o.target, "pod-failure", o.downtime)]
-            return [self._pod_chaos(name, o.target, "pod-kill", None, {"gracePeriod": int(o.grace)})]
-        if fault == "kill-agent":
-            self.note(
-                f"{where}: PodChaos container-kill kills the whole container (agent and workers) and the kubelet "
-                "restarts it; locally only the agent is signalled and the node container stays."
-            )
-            return [self._pod_chaos(name, o.target, "container-kill", None, {"containerNames": [self.container]})]
-        if fault == "etcd-restart":
-            if o.downtime:
-                self.note(f"{where}: etcd-restart's downtime {o.downtime:g}s is not mapped (the container restarts).")
-            return [self._pod_chaos(name, ETCD, "container-kill", None, {"containerNames": [ETCD_CONTAINER]})]
-        if fault == "etcd-wipe":
-            self.note(
-                f"{where}: etcd-wipe as PodChaos pod-kill of the etcd pod: its emptyDir goes with it, so the "
-                f"Deployment's new pod starts empty{'; the downtime is not mapped' if o.downtime else ''}."
-            )
-            return [self._pod_chaos(name, ETCD, "pod-kill", None)]
-        if fault in ("pause", "etcd-pause"):
-            target = ETCD if fault == "etcd-pause" else o.target
-            if target == ETCD:
-                self.note(
-                    f"{where}: a frozen etcd as a NetworkChaos partition of the etcd pod (the etcd image has "
-                    "no shell to signal from): clients see it unresponsive, as when frozen."
-                )
-                return [self._network(name, ETCD, "partition", held or run_s, target=self._job_selector())]
-            self.note(
-                f"{where}: pause as a Task that SIGSTOPs every process of the pod but PID 1 (the kernel ignores "
-                "SIGSTOP sent to a namespace's init): the agent keeps heartbeating, its workers freeze; "
-                "locally docker pause freezes the agent too."
-            )
-            stop = self._exec_task(f"{name}-stop", target, _SIGNAL_ALL, int(SIGSTOP))
-            cont = self._exec_task(f"{name}-cont", target, _SIGNAL_ALL, int(SIGCONT))
-            return self._held(name, stop, cont, held, run_s)
-        if fault == "hang-worker":
-            args = (int(SIGSTOP), _or(o.rank), _or(o.local_rank), self.seed)
-            stop = self._exec_task(f"{name}-stop", o.target, _SIGNAL_WORKER, *args, rank=o.rank)
-            cont = self._exec_task(f"{name}-cont", o.target, _CONT_WORKERS, rank=o.rank)
-            return self._held(name, stop, cont, held, run_s)
-        if fault == "kill-worker":
-            args = (int(o.signal), _or(o.rank), _or(o.local_rank), self.seed)
-            return [self._exec_task(name, o.target, _SIGNAL_WORKER, *args, rank=o.rank)]
-        if fault == "hang-collectives":
-            return [self._exec_task(name, o.target, _STALL_WORKER, self.seed)]
-        if fault == "corrupt-checkpoint":
-            return [self._exec_task(name, o.target, nodescripts.CORRUPT, o.dir, o.mode, self.seed)]
-        if fault == "kill-during-checkpoint":
-            return [self._exec_task(name, o.target, nodescripts.KILL_IN_WRITE, o.dir, o.within, int(o.signal))]
+        if act is not None:  # a kind that declares its own Kubernetes form (sim/core/faultkinds)
+            form = act.k8s(o, self._target(step))
+            if form is not None:
+                return self._form(name, fault, where, form, held, hold, run_s, index)
         if fault == "partition":
             return self._partition(name, where, o, held or run_s)
         if fault == "etcd-isolate":
             return [self._network(name, ETCD, "partition", held or run_s, target=self._job_selector())]
         if fault == "netem":
             return self._netem(name, where, o, held or run_s)
-        if fault == "slow-node":
-            load = max(1, min(100, round(100 * (1 - o.cpus))))
-            self.note(
-                f"{where}: slow-node (a CPU quota of {o.cpus:g} CPUs) as StressChaos cpu load {load}%: Chaos Mesh "
-                "adds competing load instead of capping the pod's CPU."
-            )
-            target = self._selector(o.target)
-            chaos = {"mode": "all", "selector": target, "stressors": {"cpu": {"workers": 1, "load": load}}}
-            return [self._chaos(name, "StressChaos", chaos, held or run_s)]
-        if fault == "oom-worker":
-            self.note(
-                f"{where}: oom-worker as StressChaos memory (size 100%): the kernel's OOM killer picks its victim "
-                "in the pod, which may be the stressor rather than a worker; locally a memory limit is set first."
-            )
-            chaos = {
-                "mode": "all",
-                "selector": self._selector(o.target),
-                "stressors": {"memory": {"workers": 1, "size": "100%"}},
-            }
-            return [self._chaos(name, "StressChaos", chaos, INSTANT_S * 6)]
-        if fault == "fill-disk":
-            self.note(
-                f"{where}: fill-disk as IOChaos fault errno {ENOSPC} (ENOSPC) on every write under {o.dir}: "
-                "the disk is not filled, each write fails as on a full one"
-                + (f" (leave {o.leave} bytes is not mapped)" if o.leave else "")
-                + "."
-            )
-            chaos = {
-                "action": "fault",
-                "mode": "all",
-                "selector": self._selector("random"),
-                "volumePath": o.dir,
-                "path": f"{o.dir.rstrip('/')}/**/*",
-                "errno": ENOSPC,
-                "percent": 100,
-                "methods": ["write", "create"],
-                "containerNames": [self.container],
-            }
-            return [self._chaos(name, "IOChaos", chaos, held or run_s)]
-        if self._dropped(step):
-            self.export.not_exported.append(f"steps[{index}] (scale)")
-            self.note(
-                f"{where}: scale is NOT exported: Kubeflow Trainer v2 has no elastic policy, a TrainJob's numNodes "
-                "is fixed (--target pytorchjob exports it as `kubectl scale`)."
-            )
-            return []
-        if fault == "scale":
-            self.needs_scale = True
-            command = f"kubectl scale -n {self.opts.namespace} pytorchjob/{self.opts.name} --replicas={o.nodes}"
-            self.note(
-                f"{where}: scale as a Task that runs `{command}`; the operator adds or deletes the highest pods "
-                "(gracefully, with the pods' terminationGracePeriodSeconds; abrupt and grace are not mapped)."
-            )
-            return [self._task(name, command)]
-        if fault in ("heal", "unpause", "etcd-unpause", "start-node", "etcd-start", "resume-worker"):
+        if fault == "heal":
             self.note(
                 f"{where}: {fault} ends the fault before it: that fault's template lasts until this step's time "
                 "(Chaos Mesh undoes a fault when its template's deadline passes); no template of its own."
@@ -985,6 +874,85 @@ class _Workflow:
             "(run it on a local cluster: `sim chaos run`)."
         )
         return []
+
+    def _form(
+        self,
+        name: str,
+        fault: str,
+        where: str,
+        form: K8sForm,
+        held: float | None,
+        hold: float | None,
+        run_s: float,
+        index: int,
+    ) -> list[dict]:
+        """The templates of a kind's own Kubernetes form (sim/core/faultkinds), the first one the Serial runs."""
+        if isinstance(form, ChaosMesh):
+            self.note(f"{where}: {form.note}")
+            chaos = {**form.head, "mode": "all", "selector": self._selector(form.target), **form.spec}
+            if form.in_container:
+                chaos["containerNames"] = [self.container]
+            return [self._chaos(name, form.kind, chaos, form.deadline_s or held or run_s)]
+        if isinstance(form, PodChaos):
+            if form.note:
+                self.note(f"{where}: {form.note}")
+            extra: dict = {"gracePeriod": form.grace} if form.grace is not None else {}
+            if form.in_container or form.container:
+                extra["containerNames"] = [self.container if form.in_container else form.container]
+            return [self._pod_chaos(name, form.target, form.action, form.duration_s, extra)]
+        if isinstance(form, PodDown):
+            if hold is not None or form.target == ETCD:
+                # Down until a later start (or for the rest of the run): the pod is kept from running.
+                duration = hold if hold is not None else run_s
+                self.note(
+                    f"{where}: PodChaos pod-failure for {duration:g}s: the pod stays down until "
+                    f"the scenario starts it again ({self.recreator} or Deployment would re-create a killed pod at "
+                    "once)."
+                )
+                return [self._pod_chaos(name, form.target, "pod-failure", duration)]
+            self.note(
+                f"{where}: PodChaos pod-kill: {self.recreator} re-creates the pod and it rejoins; locally the node "
+                "stays down until `sim start`."
+            )
+            grace = {"gracePeriod": form.grace} if form.grace is not None else {}
+            return [self._pod_chaos(name, form.target, "pod-kill", None, grace)]
+        if isinstance(form, CutFromJob):
+            if form.note:
+                self.note(f"{where}: {form.note}")
+            return [self._network(name, form.target, "partition", held or run_s, target=self._job_selector())]
+        if isinstance(form, ExecTask):
+            return [self._form_task(name, form)]
+        if isinstance(form, Held):
+            if form.note:
+                self.note(f"{where}: {form.note}")
+            start, end = self._form_task(f"{name}-stop", form.start), self._form_task(f"{name}-cont", form.end)
+            return self._held(name, start, end, held, run_s)
+        if isinstance(form, ScaleJob):
+            if self.opts.target == TRAINJOB:
+                self.export.not_exported.append(f"steps[{index}] ({fault})")
+                self.note(
+                    f"{where}: {fault} is NOT exported: Kubeflow Trainer v2 has no elastic policy, a TrainJob's "
+                    "numNodes is fixed (--target pytorchjob exports it as `kubectl scale`)."
+                )
+                return []
+            self.needs_scale = True
+            command = f"kubectl scale -n {self.opts.namespace} pytorchjob/{self.opts.name} --replicas={form.nodes}"
+            self.note(
+                f"{where}: {fault} as a Task that runs `{command}`; the operator adds or deletes the highest pods "
+                "(gracefully, with the pods' terminationGracePeriodSeconds; abrupt and grace are not mapped)."
+            )
+            return [self._task(name, command)]
+        if isinstance(form, EndsHold):
+            self.note(
+                f"{where}: {fault} ends the fault before it: that fault's template lasts until this step's time "
+                "(Chaos Mesh undoes a fault when its template's deadline passes); no template of its own."
+            )
+            return []
+        raise TypeError(f"no Kubernetes export for {form!r}")  # pragma: no cover - a new form without its branch
+
+    def _form_task(self, name: str, task: ExecTask) -> dict:
+        args = (*task.args, self.seed) if task.seeded else task.args
+        return self._exec_task(name, task.target, POD_SCRIPTS[task.script], *args, rank=task.rank)
 
     # --- template builders
 
@@ -1041,11 +1009,12 @@ class _Workflow:
             chaos["duration"] = go_duration(duration_s)
         return self._chaos(name, "PodChaos", chaos, duration_s)
 
-    def _network(self, name: str, target: str, action: str, deadline_s: float, **fields: dict) -> dict:
+    def _network(self, name: str, pod: str, action: str, deadline_s: float, **fields: dict) -> dict:
+        # `pod`, not `target`: a partition's other side is its `target` field.
         chaos: dict = {
             "action": action,
-            "mode": self._mode(target),
-            "selector": self._selector(target),
+            "mode": self._mode(pod),
+            "selector": self._selector(pod),
             "direction": "both",
         }
         if "target" in fields:
@@ -1171,10 +1140,6 @@ class _Workflow:
             "done; exit 1"
         )
         return self._task(name, command, {"SCRIPT": script})
-
-
-def _or(value: int | None) -> int:
-    return -1 if value is None else value
 
 
 def _node_index(target: str, spec: ClusterSpec) -> int | None:

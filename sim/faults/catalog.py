@@ -4,7 +4,8 @@ An entry names the fault as a scenario step does, and carries its options (a fro
 that validates itself; each field declares how it is read and what it holds), its CLI verb, how
 to invoke it on a Nemesis and, for a reversible fault, how to undo it. The scenario parser
 (sim.scenarios.scenario), the runner's dispatch (sim.scenarios.runner) and the CLI verbs (sim.cli.faults) are all
-generated from FAULTS, so a new fault is one entry here.
+generated from FAULTS. A kind that declares its act (sim/core/faultkinds) gets its entries generated (`_acting`,
+`_aimed`), so a new kind is its module only; the network family's are still written out here.
 """
 
 from __future__ import annotations
@@ -13,21 +14,16 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from signal import SIGKILL, Signals
 from typing import TYPE_CHECKING, Any
 
 from sim.core.errors import FaultError, UsageError
-from sim.core.faultkinds import FAULT_KINDS, KINDS, PROVOCATIONS, FaultKind
+from sim.core.faultkinds import FAULT_KINDS, KINDS, PROVOCATIONS, FaultKind, checkpoint, container, disk, etcd, process
+from sim.core.faultkinds.container import NoOptions
 from sim.core.faultoptions import (
-    CPUS,
-    DIRECTORY,
     FLAG,
-    NODE_TARGET,
     PERCENT,
     RATE,
     SECONDS,
-    SIGNAL,
-    SIZE,
     TARGET,
     TEXT,
     FaultOptions,
@@ -35,7 +31,6 @@ from sim.core.faultoptions import (
     exactly_one,
     is_names,
     option,
-    whole,
 )
 from sim.core.history import FaultResult
 from sim.core.parse import check_node_names
@@ -52,9 +47,6 @@ if TYPE_CHECKING:
 def _comma_names(text: str) -> tuple[str, ...]:
     """Node names as typed on the command line: "node0,node2"."""
     return tuple(name.strip() for name in text.split(","))
-
-
-CORRUPTION = OptionKind("corruption", str, lambda v: v in CORRUPTIONS, "bitflip or truncate")
 
 
 NODES = OptionKind("nodes", _comma_names, is_names, "a list of node names")
@@ -82,102 +74,6 @@ NODES_PAIR = OptionKind(
 _TARGET_HELP = "a node (node0, ...), or random (seeded), store-host, rank0, etcd"
 _DOWNTIME_HELP = "stay down this long before starting again"
 _NODE_TARGET_HELP = "a node (node0, ...), or random (seeded), store-host, rank0"
-
-
-@dataclass(frozen=True)
-class NoOptions(FaultOptions):
-    pass
-
-
-@dataclass(frozen=True)
-class TargetOptions(FaultOptions):
-    target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
-
-
-@dataclass(frozen=True)
-class WorkerOptions(FaultOptions):
-    """One worker: at random on a node, or by local rank there, or by global rank anywhere."""
-
-    target: str = option(NODE_TARGET, _NODE_TARGET_HELP, "random", positional=True)
-    rank: int | None = option(whole(0, 0), "the worker with this global rank, wherever it runs")
-    local_rank: int | None = option(whole(0, 0), "the worker with this local rank on the target node")
-
-    def problem(self) -> str | None:
-        return exactly_one(self, ("rank", "local_rank"), at_most=True)
-
-
-@dataclass(frozen=True)
-class KillWorkerOptions(WorkerOptions):
-    signal: Signals = option(SIGNAL, "KILL, TERM, SEGV, INT, ...", SIGKILL)
-
-
-@dataclass(frozen=True)
-class NodeOptions(FaultOptions):
-    target: str = option(NODE_TARGET, _NODE_TARGET_HELP, required=True, positional=True)
-
-
-@dataclass(frozen=True)
-class SlowOptions(FaultOptions):
-    target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
-    cpus: float = option(CPUS, "the CPU time it gets, in CPUs, e.g. 0.2 (a cgroup CPU quota)", required=True)
-
-
-CORRUPTIONS = ("bitflip", "truncate")
-_CKPT_DIR_HELP = "the checkpoint directory inside the nodes (shared by all)"
-
-
-@dataclass(frozen=True)
-class CorruptOptions(FaultOptions):
-    target: str = option(
-        NODE_TARGET, "the node that writes the damage (the directory is shared)", "random", positional=True
-    )
-    mode: str = option(CORRUPTION, "bitflip: flip a bit in 8 random bytes; truncate: cut to half its length", "bitflip")
-    dir: str = option(DIRECTORY, _CKPT_DIR_HELP, "/ckpt")
-
-
-@dataclass(frozen=True)
-class FillOptions(FaultOptions):
-    target: str = option(
-        NODE_TARGET, "the node that writes the filler (the directory is shared)", "random", positional=True
-    )
-    dir: str = option(DIRECTORY, _CKPT_DIR_HELP + "; its disk must be size-limited (cluster ckpt_size)", "/ckpt")
-    leave: int = option(SIZE, "bytes left free, e.g. 4k", 0)
-
-
-@dataclass(frozen=True)
-class InWriteOptions(FaultOptions):
-    target: str = option(NODE_TARGET, "the node whose worker writes checkpoints", "rank0", positional=True)
-    dir: str = option(DIRECTORY, _CKPT_DIR_HELP, "/ckpt")
-    within: float = option(SECONDS, "how long to wait for a write", 60.0)
-
-
-@dataclass(frozen=True)
-class KillInWriteOptions(InWriteOptions):
-    signal: Signals = option(SIGNAL, "KILL, TERM, ...", SIGKILL)
-
-
-@dataclass(frozen=True)
-class KillAgentOptions(FaultOptions):
-    target: str = option(NODE_TARGET, _NODE_TARGET_HELP, required=True, positional=True)
-    signal: Signals = option(SIGNAL, "KILL: abrupt; TERM: torchrun's graceful path", SIGKILL)
-
-
-@dataclass(frozen=True)
-class StopOptions(FaultOptions):
-    target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
-    grace: float = option(SECONDS, "seconds between SIGTERM and SIGKILL", 10.0)
-
-
-@dataclass(frozen=True)
-class RestartOptions(FaultOptions):
-    target: str = option(TARGET, _TARGET_HELP, required=True, positional=True)
-    grace: float = option(SECONDS, "grace period before the kill", 0.0)
-    downtime: float = option(SECONDS, _DOWNTIME_HELP, 0.0)
-
-
-@dataclass(frozen=True)
-class DowntimeOptions(FaultOptions):
-    downtime: float = option(SECONDS, _DOWNTIME_HELP, 0.0)
 
 
 PARTITION_SHAPES = ("groups", "isolate", "from_etcd", "from_peers", "one_way")
@@ -254,13 +150,6 @@ class NetemOptions(FaultOptions):
         return None
 
 
-@dataclass(frozen=True)
-class ScaleOptions(FaultOptions):
-    nodes: int = option(whole(0, 3), "run exactly node0..node{N-1}", required=True)
-    abrupt: bool = option(FLAG, "removed nodes are killed, not stopped", False)
-    grace: float = option(SECONDS, "grace period for a graceful removal", 10.0)
-
-
 # ---------------------------------------------------------------- the catalog
 
 
@@ -284,6 +173,7 @@ class FaultEntry:
     # The kind of fault it is, as the history records it (sim.core.faultkinds), when not its own name:
     # etcd-kill is kill-node aimed at etcd, netem the kind link.
     records: str = ""
+    fixed_target: str | None = None  # an entry aimed at one target whatever its options (etcd-kill: etcd)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z]+(-[a-z]+)*", self.name):
@@ -363,62 +253,59 @@ def _heal_result(nemesis: Nemesis, result: dict) -> dict:
     return nemesis.heal(fault_id)
 
 
+def _undo_of(kind: FaultKind, target: str | None = None) -> Callable[[Nemesis, dict], dict] | None:
+    """How the runner ends a reversible kind's hold: heal its id, or carry out its undo kind on its node (an
+    entry's fixed `target`)."""
+    if not kind.reversible:
+        return None
+    if kind.undo_op == "heal":
+        return _heal_result
+    undo = KINDS[kind.undo_op]
+    return lambda n, result: n.carry_out(undo, undo.act.options(target=target or FaultResult.parse(result).node))
+
+
+def _acting(kind: FaultKind) -> FaultEntry:
+    """The catalog entry of a kind that declares its own act (sim/core/faultkinds): the nemesis carries it out."""
+    act = kind.act
+    return FaultEntry(
+        kind.name,
+        act.options,
+        act.verb,
+        act.help,
+        lambda n, o: n.carry_out(kind, o),
+        undo=_undo_of(kind),
+        undo_verb=kind.undo_op or "",
+        needs_running=act.needs_running,
+    )
+
+
+def _aimed(kind: FaultKind, name: str) -> FaultEntry:
+    """Another entry of a kind that declares its own act, aimed at its fixed target (etcd-kill: kill-node at etcd)."""
+    (entry,) = (e for e in kind.act.entries if e.name == name)
+    return FaultEntry(
+        entry.name,
+        entry.options,
+        entry.verb,
+        entry.help,
+        lambda n, o: n.carry_out(kind, o, target=entry.target),
+        undo=_undo_of(kind, entry.target),
+        undo_verb=entry.undo_verb or kind.undo_op or "",
+        needs_etcd=entry.needs_etcd,
+        needs_running=kind.act.needs_running,
+        records=kind.name,
+        fixed_target=entry.target,
+    )
+
+
 _CATALOG = (
-    FaultEntry(
-        "kill-worker",
-        KillWorkerOptions,
-        ("kill-worker",),
-        "signal one training worker (SIGKILL by default)",
-        lambda n, o: n.kill_worker(o.target, rank=o.rank, local_rank=o.local_rank, sig=o.signal),
-    ),
-    FaultEntry(
-        "kill-agent",
-        KillAgentOptions,
-        ("kill-agent",),
-        "signal the torchrun agent (KILL: abrupt; TERM: torchrun's graceful path)",
-        lambda n, o: n.kill_agent(o.target, sig=o.signal),
-    ),
-    FaultEntry(
-        "kill-node",
-        TargetOptions,
-        ("kill",),
-        "crash a whole node or etcd at once (docker kill)",
-        lambda n, o: n.kill_node(o.target),
-    ),
-    FaultEntry(
-        "stop-node",
-        StopOptions,
-        ("stop",),
-        "preempt a node: SIGTERM, then SIGKILL after a grace period (docker stop -t)",
-        lambda n, o: n.stop_node(o.target, grace=o.grace),
-    ),
-    FaultEntry(
-        "restart-node",
-        RestartOptions,
-        ("restart",),
-        "restart a node or etcd with the same hostname (quick rejoin; etcd keeps its data)",
-        lambda n, o: n.restart_node(o.target, grace=o.grace, downtime=o.downtime),
-    ),
-    FaultEntry(
-        "start-node",
-        TargetOptions,
-        ("start",),
-        "start a node or etcd that was killed or stopped",
-        lambda n, o: n.start_node(o.target),
-        needs_running=False,
-    ),
-    FaultEntry(
-        "pause",
-        TargetOptions,
-        ("pause",),
-        "freeze a node or etcd (every process stops; docker pause)",
-        lambda n, o: n.pause(o.target),
-        undo=lambda n, result: n.unpause(FaultResult.parse(result).node),
-        undo_verb="unpause",
-    ),
-    FaultEntry(
-        "unpause", TargetOptions, ("unpause",), "resume a frozen node or etcd", lambda n, o: n.unpause(o.target)
-    ),
+    _acting(process.KILL_WORKER),
+    _acting(process.KILL_AGENT),
+    _acting(container.KILL_NODE),
+    _acting(container.STOP_NODE),
+    _acting(container.RESTART_NODE),
+    _acting(container.START_NODE),
+    _acting(container.PAUSE),
+    _acting(container.UNPAUSE),
     FaultEntry(
         "partition",
         PartitionOptions,
@@ -456,63 +343,12 @@ _CATALOG = (
         undo_verb="heal",
         records="link",
     ),
-    FaultEntry(
-        "etcd-kill",
-        NoOptions,
-        ("etcd", "kill"),
-        "crash etcd at once (docker kill)",
-        lambda n, o: n.kill_node(ETCD),
-        needs_etcd=True,
-        records="kill-node",
-    ),
-    FaultEntry(
-        "etcd-start",
-        NoOptions,
-        ("etcd", "start"),
-        "start etcd after a kill, keeping its data",
-        lambda n, o: n.start_node(ETCD),
-        needs_etcd=True,
-        needs_running=False,
-        records="start-node",
-    ),
-    FaultEntry(
-        "etcd-restart",
-        DowntimeOptions,
-        ("etcd", "restart"),
-        "restart etcd, keeping its data",
-        lambda n, o: n.restart_node(ETCD, downtime=o.downtime),
-        needs_etcd=True,
-        records="restart-node",
-    ),
-    FaultEntry(
-        "etcd-wipe",
-        DowntimeOptions,
-        ("etcd", "wipe"),
-        "restart etcd empty: every rendezvous key is gone",
-        lambda n, o: n.wipe_etcd(downtime=o.downtime),
-        needs_etcd=True,
-        records="wipe-etcd",
-    ),
-    FaultEntry(
-        "etcd-pause",
-        NoOptions,
-        ("etcd", "pause"),
-        "freeze etcd",
-        lambda n, o: n.pause(ETCD),
-        undo=lambda n, result: n.unpause(ETCD),
-        undo_verb="etcd unpause",
-        needs_etcd=True,
-        records="pause",
-    ),
-    FaultEntry(
-        "etcd-unpause",
-        NoOptions,
-        ("etcd", "unpause"),
-        "resume a frozen etcd",
-        lambda n, o: n.unpause(ETCD),
-        needs_etcd=True,
-        records="unpause",
-    ),
+    _aimed(container.KILL_NODE, "etcd-kill"),
+    _aimed(container.START_NODE, "etcd-start"),
+    _aimed(container.RESTART_NODE, "etcd-restart"),
+    _aimed(etcd.WIPE_ETCD, "etcd-wipe"),
+    _aimed(container.PAUSE, "etcd-pause"),
+    _aimed(container.UNPAUSE, "etcd-unpause"),
     FaultEntry(
         "etcd-isolate",
         NoOptions,
@@ -524,106 +360,28 @@ _CATALOG = (
         needs_etcd=True,
         records="partition",
     ),
-    FaultEntry(
-        "hang-worker",
-        WorkerOptions,
-        ("hang-worker",),
-        "stop one worker process (SIGSTOP; its agent still sees it alive, its peers wait in a collective)",
-        lambda n, o: n.hang_worker(o.target, rank=o.rank, local_rank=o.local_rank),
-        undo=_heal_result,  # its id names the one worker it stopped (`sim resume-worker` continues them all)
-        undo_verb="heal",
-    ),
-    FaultEntry(
-        "hang-collectives",
-        WorkerOptions,
-        ("hang-collectives",),
-        "one worker stops calling collectives while its process runs on (a hang inside the script; instrumented)",
-        lambda n, o: n.hang_collectives(o.target, rank=o.rank, local_rank=o.local_rank),
-        undo=_heal_result,
-        undo_verb="heal",
-    ),
-    FaultEntry(
-        "resume-worker",
-        NodeOptions,
-        ("resume-worker",),
-        "continue the stopped workers of a node (SIGCONT)",
-        lambda n, o: n.resume_worker(o.target),
-    ),
-    FaultEntry(
-        "slow-node",
-        SlowOptions,
-        ("slow",),
-        "a straggler: throttle a node's (or etcd's) CPU with a cgroup quota",
-        lambda n, o: n.slow_node(o.target, cpus=o.cpus),
-        undo=_heal_result,
-        undo_verb="heal",
-    ),
-    FaultEntry(
-        "oom-worker",
-        WorkerOptions,
-        ("oom-worker",),
-        "the kernel's OOM killer kills one worker (a memory limit on its node, then memory pressure)",
-        lambda n, o: n.oom_worker(o.target, rank=o.rank, local_rank=o.local_rank),
-    ),
-    FaultEntry(
-        "corrupt-checkpoint",
-        CorruptOptions,
-        ("corrupt-checkpoint",),
-        "flip bits in, or truncate, the newest checkpoint file",
-        lambda n, o: n.corrupt_checkpoint(o.target, mode=o.mode, directory=o.dir),
-    ),
-    FaultEntry(
-        "fill-disk",
-        FillOptions,
-        ("fill-disk",),
-        "fill the checkpoint disk (size-limited: cluster ckpt_size) so the next write fails with ENOSPC",
-        lambda n, o: n.fill_disk(o.target, directory=o.dir, leave=o.leave),
-        undo=_heal_result,
-        undo_verb="heal",
-    ),
-    FaultEntry(
-        "kill-during-checkpoint",
-        KillInWriteOptions,
-        ("kill-during-checkpoint",),
-        "signal the worker that writes a checkpoint, the moment it opens the file",
-        lambda n, o: n.kill_during_checkpoint(o.target, directory=o.dir, within=o.within, sig=o.signal),
-    ),
-    FaultEntry(
-        "freeze-during-checkpoint",
-        InWriteOptions,
-        ("freeze-during-checkpoint",),
-        "freeze a node while its worker writes a checkpoint (SIGSTOP at the open, then docker pause); "
-        "heal lets the write finish late, as a zombie's",
-        lambda n, o: n.freeze_during_checkpoint(o.target, directory=o.dir, within=o.within),
-        undo=_heal_result,
-        undo_verb="heal",
-    ),
-    FaultEntry(
-        "scale",
-        ScaleOptions,
-        ("scale",),
-        "add nodes that join the running job, or remove the highest ones",
-        lambda n, o: n.scale(o.nodes, abrupt=o.abrupt, grace=o.grace),
-    ),
+    _acting(process.HANG_WORKER),
+    _acting(process.HANG_COLLECTIVES),
+    _acting(process.RESUME_WORKER),
+    _acting(container.SLOW_NODE),
+    _acting(process.OOM_WORKER),
+    _acting(checkpoint.CORRUPT_CHECKPOINT),
+    _acting(disk.FILL_DISK),
+    _acting(checkpoint.KILL_DURING_CHECKPOINT),
+    _acting(checkpoint.FREEZE_DURING_CHECKPOINT),
+    _acting(container.SCALE),
 )
 
 
-def _acting(kind: FaultKind) -> FaultEntry:
-    """The catalog entry of a kind that declares its own act (sim/core/faultkinds): the nemesis carries it out."""
-    act = kind.act
-    return FaultEntry(
-        kind.name,
-        act.options,
-        act.verb,
-        act.help,
-        lambda n, o: n.carry_out(kind, o),
-        undo=_heal_result if kind.reversible else None,
-        undo_verb="heal" if kind.reversible else "",
-    )
-
-
+# The converted kinds the catalog does not place (a new kind goes last).
+_PLACED = {entry.name for entry in _CATALOG}
 FAULTS: dict[str, FaultEntry] = {
-    fault.name: fault for fault in (*_CATALOG, *(_acting(kind) for kind in FAULT_KINDS if kind.act is not None))
+    fault.name: fault
+    for fault in (
+        *_CATALOG,
+        *(_acting(k) for k in FAULT_KINDS if k.act is not None and k.act.verb and k.name not in _PLACED),
+        *(_aimed(k, e.name) for k in FAULT_KINDS if k.act is not None for e in k.act.entries if e.name not in _PLACED),
+    )
 }
 
 

@@ -1,173 +1,97 @@
 """Container faults: kill, stop, restart, start, pause or slow a whole node (or etcd), wipe etcd, scale.
 
-The verbs of `Nemesis` (sim/faults/nemesis.py) that act on containers through the Docker provider.
+Their kinds (sim/core/faultkinds/container.py, etcd.py) say what to do; here are the `Nemesis` methods for Python
+callers (one line each) and what the executor does for their actions through the Docker provider.
 """
 
 from __future__ import annotations
 
 import time
 
-from sim.core.errors import FaultError, UsageError
+from sim.core.faultkinds import container, etcd
 from sim.core.nodes import node_order
 from sim.faults.targets import ETCD
-from sim.faults.verbbase import CPU_PERIOD_US, PROCESS_BOUND_FAULTS, _last
 
 
 class ContainerFaults:
+    # --- the container family's verbs for Python callers: each carries out its kind (faultkinds/container.py)
+
     def kill_node(self, target: str) -> dict:
         """The whole node dies at once (SIGKILL to every process: `docker kill`)."""
-
-        def kill_container() -> dict:
-            name = self.resolve(target)
-            self.docker.kill(self._info(name).id, "SIGKILL")
-            self._forget_faults_of([name], PROCESS_BOUND_FAULTS)
-            return {"node": name}
-
-        return self.invoke("kill-node", target, kill_container, seed=self.seed)
+        return self.carry_out(container.KILL_NODE, container.TargetOptions(target))
 
     def stop_node(self, target: str, *, grace: float = 10.0) -> dict:
         """Preemption: SIGTERM, then SIGKILL after `grace` seconds (`docker stop -t`)."""
-
-        def stop_container() -> dict:
-            name = self.resolve(target)
-            started = time.monotonic()
-            self.docker.stop(self._info(name).id, grace)
-            self._forget_faults_of([name], PROCESS_BOUND_FAULTS)
-            return {"node": name, "grace": grace, "took": round(time.monotonic() - started, 2)}
-
-        return self.invoke("stop-node", target, stop_container, grace=grace, seed=self.seed)
+        return self.carry_out(container.STOP_NODE, container.StopOptions(target, grace))
 
     def restart_node(self, target: str, *, grace: float = 0.0, downtime: float = 0.0) -> dict:
         """The same node (same hostname) comes back: a quick rejoin, or after `downtime`
         seconds down (a real restart takes seconds; whether a peer's call lands in the gap
         decides what torch does, so a scenario can make the gap certain)."""
-
-        def restart_container() -> dict:
-            name = self.resolve(target)
-            cid = self._info(name).id
-            if downtime > 0:
-                self.docker.stop(cid, grace)
-                time.sleep(downtime)
-                self.docker.start(cid)
-            else:
-                self.docker.restart(cid, grace)
-            self._reapply_network(name)
-            return {"node": name, "grace": grace, "downtime": downtime}
-
-        return self.invoke("restart-node", target, restart_container, grace=grace, downtime=downtime, seed=self.seed)
+        return self.carry_out(container.RESTART_NODE, container.RestartOptions(target, grace, downtime))
 
     def start_node(self, target: str) -> dict:
         """Start a node (or etcd) that was killed or stopped, keeping its data."""
-
-        def start_container() -> dict:
-            name = self.resolve(target)
-            self.docker.start(self._info(name).id)
-            self._reapply_network(name)
-            return {"node": name}
-
-        return self.invoke("start-node", target, start_container)
+        return self.carry_out(container.START_NODE, container.TargetOptions(target))
 
     def pause(self, target: str) -> dict:
         """Freeze every process of a node (cgroup freezer: `docker pause`)."""
-
-        def pause_container() -> dict:
-            name = self.resolve(target)
-            info = self._info(name)
-            if info.state == "paused":
-                raise UsageError(f"{name}: already paused; `sim unpause {name}` resumes it")
-            fault_id = f"pause-{name}"
-            with self._claimed(fault_id, None, lambda: {"fault": "pause", "target": name, "detail": "frozen"}):
-                self.docker.pause(info.id)  # the intent first: a pause interrupted here is still healed
-            return {"id": fault_id, "node": name}
-
-        return self.invoke("pause", target, pause_container, seed=self.seed)
+        return self.carry_out(container.PAUSE, container.TargetOptions(target))
 
     def unpause(self, target: str) -> dict:
-        def unpause_container() -> dict:
-            name = self.resolve(target)
-            info = self._info(name)
-            if info.state != "paused":
-                raise UsageError(f"{name}: not paused (it is {info.state})")
-            self.docker.unpause(info.id)
-            self._forget(f"pause-{name}")
-            return {"node": name}
+        return self.carry_out(container.UNPAUSE, container.TargetOptions(target))
 
-        return self.invoke("unpause", target, unpause_container)
+    # --- what the executor does for the container family's actions
+
+    def _restart_container(self, node: str, grace: float, downtime: float) -> None:
+        cid = self._info(node).id
+        if downtime > 0:
+            self.docker.stop(cid, grace)
+            time.sleep(downtime)
+            self.docker.start(cid)
+        else:
+            self.docker.restart(cid, grace)
+
+    def _stop_container(self, node: str, grace: float) -> float:
+        started = time.monotonic()
+        self.docker.stop(self._info(node).id, grace)
+        return round(time.monotonic() - started, 2)
 
     def slow_node(self, target: str, *, cpus: float) -> dict:
         """A straggler: the node (or etcd) gets `cpus` CPUs' worth of time (cgroup CPU quota,
-        `docker update --cpus`); its own limits come back with `heal`."""
-
-        def throttle_cpu() -> dict:
-            name = self.resolve(target)
-            cid = self._info(name).id
-            fault_id = f"slow-{name}"
-
-            def record() -> dict:  # the limits to restore, read under the store's lock
-                before = self.docker.resources(cid)
-                return {"fault": "slow", "target": name, "detail": f"{cpus:g} CPUs"} | {
-                    "cpu_quota": before.cpu_quota,
-                    "cpu_period": before.cpu_period,
-                }
-
-            quota = max(1000, round(cpus * CPU_PERIOD_US))  # the kernel's least quota is 1 ms
-            with self._claimed(fault_id, f"{name}: already slowed; `sim heal {fault_id}` first", record):
-                self.docker.update_resources(cid, cpu_quota=quota, cpu_period=CPU_PERIOD_US)
-            return {"id": fault_id, "node": name, "cpus": cpus, "cpu_quota": quota, "cpu_period": CPU_PERIOD_US}
-
-        return self.invoke("slow-node", target, throttle_cpu, cpus=cpus)
+        `docker update --cpus`); its own limits come back with `heal`. (sim/core/faultkinds/container.py)"""
+        return self.carry_out(container.SLOW_NODE, container.SlowOptions(target, cpus))
 
     def wipe_etcd(self, *, downtime: float = 0.0) -> dict:
-        """Restart etcd with an empty data dir: every rendezvous key is gone. The data is
-        unlinked while etcd runs (it keeps its open files until it stops), so etcd is down
-        no longer than a plain restart, or for `downtime` seconds when given."""
-
-        def restart_etcd_empty() -> dict:
-            info = self._info(ETCD)
-            removed = self.cluster.exec(ETCD, "sh", "-c", "rm -rf /var/lib/etcd/data")
-            if not removed.ok:
-                raise FaultError(f"etcd: clearing its data failed: {_last(removed.stderr)}")
-            if downtime > 0:
-                self.docker.kill(info.id, "SIGKILL")
-                time.sleep(downtime)
-                self.docker.start(info.id)
-            else:
-                self.docker.restart(info.id, 0)
-            self._reapply_network(ETCD)
-            return {"node": ETCD, "downtime": downtime}
-
-        return self.invoke("wipe-etcd", ETCD, restart_etcd_empty, downtime=downtime)
+        """Restart etcd with an empty data dir: every rendezvous key is gone (sim/core/faultkinds/etcd.py)."""
+        return self.carry_out(etcd.WIPE_ETCD, etcd.WipeOptions(downtime), target=ETCD)
 
     def scale(self, nodes: int, *, abrupt: bool = False, grace: float = 10.0) -> dict:
-        """Run exactly node0..node{nodes-1}: new nodes join the running job (torch
-        decides whether now or as spares); the highest ones leave, gracefully
-        (`docker stop -t grace`) or abruptly (`docker kill`)."""
-        if not isinstance(nodes, int) or nodes < 0:
-            raise UsageError(f"scale --nodes {nodes!r}: must be a whole number >= 0")
+        """Run exactly node0..node{nodes-1}: new nodes join the running job (torch decides whether now or as
+        spares); the highest ones leave, gracefully (`docker stop -t grace`) or abruptly (`docker kill`)."""
+        return self.carry_out(container.SCALE, container.ScaleOptions(nodes, abrupt, grace))
 
-        def change_node_count() -> dict:
-            existing = {c.node: c for c in self.cluster.nodes()}
-            wanted = [f"node{i}" for i in range(nodes)]
-            leaving = sorted(
-                (n for n, c in existing.items() if n not in wanted and c.state in ("running", "paused")),
-                key=node_order,
-                reverse=True,
-            )
-            for name in leaving:
-                info = existing[name]
-                if info.state == "paused":
-                    self.docker.unpause(info.id)
-                if abrupt:
-                    self.docker.kill(info.id, "SIGKILL")
-                else:
-                    self.docker.stop(info.id, grace)
-                self.docker.remove("container", [info.id])
-                # Everything of the node went with its container, but a filler on the shared volume.
-                self._forget_faults_of([name], kinds=None, keep=lambda f: f.on_shared_volume)
-            joining = [n for n in wanted if n not in existing or existing[n].state not in ("running", "paused")]
-            if joining:
-                self.cluster.start_nodes(joining, nodes=nodes)
-                self._reapply_network(*joining)
-            return {"joined": joining, "left": leaving, "abrupt": abrupt}
-
-        return self.invoke("scale", f"nodes={nodes}", change_node_count, nodes=nodes, abrupt=abrupt, grace=grace)
+    def _scale_nodes(self, nodes: int, abrupt: bool, grace: float) -> dict:
+        existing = {c.node: c for c in self.cluster.nodes()}
+        wanted = [f"node{i}" for i in range(nodes)]
+        leaving = sorted(
+            (n for n, c in existing.items() if n not in wanted and c.state in ("running", "paused")),
+            key=node_order,
+            reverse=True,
+        )
+        for name in leaving:
+            info = existing[name]
+            if info.state == "paused":
+                self.docker.unpause(info.id)
+            if abrupt:
+                self.docker.kill(info.id, "SIGKILL")
+            else:
+                self.docker.stop(info.id, grace)
+            self.docker.remove("container", [info.id])
+            # Everything of the node went with its container, but a filler on the shared volume.
+            self._forget_faults_of([name], kinds=None, keep=lambda f: f.on_shared_volume)
+        joining = [n for n in wanted if n not in existing or existing[n].state not in ("running", "paused")]
+        if joining:
+            self.cluster.start_nodes(joining, nodes=nodes)
+            self._reapply_network(*joining)
+        return {"joined": joining, "left": leaving}

@@ -1,6 +1,7 @@
 """Checkpoint-volume faults: damage the newest checkpoint, fill the disk (and remove a file again).
 
-The verbs of `Nemesis` (sim/faults/nemesis.py) that act on the cluster's shared checkpoint storage.
+Their kinds (sim/core/faultkinds/disk.py, checkpoint.py) say what to do; here are the `Nemesis` methods for Python
+callers and what the executor does on the cluster's shared checkpoint storage (its node scripts, its checks).
 """
 
 from __future__ import annotations
@@ -8,10 +9,9 @@ from __future__ import annotations
 import posixpath
 
 from sim.core.errors import FaultError, UsageError
+from sim.core.faultkinds import checkpoint, disk
 from sim.faults import nodescripts
 from sim.faults.verbbase import SHARED_CKPT_DIR, _last
-
-FILL_AT_MOST = 16 * 2**30  # fill-disk refuses a disk with more free than this: the host's own
 
 
 class DiskFaults:
@@ -19,42 +19,12 @@ class DiskFaults:
         self, target: str = "random", *, mode: str = "bitflip", directory: str = SHARED_CKPT_DIR
     ) -> dict:
         """Damage the newest file under `directory` (shared by every node): flip bits, or truncate it."""
-
-        def damage_newest_checkpoint() -> dict:
-            node = self.resolve(target, allow_etcd=False)
-            done = self._node_script(
-                node, "corrupting a checkpoint", nodescripts.CORRUPT, directory, mode, self.rng.randrange(2**31)
-            )
-            return {"node": node, **done}
-
-        return self.invoke(
-            "corrupt-checkpoint", target, damage_newest_checkpoint, mode=mode, directory=directory, seed=self.seed
-        )
+        return self.carry_out(checkpoint.CORRUPT_CHECKPOINT, checkpoint.CorruptOptions(target, mode, directory))
 
     def fill_disk(self, target: str = "random", *, directory: str = SHARED_CKPT_DIR, leave: int = 0) -> dict:
-        """Fill the filesystem under `directory` with a filler file until `leave` bytes are free, so the
-        next write fails with ENOSPC; `heal` removes the filler. Only a size-limited disk (the spec's
-        `ckpt_size`): a larger one is refused, as filling it would fill the host's."""
-        self._require_own_ckpt_storage(directory)
-
-        def fill_checkpoint_disk() -> dict:
-            node = self.resolve(target, allow_etcd=False)
-            fault_id = f"fill-{node}"
-            refused = f"{node}: a filler is in place already; `sim heal {fault_id}` first"
-            # Recorded before it writes: the filler's path is the script's (the folder's .sim-filler).
-            planned = {"fault": "fill", "target": node, "file": posixpath.join(directory, ".sim-filler")}
-            # The filler runs on in the node if our call is interrupted: the intent names it, for heal to end.
-            act = nodescripts.ACT_MARKER.format(fault_id)
-            with self._claimed(fault_id, refused, lambda: {**planned, "act": act, "detail": "filler being written"}):
-                done = self._node_script(
-                    node, "filling the disk", nodescripts.FILL, directory, leave, FILL_AT_MOST, act=act
-                )
-            self._remember(
-                {**planned, "id": fault_id, "file": done["file"], "detail": f"{done['written'] >> 20} MiB filler"}
-            )
-            return {"id": fault_id, "node": node, **done}
-
-        return self.invoke("fill-disk", target, fill_checkpoint_disk, directory=directory, leave=leave)
+        """Fill the checkpoint disk until `leave` bytes are free (sim/core/faultkinds/disk.py)."""
+        self._require_own_ckpt_storage(directory)  # its own message first, as the options would refuse some too
+        return self.carry_out(disk.FILL_DISK, disk.FillOptions(target, directory, leave))
 
     def _require_own_ckpt_storage(self, directory: str) -> None:
         """A filler goes only on the cluster's own size-limited checkpoint storage: /ckpt (or a folder
@@ -76,10 +46,11 @@ class DiskFaults:
                 "start it with --ckpt-size, e.g. --ckpt-size 64m"
             )
 
-    def _node_script(self, node: str, what: str, script: str, *args: object, act: str | None = None) -> dict:
+    def _node_script(
+        self, node: str, what: str, script: str, *args: object, act: str | None = None, hint: str = ""
+    ) -> dict:
         result = self.cluster.exec(node, *nodescripts.argv(script, *args, act=act), timeout=120)
         if result.exit_code == nodescripts.WRONG_REQUEST:
-            hint = "; give the cluster a size-limited one (ckpt_size)" if script is nodescripts.FILL else ""
             raise UsageError(f"{node}: {what}: {_last(result.stderr)}{hint}")
         if not result.ok:
             raise FaultError(f"{node}: {what} failed: {_last(result.stderr)}")

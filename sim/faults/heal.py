@@ -17,25 +17,14 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from sim.core import faultkinds as kinds
+from sim.core.faultkinds import Struck, Unpause
 from sim.faults.inforce import InForce
 from sim.faults.targets import ETCD
-from sim.faults.verbbase import CPU_PERIOD_US
-
-
-@dataclasses.dataclass(frozen=True)
-class Unpause:
-    node: str
 
 
 @dataclasses.dataclass(frozen=True)
 class ClearLink:
     node: str
-
-
-@dataclasses.dataclass(frozen=True)
-class ContinueWorker:
-    node: str
-    pid: int | None  # the worker may be gone since: fine; None: every worker of the node (which one is unknown)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,20 +36,7 @@ class EndAct:
     marker: str
 
 
-@dataclasses.dataclass(frozen=True)
-class RestoreCpu:
-    node: str
-    cpu_quota: int  # -1: no quota
-    cpu_period: int
-
-
-@dataclasses.dataclass(frozen=True)
-class RemoveFile:
-    node: str
-    file: str
-
-
-Action = Unpause | ClearLink | ContinueWorker | RestoreCpu | RemoveFile | EndAct | kinds.Action
+Action = ClearLink | EndAct | kinds.Action
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +73,8 @@ class HealPlan:
 
 
 _FROZEN = kinds.in_force_kinds(lambda kind: kind.freezes_node)  # pause, freeze: a frozen node runs nothing
+# The verb that thaws a frozen node: the kind that undoes a freeze in force.
+_THAW = next(" ".join(k.act.verb) for k in kinds.FAULT_KINDS if k.act is not None and k.undoes_in_force in _FROZEN)
 # In-force kind -> the act of the kind that declares its own undo.
 _ACTING = {k.in_force: k.act for k in kinds.FAULT_KINDS if k.act is not None and k.in_force is not None}
 
@@ -116,38 +94,32 @@ def _plan_one(fault: InForce, states: dict[str, str]) -> Undo | Keep:
     kind, node = fault.fault, fault.target
     state = states.get(node)  # None: no such container (scaled away), or not a node (a partition)
     actions: list[Action] = []
+    act = _ACTING.get(kind)
     if kind in _FROZEN and state == "paused":
-        actions.append(Unpause(node))
+        # A frozen node runs nothing: thawed first (a pause's own undo is its unpause).
+        at = Struck(node)
+        actions += act.undo(at) if act is not None and act.undo_while_paused else (Unpause(node),)
         state = states[node] = "running"
     if fault.acting and fault.act and state == "running":
         actions.append(EndAct(node, fault.act))  # first: a watcher left running would stop a worker after
-    act = _ACTING.get(kind)
-    if act is not None:  # a kind that declares its own undo (sim/core/faultkinds)
-        if act.undo_needs_running and state is not None:
-            refused = _not_running(fault, node, state)
-            if refused:
-                return Keep(fault.id, refused)
-            actions += act.undo(node)
-        elif state == "running":
-            actions += act.undo(node)
-    elif kind == "link" and state == "running":
-        actions.append(ClearLink(node))
-    elif kind == "freeze" and state == "running":
-        actions.append(ContinueWorker(node, fault.pid))  # an intent knows no pid yet: every worker
-    elif kind == "slow" and state is not None:  # a stopped container's quota applies again at its start
-        actions.append(RestoreCpu(node, fault.cpu_quota or -1, fault.cpu_period or CPU_PERIOD_US))
-    elif kind == "fill":
-        shared = fault.on_shared_volume
+    if act is not None and act.undo_while_paused:
+        pass  # undone above, or nothing to undo: a paused node someone thawed already
+    elif act is not None:  # a kind that declares its own undo (sim/core/faultkinds)
+        kept = {"cpu_quota": fault.cpu_quota, "cpu_period": fault.cpu_period}
+        at = Struck(node, pid=fault.pid, file=fault.file, kept=kept)  # what it struck, as its record says
+        shared = act.undo_anywhere(at)
         if shared and state != "running":  # any running node reaches the shared volume
             node, state = next(((n, st) for n, st in states.items() if st == "running" and n != ETCD), (node, state))
-        if shared or state is not None:  # else: in the filesystem of a container removed since
+            at = dataclasses.replace(at, node=node)
+        if act.undo_needs_running and (state is not None or shared):  # else: gone with a container removed since
             refused = _not_running(fault, node, state)
             if refused:
                 return Keep(fault.id, refused)
-            actions.append(RemoveFile(node, fault.file or ""))
-    elif kind in ("hang", "stall") and state == "running":
-        # The file that holds a worker (stall), or a SIGSTOPped worker (hang); gone with a stopped node.
-        actions.append(ContinueWorker(node, fault.pid) if kind == "hang" else RemoveFile(node, fault.file or ""))
+            actions += act.undo(at)
+        elif state == "running" or (act.undo_on_stopped and state is not None):
+            actions += act.undo(at)
+    elif kind == "link" and state == "running":
+        actions.append(ClearLink(node))
     if kind == "partition":
         why = "its rules go as the partitions left in force are applied again"
     else:
@@ -159,6 +131,6 @@ def _not_running(fault: InForce, node: str, state: str | None) -> str | None:
     if state is None:
         return f"no running node reaches {fault.file}; start one, then `sim heal {fault.id}`"
     if state != "running":
-        wake = "unpause" if state == "paused" else "start"
+        wake = _THAW if state == "paused" else "start"
         return f"{node} is {state}; `sim {wake} {node}`, then `sim heal {fault.id}`"
     return None

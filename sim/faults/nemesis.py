@@ -6,21 +6,53 @@ actually done: the pid signalled, the rules installed) or `fail` (with why)
 after. Nothing is injected without a record. As in Jepsen, partitions are data
 (sim.faults.partition) applied by one mechanism (`_apply_partitions`).
 
-The verbs live by what they act on: sim/faults/processes.py (workers, the agent), sim/faults/containers.py (whole
-nodes, etcd, scale), sim/faults/disk.py (the checkpoint volume), sim/faults/network.py (links, partitions); the
-faults in force in sim/faults/inforce.py. Heal plans (sim/faults/heal.py), then this module's one loop acts.
+A kind that declares its act (sim/core/faultkinds) is carried out by `carry_out`: its actions, one branch each
+in `_carry`. What those branches call lives by what it acts on: sim/faults/processes.py (workers, the agent, a
+checkpoint writer), sim/faults/containers.py (whole nodes, scale), sim/faults/disk.py (the checkpoint volume),
+sim/faults/network.py (links, partitions: still verbs of their own); the faults in force in sim/faults/inforce.py.
+Heal plans (sim/faults/heal.py), then this module's one loop acts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from sim.core import faultkinds as kinds
 from sim.core.errors import FaultError, SimError, UnsupportedFaultError, UsageError
-from sim.core.faultkinds import FaultKind, LimitWrites, NodeShell
+from sim.core.faultkinds import (
+    CatchWriter,
+    ContinueWorker,
+    EndedWithNode,
+    ExhaustMemory,
+    FaultKind,
+    ForgetInForce,
+    KillContainer,
+    LimitCpu,
+    LimitWrites,
+    NetworkBack,
+    NodeShell,
+    PauseContainer,
+    ReadCpuLimits,
+    RemoveFile,
+    RequireCkptStorage,
+    RestartContainer,
+    RunNodeScript,
+    ScaleNodes,
+    Signal,
+    StartContainer,
+    StopContainer,
+    Touch,
+    Unpause,
+    Wait,
+)
+from sim.core.faultkinds.disk import FILL_AT_MOST
+from sim.core.faultkinds.process import OOM_HEADROOM
 from sim.core.faultoptions import FaultOptions
 from sim.core.history import FILE_NAME, History
 from sim.core.nodes import node_order
@@ -29,22 +61,11 @@ from sim.engines.docker import ExecTimeout
 from sim.engines.proctable import PROBE_ARGV, NodeProcesses, parse_probe
 from sim.faults import nodescripts
 from sim.faults.containers import ContainerFaults
-from sim.faults.disk import FILL_AT_MOST, DiskFaults
-from sim.faults.heal import (
-    Action,
-    ClearLink,
-    ContinueWorker,
-    EndAct,
-    HealPlan,
-    Keep,
-    RemoveFile,
-    RestoreCpu,
-    Unpause,
-    plan_heal,
-)
+from sim.faults.disk import DiskFaults
+from sim.faults.heal import Action, ClearLink, EndAct, HealPlan, Keep, plan_heal
 from sim.faults.inforce import FaultStore, InForce
 from sim.faults.network import NetworkFaults
-from sim.faults.processes import OOM_HEADROOM, OOM_WITHIN_S, WRITER_POLL_S, ProcessFaults
+from sim.faults.processes import OOM_WITHIN_S, WRITER_POLL_S, ProcessFaults
 from sim.faults.targets import ETCD
 from sim.faults.verbbase import CPU_PERIOD_US, PROCESS_BOUND_FAULTS, SHARED_CKPT_DIR, _last
 
@@ -147,32 +168,49 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
 
     # --- a kind that declares its act (sim/core/faultkinds): intent, actions, outcome --------------------
 
-    def carry_out(self, kind: FaultKind, options: FaultOptions) -> dict:
-        """Inject a fault of a kind that declares its own act: its invoke record, its intent claimed (a reversible
-        kind: `sim faults` lists it before it acts, so an interrupted one is still healed), its actions carried
-        out, its typed result the ok record."""
+    def carry_out(self, kind: FaultKind, options: FaultOptions, *, target: str | None = None) -> dict:
+        """Inject a fault of a kind that declares its own act: its invoke record, what it strikes resolved, its
+        intent claimed (a reversible kind: `sim faults` lists it before it acts, so an interrupted one is still
+        healed), its actions carried out, its typed result the ok record. `target`: an entry's fixed one (etcd)."""
         act = kind.act
-        target = options.target
-        args = {name: value for name, value in options.given().items() if name != "target"}
+        self._carry_all(act.requires(options))  # refused before anything is recorded
+        args = act.recorded_args(options)
+        if act.seeded:
+            args["seed"] = self.seed
 
         def acting() -> dict:
-            node = self.resolve(target, allow_etcd=act.allow_etcd)
-            fault_id = kind.in_force_id(node)
+            at = self._strike(act, options, target)
+            problem = act.problem(dataclasses.replace(at, state=self._info(at.node).state)) if act.problem else None
+            if problem:
+                raise UsageError(problem)
+            fault_id = kind.in_force_id_of(at)
             if fault_id is None:
-                return act.result(options, node, self._carry_all(act.inject(options, node))).to_dict()
-            refused = f"{node}: {act.already}; `sim heal {fault_id}` first"
-            planned = {"fault": kind.in_force, "target": node, "detail": act.detail(options)}
-            with self._claimed(fault_id, refused, lambda: planned):
-                outcomes = self._carry_all(act.inject(options, node))
-            return act.result(options, node, outcomes).to_dict()
+                return act.result(options, at, self._carry_all(act.inject(options, at))).to_dict()
+            fields = act.in_force_fields(options, at)
 
-        return self.invoke(kind.name, target, acting, **args)
+            def planned() -> dict:  # under the store's lock: what its undo restores, read before it acts
+                record = {"fault": kind.in_force, "target": at.node, **fields, "detail": act.detail(options, at)}
+                for kept in self._carry_all(act.remembers(at)):
+                    record |= kept
+                return record
 
-    def _carry_all(self, actions: Sequence[kinds.Action]) -> tuple[str, ...]:
+            with self._claimed(fault_id, act.refused(at, fault_id), planned):
+                outcomes = self._carry_all(act.inject(options, at))
+            if act.in_force_after is not None:  # what it did, in place of its intent
+                done = {"fault": kind.in_force, "target": at.node, **fields, "id": fault_id}
+                self._remember(
+                    {key: value for key, value in done.items() if key != "act"}
+                    | act.in_force_after(options, at, outcomes)
+                )
+            return act.result(options, at, outcomes).to_dict()
+
+        return self.invoke(kind.name, act.recorded_target(options, target), acting, **args)
+
+    def _carry_all(self, actions: Sequence[kinds.Action]) -> tuple[Any, ...]:
         return tuple(self._carry(action) for action in actions)
 
-    def _carry(self, action: kinds.Action) -> str:
-        """One action of a kind's inject or undo; its outcome (a script's stdout)."""
+    def _carry(self, action: kinds.Action) -> Any:
+        """One action of a kind's inject or undo; its outcome (a script's stdout, the pids signalled, ...)."""
         if isinstance(action, NodeShell):
             done = self.cluster.exec(action.node, "sh", "-c", action.script, "sh", *action.args)
             if done.exit_code in action.refusals:
@@ -183,6 +221,76 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
         if isinstance(action, LimitWrites):
             self.docker.limit_writes(self._info(action.node).id, action.path, action.bps)
             return ""
+        if isinstance(action, Signal):
+            self._signal(action.node, action.pid, action.signal)
+            return ""
+        if isinstance(action, ContinueWorker):
+            return self._continue_workers(action)
+        if isinstance(action, Touch):
+            self._touch(action.node, action.file)
+            return ""
+        if isinstance(action, RemoveFile):
+            self._remove_file(action.node, action.file)
+            return ""
+        if isinstance(action, ExhaustMemory):
+            return self._exhaust_memory(action.node, action.pid, action.headroom)
+        if isinstance(action, LimitCpu):
+            self.docker.update_resources(
+                self._info(action.node).id, cpu_quota=action.cpu_quota, cpu_period=action.cpu_period
+            )
+            return ""
+        if isinstance(action, ReadCpuLimits):
+            before = self.docker.resources(self._info(action.node).id)
+            return {"cpu_quota": before.cpu_quota, "cpu_period": before.cpu_period}
+        if isinstance(action, KillContainer):
+            self.docker.kill(self._info(action.node).id, "SIGKILL")
+            return ""
+        if isinstance(action, StopContainer):
+            return self._stop_container(action.node, action.grace)
+        if isinstance(action, RestartContainer):
+            self._restart_container(action.node, action.grace, action.downtime)
+            return ""
+        if isinstance(action, StartContainer):
+            self.docker.start(self._info(action.node).id)
+            return ""
+        if isinstance(action, PauseContainer):
+            self.docker.pause(self._info(action.node).id)
+            return ""
+        if isinstance(action, Unpause):
+            self.docker.unpause(self._info(action.node).id)
+            return ""
+        if isinstance(action, RequireCkptStorage):
+            self._require_own_ckpt_storage(action.directory)
+            return ""
+        if isinstance(action, RunNodeScript):
+            args = (*action.args, self.rng.randrange(2**31)) if action.seeded else action.args
+            script = nodescripts.NODE_SCRIPTS[action.script]
+            return self._node_script(action.node, action.what, script, *args, act=action.act, hint=action.hint)
+        if isinstance(action, CatchWriter):
+            caught = self._signal_in_write(action.node, action.directory, action.within, action.signal, act=action.act)
+            if action.pause_after:
+                try:
+                    self.docker.pause(self._info(action.node).id)
+                except SimError:
+                    self.cluster.exec(action.node, "kill", "-CONT", str(caught["pid"]))
+                    raise
+            return caught
+        if isinstance(action, ScaleNodes):
+            return self._scale_nodes(action.nodes, action.abrupt, action.grace)
+        if isinstance(action, Wait):
+            time.sleep(action.seconds)
+            return ""
+        if isinstance(action, EndedWithNode):
+            self._forget_faults_of([action.node], PROCESS_BOUND_FAULTS)
+            return ""
+        if isinstance(action, NetworkBack):
+            self._reapply_network(action.node)
+            return ""
+        if isinstance(action, ForgetInForce):
+            undone = [f.id for f in self.active() if f.fault == action.in_force and f.target == action.node]
+            for fault_id in undone:
+                self._forget(fault_id)
+            return undone
         raise TypeError(f"no executor for {action!r}")  # pragma: no cover - a new action without its branch
 
     # --- heal: a plan (sim/faults/heal.py), carried out by one loop ---------------------------
@@ -233,27 +341,14 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
 
     def _act(self, action: Action) -> None:
         """One action of a heal plan."""
-        if isinstance(action, Unpause):
-            self.docker.unpause(self._info(action.node).id)
-        elif isinstance(action, ClearLink):
+        if isinstance(action, ClearLink):
             self._clear_link(action.node)
-        elif isinstance(action, ContinueWorker):
-            # The worker may be gone since: fine. No pid (an intent): every worker, as resume-worker does.
-            pids = [action.pid] if action.pid is not None else [w.pid for w in self.processes(action.node).workers]
-            for pid in pids:
-                self.cluster.exec(action.node, "kill", "-CONT", str(pid))
         elif isinstance(action, EndAct):
             ended = self.cluster.exec(action.node, *nodescripts.argv(nodescripts.END_ACT, action.marker))
             if not ended.ok:
                 raise FaultError(f"{action.node}: ending an interrupted fault's script failed: {_last(ended.stderr)}")
-        elif isinstance(action, RestoreCpu):
-            self.docker.update_resources(
-                self._info(action.node).id, cpu_quota=action.cpu_quota, cpu_period=action.cpu_period
-            )
-        elif isinstance(action, (NodeShell, LimitWrites)):
+        elif isinstance(action, kinds.Action):  # a kind's own undo (sim/core/faultkinds)
             self._carry(action)
-        elif isinstance(action, RemoveFile):
-            self._remove_file(action.node, action.file)
         else:  # pragma: no cover - a new action without its executor
             raise TypeError(f"heal: no executor for {action!r}")
 

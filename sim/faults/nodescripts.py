@@ -13,7 +13,9 @@ from sim.core.errors import FaultError
 
 # While this file exists, the worker with that pid waits before its next collective: read by the node
 # image's instrumentation (images/node/elastic_sim_instrument.py HANG_FILE; a unit test keeps them equal).
-COLLECTIVE_HANG_FILE = "/tmp/elastic-sim-hang-{pid}"
+# hang-collectives' own module declares it.
+from sim.core.faultkinds.process import COLLECTIVE_HANG_FILE as COLLECTIVE_HANG_FILE
+
 WRONG_REQUEST = 3
 NEVER_CAME = 4
 
@@ -205,7 +207,8 @@ for p in os.listdir('/proc'):
 print(json.dumps({'ended': ended}))
 """
 
-ACT_MARKER = "elastic-sim-act={}"  # the last argument of a fault's node script: END_ACT finds it by it
+# The last argument of a fault's node script: END_ACT finds it by it (the kinds name it: RunNodeScript.act).
+from sim.core.faultkinds import ACT_MARKER as ACT_MARKER  # noqa: E402
 
 
 def argv(script: str, *args: object, act: str | None = None) -> list[str]:
@@ -220,3 +223,7 @@ def parse_result(node: str, what: str, stdout: str) -> dict:
         return json.loads(lines[-1])
     except (IndexError, json.JSONDecodeError):
         raise FaultError(f"{node}: {what}: no result from the node ({stdout.strip()[:200] or 'no output'})") from None
+
+
+# The scripts a kind's RunNodeScript names (sim/core/faultkinds), by name.
+NODE_SCRIPTS = {"fill": FILL, "corrupt": CORRUPT}

@@ -1,6 +1,6 @@
-"""Process faults: signal, stop, hold, starve or catch one training worker (or the agent) inside a node.
-
-The verbs of `Nemesis` (sim/faults/nemesis.py) that act on a node's processes; each goes through `self.invoke`.
+"""Process faults: what the executor does in a node's processes (the process and checkpoint families' kinds,
+sim/core/faultkinds/process.py and checkpoint.py, say what to do): pick a worker, signal it, wait for a writer,
+starve a node of memory; and the `Nemesis` methods for Python callers, one line each that carries out a kind.
 """
 
 from __future__ import annotations
@@ -9,18 +9,20 @@ import math
 import signal as signals
 import time
 
-from sim.core.errors import FaultError, SimError
+from sim.core.errors import FaultError
+from sim.core.faultkinds import Act, ContinueWorker, Struck, checkpoint, process
 from sim.engines.docker import NO_MEMORY_LIMIT
 from sim.engines.proctable import Worker
 from sim.faults import nodescripts
-from sim.faults.verbbase import SHARED_CKPT_DIR, _last, _worker_target
+from sim.faults.verbbase import SHARED_CKPT_DIR, _last
 
-OOM_HEADROOM = 64 * 2**20  # oom-worker: the node's limit, this much above its use
 OOM_WITHIN_S = 30.0  # oom-worker: how long the memory hog may take
 WRITER_POLL_S = 0.5  # in-write faults on rank0: how often to look for the restarted group's rank 0
 
 
 class ProcessFaults:
+    # --- the process family's verbs for Python callers: each carries out its kind (sim/core/faultkinds/process.py)
+
     def kill_worker(
         self,
         target: str = "random",
@@ -30,153 +32,118 @@ class ProcessFaults:
         sig: signals.Signals = signals.SIGKILL,
     ) -> dict:
         """Signal one training worker: by global rank (anywhere), or by local rank / at random on a node."""
-
-        def signal_worker() -> dict:
-            node, worker = self._pick_worker(target, rank, local_rank)
-            self._signal(node, worker.pid, sig)
-            return {**_worker_facts(node, worker), "signal": sig.name}
-
-        return self.invoke(
-            "kill-worker",
-            _worker_target(target, rank),
-            signal_worker,
-            rank=rank,
-            local_rank=local_rank,
-            signal=sig.name,
-            seed=self.seed,
-        )
+        return self.carry_out(process.KILL_WORKER, process.KillWorkerOptions(target, rank, local_rank, sig))
 
     def hang_worker(self, target: str = "random", *, rank: int | None = None, local_rank: int | None = None) -> dict:
         """SIGSTOP one worker process (not its node): its agent still sees it alive, and its peers
         block in their next collective until the process group times out."""
-
-        def stop_worker() -> dict:
-            node, worker = self._pick_worker(target, rank, local_rank)
-            fault_id = f"hang-{node}-{worker.pid}"
-            record = {"fault": "hang", "target": node, "pid": worker.pid, "detail": f"rank {worker.rank} stopped"}
-            with self._claimed(fault_id, f"{node}: worker {worker.pid} is stopped already", lambda: record):
-                self._signal(node, worker.pid, signals.SIGSTOP)
-            return {"id": fault_id, **_worker_facts(node, worker)}
-
-        return self.invoke(
-            "hang-worker", _worker_target(target, rank), stop_worker, rank=rank, local_rank=local_rank, seed=self.seed
-        )
+        return self.carry_out(process.HANG_WORKER, process.WorkerOptions(target, rank, local_rank))
 
     def hang_collectives(
         self, target: str = "random", *, rank: int | None = None, local_rank: int | None = None
     ) -> dict:
         """One worker stops calling collectives while its process runs on (a hang inside the script):
         the node image's instrumentation holds it before its next collective while a file exists."""
-
-        def hold_collectives() -> dict:
-            node, worker = self._pick_worker(target, rank, local_rank)
-            path = nodescripts.COLLECTIVE_HANG_FILE.format(pid=worker.pid)
-            fault_id = f"stall-{node}-{worker.pid}"
-            record = {
-                "fault": "stall",
-                "target": node,
-                "file": path,
-                "detail": f"rank {worker.rank} holds before its next collective",
-            }
-            with self._claimed(fault_id, f"{node}: worker {worker.pid} is held already", lambda: record):
-                touched = self.cluster.exec(node, "touch", path)
-                if not touched.ok:
-                    raise FaultError(f"{node}: cannot create {path}: {_last(touched.stderr)}")
-            return {"id": fault_id, **_worker_facts(node, worker), "file": path}
-
-        return self.invoke(
-            "hang-collectives",
-            _worker_target(target, rank),
-            hold_collectives,
-            rank=rank,
-            local_rank=local_rank,
-            seed=self.seed,
-        )
+        return self.carry_out(process.HANG_COLLECTIVES, process.WorkerOptions(target, rank, local_rank))
 
     def resume_worker(self, target: str) -> dict:
         """SIGCONT every worker of a node (those not stopped ignore it)."""
+        return self.carry_out(process.RESUME_WORKER, process.NodeOptions(target))
 
-        def continue_workers() -> dict:
-            node = self.resolve(target, allow_etcd=False)
-            pids = [w.pid for w in self.processes(node).workers]
-            for pid in pids:
-                self._signal(node, pid, signals.SIGCONT)
-            healed = []
-            for fault in self.active():
-                if fault.fault == "hang" and fault.target == node:
-                    self._forget(fault.id)
-                    healed.append(fault.id)
-            return {"node": node, "pids": pids, "healed": healed}
+    def oom_worker(self, target: str = "random", *, rank: int | None = None, local_rank: int | None = None) -> dict:
+        """The kernel's OOM killer kills one worker (ExhaustMemory says how)."""
+        return self.carry_out(process.OOM_WORKER, process.WorkerOptions(target, rank, local_rank))
 
-        return self.invoke("resume-worker", target, continue_workers)
+    def kill_agent(self, target: str, *, sig: signals.Signals = signals.SIGKILL) -> dict:
+        """Signal the torchrun agent itself. SIGKILL: abrupt; SIGTERM: torchrun's graceful path."""
+        return self.carry_out(process.KILL_AGENT, process.KillAgentOptions(target, sig))
 
-    def oom_worker(
-        self,
-        target: str = "random",
-        *,
-        rank: int | None = None,
-        local_rank: int | None = None,
-        headroom: int = OOM_HEADROOM,
-    ) -> dict:
-        """The kernel's OOM killer kills one worker. Its node gets a memory limit `headroom` bytes
-        above what it uses now (its default limit when lower; one from `memory` in the spec is kept), the
-        worker is made the OOM killer's first choice (oom_score_adj 1000, which any process may raise
-        for its own user's), and a helper process in the node allocates until the worker is gone.
-        The script is untouched; the limit is lifted again at once."""
+    # --- what the executor does for the process family's actions and targets
 
-        def exhaust_memory() -> dict:
-            node, worker = self._pick_worker(target, rank, local_rank)
-            cid = self._info(node).id
-            before = self.docker.resources(cid)
-            limited = 0 < before.memory < NO_MEMORY_LIMIT
-            spec = self.cluster.spec
-            if limited and (spec is None or spec.memory is not None):
-                limit = before.memory  # the spec's own `memory`: kept
+    def _strike(self, act: Act, options, target: str | None = None) -> Struck:
+        """What a kind strikes, resolved from its options (or an entry's fixed target): a node, a worker of
+        one, or a node's agent."""
+        if act.strikes == "cluster":
+            return Struck("")  # the cluster as a whole: no node to resolve
+        if act.strikes == "writer":
+            node, left = self._writer_node(options.target, options.within)
+            return Struck(node, left=left)
+        if act.strikes == "worker":
+            node, worker = self._pick_worker(options.target, options.rank, options.local_rank)
+            return Struck(node, worker.pid, worker.rank, worker.local_rank)
+        node = self.resolve(target or options.target, allow_etcd=act.allow_etcd)
+        if act.strikes == "agent":
+            procs = self.processes(node)
+            if procs.agent_pid is None:
+                raise FaultError(f"{node}: no torchrun agent is running")
+            return Struck(node, procs.agent_pid, workers=tuple(w.pid for w in procs.workers))
+        return Struck(node)
+
+    def _continue_workers(self, action: ContinueWorker) -> list[int]:
+        """SIGCONT one worker, or (no pid) every worker of the node; a worker gone since is fine, but a signal
+        resume-worker itself sends must be delivered (`strict`)."""
+        pids = [action.pid] if action.pid is not None else [w.pid for w in self.processes(action.node).workers]
+        for pid in pids:
+            if action.strict:
+                self._signal(action.node, pid, signals.SIGCONT)
             else:
-                # The default limit bounds a runaway node, mostly far above its use: the hog would have to
-                # fill all of it, so the node gets less for the while (then its limit back).
-                limit = self._memory_used(node) + headroom
-                limit = min(limit, before.memory) if limited else limit
-            adjusted = self.cluster.exec(node, "sh", "-c", f"echo 1000 > /proc/{worker.pid}/oom_score_adj")
-            if not adjusted.ok:
-                raise FaultError(
-                    f"{node}: cannot make worker {worker.pid} the OOM killer's choice: {_last(adjusted.stderr)}"
-                )
+                self.cluster.exec(action.node, "kill", "-CONT", str(pid))
+        return pids
+
+    def _touch(self, node: str, path: str) -> None:
+        touched = self.cluster.exec(node, "touch", path)
+        if not touched.ok:
+            raise FaultError(f"{node}: cannot create {path}: {_last(touched.stderr)}")
+
+    def _exhaust_memory(self, node: str, pid: int, headroom: int) -> dict:
+        """Its node gets a memory limit `headroom` bytes above what it uses now (its default limit when lower;
+        one from `memory` in the spec is kept), the worker is made the OOM killer's first choice
+        (oom_score_adj 1000, which any process may raise for its own user's), and a helper process in the
+        node allocates until the worker is gone. The script is untouched; the limit is lifted again at once."""
+        cid = self._info(node).id
+        before = self.docker.resources(cid)
+        limited = 0 < before.memory < NO_MEMORY_LIMIT
+        spec = self.cluster.spec
+        if limited and (spec is None or spec.memory is not None):
+            limit = before.memory  # the spec's own `memory`: kept
+        else:
+            # The default limit bounds a runaway node, mostly far above its use: the hog would have to
+            # fill all of it, so the node gets less for the while (then its limit back).
+            limit = self._memory_used(node) + headroom
+            limit = min(limit, before.memory) if limited else limit
+        adjusted = self.cluster.exec(node, "sh", "-c", f"echo 1000 > /proc/{pid}/oom_score_adj")
+        if not adjusted.ok:
+            raise FaultError(f"{node}: cannot make worker {pid} the OOM killer's choice: {_last(adjusted.stderr)}")
+        if limit != before.memory:
+            self.docker.update_resources(cid, memory=limit)
+        try:
+            hog = self.cluster.exec(
+                node,
+                *nodescripts.argv(nodescripts.HOG, pid, 2 * limit, OOM_WITHIN_S),
+                timeout=OOM_WITHIN_S + 15,
+            )
+        finally:
             if limit != before.memory:
-                self.docker.update_resources(cid, memory=limit)
-            try:
-                hog = self.cluster.exec(
-                    node,
-                    *nodescripts.argv(nodescripts.HOG, worker.pid, 2 * limit, OOM_WITHIN_S),
-                    timeout=OOM_WITHIN_S + 15,
-                )
-            finally:
-                if limit != before.memory:
-                    self.docker.update_resources(cid, memory=before.memory or NO_MEMORY_LIMIT)
-            if hog.stdout.strip():
-                done = nodescripts.parse_result(node, "memory hog", hog.stdout)
-            else:
-                # The hog was the kernel's second victim (a retry while the worker's memory was being
-                # freed; its oom_score_adj puts it before the agent): see for ourselves.
-                gone = all(w.pid != worker.pid for w in self.processes(node).workers)
-                done = {"worker_died": gone, "allocated": None, "hog_killed": True}
-            if not done.get("worker_died"):
-                raise FaultError(
-                    f"{node}: worker {worker.pid} survived {(done.get('allocated') or 0) >> 20} MiB "
-                    f"allocated over a {limit >> 20} MiB limit"
-                )
-            return {
-                **_worker_facts(node, worker),
-                "limit": limit,
-                "allocated": done["allocated"],
-                "limit_kept": limit == before.memory,
-                "oom_kills": done.get("oom_kills"),
-                "hog_killed": done.get("hog_killed", False),
-            }
-
-        return self.invoke(
-            "oom-worker", _worker_target(target, rank), exhaust_memory, rank=rank, local_rank=local_rank, seed=self.seed
-        )
+                self.docker.update_resources(cid, memory=before.memory or NO_MEMORY_LIMIT)
+        if hog.stdout.strip():
+            done = nodescripts.parse_result(node, "memory hog", hog.stdout)
+        else:
+            # The hog was the kernel's second victim (a retry while the worker's memory was being
+            # freed; its oom_score_adj puts it before the agent): see for ourselves.
+            gone = all(w.pid != pid for w in self.processes(node).workers)
+            done = {"worker_died": gone, "allocated": None, "hog_killed": True}
+        if not done.get("worker_died"):
+            raise FaultError(
+                f"{node}: worker {pid} survived {(done.get('allocated') or 0) >> 20} MiB "
+                f"allocated over a {limit >> 20} MiB limit"
+            )
+        return {
+            "limit": limit,
+            "allocated": done["allocated"],
+            "limit_kept": limit == before.memory,
+            "oom_kills": done.get("oom_kills"),
+            "hog_killed": done.get("hog_killed", False),
+        }
 
     def _memory_used(self, node: str) -> int:
         """Bytes the node's cgroup uses now (cgroup v2's memory.current, or v1's usage_in_bytes)."""
@@ -198,16 +165,10 @@ class ProcessFaults:
         within: float = 60.0,
         sig: signals.Signals = signals.SIGKILL,
     ) -> dict:
-        """Signal the worker of a node that opens a file under `directory` for writing, the moment
-        it does (within `within` seconds): a kill inside a checkpoint write, by design, not by luck."""
-
-        def kill_the_writer() -> dict:
-            node, left = self._writer_node(target, within)
-            return {"node": node, "signal": sig.name, **self._signal_in_write(node, directory, left, sig)}
-
-        return self.invoke(
-            "kill-during-checkpoint", target, kill_the_writer, directory=directory, within=within, signal=sig.name
-        )
+        """Signal the worker of a node that opens a file under `directory` for writing, the moment it does
+        (sim/core/faultkinds/checkpoint.py)."""
+        options = checkpoint.KillInWriteOptions(target, directory, within, sig)
+        return self.carry_out(checkpoint.KILL_DURING_CHECKPOINT, options)
 
     def _writer_node(self, target: str, within: float) -> tuple[str, int]:
         """The node whose worker will write, and the seconds left of `within`: rank 0's node is waited
@@ -240,37 +201,9 @@ class ProcessFaults:
     def freeze_during_checkpoint(
         self, target: str = "rank0", *, directory: str = SHARED_CKPT_DIR, within: float = 60.0
     ) -> dict:
-        """Freeze a node in the middle of a checkpoint write: its worker is stopped (SIGSTOP) the moment it
-        opens a file under `directory` for writing, then the whole node, agent included (`docker pause`).
-        `heal` unpauses it and continues the worker (SIGCONT), which finishes its write as a worker of a
-        round the others may have left by then: a zombie's write, late on purpose, not by luck."""
-
-        def freeze_the_writer() -> dict:
-            node, left = self._writer_node(target, within)
-            fault_id = f"freeze-{node}"
-            # The intent first: the watcher stops a worker in the node, and goes on doing so if our call is
-            # interrupted; heal ends the watcher, unpauses the node and continues its workers.
-            act = nodescripts.ACT_MARKER.format(fault_id)
-            intent = {"fault": "freeze", "target": node, "act": act, "detail": "waiting for a checkpoint write"}
-            with self._claimed(fault_id, f"{node}: already frozen; `sim heal {fault_id}` first", lambda: intent):
-                caught = self._signal_in_write(node, directory, left, signals.SIGSTOP, act=act)
-                try:
-                    self.docker.pause(self._info(node).id)
-                except SimError:
-                    self.cluster.exec(node, "kill", "-CONT", str(caught["pid"]))
-                    raise
-            self._remember(
-                {
-                    "id": fault_id,
-                    "fault": "freeze",
-                    "target": node,
-                    "pid": caught["pid"],
-                    "detail": f"frozen while pid {caught['pid']} writes {caught['file']}",
-                }
-            )
-            return {"id": fault_id, "node": node, **caught}
-
-        return self.invoke("freeze-during-checkpoint", target, freeze_the_writer, directory=directory, within=within)
+        """Freeze a node in the middle of a checkpoint write (sim/core/faultkinds/checkpoint.py)."""
+        options = checkpoint.InWriteOptions(target, directory, within)
+        return self.carry_out(checkpoint.FREEZE_DURING_CHECKPOINT, options)
 
     def _pick_worker(self, target: str, rank: int | None, local_rank: int | None) -> tuple[str, Worker]:
         node = self._node_of_rank(rank) if rank is not None else self.resolve(target, allow_etcd=False)
@@ -293,19 +226,6 @@ class ProcessFaults:
             )
         return node, worker
 
-    def kill_agent(self, target: str, *, sig: signals.Signals = signals.SIGKILL) -> dict:
-        """Signal the torchrun agent itself. SIGKILL: abrupt; SIGTERM: torchrun's graceful path."""
-
-        def signal_agent() -> dict:
-            node = self.resolve(target, allow_etcd=False)
-            procs = self.processes(node)
-            if procs.agent_pid is None:
-                raise FaultError(f"{node}: no torchrun agent is running")
-            self._signal(node, procs.agent_pid, sig)
-            return {"node": node, "pid": procs.agent_pid, "signal": sig.name, "workers": [w.pid for w in procs.workers]}
-
-        return self.invoke("kill-agent", target, signal_agent, signal=sig.name, seed=self.seed)
-
     def _signal(self, node: str, pid: int, sig: signals.Signals) -> None:
         # As the container's own user, the one the agent and workers run as: root would need CAP_KILL to
         # signal them, and the nodes drop every capability.
@@ -318,8 +238,3 @@ class ProcessFaults:
             if info.state == "running" and self.processes(info.node).worker(rank=rank):
                 return info.node
         raise FaultError(f"rank {rank}: no running worker has it now (the world may be smaller, or restarting)")
-
-
-def _worker_facts(node: str, worker: Worker) -> dict:
-    """What a worker fault's result says of the worker it hit."""
-    return {"node": node, "pid": worker.pid, "rank": worker.rank, "local_rank": worker.local_rank}

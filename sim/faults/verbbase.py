@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 from sim.core.faultkinds import in_force_kinds
+from sim.core.faultkinds.container import CPU_PERIOD_US as CPU_PERIOD_US
 
-CPU_PERIOD_US = 100_000  # the CFS period a CPU quota is a share of
 # Faults in force that live in a node's processes or network namespace: they end when its container stops
 # or restarts.
 PROCESS_BOUND_FAULTS = in_force_kinds(lambda kind: kind.lives_in_node)
 SHARED_CKPT_DIR = "/ckpt"  # where every node mounts the cluster's one checkpoint volume (compose/cluster.yaml)
-
-
-def _worker_target(target: str, rank: int | None) -> str:
-    return target if rank is None else f"rank:{rank}"
 
 
 def _last(text: str) -> str:

@@ -34,7 +34,7 @@ from sim.core.parse import parse_duration
 from sim.core.paths import TRAINER_DIR
 from sim.core.spec import ClusterSpec, over_trainer_defaults
 from sim.core.torchrun import torchrun_argv
-from sim.faults.catalog import PROVOCATIONS
+from sim.faults.catalog import FAULTS, PROVOCATIONS
 from sim.verdict.runmodel import RunModel
 from sim.vet.gauntlet import FaultScore, Plan, clusters_that_fit, plan_vet, run_lanes
 
@@ -157,15 +157,19 @@ def expected_recovery(s: Settings, kind: str) -> float:
     slower of its detectors (P, K; the freeze ends first if both are longer), then the last call, then the
     thawed node's rejoin; a joining node, for the monitor's next look (M) and the last call."""
     pg = s.pg_timeout if s.pg_timeout is not None else TORCH_DEFAULTS.pg_timeout
-    if kind == "kill-worker":
-        return s.monitor_interval + WORKER_START_S
-    if kind == "kill-node":
-        return s.keep_alive_s + s.last_call_timeout + WORKER_START_S
-    if kind == "pause":
+    provocation = PROVOCATIONS.get(kind)
+    if provocation is None:
+        return WORKER_START_S
+    traits = FAULTS[provocation.fault].kind  # what the fault does, not its name
+    if traits.freezes_node:
         detect = min(max(pg, s.keep_alive_s), FREEZE_S)
         return detect + 2 * (s.last_call_timeout + WORKER_START_S)
-    if kind == "scale-up":
+    if traits.removes_node:
+        return s.keep_alive_s + s.last_call_timeout + WORKER_START_S
+    if traits.changes_node_count and provocation.nodes == "more":
         return s.monitor_interval + s.last_call_timeout + WORKER_START_S
+    if traits.ends_workers and not traits.silences_node:
+        return s.monitor_interval + WORKER_START_S
     return WORKER_START_S
 
 
@@ -659,9 +663,10 @@ def _least_nodes(plan: Plan, nproc: int) -> list[int]:
     for step in plan.gauntlet:
         before = int(step.trigger.value) // nproc
         options = step.options.given()
-        if step.fault == "scale":
+        kind = FAULTS[step.fault].kind
+        if kind.changes_node_count:
             least.append(min(before, int(options["nodes"])))
-        elif step.undo_once_recovered is not None or step.fault in ("kill-node", "kill-agent", "stop-node"):
+        elif step.undo_once_recovered is not None or kind.removes_node:
             least.append(before - 1)
         else:
             least.append(before)

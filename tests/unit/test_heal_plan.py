@@ -5,19 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from sim.core.faultkinds import FAULT_KINDS, NodeShell
+from sim.core.faultkinds import FAULT_KINDS, ContinueWorker, LimitCpu, NodeShell, RemoveFile, Struck, Unpause
 from sim.core.faultkinds.clock import SKEW_CLOCK
-from sim.faults.heal import (
-    ClearLink,
-    ContinueWorker,
-    EndAct,
-    Keep,
-    RemoveFile,
-    RestoreCpu,
-    Undo,
-    Unpause,
-    plan_heal,
-)
+from sim.faults.heal import ClearLink, EndAct, Keep, Undo, plan_heal
 from sim.faults.inforce import InForce
 
 RUNNING = {"etcd": "running", "node0": "running", "node1": "running", "node2": "running"}
@@ -56,7 +46,7 @@ def test_a_stopped_node_took_its_process_faults_along_and_keeps_its_settings_and
     steps = {step.fault_id: step for step in plan.steps}
     assert steps["link-node1"] == Undo("link-node1", (), "nothing left to undo: node1 is exited")
     assert steps["hang-node1"].actions == ()
-    assert steps["slow-node1"].actions == (RestoreCpu("node1", -1, 100_000),)  # no quota of its own: none
+    assert steps["slow-node1"].actions == (LimitCpu("node1", -1, 100_000),)  # no quota of its own: none
     assert steps["skew-node1"] == Keep("skew-node1", "node1 is exited; `sim start node1`, then `sim heal skew-node1`")
     # the shared volume is reached from any running node but etcd
     assert steps["fill-node1"].actions == (RemoveFile("node0", "/ckpt/.sim-filler"),)
@@ -82,7 +72,7 @@ def test_heal_all_sweeps_and_a_partition_is_only_forgotten():
 
 
 def _set_clock(node: str, seconds: float) -> NodeShell:
-    (action,) = SKEW_CLOCK.act.undo(node) if seconds == 0 else SKEW_CLOCK.act.inject(None, node)
+    (action,) = SKEW_CLOCK.act.undo(Struck(node)) if seconds == 0 else SKEW_CLOCK.act.inject(None, Struck(node))
     return action
 
 
@@ -97,7 +87,7 @@ def test_every_in_force_kind_on_a_running_node_has_an_undo(kind):
         "link": ClearLink("node1"),
         "hang": ContinueWorker("node1", 40),
         "stall": RemoveFile("node1", "/ckpt/x"),
-        "slow": RestoreCpu("node1", 5000, 100_000),
+        "slow": LimitCpu("node1", 5000, 100_000),
         "skew": _set_clock("node1", 0),
         "fill": RemoveFile("node1", "/ckpt/x"),
         "freeze": ContinueWorker("node1", 40),

@@ -357,6 +357,36 @@ expect: {outcome: recovers}
     assert "s02-heal-at" not in templates and any("steps[2] (heal" in note for note in export.notes)
 
 
+def test_a_frozen_or_isolated_etcd_is_cut_from_the_job():
+    """etcd-pause and etcd-isolate export a NetworkChaos partition between the etcd pod and the job's pods (both
+    raised a TypeError: the partition's other side, `target`, was also the pod's parameter name)."""
+    scenario = parse_scenario(
+        """
+name: etcd-cut-off
+description: etcd frozen, then cut off
+cluster: {nodes: 2, nproc_per_node: 1, rdzv_backend: etcd-v2}
+steps:
+  - fault: etcd-pause
+    at: {time: 10s}
+  - fault: etcd-unpause
+    at: {time: 16s}
+  - fault: etcd-isolate
+    at: {time: 20s}
+    duration: 5s
+expect: {outcome: recovers}
+"""
+    )
+    export = export_scenario(scenario)
+    assert all_problems(export) == []
+    workflow = next(o for o in export.objects() if o["kind"] == "Workflow")
+    templates = {t["name"]: t for t in workflow["spec"]["templates"]}
+    for name, held in (("s00-etcd-pause", "6s"), ("s02-etcd-isolate", "5s")):
+        chaos = templates[name]["networkChaos"]
+        assert chaos["action"] == "partition" and templates[name]["deadline"] == held
+        assert chaos["selector"]["labelSelectors"]["app.kubernetes.io/name"] == "etcd"
+        assert chaos["target"]["selector"] != chaos["selector"]
+
+
 # ---------------------------------------------------------------- least privilege (issue 37, finding 4)
 
 

@@ -13,6 +13,7 @@ import sim.cli.faults
 from sim.cli.main import main as sim_main
 from sim.core import labels
 from sim.core.errors import UsageError
+from sim.core.faultkinds import checkpoint, container, disk, etcd, process
 from sim.core.faultkinds.clock import SKEW_CLOCK, SkewOptions
 from sim.core.faultkinds.slow_disk import SLOW_DISK, SlowDiskOptions
 from sim.core.history import History
@@ -82,37 +83,51 @@ class RecordingNemesis:
         return call
 
 
+PAUSE_NODE1 = ("carry_out", (container.PAUSE, container.TargetOptions("node1")), {})
+UNPAUSE_NODE1 = ("carry_out", (container.UNPAUSE, container.TargetOptions("node1")), {})
+UNPAUSE_ETCD = ("carry_out", (container.UNPAUSE, container.TargetOptions("etcd")), {})
+
 # fault -> (its scenario step's options, its CLI argv, the nemesis call, the undo call of a reversible one).
 # Written out by hand, not derived from the catalog: this is what the catalog must do.
 WIRING = {
     "kill-worker": (
         "target: node1\n    local_rank: 0\n    signal: TERM",
         ["kill-worker", "node1", "--local-rank", "0", "--signal", "TERM"],
-        ("kill_worker", ("node1",), {"rank": None, "local_rank": 0, "sig": signal.SIGTERM}),
+        ("carry_out", (process.KILL_WORKER, process.KillWorkerOptions("node1", None, 0, signal.SIGTERM)), {}),
         None,
     ),
     "kill-agent": (
         "target: node1\n    signal: TERM",
         ["kill-agent", "node1", "--signal", "TERM"],
-        ("kill_agent", ("node1",), {"sig": signal.SIGTERM}),
+        ("carry_out", (process.KILL_AGENT, process.KillAgentOptions("node1", signal.SIGTERM)), {}),
         None,
     ),
-    "kill-node": ("target: node2", ["kill", "node2"], ("kill_node", ("node2",), {}), None),
+    "kill-node": (
+        "target: node2",
+        ["kill", "node2"],
+        ("carry_out", (container.KILL_NODE, container.TargetOptions("node2")), {}),
+        None,
+    ),
     "stop-node": (
         "target: node1\n    grace: 5s",
         ["stop", "node1", "--grace", "5s"],
-        ("stop_node", ("node1",), {"grace": 5.0}),
+        ("carry_out", (container.STOP_NODE, container.StopOptions("node1", 5.0)), {}),
         None,
     ),
     "restart-node": (
         "target: node1\n    grace: 1s\n    downtime: 2s",
         ["restart", "node1", "--grace", "1s", "--downtime", "2s"],
-        ("restart_node", ("node1",), {"grace": 1.0, "downtime": 2.0}),
+        ("carry_out", (container.RESTART_NODE, container.RestartOptions("node1", 1.0, 2.0)), {}),
         None,
     ),
-    "start-node": ("target: node1", ["start", "node1"], ("start_node", ("node1",), {}), None),
-    "pause": ("target: node1", ["pause", "node1"], ("pause", ("node1",), {}), ("unpause", ("node1",), {})),
-    "unpause": ("target: node1", ["unpause", "node1"], ("unpause", ("node1",), {}), None),
+    "start-node": (
+        "target: node1",
+        ["start", "node1"],
+        ("carry_out", (container.START_NODE, container.TargetOptions("node1")), {}),
+        None,
+    ),
+    "pause": ("target: node1", ["pause", "node1"], PAUSE_NODE1, UNPAUSE_NODE1),
+    "unpause": ("target: node1", ["unpause", "node1"], UNPAUSE_NODE1, None),
     "partition": (
         "isolate: [node1]",
         ["partition", "--isolate", "node1"],
@@ -134,35 +149,65 @@ WIRING = {
         ),
         ("heal", ("link-node1",), {}),
     ),
-    "etcd-kill": ("", ["etcd", "kill"], ("kill_node", ("etcd",), {}), None),
-    "etcd-start": ("", ["etcd", "start"], ("start_node", ("etcd",), {}), None),
+    "etcd-kill": (
+        "",
+        ["etcd", "kill"],
+        ("carry_out", (container.KILL_NODE, container.NoOptions()), {"target": "etcd"}),
+        None,
+    ),
+    "etcd-start": (
+        "",
+        ["etcd", "start"],
+        ("carry_out", (container.START_NODE, container.NoOptions()), {"target": "etcd"}),
+        None,
+    ),
     "etcd-restart": (
         "downtime: 3s",
         ["etcd", "restart", "--downtime", "3s"],
-        ("restart_node", ("etcd",), {"downtime": 3.0}),
+        ("carry_out", (container.RESTART_NODE, container.DowntimeOptions(3.0)), {"target": "etcd"}),
         None,
     ),
-    "etcd-wipe": ("downtime: 3s", ["etcd", "wipe", "--downtime", "3s"], ("wipe_etcd", (), {"downtime": 3.0}), None),
-    "etcd-pause": ("", ["etcd", "pause"], ("pause", ("etcd",), {}), ("unpause", ("etcd",), {})),
-    "etcd-unpause": ("", ["etcd", "unpause"], ("unpause", ("etcd",), {}), None),
+    "etcd-wipe": (
+        "downtime: 3s",
+        ["etcd", "wipe", "--downtime", "3s"],
+        ("carry_out", (etcd.WIPE_ETCD, etcd.WipeOptions(3.0)), {"target": "etcd"}),
+        None,
+    ),
+    "etcd-pause": (
+        "",
+        ["etcd", "pause"],
+        ("carry_out", (container.PAUSE, container.NoOptions()), {"target": "etcd"}),
+        UNPAUSE_ETCD,
+    ),
+    "etcd-unpause": (
+        "",
+        ["etcd", "unpause"],
+        ("carry_out", (container.UNPAUSE, container.NoOptions()), {"target": "etcd"}),
+        None,
+    ),
     "etcd-isolate": ("", ["etcd", "isolate"], ("partition", (ETCD_CUT,), {}), ("heal", ("partition-x",), {})),
     "hang-worker": (
         "target: node1\n    local_rank: 1",
         ["hang-worker", "node1", "--local-rank", "1"],
-        ("hang_worker", ("node1",), {"rank": None, "local_rank": 1}),
+        ("carry_out", (process.HANG_WORKER, process.WorkerOptions("node1", None, 1)), {}),
         ("heal", ("link-node1",), {}),  # its own id: the one worker it stopped
     ),
     "hang-collectives": (
         "rank: 1",
         ["hang-collectives", "--rank", "1"],
-        ("hang_collectives", ("random",), {"rank": 1, "local_rank": None}),
+        ("carry_out", (process.HANG_COLLECTIVES, process.WorkerOptions("random", 1, None)), {}),
         ("heal", ("link-node1",), {}),
     ),
-    "resume-worker": ("target: node2", ["resume-worker", "node2"], ("resume_worker", ("node2",), {}), None),
+    "resume-worker": (
+        "target: node2",
+        ["resume-worker", "node2"],
+        ("carry_out", (process.RESUME_WORKER, process.NodeOptions("node2")), {}),
+        None,
+    ),
     "slow-node": (
         "target: node1\n    cpus: 0.25",
         ["slow", "node1", "--cpus", "0.25"],
-        ("slow_node", ("node1",), {"cpus": 0.25}),
+        ("carry_out", (container.SLOW_NODE, container.SlowOptions("node1", 0.25)), {}),
         ("heal", ("link-node1",), {}),
     ),
     "skew-clock": (
@@ -180,37 +225,45 @@ WIRING = {
     "oom-worker": (
         "rank: 2",
         ["oom-worker", "--rank", "2"],
-        ("oom_worker", ("random",), {"rank": 2, "local_rank": None}),
+        ("carry_out", (process.OOM_WORKER, process.WorkerOptions("random", 2, None)), {}),
         None,
     ),
     "corrupt-checkpoint": (
         "target: node0\n    mode: truncate\n    dir: /data/ckpt",
         ["corrupt-checkpoint", "node0", "--mode", "truncate", "--dir", "/data/ckpt"],
-        ("corrupt_checkpoint", ("node0",), {"mode": "truncate", "directory": "/data/ckpt"}),
+        (
+            "carry_out",
+            (checkpoint.CORRUPT_CHECKPOINT, checkpoint.CorruptOptions("node0", "truncate", "/data/ckpt")),
+            {},
+        ),
         None,
     ),
     "fill-disk": (
         "target: node2\n    leave: 4k",
         ["fill-disk", "node2", "--leave", "4k"],
-        ("fill_disk", ("node2",), {"directory": "/ckpt", "leave": 4096}),
+        ("carry_out", (disk.FILL_DISK, disk.FillOptions("node2", "/ckpt", 4096)), {}),
         ("heal", ("link-node1",), {}),
     ),
     "kill-during-checkpoint": (
         "within: 20s\n    signal: TERM",
         ["kill-during-checkpoint", "--within", "20s", "--signal", "TERM"],
-        ("kill_during_checkpoint", ("rank0",), {"directory": "/ckpt", "within": 20.0, "sig": signal.SIGTERM}),
+        (
+            "carry_out",
+            (checkpoint.KILL_DURING_CHECKPOINT, checkpoint.KillInWriteOptions("rank0", "/ckpt", 20.0, signal.SIGTERM)),
+            {},
+        ),
         None,
     ),
     "freeze-during-checkpoint": (
         "target: node1\n    within: 20s",
         ["freeze-during-checkpoint", "node1", "--within", "20s"],
-        ("freeze_during_checkpoint", ("node1",), {"directory": "/ckpt", "within": 20.0}),
+        ("carry_out", (checkpoint.FREEZE_DURING_CHECKPOINT, checkpoint.InWriteOptions("node1", "/ckpt", 20.0)), {}),
         ("heal", ("link-node1",), {}),
     ),
     "scale": (
         "nodes: 2\n    abrupt: true\n    grace: 3s",
         ["scale", "--nodes", "2", "--abrupt", "--grace", "3s"],
-        ("scale", (2,), {"abrupt": True, "grace": 3.0}),
+        ("carry_out", (container.SCALE, container.ScaleOptions(2, True, 3.0)), {}),
         None,
     ),
 }
@@ -271,7 +324,7 @@ def test_a_cli_verb_reaches_its_nemesis_call_and_undo(fault, monkeypatch, capsys
         ),
         (
             ["kill-worker", "--rank", "3"],
-            ("kill_worker", ("random",), {"rank": 3, "local_rank": None, "sig": signal.SIGKILL}),
+            ("carry_out", (process.KILL_WORKER, process.KillWorkerOptions("random", 3, None, signal.SIGKILL)), {}),
         ),
         (
             ["netem", "node1", "--loss", "30%", "--rate", "1mbit", "--for", "0s"],

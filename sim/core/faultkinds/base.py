@@ -6,6 +6,7 @@ its lane, its in-force record and its provocation for `sim vet`. One object per 
 from __future__ import annotations
 
 import dataclasses
+import signal as signals
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -52,7 +53,35 @@ class Provocation:
 # ---------------------------------------------------------------- what a kind asks the executor to do
 
 # A kind's inject and undo return actions: data the nemesis (sim/faults/nemesis.py, the executor) carries out
-# inside its one audited call. A new mechanism is a new action here and its one branch in Nemesis._act.
+# inside its one audited call. A new mechanism is a new action here and its one branch in Nemesis._carry.
+
+# The last argument of a fault's node script (RunNodeScript.act): heal ends an interrupted one by it.
+ACT_MARKER = "elastic-sim-act={}"
+
+# What a kind strikes, resolved by the executor from its options before it acts (Act.strikes): a node (its
+# target), a worker of one (picked by the options' rank or local_rank, else at random, seeded), a node's
+# torchrun agent, the cluster as a whole (a scale: its Struck names no node), or the node whose worker will write
+# a checkpoint (rank0's is waited for while a restarted group has none yet; its Struck's `left`: the seconds left
+# of the options' `within`).
+STRIKES = ("node", "worker", "agent", "cluster", "writer")
+
+
+@dataclasses.dataclass(frozen=True)
+class Struck:
+    """What a fault strikes, as the executor resolved it: a node, and the process of it a worker or agent kind
+    strikes (its pid; a worker's ranks; the agent's workers). Heal builds one from the in-force record (its pid
+    and file) to plan a kind's undo."""
+
+    node: str
+    pid: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    workers: tuple[int, ...] = ()  # the agent's worker pids, when it strikes the agent
+    file: str | None = None  # the in-force record's file (a held worker's hang file)
+    # What its in-force record kept to undo it (Act.remembers: a CPU quota to restore).
+    kept: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    state: str | None = None  # its container's state, when the act checks it (Act.problem)
+    left: float | None = None  # a writer's: the seconds left to wait for its write
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,46 +106,403 @@ class LimitWrites:
     bps: int
 
 
-Action = NodeShell | LimitWrites
+@dataclasses.dataclass(frozen=True)
+class Signal:
+    """Send `signal` to one process of a node, as the node's own user (the one its agent and workers run as)."""
+
+    node: str
+    pid: int
+    signal: signals.Signals
+
+
+@dataclasses.dataclass(frozen=True)
+class ContinueWorker:
+    """SIGCONT a stopped worker of a node; it may be gone since: fine, unless `strict` (a signal that must
+    be delivered). No pid: every worker of the node. Outcome: the pids signalled."""
+
+    node: str
+    pid: int | None
+    strict: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Touch:
+    """Create an empty file in a node (a flag its processes watch)."""
+
+    node: str
+    file: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoveFile:
+    node: str
+    file: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ExhaustMemory:
+    """The kernel's OOM killer ends worker `pid`: its node's memory limited `headroom` bytes above its use
+    for the while, the worker made its first choice, a hog allocating until it is gone. Outcome: what the hog
+    saw (limit, allocated, limit_kept, oom_kills, hog_killed)."""
+
+    node: str
+    pid: int
+    headroom: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitCpu:
+    """Give a node's container `cpu_quota` microseconds of CPU time every `cpu_period` (its cgroup's CFS
+    quota, what `docker update --cpus` sets); a quota of -1 lifts it."""
+
+    node: str
+    cpu_quota: int
+    cpu_period: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadCpuLimits:
+    """A node's CPU quota and period now. Outcome: {"cpu_quota": ..., "cpu_period": ...}."""
+
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class KillContainer:
+    """The whole node dies at once: SIGKILL to every process of its container (`docker kill`)."""
+
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StopContainer:
+    """SIGTERM to the node's container, SIGKILL after `grace` seconds (`docker stop -t`). Outcome: the seconds
+    it took."""
+
+    node: str
+    grace: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartContainer:
+    """The same container (same hostname) again: restarted at once, or stopped for `downtime` seconds first."""
+
+    node: str
+    grace: float
+    downtime: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StartContainer:
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PauseContainer:
+    """Freeze every process of the node (the cgroup freezer: `docker pause`)."""
+
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Unpause:
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RequireCkptStorage:
+    """Refuse (before anything is recorded) a directory that is not the cluster's own size-limited checkpoint
+    storage: /ckpt or a folder in it, on a cluster started with ckpt_size."""
+
+    directory: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunNodeScript:
+    """Run one of the nemesis's node scripts (sim/faults/nodescripts.py, by its name in NODE_SCRIPTS) in a
+    node, with `args`, then a draw of the nemesis's seeded random numbers when `seeded`, then `act` (the
+    marker heal ends an interrupted one by). Outcome: what it printed (a dict). Exit 3: the request was wrong
+    for this node (its stderr, and `hint`)."""
+
+    node: str
+    script: str
+    what: str  # for the error: "filling the disk"
+    args: tuple[Any, ...] = ()
+    seeded: bool = False
+    act: str | None = None
+    hint: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class CatchWriter:
+    """Signal the first worker of a node that opens a file under `directory` for writing, the moment it does
+    (within `within` seconds); `act`: the marker heal ends an interrupted watcher by. Outcome: what it caught
+    (pid, file, size_at_kill)."""
+
+    node: str
+    directory: str
+    within: float
+    signal: signals.Signals
+    act: str | None = None
+    # Then freeze the whole node (`docker pause`); if that fails, the caught worker is continued.
+    pause_after: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleNodes:
+    """Run exactly node0..node{nodes-1}: new nodes join the running job; the highest ones leave, gracefully
+    (`docker stop -t grace`) or abruptly (`docker kill`). Outcome: {"joined": [...], "left": [...]}."""
+
+    nodes: int
+    abrupt: bool
+    grace: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Wait:
+    """Let `seconds` pass (a node kept down)."""
+
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class EndedWithNode:
+    """Forget the node's faults in force that lived in its processes or network namespace (they ended with it)."""
+
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkBack:
+    """A restarted or started container has a fresh network namespace: the partitions in force are applied
+    to it again, and its faults that lived in the old one are forgotten."""
+
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ForgetInForce:
+    """Forget the node's faults in force of kind `in_force`: what this fault undid. Outcome: their ids."""
+
+    node: str
+    in_force: str
+
+
+Action = (
+    NodeShell
+    | LimitWrites
+    | Signal
+    | ContinueWorker
+    | Touch
+    | RemoveFile
+    | ExhaustMemory
+    | LimitCpu
+    | ReadCpuLimits
+    | KillContainer
+    | StopContainer
+    | RestartContainer
+    | StartContainer
+    | PauseContainer
+    | Unpause
+    | Wait
+    | ScaleNodes
+    | RequireCkptStorage
+    | RunNodeScript
+    | CatchWriter
+    | EndedWithNode
+    | NetworkBack
+    | ForgetInForce
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class ChaosMesh:
     """How a kind is exported to Kubernetes (sim/export/k8s.py): one Chaos Mesh object of `kind` for the step's
-    hold, `spec` under it (the exporter adds the mode, the selector of `target` and, when `in_container`,
-    the job's container), and the note that says how it differs from the local fault."""
+    hold (or `deadline_s`), `spec` under it (the exporter adds the mode, the selector of `target` and, when
+    `in_container`, the job's container), and the note that says how it differs from the local fault."""
 
     kind: str  # "TimeChaos"
     spec: Mapping[str, Any]
     target: str
     note: str
     in_container: bool = True
+    deadline_s: float | None = None  # None: the step's hold (or the run); a one-shot's own deadline
+    head: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # fields before the mode and selector
+
+
+@dataclasses.dataclass(frozen=True)
+class PodChaos:
+    """A Chaos Mesh PodChaos `action` ("container-kill", "pod-kill", "pod-failure") on the target's pod, for
+    `duration_s` (pod-failure) or once; `in_container`: of the job's container only, `container`: of that
+    container; `grace`: its gracePeriod. `note`: "" when it says nothing the action does not."""
+
+    action: str
+    target: str
+    note: str = ""
+    in_container: bool = False
+    container: str | None = None
+    grace: int | None = None
+    duration_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PodDown:
+    """A node lost: PodChaos pod-kill (its pod re-created at once, `grace` its gracePeriod), or, while a later
+    step starts it again (or always for etcd), pod-failure until then."""
+
+    target: str
+    grace: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CutFromJob:
+    """A NetworkChaos partition between the target's pod and the job's (a frozen or isolated etcd)."""
+
+    target: str
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecTask:
+    """A Workflow Task that runs one of the exporter's pod scripts (`script`, by its name in
+    sim/export/k8s.py's POD_SCRIPTS) in the target's pod through `kubectl exec`, with `args`, then the
+    scenario's seed when `seeded`; `rank`: the pod whose worker has that global rank."""
+
+    script: str
+    target: str
+    args: tuple[Any, ...] = ()
+    seeded: bool = False
+    rank: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleJob:
+    """A Task that runs `kubectl scale` on the job to `nodes` replicas (a fixed-size TrainJob cannot: not
+    exported there)."""
+
+    nodes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """Two Tasks: `start`, a wait for the step's hold, then `end`."""
+
+    start: ExecTask
+    end: ExecTask
+    note: str = ""
+
+
+# What an EndsHold step ends: a fault in force its kind undoes (heal: any; unpause: a pause), or a node lost
+# (start-node: a kill or stop of the same node, held down until then).
+ENDS = ("in force", "lost")
+
+
+@dataclasses.dataclass(frozen=True)
+class EndsHold:
+    """No template of its own: the step ends the fault before it (that one lasts until this step's time)."""
+
+    ends: str = "in force"  # ENDS
+
+    def __post_init__(self) -> None:
+        if self.ends not in ENDS:
+            raise ValueError(f"EndsHold: ends {self.ends!r} is not one of {ENDS}")
+
+
+K8sForm = ChaosMesh | PodChaos | PodDown | CutFromJob | ExecTask | Held | EndsHold | ScaleJob
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """Another catalog entry that asks for a kind, aimed at a fixed target: `sim etcd kill` is kill-node at
+    etcd. Its options have no target."""
+
+    name: str  # as a scenario step names it: "etcd-kill"
+    verb: tuple[str, ...]  # ("etcd", "kill")
+    help: str
+    options: type[FaultOptions]
+    target: str  # "etcd"
+    undo_verb: str = ""  # a reversible kind's: the verb that undoes it by hand ("etcd unpause")
+    needs_etcd: bool = True  # the cluster must have etcd
+
+
+def _refusal(already: str) -> Callable[[Struck, str], str]:
+    return lambda at, fault_id: f"{at.node}: {already}; `sim heal {fault_id}` first"
 
 
 @dataclasses.dataclass(frozen=True)
 class Act:
     """How a kind is asked for and what it does, as data and pure functions; the nemesis carries it out.
 
-    `options`: its options (a FaultOptions dataclass; their `target` is the node it strikes). `inject(options,
-    node)`: the actions that inject it on the resolved node. `result(options, node, outcomes)`: its typed result
-    (`to_dict()` is the history's ok record) from each action's outcome. `detail(options)`: what `sim faults`
-    shows while it is in force, `already`: why a second one on the same node is refused. `undo(node)`: the
-    actions that end it. `k8s(options)`: its Chaos Mesh form, None where there is none."""
+    `options`: its options (a FaultOptions dataclass; their `target` is the node it strikes). The executor
+    resolves what it strikes (`strikes`, one of STRIKES) into a `Struck`. `inject(options, at)`: the actions
+    that inject it there. `result(options, at, outcomes)`: its typed result (`to_dict()` is the history's ok
+    record) from each action's outcome. `detail(options, at)`: what `sim faults` shows while it is in force,
+    `already`: why a second one on the same node is refused. `undo(at)`: the actions that end it (`at` from
+    its in-force record). `k8s(options)`: its Kubernetes form, None where there is none."""
 
-    verb: tuple[str, ...]  # on the CLI: ("skew-clock",) is `sim skew-clock`
+    verb: tuple[str, ...]  # on the CLI: ("skew-clock",) is `sim skew-clock`; (): asked for only as its entries
     help: str  # one line
     options: type[FaultOptions]
-    inject: Callable[[Any, str], tuple[Action, ...]]
-    result: Callable[[Any, str, tuple[str, ...]], Any]
-    detail: Callable[[Any], str]
+    inject: Callable[[Any, Struck], tuple[Action, ...]]
+    result: Callable[[Any, Struck, tuple[Any, ...]], Any]
+    detail: Callable[[Any, Struck], str]
     already: str
-    undo: Callable[[str], tuple[Action, ...]] | None
-    k8s: Callable[[Any], ChaosMesh | None]
+    undo: Callable[[Struck], tuple[Action, ...]] | None
+    k8s: Callable[[Any, str], K8sForm | None]  # (options, its target: an entry's fixed one or options.target)
     example: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # options as a scenario step gives them
     allow_etcd: bool = True  # False: it acts on a node's training processes, never etcd
     # Its undo needs the node running (a stopped node's is refused with what to do first); False: a stopped
     # or removed node ended it with its container.
     undo_needs_running: bool = True
+    # Its undo acts on a stopped container too (what it set stays in the container's settings).
+    undo_on_stopped: bool = False
+    strikes: str = "node"  # STRIKES
+    # The invoke record's args (default: the options given, but the target); `seeded`: the nemesis's seed too.
+    args: Callable[[Any], Mapping[str, Any]] | None = None
+    seeded: bool = False
+    # Its id in force, when not `{in_force}-{node}` (a held worker's names its pid), and the in-force
+    # record's fields beyond its fault, target and detail (the pid or file heal needs).
+    in_force_id: Callable[[Struck], str] | None = None
+    in_force_fields: Callable[[Any, Struck], Mapping[str, Any]] = lambda o, at: {}
+    # Actions whose outcomes (dicts) its in-force record keeps for its undo, read under the fault store's
+    # lock before it acts (the CPU quota a straggler's undo restores).
+    remembers: Callable[[Struck], tuple[Action, ...]] = lambda at: ()
+    # Why a second one is refused (default: `{node}: {already}; sim heal ID first`); None from it: never.
+    refusal: Callable[[Struck, str], str | None] | None = None
+    # Why it cannot act on the node as it is (its container's state in `at.state`), before anything acts.
+    problem: Callable[[Struck], str | None] | None = None
+    needs_running: bool = True  # False: it brings a stopped container back
+    # Its undo acts only while its node is paused (a pause): the node runs again after it.
+    undo_while_paused: bool = False
+    entries: tuple[Entry, ...] = ()  # other catalog entries that ask for it (etcd-kill: kill-node at etcd)
+    # The target its history records when its options name none (a scale: "nodes=N").
+    target_of: Callable[[Any], str] | None = None
+    # Checks carried out before anything is recorded (a filler goes only on the cluster's checkpoint storage).
+    requires: Callable[[Any], tuple[Action, ...]] = lambda o: ()
+    # Its in-force record once it acted, from its outcomes (the filler's size), replacing its intent's.
+    in_force_after: Callable[[Any, Struck, tuple[Any, ...]], Mapping[str, Any]] | None = None
+    # Its undo may run in any running node (a file on the cluster's shared checkpoint volume).
+    undo_anywhere: Callable[[Struck], bool] = lambda at: False
+
+    def __post_init__(self) -> None:
+        if self.strikes not in STRIKES:
+            raise ValueError(f"act {self.verb}: strikes {self.strikes!r} is not one of {STRIKES}")
+
+    def recorded_target(self, options: Any, target: str | None = None) -> str:
+        """The target its history records (`target`: an entry's fixed one): a worker struck by global rank is
+        `rank:N`, wherever it runs."""
+        if self.target_of is not None:
+            return self.target_of(options)
+        rank = getattr(options, "rank", None) if self.strikes == "worker" else None
+        return (target or options.target) if rank is None else f"rank:{rank}"
+
+    def recorded_args(self, options: Any) -> dict[str, Any]:
+        if self.args is not None:
+            return dict(self.args(options))
+        return {name: value for name, value in options.given().items() if name != "target"}
+
+    def refused(self, at: Struck, fault_id: str) -> str | None:
+        return (self.refusal or _refusal(self.already))(at, fault_id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,3 +602,9 @@ class FaultKind:
         """The id `sim faults` and `sim heal` use for this fault on one node (a held or stalled worker's
         adds its pid: the nemesis's result holds it)."""
         return None if self.in_force is None else f"{self.in_force}-{node}"
+
+    def in_force_id_of(self, at: Struck) -> str | None:
+        """Its id in force once the executor resolved what it strikes."""
+        if self.in_force is not None and self.act is not None and self.act.in_force_id is not None:
+            return self.act.in_force_id(at)
+        return self.in_force_id(at.node)

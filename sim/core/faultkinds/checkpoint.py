@@ -1,34 +1,180 @@
-"""Checkpoint faults: the newest checkpoint damaged, its writer killed or frozen mid-write."""
+"""Checkpoint faults: the newest checkpoint damaged (corrupt-checkpoint), its writer killed or frozen mid-write
+(kill-during-checkpoint, freeze-during-checkpoint), all of it: options, inject, undo, result, traits,
+provocation, Kubernetes form.
+
+The write faults wait for the node's worker to open a file under the checkpoint directory for writing and act
+the moment it does: a kill inside a checkpoint write by design, not by luck. A frozen writer finishes its write
+late, as a zombie's, once healed (the node unpaused, the worker continued).
+"""
 
 from __future__ import annotations
 
-from .base import FaultKind, Provocation
+import dataclasses
+from collections.abc import Mapping
+from signal import SIGKILL, SIGSTOP, Signals
+from typing import Any
 
-KINDS = (
-    FaultKind("corrupt-checkpoint", damages_checkpoint=True),
-    FaultKind(
-        "kill-during-checkpoint",
-        ends_workers=True,
-        damages_checkpoint=True,
-        strikes_in_write=True,
-        provocations={
-            "kill-during-checkpoint": Provocation(
-                "kill during a checkpoint write",
-                "kill-during-checkpoint",
-                160,
-                {"target": "rank0", "within": 30.0},
-                survival="the half-written file is never loaded: the job resumes from the previous checkpoint",
-                cost_s=7.0,
-            ),
-        },
-    ),
-    FaultKind(
-        "freeze-during-checkpoint",
-        undo_op="heal",
-        in_force="freeze",
-        silences_node=True,
-        lives_in_node=True,
-        freezes_node=True,
-        holds_write_open=True,
+from sim.core.faultoptions import DIRECTORY, NODE_TARGET, SECONDS, SIGNAL, FaultOptions, OptionKind, option
+
+from .base import (
+    ACT_MARKER,
+    Act,
+    CatchWriter,
+    ContinueWorker,
+    ExecTask,
+    FaultKind,
+    Provocation,
+    RunNodeScript,
+    Struck,
+)
+
+CKPT_DIR = "/ckpt"  # every node's mount of the cluster's checkpoint volume
+CORRUPTIONS = ("bitflip", "truncate")
+CORRUPTION = OptionKind("corruption", str, lambda v: v in CORRUPTIONS, "bitflip or truncate")
+_CKPT_DIR_HELP = "the checkpoint directory inside the nodes (shared by all)"
+_CORRUPTING = "corrupting a checkpoint"
+
+
+@dataclasses.dataclass(frozen=True)
+class CorruptOptions(FaultOptions):
+    target: str = option(
+        NODE_TARGET, "the node that writes the damage (the directory is shared)", "random", positional=True
+    )
+    mode: str = option(CORRUPTION, "bitflip: flip a bit in 8 random bytes; truncate: cut to half its length", "bitflip")
+    dir: str = option(DIRECTORY, _CKPT_DIR_HELP, CKPT_DIR)
+
+
+@dataclasses.dataclass(frozen=True)
+class InWriteOptions(FaultOptions):
+    target: str = option(NODE_TARGET, "the node whose worker writes checkpoints", "rank0", positional=True)
+    dir: str = option(DIRECTORY, _CKPT_DIR_HELP, CKPT_DIR)
+    within: float = option(SECONDS, "how long to wait for a write", 60.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class KillInWriteOptions(InWriteOptions):
+    signal: Signals = option(SIGNAL, "KILL, TERM, ...", SIGKILL)
+
+
+@dataclasses.dataclass(frozen=True)
+class CorruptResult:
+    """The node that damaged the newest checkpoint, and what its script reports of the damage."""
+
+    node: str
+    damage: Mapping[str, Any]  # file, size, mode and the mode's own facts
+
+    def to_dict(self) -> dict:
+        return {"node": self.node, **self.damage}
+
+
+@dataclasses.dataclass(frozen=True)
+class KillInWriteResult:
+    node: str
+    signal: str
+    caught: Mapping[str, Any]  # the writer: pid, file, size_at_kill
+
+    def to_dict(self) -> dict:
+        return {"node": self.node, "signal": self.signal, **self.caught}
+
+
+@dataclasses.dataclass(frozen=True)
+class FreezeResult:
+    id: str
+    node: str
+    caught: Mapping[str, Any]
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "node": self.node, **self.caught}
+
+
+def _marker(at: Struck) -> str:
+    return ACT_MARKER.format(f"freeze-{at.node}")
+
+
+CORRUPT_CHECKPOINT = FaultKind(
+    "corrupt-checkpoint",
+    damages_checkpoint=True,
+    act=Act(
+        verb=("corrupt-checkpoint",),
+        help="flip bits in, or truncate, the newest checkpoint file",
+        options=CorruptOptions,
+        inject=lambda o, at: (RunNodeScript(at.node, "corrupt", _CORRUPTING, (o.dir, o.mode), seeded=True),),
+        result=lambda o, at, outcomes: CorruptResult(at.node, outcomes[0]),
+        detail=lambda o, at: f"{o.mode} of the newest checkpoint",
+        already="",
+        undo=None,
+        k8s=lambda o, target: ExecTask("corrupt", target, (o.dir, o.mode), seeded=True),
+        example={"target": "node0", "mode": "truncate", "dir": "/data/ckpt"},
+        allow_etcd=False,
+        args=lambda o: {"mode": o.mode, "directory": o.dir},
+        seeded=True,
     ),
 )
+
+KILL_DURING_CHECKPOINT = FaultKind(
+    "kill-during-checkpoint",
+    ends_workers=True,
+    damages_checkpoint=True,
+    strikes_in_write=True,
+    provocations={
+        "kill-during-checkpoint": Provocation(
+            "kill during a checkpoint write",
+            "kill-during-checkpoint",
+            160,
+            {"target": "rank0", "within": 30.0},
+            survival="the half-written file is never loaded: the job resumes from the previous checkpoint",
+            cost_s=7.0,
+        ),
+    },
+    act=Act(
+        verb=("kill-during-checkpoint",),
+        help="signal the worker that writes a checkpoint, the moment it opens the file",
+        options=KillInWriteOptions,
+        strikes="writer",
+        inject=lambda o, at: (CatchWriter(at.node, o.dir, at.left or o.within, o.signal),),
+        result=lambda o, at, outcomes: KillInWriteResult(at.node, o.signal.name, outcomes[0]),
+        detail=lambda o, at: "its writer signalled",
+        already="",
+        undo=None,
+        k8s=lambda o, target: ExecTask("kill-in-write", target, (o.dir, o.within, int(o.signal))),
+        example={"target": "rank0", "within": 30.0},
+        allow_etcd=False,
+        args=lambda o: {"directory": o.dir, "within": o.within, "signal": o.signal.name},
+    ),
+)
+
+FREEZE_DURING_CHECKPOINT = FaultKind(
+    "freeze-during-checkpoint",
+    undo_op="heal",
+    in_force="freeze",
+    silences_node=True,
+    lives_in_node=True,
+    freezes_node=True,
+    holds_write_open=True,
+    act=Act(
+        verb=("freeze-during-checkpoint",),
+        help="freeze a node while its worker writes a checkpoint (SIGSTOP at the open, then docker pause); "
+        "heal lets the write finish late, as a zombie's",
+        options=InWriteOptions,
+        strikes="writer",
+        # The intent first: the watcher stops a worker in the node, and goes on doing so if our call is
+        # interrupted; heal ends the watcher, unpauses the node and continues its workers.
+        inject=lambda o, at: (CatchWriter(at.node, o.dir, at.left or o.within, SIGSTOP, _marker(at), True),),
+        result=lambda o, at, outcomes: FreezeResult(f"freeze-{at.node}", at.node, outcomes[0]),
+        detail=lambda o, at: "waiting for a checkpoint write",
+        already="already frozen",
+        undo=lambda at: (ContinueWorker(at.node, at.pid),),  # an intent knows no pid yet: every worker
+        k8s=lambda o, target: None,  # no Chaos Mesh primitive, no exec form
+        example={"target": "rank0", "within": 30.0},
+        allow_etcd=False,
+        undo_needs_running=False,  # its node's processes went with a stopped node
+        args=lambda o: {"directory": o.dir, "within": o.within},
+        in_force_fields=lambda o, at: {"act": _marker(at)},
+        in_force_after=lambda o, at, outcomes: {
+            "pid": outcomes[0]["pid"],
+            "detail": f"frozen while pid {outcomes[0]['pid']} writes {outcomes[0]['file']}",
+        },
+    ),
+)
+
+KINDS = (CORRUPT_CHECKPOINT, KILL_DURING_CHECKPOINT, FREEZE_DURING_CHECKPOINT)

@@ -66,12 +66,12 @@ def _seen(node: str, outcome: str) -> float:
         raise FaultError(f"{node}: setting its clock failed: {outcome.strip() or 'no output'}") from None
 
 
-def _k8s(o: SkewOptions) -> ChaosMesh:
+def _k8s(o: SkewOptions, target: str) -> ChaosMesh:
     offset = go_duration(o.by, signed=True)
     return ChaosMesh(
         "TimeChaos",
         {"timeOffset": offset, "clockIds": ["CLOCK_REALTIME"]},
-        o.target,
+        target,
         f"TimeChaos shifts the clock of the container's processes by {offset} (clockIds CLOCK_REALTIME); "
         "processes started later by `kubectl exec` keep the true time.",
     )
@@ -87,11 +87,11 @@ SKEW_CLOCK = FaultKind(
         verb=("skew-clock",),
         help="shift a node's wall clock (libfaketime in its processes): --by 60s ahead, --by=-10m behind",
         options=SkewOptions,
-        inject=lambda o, node: (_set_offset(node, o.by),),
-        result=lambda o, node, outcomes: SkewResult(f"skew-{node}", node, o.by, _seen(node, outcomes[0])),
-        detail=lambda o: f"clock {o.by:+g} s",
+        inject=lambda o, at: (_set_offset(at.node, o.by),),
+        result=lambda o, at, outcomes: SkewResult(f"skew-{at.node}", at.node, o.by, _seen(at.node, outcomes[0])),
+        detail=lambda o, at: f"clock {o.by:+g} s",
         already="its clock is skewed already",
-        undo=lambda node: (_set_offset(node, 0),),
+        undo=lambda at: (_set_offset(at.node, 0),),
         k8s=_k8s,
         example={"target": "node1", "by": 60.0},
         allow_etcd=False,

@@ -45,7 +45,7 @@ class SlowDiskResult:
         return dataclasses.asdict(self)
 
 
-def _k8s(o: SlowDiskOptions) -> ChaosMesh:
+def _k8s(o: SlowDiskOptions, target: str) -> ChaosMesh:
     return ChaosMesh(
         "IOChaos",
         {
@@ -56,7 +56,7 @@ def _k8s(o: SlowDiskOptions) -> ChaosMesh:
             "percent": 100,
             "methods": ["write", "fsync"],
         },
-        o.target,
+        target,
         f"slow-disk ({o.write_rate} bytes/s on {CKPT_DIR}) as IOChaos latency 100ms on every write and fsync under "
         f"{CKPT_DIR}: Chaos Mesh delays each call instead of limiting the bandwidth.",
     )
@@ -83,11 +83,11 @@ SLOW_DISK = FaultKind(
         verb=("slow-disk",),
         help="throttle a node's checkpoint writes (its cgroup's block-I/O limit on the disk under /ckpt)",
         options=SlowDiskOptions,
-        inject=lambda o, node: (LimitWrites(node, CKPT_DIR, o.write_rate),),
-        result=lambda o, node, outcomes: SlowDiskResult(f"slow-disk-{node}", node, o.write_rate, CKPT_DIR),
-        detail=lambda o: f"writes to {CKPT_DIR} at {o.write_rate} bytes/s",
+        inject=lambda o, at: (LimitWrites(at.node, CKPT_DIR, o.write_rate),),
+        result=lambda o, at, outcomes: SlowDiskResult(f"slow-disk-{at.node}", at.node, o.write_rate, CKPT_DIR),
+        detail=lambda o, at: f"writes to {CKPT_DIR} at {o.write_rate} bytes/s",
         already="its checkpoint writes are throttled already",
-        undo=lambda node: (LimitWrites(node, CKPT_DIR, 0),),
+        undo=lambda at: (LimitWrites(at.node, CKPT_DIR, 0),),
         k8s=_k8s,
         example={"target": "node1", "write_rate": 2**20},
         allow_etcd=False,
