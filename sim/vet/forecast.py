@@ -814,6 +814,8 @@ def pct(share: float) -> str:
 def duration(seconds: float) -> str:
     if math.isinf(seconds):
         return "never"
+    if seconds < 10:  # a short checkpoint interval (0.2 s) is not "every 0 s"
+        return f"{seconds:.1f} s"
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:

@@ -488,3 +488,10 @@ def test_a_slow_start_counts_only_the_seconds_its_throughput_was_measured_over()
     # Without its run, vet.json's own times bound it: first step at t_fault + recovery_s, its end at t_end.
     alone = {**fault, "recovery_s": 4.0, "t_end": invoked + 5.5}
     assert after_windows({"faults": [alone]}, []) == {invoked: pytest.approx(1.5)}
+
+
+def test_a_short_checkpoint_interval_is_not_said_as_every_0_s():
+    """vet.html once read 'checkpoint every 53 s (Young's τ*) instead of every 0 s' for a 0.2 s interval."""
+    from sim.vet.forecast import duration
+
+    assert (duration(0.2), duration(9.94), duration(53), duration(600)) == ("0.2 s", "9.9 s", "53 s", "10 min")
