@@ -644,7 +644,8 @@ class SwarmEngine:
         replace: bool = False,
     ) -> Cluster:
         """The same `up` as Compose's (render, start, wait, clean up on failure), on a swarm (this engine's, made
-        here if there is none) through SwarmDocker. `replace` is not Swarm's: the name's owner stays."""
+        here if there is none) through SwarmDocker. `replace`: a cluster that holds the name goes first, its
+        services with it (a service left behind would start its tasks again)."""
         docker = self.manager
         ckpt_dir = hostpaths.check_shared_ckpt_dir(placement.ckpt_dir, NODE_UID) if placement.ckpt_dir else None
         docker.ping()
@@ -660,6 +661,11 @@ class SwarmEngine:
             layout = SwarmLayout(hosts=swarm_hosts(docker), placement=where, **shared)
             self._provider = SwarmDocker(layout, docker.docker_bin)
             require_engines(self._provider, spec)
+            if replace and existed:
+                progress(f"[up] --replace: removing the cluster that holds the name '{spec.name}'")
+                Cluster(spec.name, self._provider).down()
+                remove_services(docker, spec.name)
+                existed = False
             return compose_up(spec, self._provider, keep=keep, timeout=timeout, progress=progress)
         except BaseException:
             if not keep and not existed:

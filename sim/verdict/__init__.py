@@ -238,8 +238,12 @@ class AgentEnd(Metrics):
 
 @dataclasses.dataclass(frozen=True)
 class FailsCleanlyMetrics(Metrics):
+    OMITTED_WHEN_NONE: ClassVar[tuple[str, ...]] = ("trained_on",)
+
     exits: dict[str, str]  # node -> "exited 1" | "running"
     ended: dict[str, AgentEnd]
+    # Nodes still running at the end and training on after the last fault: the job survived it, not hung
+    trained_on: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

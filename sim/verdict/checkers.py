@@ -865,10 +865,20 @@ def check_fails_cleanly(run: RunModel, spec: RunSpec) -> CheckResult:
         reasons.append(f"the job completed (step {step} at {clock(finished.t)}) but was expected to fail")
     removed = run.removed_on_purpose()
     ended: dict[str, AgentEnd] = {}  # node -> the fault its exit followed (op) and how long after
+    trained_on = []
     for node in run.agent_nodes:
         last = run.lifecycle(node)
         if last is None or last.action != "die":
-            reasons.append(f"{node} still running at the run end: the job hung instead of failing")
+            steps = run.trained_on(node)
+            if steps is None:
+                reasons.append(f"{node} still running at the run end: the job hung instead of failing")
+            else:
+                trained_on.append(node)
+                first, final = steps
+                reasons.append(
+                    f"{node} still running at the run end, training on (step {first.step} to {final.step} after the "
+                    f"last fault, the last at {clock(final.t)}): the job survived the fault instead of ending"
+                )
             continue
         if last.exit_code == 0 and node not in removed:
             reasons.append(f"{node}'s agent exited 0 at {clock(last.t)}, as if the job had succeeded")
@@ -887,7 +897,11 @@ def check_fails_cleanly(run: RunModel, spec: RunSpec) -> CheckResult:
         "fails_cleanly",
         not reasons,
         tuple(reasons[:MAX_EXAMPLES]),
-        FailsCleanlyMetrics(exits={n: _exit_summary(run.lifecycle(n)) for n in run.agent_nodes}, ended=ended),
+        FailsCleanlyMetrics(
+            exits={n: _exit_summary(run.lifecycle(n)) for n in run.agent_nodes},
+            ended=ended,
+            trained_on=tuple(trained_on) or None,
+        ),
     )
 
 

@@ -194,6 +194,8 @@ class RunModel:
         self.records = records
         self.t_begin = records[0].t if records else 0.0
         self.t_end = records[-1].t if records else 0.0
+        # When the run stopped: `down`'s first kill where the history has no end record before it
+        self.t_stopped = max(self.t_end, teardown) if teardown is not None else self.t_end
         trainer = [r for r in records if isinstance(r, TrainerRecord)]
         worker = [r for r in records if isinstance(r, WorkerRecord)]
         self.summaries = [r for r in trainer if r.kind == "summary"]
@@ -397,6 +399,15 @@ class RunModel:
     def highest_step(self) -> int | None:
         return max((r.step for r in self.progress), default=None)
 
+    def trained_on(self, node: str) -> tuple[Beat, Beat] | None:
+        """(the first, the last) of `node`'s steps after the last fault, when its steps advanced after it up to the
+        run's stop (within TRAINED_TO_END_S): a node still running that trained on, not one that hung."""
+        since = self.faults[-1].t_ok if self.faults else self.t_begin
+        beats = [b for b in self.progress if b.node == node and b.t > since and b.step is not None]
+        if len(beats) < 2 or beats[-1].step <= beats[0].step or self.t_stopped - beats[-1].t > TRAINED_TO_END_S:
+            return None
+        return beats[0], beats[-1]
+
     def lifecycle(self, node: str) -> DockerRecord | None:
         """The node container's last docker start or die record."""
         events = [r for r in self.docker if r.node == node and r.action in ("start", "die")]
@@ -511,6 +522,11 @@ def _is_zombie(record: Beat, cohorts: list[Cohort], cohort_times: list[float]) -
         return True
     world = record.world_size
     return isinstance(world, int) and isinstance(current.world_size, int) and world != current.world_size
+
+
+# A node's last step this close to the run's stop: it was still training when the run ended (steps a few seconds
+# apart, the harness's own pause between its last step and the stop)
+TRAINED_TO_END_S = 30.0
 
 
 def _teardown_start(records: list[Record]) -> float | None:

@@ -546,6 +546,20 @@ def _score(planned: PlannedFault, outcome: str, why: str, **extra: Any) -> Fault
     return FaultScore(planned.kind, p.label, outcome, p.survival, why, **extra)
 
 
+def _trained_through(result: ScenarioResult) -> str:
+    """Why a fault meant to end the job counts as survived all the same: every node still running at the end
+    trained on after it, and nothing else failed (seen: etcd restarted behind a Swarm service's virtual IP, where
+    the agents' etcd calls waited instead of failing). Empty otherwise."""
+    failing = [r for r in result.verdict.results if not r.valid]
+    if [r.name for r in failing] != ["fails_cleanly"]:
+        return ""
+    metrics = failing[0].metrics
+    running = [node for node, exit in metrics.exits.items() if exit == "running"]
+    if not running or sorted(metrics.trained_on or ()) != sorted(running) or len(failing[0].reasons) != len(running):
+        return ""
+    return f"trained on through it: the job did not end ({', '.join(running)} training at the run's end)"
+
+
 def score_solo(planned: PlannedFault, result: ScenarioResult) -> FaultScore:
     run = RunModel(History(result.run_dir / FILE_NAME).read().records)
     found = [_diagnosis_dict(d) for d in diagnose(run, saved_logs(result.run_dir))]
@@ -553,16 +567,17 @@ def score_solo(planned: PlannedFault, result: ScenarioResult) -> FaultScore:
     invoke = next((r for r in _fault_records(result.run_dir) if r.phase == "invoke"), None)
     if invoke is None:
         return _score(planned, "not reached", result.unfired or "the job ended first", solo=True)
+    trained_on = _trained_through(result)
     return FaultScore(
         planned.kind,
         planned.provocation.label,
-        "survived" if result.verdict.valid else "failed",
+        "survived" if result.verdict.valid or trained_on else "failed",
         planned.provocation.survival,
-        "; ".join(failing),
+        trained_on or "; ".join(failing),
         target=str(planned.step.options.given().get("target") or "") or None,
         t_fault=invoke.t,
         t_end=run.t_end,
-        diagnoses=tuple(found) if failing else (),
+        diagnoses=tuple(found) if failing and not trained_on else (),
         run_dir=str(result.run_dir),
         solo=True,
     )
@@ -837,7 +852,7 @@ def scorecard(vet: VetResult, width: int = 118) -> str:
         elif f.outcome == "failed" and not f.diagnoses:
             note = f"unexplained: {f.why}"
         if f.solo and f.outcome == "survived":
-            note = "ended fast and cleanly (own cluster)"
+            note = f.why or "ended fast and cleanly (own cluster)"
         row = f"{_MARK[f.outcome]:4} {f.label[:34]:34} {_s(f.recovery_s):>8} {lost:>5} {restarts:>9} "
         row += f"{_rate(f.throughput_before, f.throughput_after):>11}  "
         # The note in full, wrapped under its column: a MISS or FAIL says why in words, never cut off mid-word.

@@ -142,6 +142,26 @@ def test_four_nodes_train_on_a_swarm_and_down_leaves_nothing(docker, images):
     assert docker.ids("container", labels.cluster_filter(name)) == []
 
 
+def test_up_replace_on_a_swarm_removes_the_cluster_that_holds_the_name(docker, images):
+    """`--replace` as on Compose: the old cluster's services go with it (a service left would start its tasks again)."""
+    name = unique_name("sw-re")
+    first = run_sim("up", "--engine", "swarm", "--name", name, "--nodes", "2", "--nproc-per-node", "1", "--detach")
+    try:
+        assert first.returncode == 0, first.stderr[-3000:]
+        again = run_sim("up", "--engine", "swarm", "--name", name, "--nodes", "3", "--nproc-per-node", "1", "--detach")
+        assert again.returncode != 0 and "already exists" in again.stderr, again.stderr[-2000:]
+        replaced = run_sim(
+            "up", "--engine", "swarm", "--name", name, "--nodes", "3", "--nproc-per-node", "1", "--detach", "--replace"
+        )
+        assert replaced.returncode == 0, replaced.stderr[-3000:]
+        assert "--replace: removing the cluster" in replaced.stderr
+        assert len(services(name)) == 4  # etcd and the new three nodes: none of the old cluster's services
+    finally:
+        down = run_sim("down", name)
+    assert down.returncode == 0, down.stderr
+    assert not services(name) and docker.ids("container", labels.cluster_filter(name)) == []
+
+
 @pytest.mark.parametrize("scenario", ["worker-crash", "node-crash", "partition-one", "scale-up"])
 def test_catalog_scenarios_pass_on_a_swarm(docker, images, scenario):
     """The same scenario file, its cluster deployed as a stack: faults reach each task's container."""

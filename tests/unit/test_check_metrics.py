@@ -66,6 +66,8 @@ def test_every_checker_gives_its_typed_metrics_and_report_json_keeps_their_keys(
         keys = set(check["metrics"])
         if check["name"] == "checkpoint_integrity":
             assert keys in CHECKPOINT_KEYS
+        elif check["name"] == "fails_cleanly" and "trained_on" in keys:
+            assert keys == KEYS["fails_cleanly"] | {"trained_on"}  # nodes that trained on: only then, a key more
         elif check["name"] == "stalled" and check["metrics"]["stalled_s"] is None:
             assert keys == {"stalled_s"}  # no fault: no after_op, as before
         else:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from sim.core.history import History
 from sim.verdict import CheckpointIntegrityMetrics, FaultRecovery, SingleGroupMetrics
 from sim.verdict.checkers import (
     RunSpec,
@@ -635,6 +636,44 @@ def test_a_fails_run_that_hangs_instead_fails_the_check():
     result = check_fails_cleanly(RunModel(run.records), run.spec(expected="fails"))
     assert not result.valid
     assert_reason(result, "node0 still running at the run end: the job hung instead of failing")
+
+
+def test_a_fails_run_that_trains_on_through_the_fault_is_told_apart_from_a_hang():
+    """A node still running at the end that kept stepping after the fault survived it: "hung" would be untrue."""
+    run = HistoryBuilder(max_restarts=0, steps=100)
+    run.start_workers()
+    run.train(12)
+    run.fault("restart-node", "etcd", node="etcd")
+    run.train(60)  # every node trains on to the end
+    teardown(run)
+    result = check_fails_cleanly(RunModel(run.records), run.spec(expected="fails"))
+    assert not result.valid
+    assert result.metrics.trained_on == ("node0", "node1")
+    assert_reason(result, "node0 still running at the run end, training on (step 13 to 5")
+    assert not any("hung" in r for r in result.reasons), result.reasons
+
+
+def test_a_node_that_trains_on_but_stops_long_before_the_end_is_a_hang():
+    run = HistoryBuilder(max_restarts=0, steps=100)
+    run.start_workers()
+    run.train(12)
+    run.fault("restart-node", "etcd", node="etcd")
+    run.train(20)
+    run.wait(120.0)  # then silence to the end
+    teardown(run)
+    result = check_fails_cleanly(RunModel(run.records), run.spec(expected="fails"))
+    assert result.metrics.trained_on is None
+    assert_reason(result, "node0 still running at the run end: the job hung instead of failing")
+
+
+def test_captured_etcd_restart_on_a_swarm_trained_on_through_it():
+    """A real `sim vet --engine swarm` solo run (2026-12-05): etcd restarted behind the service's virtual IP, the
+    etcd-v2 agents' calls waited instead of failing, and all three nodes trained on to the run's end."""
+    run = RunModel(History(RUNS / "etcd_restart_swarm_trained_on" / "history.jsonl").read().records)
+    result = check_fails_cleanly(run, RunSpec.from_run(run, expected="fails"))
+    assert not result.valid
+    assert result.metrics.trained_on == ("node0", "node1", "node2")
+    assert all("training on" in r and "survived the fault instead of ending" in r for r in result.reasons)
 
 
 def test_a_fails_run_that_exits_slowly_or_completes_fails_the_check():

@@ -348,3 +348,36 @@ def test_the_per_rank_checkpoint_resumed_apart_only_where_one_rank_loaded_an_old
     assert any(
         e.startswith("node2") and e.endswith("rank 2 loaded /ckpt/rank2.pt (saved at step 20)") for e in apart.evidence
     )
+
+
+def test_a_job_ending_fault_the_job_trained_through_is_scored_survived_not_hung():
+    """`sim vet --engine swarm` (2026-12-05): etcd restarted behind the service's virtual IP, and the job trained on
+    where torch's etcd-v2 agents end on Compose. The job survived it outright: never "the job hung"."""
+    from sim.verdict.runfolder import judge
+    from sim.vet.gauntlet import score_solo
+
+    spec = spec_from_options({"nodes": 3, "nproc_per_node": 1, "script": "tests/scripts/fixed_name_ckpt.py"}, None)
+    kinds = ("etcd-restart",)
+    plan = plan_vet(vet_spec(spec, kinds, restarts_given=False), kinds, chosen=True)
+    (planned,) = [f for f in plan.faults if f.solo]
+    run = RunModel(_history("etcd_restart_swarm_trained_on"))
+    verdict, _ = judge(run, {})
+    assert not verdict.valid  # it was meant to end the job
+    result = ScenarioResult("vet-solo", "etcd-v2", "fails", verdict, "", RUNS / "etcd_restart_swarm_trained_on", 0)
+    score = score_solo(planned, result)
+    assert score.outcome == "survived" and score.diagnoses == ()
+    assert score.why == "trained on through it: the job did not end (node0, node1, node2 training at the run's end)"
+
+
+def test_the_trained_through_diagnosis_explains_the_captured_fail_with_its_evidence():
+    from sim.verdict.diagnoses.registry import DIAGNOSES
+
+    found = diagnose(_history("etcd_restart_swarm_trained_on"), {})
+    assert [d.code for d in found] == ["trained-through"]
+    (d,) = found
+    assert d.cause.startswith("restart-node etcd at ") and "did not hang" in d.cause
+    assert len(d.evidence) == 4 and all("still training at step" in e for e in d.evidence[1:])
+    assert any(rule.__name__ == "trained_through" for rule in DIAGNOSES)
+    # A job that ended as expected, or hung, is not diagnosed so.
+    assert "trained-through" not in [d.code for d in diagnose(_history("oom_worker"), {})]
+    assert "trained-through" not in [d.code for d in diagnose(_history("hang_default_ddp"), {})]

@@ -56,6 +56,7 @@ from sim.verdict.diagnoses.script import (
     ended_without_training,
     restart_budget,
     script_error,
+    trained_through,
 )
 from sim.verdict.pitfalls import PITFALLS, Finding
 from sim.verdict.recovery import LOSS_JUMP_TOLERANCE
@@ -128,6 +129,7 @@ def _pitfall(rule: Callable[[RunModel], Finding | None]) -> Callable[[RunModel],
 DIAGNOSES: tuple[Callable[..., Diagnosis | None], ...] = (
     script_error,
     ended_without_training,
+    trained_through,
     *map(_pitfall, PITFALLS),
     engine_lost,
     name_resolution,

@@ -391,3 +391,32 @@ def ended_without_training(run: RunModel, logs: dict[str, str] | None = None) ->
         evidence,
         fix,
     )
+
+
+def trained_through(run: RunModel) -> Diagnosis | None:
+    """A run meant to end on its fault (a scenario expecting "fails", a vet's job-ending fault on a cluster of its
+    own) in which no agent ended, and every node trained on after the fault to the run's stop: the job survived it.
+    The FAIL is the expectation's, not the job's; "hung" would be untrue (seen: etcd restarted on a Swarm engine
+    with no upstream DNS, where the agents' lookups of the gone task waited instead of failing)."""
+    if run.scenario is None or run.scenario.expected != "fails" or not run.faults or not run.agent_nodes:
+        return None
+    if any((last := run.lifecycle(node)) is not None and last.action == "die" for node in run.agent_nodes):
+        return None
+    steps = {node: run.trained_on(node) for node in run.agent_nodes}
+    if any(found is None for found in steps.values()):
+        return None
+    fault = run.faults[-1]
+    evidence = [
+        _line(final, f"still training at step {final.step} ({final.step - first.step} steps after the fault)")
+        for first, final in steps.values()
+    ]
+    return Diagnosis(
+        "trained-through",
+        "the job trained on through a fault that was expected to end it",
+        f"{fault.describe()} was expected to end the job, and no agent ended: every node trained on after it to "
+        "the run's end. The job survived it; it did not hang.",
+        [f"{fault.where or '?'} {_at(fault.t_ok)}  fault {fault.fault} done", *evidence],
+        "Nothing to fix in the job. If surviving it is right here, expect it (`expect: recovers` for this backend in "
+        "the scenario); if the job should have ended, check that the fault reached what the job depends on (for a "
+        "store restart: whether the agents' calls failed or only waited until it was back).",
+    )
