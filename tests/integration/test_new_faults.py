@@ -243,7 +243,7 @@ def test_skew_clock_moves_a_nodes_wall_clock_the_history_keeps_the_hosts_and_hea
     training(cluster)
     assert abs(clock_offset(cluster, "node1")) < 2
     result = sim(cluster, "skew-clock", "node1", "--by", "60s")
-    assert result["id"] == "skew-node1" and abs(result["seen"] - 60) < 1
+    assert result["id"] == "skew-clock-node1" and abs(result["seen"] - 60) < 1
     assert abs(clock_offset(cluster, "node1") - 60) < 2 and abs(clock_offset(cluster, "node0")) < 2
     skewed_at = time.time()
     time.sleep(5)  # the running agent and workers re-read the offset within 2 s
