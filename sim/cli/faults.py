@@ -35,8 +35,8 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable]:
         groups.setdefault(fault.verb[0], []).append(fault)
     for verb, faults in groups.items():
         if len(faults) == 1 and len(faults[0].verb) == 1:
-            _add_fault_verb(sub, faults[0])
-            commands[verb] = lambda args, _, fault=faults[0]: _inject(fault, args)
+            for name in _add_fault_verb(sub, faults[0]):
+                commands[name] = lambda args, _, fault=faults[0]: _inject(fault, args)
         else:
             _add_group_verb(sub, verb, faults)
             by_action = {fault.verb[1]: fault for fault in faults}
@@ -70,22 +70,26 @@ def register(sub: argparse._SubParsersAction) -> dict[str, Callable]:
 
 
 def _verb(
-    sub: argparse._SubParsersAction, name: str, help: str, description: str | None = None
+    sub: argparse._SubParsersAction, name: str, help: str, description: str | None = None, aliases: tuple[str, ...] = ()
 ) -> argparse.ArgumentParser:
-    parser = sub.add_parser(name, help=help, description=description or help)
+    parser = sub.add_parser(name, help=help, description=description or help, aliases=aliases)
     parser.add_argument("--name", default=DEFAULT_NAME, help=f"cluster name (default {DEFAULT_NAME})")
     parser.add_argument("--seed", type=int, help="seed for random choices (recorded in the history)")
     return parser
 
 
-def _add_fault_verb(sub: argparse._SubParsersAction, fault: FaultEntry) -> None:
-    parser = _verb(sub, fault.verb[0], fault.help)
+def _add_fault_verb(sub: argparse._SubParsersAction, fault: FaultEntry) -> tuple[str, ...]:
+    """One fault's verb; its names on the command line. A fault whose verb is short for its name (`sim slow`,
+    `sim kill`) also answers to the name a scenario step and `sim vet --faults` give it (`sim slow-node`)."""
+    names = (fault.verb[0],) if fault.name == fault.verb[0] else (fault.verb[0], fault.name)
+    parser = _verb(sub, names[0], fault.help, aliases=names[1:])
     for f in fault.fields:
         _add_option(parser, f)
     if fault.reversible:
         parser.add_argument(
             "--for", dest="duration", help=f"undo after this long, e.g. 20s (default: until `sim {fault.undo_verb}`)"
         )
+    return names
 
 
 def _add_group_verb(sub: argparse._SubParsersAction, verb: str, faults: list[FaultEntry]) -> None:

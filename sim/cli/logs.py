@@ -347,7 +347,7 @@ class _Quiet:
 
 def _print_raw_logs(cluster: Cluster, out: TextIO) -> subprocess.Popen:
     """`docker compose logs -f` of every container, copied to `out` from a thread."""
-    proc = cluster.docker.compose_process(cluster.name, cluster.compose_file, "logs", "-f", capture=True)
+    proc = cluster.docker.compose_process(cluster.project, cluster.compose_file, "logs", "-f", capture=True)
     spec = cluster.spec
     redact = spec.redact if spec is not None and spec.secret_values() else str
 

@@ -298,6 +298,8 @@ def _resolve_cluster_name(args: argparse.Namespace) -> None:
     value = flag if flag is not None else given
     if value is None and field == "name":
         value = getattr(args, "name_default", None)
+    if value is not None and field == "name":  # the cluster name, made once here and passed down as it is
+        value = ClusterName(value, source="cluster")
     setattr(args, field, value)
 
 
@@ -615,7 +617,7 @@ def cmd_status(args: argparse.Namespace, _: list[str] | None) -> int:
 
     docker = _docker()
     docker.ping()
-    name = ClusterName(args.name, source="cluster")  # checked once, here
+    name = args.name  # a ClusterName: made once where the command line came in (_resolve_cluster_name)
     cluster = choose_engine(docker, name=name).cluster(name)  # a swarm's tasks on every host
     if not cluster.containers():
         raise UsageError(f"cluster '{args.name}': not found; `python -m sim ls` lists clusters")
@@ -678,8 +680,8 @@ def cmd_logs(args: argparse.Namespace, _: list[str] | None) -> int:
     options = (["-f"] if args.follow else []) + ([node] if node else [])
     spec = cluster.spec
     if spec is None or not spec.secret_values():
-        return docker.compose_process(name, compose_file, "logs", *options).wait()
-    proc = docker.compose_process(name, compose_file, "logs", *options, capture=True)
+        return docker.compose_process(cluster.project, compose_file, "logs", *options).wait()
+    proc = docker.compose_process(cluster.project, compose_file, "logs", *options, capture=True)
     assert proc.stdout is not None
     for line in proc.stdout:  # the --env values shown as *** (--env-show keeps them)
         print(spec.redact(line), end="", flush=True)

@@ -87,6 +87,13 @@ class ClusterName(str):
             return value
         return super().__new__(cls, check_name(value, source=source))
 
+    # A copy (dataclasses.asdict deep-copies a spec's fields) is the same value, not a plain str checked again.
+    def __copy__(self) -> ClusterName:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> ClusterName:
+        return self
+
 
 # Written into compose.yaml, the Swarm stack and the Kubernetes export as the plain string it is.
 yaml.SafeDumper.add_representer(ClusterName, yaml.representer.SafeRepresenter.represent_str)

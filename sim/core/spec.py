@@ -65,7 +65,7 @@ MAX_GPUS_PER_NODE = 64
 DEVICE_MODES = ("emulated", "gpu")
 FAILURE_TIMINGS = ("nccl", "gloo")
 
-DEFAULT_NAME = "sim"
+DEFAULT_NAME = ClusterName("sim")  # a value already made: checked here, once
 # Inside the node image; the shipped trainer is baked in (see images/node).
 SHIPPED_TRAINER = "/opt/sim/trainer/train.py"
 # Mount point of a user script's folder inside every node.

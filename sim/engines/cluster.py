@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import secrets
@@ -86,9 +87,21 @@ class Cluster:
         self.name = ClusterName(name, source=source)
         self.docker = docker
 
-    # --- where its files live ------------------------------------------------
+    # --- what its name stands for: derived here, once -------------------------------
 
     @property
+    def project(self) -> str:
+        """Its Compose project name (and Swarm stack's): the cluster's name."""
+        return self.name
+
+    @functools.cached_property
+    def label_filter(self) -> str:
+        """The Docker filter of everything it is made of (labels.CLUSTER)."""
+        return labels.cluster_filter(self.name)
+
+    # --- where its files live ------------------------------------------------
+
+    @functools.cached_property
     def state_dir(self) -> Path:
         return cluster_dir(self.name)
 
@@ -119,7 +132,7 @@ class Cluster:
     # --- inspection ------------------------------------------------------------
 
     def containers(self) -> list[ContainerInfo]:
-        found = self.docker.containers(labels.cluster_filter(self.name))
+        found = self.docker.containers(self.label_filter)
         infos = [ContainerInfo.of(c) for c in found if c.labels.get(labels.ROLE) != labels.NETNS_HELPER]
         return sorted(infos, key=lambda c: (c.role != "etcd", node_order(c.node)))
 
@@ -134,7 +147,7 @@ class Cluster:
         raise UsageError(f"node '{node}': not in cluster '{self.name}' (nodes: {known}); see `sim status {self.name}`")
 
     def exists(self) -> bool:
-        return any(self.docker.ids(kind, labels.cluster_filter(self.name)) for kind in RESOURCE_KINDS)
+        return any(self.docker.ids(kind, self.label_filter) for kind in RESOURCE_KINDS)
 
     def require_running(self) -> None:
         if not any(c.state in ("running", "paused") for c in self.containers()):
@@ -178,7 +191,7 @@ class Cluster:
                 images = ImageSet(**json.loads((self.state_dir / "images.json").read_text()))
                 write_state(self, spec.with_nodes(nodes), images, self.run_id or "")
             self.docker.compose(
-                self.name, self.compose_file, "up", "--detach", "--no-deps", "--no-recreate", "--no-build", *names
+                self.project, self.compose_file, "up", "--detach", "--no-deps", "--no-recreate", "--no-build", *names
             )
 
     # --- teardown ----------------------------------------------------------------
@@ -218,7 +231,7 @@ class Cluster:
 
     def owners(self) -> set[str]:
         """The owner labels (labels.OWNER) its containers, networks and volumes carry ('' for none)."""
-        flt = labels.cluster_filter(self.name)
+        flt = self.label_filter
         return {r.labels.get(labels.OWNER, "") for kind in RESOURCE_KINDS for r in self.docker.labelled(kind, flt)}
 
     def foreign_owner(self) -> str | None:
@@ -232,7 +245,7 @@ class Cluster:
         run_folder = self._run_dir_by_labels(infos)
         if save_logs and infos:
             self._save_logs(infos, run_folder)
-        flt = labels.cluster_filter(self.name)
+        flt = self.label_filter
         if (run_folder / FILE_NAME).exists():
             # Before the teardown: the kills that follow are not the job's own exits.
             History(run_folder / FILE_NAME).append({"type": "run", "event": "end", "cluster": self.name})
@@ -351,16 +364,20 @@ def labelled_clusters(docker: DockerProvider) -> dict[str, set[str]]:
     return found
 
 
-def list_clusters(docker: DockerProvider, *, owned: bool = False) -> list[str]:
-    """Every cluster name that any container, network or volume is labelled with: only valid names (a
-    label that is no name, e.g. `../../x`, names nothing of ours); owned=True: only those every resource
-    of which this state home owns (labels.OWNER)."""
+def list_clusters(docker: DockerProvider, *, owned: bool = False) -> list[ClusterName]:
+    """Every cluster name that any container, network or volume is labelled with, made a ClusterName here (a
+    label is where it comes in): only valid names (a label that is no name, e.g. `../../x`, names nothing of
+    ours); owned=True: only those every resource of which this state home owns (labels.OWNER)."""
     mine = labels.owner()
-    return sorted(
-        name
-        for name, owners in labelled_clusters(docker).items()
-        if valid_name(name) and (not owned or owners == {mine})
-    )
+    names = []
+    for label, owners in labelled_clusters(docker).items():
+        try:
+            name = ClusterName(label, source="label")
+        except UsageError:
+            continue
+        if not owned or owners == {mine}:
+            names.append(name)
+    return sorted(names)
 
 
 # --- room on this engine's machine ---------------------------------------------------------
@@ -545,7 +562,7 @@ def up(
     check_engine_root(spec, docker)
     _ = docker.compose_argv  # fail now, before anything is made, if Compose v2 is missing
     cluster = Cluster(spec.name, docker, source="--name")
-    with name_lock(docker, spec.name, progress):
+    with name_lock(docker, cluster.name, progress):
         _clear_name(cluster, replace=replace, progress=progress)
         check_engine_room(docker, spec, "--nodes", spec.nodes)
         return _up(cluster, spec, docker, builder=builder, keep=keep, wait=wait, timeout=timeout, progress=progress)
@@ -614,14 +631,14 @@ def _up(
         # Checked again, now held until the nodes exist: another cluster's `up` may have made its own
         # since the first check (while images were built). Refused here, nothing is made yet.
         with engine_room(docker, spec, "--nodes", spec.nodes, progress):
-            write_state(cluster, spec, images, run_id)
+            rdir = write_state(cluster, spec, images, run_id)
             (cluster.state_dir / OWNER_PID_FILE).write_text(str(os.getpid()))
-            History(cluster.run_dir / FILE_NAME).append(run_start_record(spec, run_id))
+            History(rdir / FILE_NAME).append(run_start_record(spec, run_id))
             progress(f"[up] starting cluster '{spec.name}' ({spec.nodes} nodes, {spec.rdzv_backend}, run {run_id})")
             created = True
             # Before the containers exist, so the history sees them created and started.
             cluster._start_collector()
-            docker.compose(spec.name, cluster.compose_file, "up", "--detach", "--no-build", timeout=600)
+            docker.compose(cluster.project, cluster.compose_file, "up", "--detach", "--no-build", timeout=600)
         if wait:
             check = wait_for(TrainingStarted(cluster), timeout=timeout)
             progress(f"[up] training started ({check.detail})")
@@ -760,9 +777,11 @@ def _image_labels(docker: DockerProvider, image: str) -> dict:
     return (info.get("Config") or {}).get("Labels") or {}
 
 
-def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: str) -> None:
+def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: str) -> Path:
+    """The cluster's state folder (compose.yaml, spec.json, run_id, images.json) and its run folder; that folder."""
     # The workers' side channel (instrumentation records) lands in the run folder, beside the history.
-    events_dir = prepare_events_dir(run_dir(spec.name, run_id), node_uid(cluster.docker, images.node))
+    rdir = run_dir(cluster.name, run_id)
+    events_dir = prepare_events_dir(rdir, node_uid(cluster.docker, images.node))
     project = render(spec, node_image=images.node, etcd_image=images.etcd, run_id=run_id, events_dir=events_dir)
     cluster.state_dir.mkdir(parents=True, exist_ok=True)
     # Written to a temp name first, then renamed: a reader never sees half a file.
@@ -779,9 +798,9 @@ def write_state(cluster: Cluster, spec: ClusterSpec, images: ImageSet, run_id: s
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, cluster.state_dir / name)
-    rdir = run_dir(spec.name, run_id)
     rdir.mkdir(parents=True, exist_ok=True)
     # 0700: the run's logs, history and report are its owner's (a job may print a secret before we mask it).
     rdir.chmod(0o700)
     shutil.copy(cluster.compose_file, rdir / "compose.yaml")
     shutil.copy(cluster.state_dir / "spec.json", rdir / "spec.json")
+    return rdir

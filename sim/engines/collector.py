@@ -54,7 +54,7 @@ class Collector:
         self.lost = _Lost()  # records the history could not take (its disk full), said once space is back
 
     def run(self) -> None:
-        events = self.cluster.docker.events(labels.cluster_filter(self.cluster.name))
+        events = self.cluster.docker.events(self.cluster.label_filter)
         threading.Thread(target=self._read_events, args=(events,), daemon=True).start()
         tail_done = threading.Event()
         tail = threading.Thread(target=self._tail_side_channel, args=(tail_done,), daemon=True)

@@ -40,6 +40,7 @@ import yaml
 from sim.core import hostpaths, labels
 from sim.core.capabilities import ONE_HOST, SWARM, Capabilities, Placement
 from sim.core.errors import SimError, UsageError
+from sim.core.faultkinds import names_where
 from sim.core.paths import state_home
 from sim.core.progress import Progress, to_stderr
 from sim.core.sidechannel import NODE_UID
@@ -72,10 +73,12 @@ TASK_LABEL = "com.docker.swarm.task.id"
 LISTEN_ADDR = "127.0.0.1:2377"  # a swarm made here serves this machine only; multi-host: docs/SWARM.md
 ETCD_START_S = 120.0
 GONE_S = 60.0
-# Faults that cannot work when /ckpt is an NFS export (as on every swarm of several hosts), and why.
+# Faults that cannot work when /ckpt is an NFS export (as on every swarm of several hosts), and why: the kinds
+# that fill the checkpoint disk (their trait, sim.core.faultkinds).
 REFUSED_ON_SHARED_CKPT = {
-    "fill-disk": "/ckpt is {shared}, which every host shares: filling it fills that disk (and every other "
-    "user of it), not a size-limited disk of this cluster; use a one-host swarm or Compose with --ckpt-size",
+    name: "/ckpt is {shared}, which every host shares: filling it fills that disk (and every other "
+    "user of it), not a size-limited disk of this cluster; use a one-host swarm or Compose with --ckpt-size"
+    for name in names_where(lambda kind: kind.fills_disk)
 }
 
 

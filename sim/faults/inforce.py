@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from sim.core import faultkinds as kinds
 from sim.core.errors import SimError, UsageError
 from sim.engines.docker import ExecTimeout
 from sim.faults.verbbase import SHARED_CKPT_DIR
@@ -24,7 +25,8 @@ from sim.faults.verbbase import SHARED_CKPT_DIR
 @dataclasses.dataclass(frozen=True)
 class InForce:
     """One fault in force, with what heal needs to undo it. `fault` is its in-force kind
-    (sim.core.faultkinds.FaultKind.in_force: pause, link, partition, hang, stall, slow, skew, fill, freeze)."""
+    (sim.core.faultkinds.FaultKind.in_force: pause, link, partition, hang, stall, slow-node, skew-clock, fill,
+    freeze, slow-disk)."""
 
     id: str
     fault: str
@@ -51,6 +53,8 @@ class InForce:
         """The one way a stored (or a verb's) dict becomes a record."""
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         values = {k: v for k, v in data.items() if k in names}
+        if "fault" in values:  # an older sim's name for it ("skew"), read as its kind's now
+            values["fault"] = kinds.in_force_name(values["fault"])
         if "cuts" in values:
             values["cuts"] = tuple(tuple(cut) for cut in values["cuts"] or ())
         return cls(**values, extra={k: v for k, v in data.items() if k not in names})
@@ -82,14 +86,17 @@ class FaultStore:
             faults[:] = [f for f in faults if f.id != fault.id] + [dataclasses.replace(fault, since=time.time())]
 
     @contextlib.contextmanager
-    def claimed(self, fault_id: str, refusal: str | None, record: Callable[[], dict]) -> Iterator[None]:
+    def claimed(
+        self, fault_id: str, refusal: str | None, record: Callable[[], dict], was: Sequence[str] = ()
+    ) -> Iterator[None]:
         """Record a fault's intent before it acts: the "already in force?" check (None: a new one replaces
         it), the "before" values (`record()`) and the record, under the store's one lock, so two `sim`
         processes cannot both pass the check, nor save the other's fault as the value to restore. A crash
         or a signal while it acts leaves the intent (`acting`), which `heal` and cleanup undo. A definite
-        refusal while acting (a SimError, not a time-out) forgets it; the act done, the intent is an outcome."""
+        refusal while acting (a SimError, not a time-out) forgets it; the act done, the intent is an outcome.
+        `was`: the ids an older sim gave the same fault (FaultKind.in_force_ids_was): in force, they refuse too."""
         with self.locked() as faults:
-            if refusal is not None and any(f.id == fault_id for f in faults):
+            if refusal is not None and any(f.id == fault_id or f.id in was for f in faults):
                 raise UsageError(refusal)
             intent = InForce.parse({**record(), "id": fault_id, "since": time.time(), "acting": True})
             faults[:] = [f for f in faults if f.id != fault_id] + [intent]

@@ -194,7 +194,10 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
                     record |= kept
                 return record
 
-            with self._claimed(fault_id, act.refused(at, fault_id), planned):
+            was = kind.in_force_ids_was(at.node)
+            # The refusal names the id in force: an older sim's (`was`) where that one is.
+            named = next((f.id for f in self.active() if f.id in was), fault_id) if was else fault_id
+            with self._claimed(fault_id, act.refused(at, named), planned, was):
                 outcomes = self._carry_all(act.inject(options, at))
             if act.in_force_after is not None:  # what it did, in place of its intent
                 done = {"fault": kind.in_force, "target": at.node, **fields, "id": fault_id}
@@ -362,11 +365,11 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
         self.store.remember(fault)
 
     def _claimed(
-        self, fault_id: str, refusal: str | None, record: Callable[[], dict]
+        self, fault_id: str, refusal: str | None, record: Callable[[], dict], was: Sequence[str] = ()
     ) -> contextlib.AbstractContextManager:
         """The fault's intent recorded before it acts (FaultStore.claimed)."""
         self.recorded.append(fault_id)
-        return self.store.claimed(fault_id, refusal, record)
+        return self.store.claimed(fault_id, refusal, record, was)
 
     def _forget(self, fault_id: str) -> None:
         self.store.forget(fault_id)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.core.errors import UsageError
+from sim.core.faultkinds import PROVOCATIONS, UNKNOWN, kind_of
 from sim.core.history import FILE_NAME, History, RunRecord, WorkerRecord
 from sim.verdict.recovery import THROUGHPUT_WINDOW_S, recoveries
 from sim.verdict.runmodel import RunModel
@@ -193,10 +194,17 @@ TORCH_DEFAULTS = {
     "keep_alive_interval": "5",
     "keep_alive_max_attempt": "3",
 }
-# Kinds whose node leaves the job: its agent's keep-alive stops, and torch drops it from the rendezvous only once it
-# is keep_alive_interval × keep_alive_max_attempt old (detection); the new round then has fewer nodes than the job's
-# most, so it waits last_call_timeout before it completes (rendezvous).
-NODE_LEAVES = ("kill-node", "stop-node", "partition", "kill-agent")
+
+
+def node_leaves(kind: str) -> bool:
+    """A vetted kind (sim vet --faults) whose node leaves the job: the others lose it (its agent's keep-alive
+    stops: killed, stopped, frozen, cut off) and it does not rejoin at once (a restart's does). Torch drops it from
+    the rendezvous only once it is keep_alive_interval × keep_alive_max_attempt old (detection); the new round then
+    has fewer nodes than the job's most, so it waits last_call_timeout before it completes (rendezvous). Its
+    provocation's fault kind says (sim.core.faultkinds), not a list of names."""
+    provocation = PROVOCATIONS.get(kind)
+    traits = kind_of(provocation.fault) if provocation is not None else UNKNOWN
+    return traits.loses_node and not traits.rejoins_nodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -492,7 +500,7 @@ def at_settings(m: Measurements, target: Mapping[str, str]) -> Measurements:
     (call_v, alive_v), (call_t, alive_t) = waits(m.settings), waits(target)
     kinds = []
     for cost in m.kinds:
-        leaves = cost.kind in NODE_LEAVES
+        leaves = node_leaves(cost.kind)
         below = leaves or (m.max_nodes is not None and m.nodes < m.max_nodes)
         moves = []
         if below and call_t != call_v:

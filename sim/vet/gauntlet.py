@@ -28,7 +28,7 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from sim.core.errors import JobNeverTrainedError, UsageError
-from sim.core.faultkinds import PROVOCATIONS, Provocation
+from sim.core.faultkinds import FAULT_KINDS, PROVOCATIONS, Provocation
 from sim.core.history import FILE_NAME, FaultRecord, History
 from sim.core.nodes import node_order
 from sim.core.spec import ClusterSpec, check_room_beside, node_name, spec_from_options
@@ -48,6 +48,8 @@ from sim.vet.forecast import Forecast
 from sim.vet.forecast import render_html as forecast_html
 
 DEFAULT_GAUNTLET = tuple(name for name, p in PROVOCATIONS.items() if p.default)  # each kind declares its own
+# The kind that sets the node count (`nodes`): it restores the job's size between faults.
+RESIZE = next(kind.name for kind in FAULT_KINDS if kind.changes_node_count)
 QUICK_GAUNTLET = tuple(kind for kind in DEFAULT_GAUNTLET if PROVOCATIONS[kind].quick)
 VET_PROFILE = "fast"
 DEFAULT_MAX_RESTARTS = 30  # the gauntlet's faults, each up to two restarts, when the user sets no budget
@@ -189,7 +191,7 @@ def plan_vet(spec: ClusterSpec, kinds: Sequence[str], *, chosen: bool, control_s
             wanted = nodes
         if current != wanted:
             restores.add(len(steps))
-            add("scale", {"nodes": wanted}, None, current)
+            add(RESIZE, {"nodes": wanted}, None, current)
             current = wanted
         options = _fill(provocation.options, current)
         step = add(provocation.fault, options, provocation.duration_s, current, provocation.undone_once_regrouped)

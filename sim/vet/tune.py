@@ -148,7 +148,10 @@ def nesting_problems(s: Settings) -> list[str]:
 WORKER_START_S = 10.0  # a restarted group's start and checkpoint load here (docs/FACTS: 9-10 s on 2 cores)
 STEADY_S = 5.0  # the steady steps each fault waits for after its recovery
 START_S = 60.0  # a cluster's start, to its first steps, on this shared machine
-FREEZE_S = PROVOCATIONS["pause"].duration_s or 25.0
+# How long the freeze the tuner provokes lasts (its provocation's duration).
+FREEZE_S = (
+    next(PROVOCATIONS[k].duration_s for k in TUNE_KINDS if FAULTS[PROVOCATIONS[k].fault].kind.freezes_node) or 25.0
+)
 
 
 def expected_recovery(s: Settings, kind: str) -> float:
@@ -179,7 +182,8 @@ def point_cost_s(s: Settings, kinds: Sequence[str]) -> float:
     cost = START_S + CONTROL_S
     for kind in kinds:
         cost += expected_recovery(s, kind) + STEADY_S
-        if kind == "scale-up":
+        provocation = PROVOCATIONS.get(kind)
+        if provocation is not None and provocation.nodes == "more":  # a node joins: one left just before
             cost += s.last_call_timeout + WORKER_START_S + STEADY_S
     return cost
 

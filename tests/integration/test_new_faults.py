@@ -243,7 +243,7 @@ def test_skew_clock_moves_a_nodes_wall_clock_the_history_keeps_the_hosts_and_hea
     training(cluster)
     assert abs(clock_offset(cluster, "node1")) < 2
     result = sim(cluster, "skew-clock", "node1", "--by", "60s")
-    assert result["id"] == "skew-node1" and abs(result["seen"] - 60) < 1
+    assert result["id"] == "skew-clock-node1" and abs(result["seen"] - 60) < 1
     assert abs(clock_offset(cluster, "node1") - 60) < 2 and abs(clock_offset(cluster, "node0")) < 2
     skewed_at = time.time()
     time.sleep(5)  # the running agent and workers re-read the offset within 2 s
@@ -253,4 +253,30 @@ def test_skew_clock_moves_a_nodes_wall_clock_the_history_keeps_the_hosts_and_hea
     assert all(r["t"] < time.time() + 5 for r in seen), max(r["t"] for r in seen) - time.time()
     sim(cluster, "heal", result["id"])
     assert abs(clock_offset(cluster, "node1")) < 2
+    training(cluster)
+
+
+def test_a_skew_and_a_quota_an_older_sim_left_in_force_are_listed_and_healed_by_their_old_ids(cluster):
+    """Issue 38: before, the fault store named them "skew" and "slow" (ids skew-node1, slow-node1). A cluster
+    running across the upgrade keeps that file: this sim lists them under their kinds' names and heals them by
+    the ids the older one printed, the clock and the quota really set back."""
+    training(cluster)
+    sim(cluster, "skew-clock", "node1", "--by", "60s")
+    sim(cluster, "slow", "node1", "--cpus", "0.5")
+    store = cluster.state_dir / "faults.json"
+    older = {"skew-clock": ("skew", "skew-node1"), "slow-node": ("slow", "slow-node1")}
+    faults = json.loads(store.read_text())
+    store.write_text(json.dumps([{**f, "fault": older[f["fault"]][0], "id": older[f["fault"]][1]} for f in faults]))
+    listed = run_sim("faults", "--name", cluster.name)
+    rows = {line.split()[0]: line.split()[1] for line in listed.stdout.splitlines()[1:]}
+    assert rows == {"skew-node1": "skew-clock", "slow-node1": "slow-node"}, listed.stdout + listed.stderr
+    again = run_sim("slow", "node1", "--cpus", "0.2", "--name", cluster.name)
+    assert again.returncode != 0 and "`sim heal slow-node1` first" in again.stderr, again.stdout + again.stderr
+    assert abs(clock_offset(cluster, "node1") - 60) < 2
+    sim(cluster, "heal", "skew-node1")
+    assert abs(clock_offset(cluster, "node1")) < 2
+    sim(cluster, "heal", "slow-node1")
+    host = cluster.docker.api.inspect_container(cluster.container("node1").id)["HostConfig"]
+    assert host["CpuQuota"] in (0, -1)
+    assert run_sim("faults", "--name", cluster.name).stdout.strip() == "no faults in force"
     training(cluster)

@@ -785,7 +785,7 @@ def test_a_partition_between_training_nodes_is_timed_like_any_stop():
 def test_a_straggler_that_stops_training_is_never_recovered():
     """A degrading fault after which no step came is no slowdown: it never recovered."""
     run = trained_to_step_20()
-    run.fault("slow-node", "node1", node="node1", id="slow-node1")
+    run.fault("slow-node", "node1", node="node1", id="slow-node-node1")
     run.wait(30.0)
     result = check_recovery(run.model(), run.spec())
     assert not result.valid
@@ -794,9 +794,9 @@ def test_a_straggler_that_stops_training_is_never_recovered():
 
 def test_a_straggler_is_no_recovery_but_a_slowdown():
     run = trained_to_step_20()
-    run.fault("slow-node", "node1", node="node1", id="slow-node1")
+    run.fault("slow-node", "node1", node="node1", id="slow-node-node1")
     run.train(40, step_s=0.4)  # every synchronous step waits for the slow node
-    run.fault("heal", "slow-node1", healed=["slow-node1"])
+    run.fault("heal", "slow-node-node1", healed=["slow-node-node1"])
     run.train(60, step_s=0.1)
     run.finish()
     result = check_recovery(run.model(), run.spec())

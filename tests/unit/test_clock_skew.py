@@ -68,13 +68,13 @@ def test_skew_clock_writes_the_offset_records_what_the_node_saw_and_heal_sets_it
     nem, fake = nemesis
     fake.answers = {CLOCK_SCRIPT: ExecResult(0, "59.99982\n", "")}
     result = _skew(nem, "node1", by=60)
-    assert (result["id"], result["node"], result["by"], result["seen"]) == ("skew-node1", "node1", 60, 60.0)
+    assert (result["id"], result["node"], result["by"], result["seen"]) == ("skew-clock-node1", "node1", 60, 60.0)
     wrote = [c[2] for c in fake.calls if c[0] == "exec" and CLOCK_SCRIPT in c[2]]
     assert wrote == [["sh", "-c", CLOCK_SCRIPT, "sh", "+60.000", CLOCK_OFFSET_FILE]]
-    with pytest.raises(UsageError, match="node1: its clock is skewed already; `sim heal skew-node1` first"):
+    with pytest.raises(UsageError, match="node1: its clock is skewed already; `sim heal skew-clock-node1` first"):
         _skew(nem, "node1", by=5)
     fake.answers = {CLOCK_SCRIPT: ExecResult(0, "0.0001\n", "")}
-    nem.heal("skew-node1")
+    nem.heal("skew-clock-node1")
     wrote = [c[2] for c in fake.calls if c[0] == "exec" and CLOCK_SCRIPT in c[2]]
     assert wrote[-1][4] == "+0.000" and nem.active() == []
     faults = [r for r in nem.history.records() if r.TYPE == "fault"]
@@ -154,7 +154,7 @@ def _skewed_run(by: float, nodes_seen: dict[str, int]) -> list[dict]:
     records = [{"t": 0.0, "type": "run", "event": "start", "cluster": "c", "run_id": "r", "spec": spec, "schema": 1}]
     records += [
         {"t": 10.0, "type": "fault", "op": "a", "fault": "skew-clock", "target": "node1", "phase": "ok",
-         "result": {"id": "skew-node1", "node": "node1", "by": by, "seen": by}},
+         "result": {"id": "skew-clock-node1", "node": "node1", "by": by, "seen": by}},
         {"t": 20.0, "type": "fault", "op": "b", "fault": "kill-worker", "target": "node2", "phase": "ok",
          "result": {"node": "node2", "pid": 9, "rank": 2, "local_rank": 0, "signal": "SIGKILL"}},
     ]  # fmt: skip

@@ -21,6 +21,7 @@ class FakeCluster:
     """A cluster whose engine answers `answers` (a list of container lists, or errors to raise), then fails."""
 
     name = "demo"
+    label_filter = "label=elastic-sim.cluster=demo"
 
     def __init__(self, run_dir, answers):
         self.run_dir, self.spec, self.answers = run_dir, ClusterSpec(), list(answers)

@@ -116,11 +116,11 @@ def _fault(name: str, result: dict, target: str = "node1") -> FaultEvent:
 
 
 def test_a_skewed_clock_is_healed_by_its_id_in_the_run_model():
-    """skew-clock is reversible: `sim heal skew-node1` ends it (it was missing from the run model's own list
+    """skew-clock is reversible: `sim heal skew-clock-node1` ends it (it was missing from the run model's own list
     of reversible faults, so its span ran to the end of the run)."""
-    skew = _fault("skew-clock", {"id": "skew-node1", "node": "node1", "by": 60, "seen": 60.0})
-    heal = _fault("heal", {"healed": ["skew-node1"]}, target="skew-node1")
-    assert skew.heal_id == "skew-node1"
+    skew = _fault("skew-clock", {"id": "skew-clock-node1", "node": "node1", "by": 60, "seen": 60.0})
+    heal = _fault("heal", {"healed": ["skew-clock-node1"]}, target="skew-clock-node1")
+    assert skew.heal_id == "skew-clock-node1"
     assert heal.heals(skew)
     assert not _fault("heal", {"healed": ["link-node2"]}, target="link-node2").heals(skew)
 
@@ -216,3 +216,20 @@ def test_a_kind_with_its_own_act_is_named_only_in_its_own_module(kind):
     for path in _NAMING:
         named = names & _string_literals(path)
         assert not named, f"{path.relative_to(path.parents[2])} names {sorted(named)}"
+
+
+def test_an_older_in_force_name_stands_for_one_kind_and_is_no_name_in_force_now():
+    """in_force_was (issue 38: "skew" and "slow" became skew-clock and slow-node): each older name reads as
+    exactly one kind's in-force name, and none is a name some kind uses now (it would read as two)."""
+    from sim.core.faultkinds import in_force_name
+
+    now = {kind.in_force for kind in FAULT_KINDS if kind.in_force is not None}
+    older = [old for kind in FAULT_KINDS for old in kind.in_force_was]
+    assert len(older) == len(set(older)) and not set(older) & now
+    assert (in_force_name("skew"), in_force_name("slow"), in_force_name("pause")) == (
+        "skew-clock",
+        "slow-node",
+        "pause",
+    )
+    for kind in FAULT_KINDS:
+        assert kind.in_force in (None, kind.name) or not kind.in_force_was, kind.name

@@ -495,3 +495,29 @@ def test_a_short_checkpoint_interval_is_not_said_as_every_0_s():
     from sim.vet.forecast import duration
 
     assert (duration(0.2), duration(9.94), duration(53), duration(600)) == ("0.2 s", "9.9 s", "53 s", "10 min")
+
+
+def test_a_node_leaves_by_its_kinds_traits_not_a_list_of_names():
+    """Issue 38: the kinds whose node leaves the job (the keep-alive expiry and the last call move with the
+    settings) are read from the fault kinds: lost to the others, not back at once. A pause (a frozen agent's
+    keep-alive stops too; the vet undoes it once the others regrouped, as a partition) was missing from the list."""
+    from sim.core.faultkinds import PROVOCATIONS
+    from sim.vet.forecast import TORCH_DEFAULTS, at_settings, node_leaves
+
+    leaving = {kind for kind in PROVOCATIONS if node_leaves(kind)}
+    assert leaving == {"kill-node", "stop-node", "partition", "kill-agent", "pause", "store-host-loss"}
+    assert not node_leaves("restart-node") and not node_leaves("kill-worker") and not node_leaves("no-such-kind")
+    pause = KindCost("pause", 12.0, {"detection_s": 3.0, "rendezvous_s": 2.5, "worker_start_s": 6.5}, 5)
+    (moved,) = at_settings(dataclasses.replace(SETTINGS_HAND, kinds=(pause,)), TORCH_DEFAULTS).kinds
+    assert moved.phases == {"detection_s": 15.0, "rendezvous_s": 30.5, "worker_start_s": 6.5}
+
+
+def test_every_kind_the_forecasts_tables_name_is_a_vetted_kind():
+    """Llama 3's categories, the stand-ins and the words name kinds `sim vet --faults` takes (and a kind there):
+    a renamed kind fails here, not as a rate no measurement ever matches."""
+    from sim.core.faultkinds import PROVOCATIONS, UNKNOWN, kind_of
+    from sim.vet.forecast import KIND_WORDS, STAND_INS
+
+    named = {c.kind for c in LLAMA3} | set(STAND_INS) | {k for ks in STAND_INS.values() for k in ks} | set(KIND_WORDS)
+    assert named <= set(PROVOCATIONS), named - set(PROVOCATIONS)
+    assert all(kind_of(PROVOCATIONS[name].fault) is not UNKNOWN for name in named)

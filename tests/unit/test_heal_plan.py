@@ -37,8 +37,8 @@ def test_a_stopped_node_took_its_process_faults_along_and_keeps_its_settings_and
         [
             fault("link"),
             fault("hang", pid=40),
-            fault("slow", cpu_quota=0, cpu_period=0),
-            fault("skew"),
+            fault("slow-node", cpu_quota=0, cpu_period=0),
+            fault("skew-clock"),
             fault("fill", file="/ckpt/.sim-filler"),
         ],
         stopped,
@@ -46,19 +46,21 @@ def test_a_stopped_node_took_its_process_faults_along_and_keeps_its_settings_and
     steps = {step.fault_id: step for step in plan.steps}
     assert steps["link-node1"] == Undo("link-node1", (), "nothing left to undo: node1 is exited")
     assert steps["hang-node1"].actions == ()
-    assert steps["slow-node1"].actions == (LimitCpu("node1", -1, 100_000),)  # no quota of its own: none
-    assert steps["skew-node1"] == Keep("skew-node1", "node1 is exited; `sim start node1`, then `sim heal skew-node1`")
+    assert steps["slow-node-node1"].actions == (LimitCpu("node1", -1, 100_000),)  # no quota of its own: none
+    assert steps["skew-clock-node1"] == Keep(
+        "skew-clock-node1", "node1 is exited; `sim start node1`, then `sim heal skew-clock-node1`"
+    )
     # the shared volume is reached from any running node but etcd
     assert steps["fill-node1"].actions == (RemoveFile("node0", "/ckpt/.sim-filler"),)
-    assert [k.fault_id for k in plan.kept] == ["skew-node1"]
+    assert [k.fault_id for k in plan.kept] == ["skew-clock-node1"]
 
 
 def test_a_node_local_filler_of_a_removed_container_went_with_it_and_a_paused_clock_waits():
     gone = {k: v for k, v in RUNNING.items() if k != "node1"}
     (step,) = plan_heal([fault("fill", file="/data/.sim-filler")], gone).steps
     assert step == Undo("fill-node1", (), "nothing left to undo: node1 is gone")
-    (kept,) = plan_heal([fault("skew")], {**RUNNING, "node1": "paused"}).steps
-    assert kept == Keep("skew-node1", "node1 is paused; `sim unpause node1`, then `sim heal skew-node1`")
+    (kept,) = plan_heal([fault("skew-clock")], {**RUNNING, "node1": "paused"}).steps
+    assert kept == Keep("skew-clock-node1", "node1 is paused; `sim unpause node1`, then `sim heal skew-clock-node1`")
     (nowhere,) = plan_heal([fault("fill", file="/ckpt/.sim-filler")], {"etcd": "running"}).steps
     assert nowhere == Keep(
         "fill-node1", "no running node reaches /ckpt/.sim-filler; start one, then `sim heal fill-node1`"
@@ -87,8 +89,8 @@ def test_every_in_force_kind_on_a_running_node_has_an_undo(kind):
         "link": ClearLink("node1"),
         "hang": ContinueWorker("node1", 40),
         "stall": RemoveFile("node1", "/ckpt/x"),
-        "slow": LimitCpu("node1", 5000, 100_000),
-        "skew": _set_clock("node1", 0),
+        "slow-node": LimitCpu("node1", 5000, 100_000),
+        "skew-clock": _set_clock("node1", 0),
         "fill": RemoveFile("node1", "/ckpt/x"),
         "freeze": ContinueWorker("node1", 40),
     }

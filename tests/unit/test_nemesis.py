@@ -347,11 +347,11 @@ def test_slow_node_sets_a_cpu_quota_and_heal_restores_the_old_one(nemesis):
     nem, fake = nemesis
     fake.limits = Resources(cpu_quota=0, cpu_period=0, memory=0)
     result = nem.slow_node("node1", cpus=0.2)
-    assert result["id"] == "slow-node1"
+    assert result["id"] == "slow-node-node1"
     assert fake.calls[-1] == ("update", "id-node1", {"cpu_quota": 20000, "cpu_period": 100000})
     with pytest.raises(UsageError, match="already slowed"):
         nem.slow_node("node1", cpus=0.5)
-    nem.heal("slow-node1")
+    nem.heal("slow-node-node1")
     assert [c for c in fake.calls if c[0] == "update"][-1] == (
         "update",
         "id-node1",
@@ -644,7 +644,7 @@ def test_heal_forgets_what_a_stopped_or_removed_node_took_along_and_undoes_what_
     nem.hang_collectives("node1", local_rank=0)
     fake.states = {"node2": None, "node1": "exited"}  # scaled away; killed
     fake.calls.clear()
-    assert sorted(nem.heal()["healed"]) == ["fill-node1", "link-node2", "slow-node1", "stall-node1-40"]
+    assert sorted(nem.heal()["healed"]) == ["fill-node1", "link-node2", "slow-node-node1", "stall-node1-40"]
     assert nem.active() == []
     assert ("update", "id-node1", {"cpu_quota": -1, "cpu_period": 100000}) in fake.calls
     assert [c for c in fake.calls if c[0] == "exec" and c[2][:2] == ["rm", "-f"]] == [
@@ -662,11 +662,12 @@ def test_heal_keeps_in_force_what_a_stopped_node_still_holds_and_heals_the_rest(
     with pytest.raises(FaultError) as error:
         nem.heal()
     assert str(error.value) == (
-        "healed link-node1; still in force: skew-node2 (node2 is exited; `sim start node2`, then `sim heal skew-node2`)"
+        "healed link-node1; still in force: skew-clock-node2 "
+        "(node2 is exited; `sim start node2`, then `sim heal skew-clock-node2`)"
     )
-    assert [f.id for f in nem.active()] == ["skew-node2"]
+    assert [f.id for f in nem.active()] == ["skew-clock-node2"]
     fake.states = {}
-    assert nem.heal("skew-node2")["healed"] == ["skew-node2"] and nem.active() == []
+    assert nem.heal("skew-clock-node2")["healed"] == ["skew-clock-node2"] and nem.active() == []
 
 
 def test_a_partition_outlives_its_cut_off_node_being_killed_and_names_must_exist(nemesis):
@@ -696,14 +697,14 @@ def test_faults_that_end_with_a_nodes_processes_are_forgotten_when_it_stops_rest
     nem.link("node1", loss_pct=10)
     nem.slow_node("node1", cpus=0.5)
     nem.kill_node("node1")
-    assert [f.id for f in nem.active()] == ["slow-node1"]  # a stopped container keeps its quota
+    assert [f.id for f in nem.active()] == ["slow-node-node1"]  # a stopped container keeps its quota
     nem.pause("node0")
     nem.restart_node("node0")
-    assert [f.id for f in nem.active()] == ["slow-node1"]
+    assert [f.id for f in nem.active()] == ["slow-node-node1"]
     nem.link("node2", loss_pct=10)
     nem.fill_disk("node2")
     nem.scale(2)  # node2 removed: its link went with it, the filler on the shared /ckpt did not
-    assert [f.id for f in nem.active()] == ["slow-node1", "fill-node2"]
+    assert [f.id for f in nem.active()] == ["slow-node-node1", "fill-node2"]
 
 
 def test_a_held_fault_that_ended_with_its_node_needs_no_undo_when_its_hold_ends(nemesis):
@@ -801,11 +802,46 @@ def test_a_fault_is_in_the_store_before_it_acts_and_a_timed_out_exec_is_info(nem
     fake.exec = timing_out
     with pytest.raises(ExecTimeout):
         _skew(nem, "node1", by=5.0)
-    assert seen == [["skew-node1"]]  # recorded before it acted
-    assert [f.id for f in nem.active()] == ["skew-node1"]  # outcome unknown: `heal --all` sees it
+    assert seen == [["skew-clock-node1"]]  # recorded before it acted
+    assert [f.id for f in nem.active()] == ["skew-clock-node1"]  # outcome unknown: `heal --all` sees it
     assert [r.phase for r in nem.history.records()] == ["invoke", "info"]
 
 
 def _skew(nem, target: str, *, by: float) -> dict:
     entry = FAULTS["skew-clock"]
     return entry.invoke(nem, entry.make_options({"target": target, "by": by}))
+
+
+def test_faults_an_older_sim_recorded_as_skew_and_slow_are_still_listed_refused_twice_and_healed(nemesis):
+    """Before the in-force names were the kinds' own (issue 38), a running cluster's file said "skew" and
+    "slow", with ids skew-node1 and slow-node2: they are read as skew-clock and slow-node, kept by their ids."""
+    nem, fake = nemesis
+    nem.store.path.parent.mkdir(parents=True, exist_ok=True)
+    older = [
+        {"id": "skew-node1", "fault": "skew", "target": "node1", "since": 1.0, "detail": "clock +60 s"},
+        {
+            "id": "slow-node2",
+            "fault": "slow",
+            "target": "node2",
+            "since": 1.0,
+            "cpu_quota": 50000,
+            "cpu_period": 100000,
+        },
+    ]
+    nem.store.path.write_text(json.dumps(older))
+    assert [(f.id, f.fault) for f in nem.active()] == [("skew-node1", "skew-clock"), ("slow-node2", "slow-node")]
+    with pytest.raises(UsageError, match="node2: already slowed; `sim heal slow-node2` first"):
+        nem.slow_node("node2", cpus=0.1)  # the older record is the same fault: not a second quota over it
+    with pytest.raises(UsageError, match="its clock is skewed already"):
+        entry = FAULTS["skew-clock"]
+        entry.invoke(nem, entry.make_options({"target": "node1", "by": 5}))
+    fake.answers = {CLOCK_SCRIPT: ExecResult(0, "0.0001\n", "")}
+    assert nem.heal("skew-node1")["healed"] == ["skew-node1"]
+    assert [c[2][4] for c in fake.calls if c[0] == "exec" and CLOCK_SCRIPT in c[2]] == ["+0.000"]
+    assert nem.heal()["healed"] == ["slow-node2"]
+    assert [c for c in fake.calls if c[0] == "update"][-1] == (
+        "update",
+        "id-node2",
+        {"cpu_quota": 50000, "cpu_period": 100000},
+    )
+    assert nem.active() == []

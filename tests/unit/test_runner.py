@@ -308,6 +308,16 @@ def test_a_cli_verb_reaches_its_nemesis_call_and_undo(fault, monkeypatch, capsys
     assert needs_running == [fault not in NOT_NEEDING_RUNNING]
 
 
+@pytest.mark.parametrize("fault", sorted(f for f in WIRING if len(FAULTS[f].verb) == 1 and FAULTS[f].verb != (f,)))
+def test_a_short_verb_also_answers_to_its_scenario_name(fault, monkeypatch, capsys):
+    """`sim slow-node node1` is `sim slow node1`: the name a scenario step and `sim vet --faults` use (issue 38)."""
+    _, argv, call, undo = WIRING[fault]
+    nemesis = RecordingNemesis()
+    monkeypatch.setattr(sim.cli.faults, "_nemesis", lambda args, running=True: nemesis)
+    assert sim_main([fault, *argv[1:], "--name", "t", *(["--for", "0s"] if undo else [])]) == 0, capsys.readouterr().err
+    assert nemesis.calls == [call] + ([undo] if undo else [])
+
+
 @pytest.mark.parametrize(
     "argv, call",
     [

@@ -384,3 +384,13 @@ def test_the_vet_command_for_the_shipped_trainer_names_its_source():
         ("kill-worker",),
     )
     assert line.startswith(f"python -m sim vet {ROOT / 'trainer' / 'train.py'} ") and "--pg-timeout 10" in line
+
+
+def test_the_tuners_kinds_are_vetted_kinds_one_for_each_mechanism_the_settings_decide():
+    """TUNE_KINDS is the tuner's choice (data): each is a kind `sim vet --faults` takes, and its traits give it a
+    recovery of its own (a crash, a node lost, a freeze, a join), so a renamed kind fails here."""
+    from sim.vet.tune import PROVOCATIONS, Settings, expected_recovery
+
+    assert set(TUNE_KINDS) <= set(PROVOCATIONS)
+    s = Settings(4, 3, 2, 60, 0.1, 10.0)
+    assert len({expected_recovery(s, kind) for kind in TUNE_KINDS}) == len(TUNE_KINDS)

@@ -107,6 +107,7 @@ __all__ = [
     "FaultKind",
     "Provocation",
     "in_force_kinds",
+    "in_force_name",
     "kind_of",
     "names_where",
 ]
@@ -144,6 +145,15 @@ def kind_of(name: str) -> FaultKind:
 def names_where(trait: Callable[[FaultKind], bool]) -> tuple[str, ...]:
     """The history names of every kind with a trait, e.g. names_where(lambda k: k.damages_checkpoint)."""
     return tuple(kind.name for kind in FAULT_KINDS if trait(kind))
+
+
+# An in-force name an older sim wrote -> the kind's in-force name now (FaultKind.in_force_was).
+_IN_FORCE_NOW = {old: kind.in_force for kind in FAULT_KINDS for old in kind.in_force_was}
+
+
+def in_force_name(name: str) -> str:
+    """The in-force name a stored record's `fault` stands for now: an older sim's ("skew") read as its kind's."""
+    return _IN_FORCE_NOW.get(name, name)
 
 
 def in_force_kinds(trait: Callable[[FaultKind], bool]) -> tuple[str, ...]:

@@ -518,6 +518,9 @@ class FaultKind:
     name: str
     undo_op: str | None = None
     in_force: str | None = None
+    # The in-force names its records had before (a running cluster's faults, written by an older sim): read as
+    # `in_force`, their ids (`{old}-{node}`) kept, so they are still listed, refused twice and healed.
+    in_force_was: tuple[str, ...] = ()
     # It slows or degrades training without stopping it (a straggler, a lossy link, a skewed clock):
     # unless a restart follows, no recovery is timed.
     degrading: bool = False
@@ -578,6 +581,8 @@ class FaultKind:
             raise ValueError(f"fault kind {self.name}: undo_op {self.undo_op!r} is not one of {UNDO_OPS}")
         if self.undo_op is not None and self.in_force is None:
             raise ValueError(f"fault kind {self.name}: reversible, so it needs its in-force kind")
+        if self.in_force_was and self.in_force is None:
+            raise ValueError(f"fault kind {self.name}: in_force_was names what its in-force records were called")
         if self.lives_in_node and self.in_force is None:
             raise ValueError(f"fault kind {self.name}: lives_in_node says what ends it while in force")
         if self.removes_node and not (self.silences_node and self.ends_workers):
@@ -602,6 +607,10 @@ class FaultKind:
         """The id `sim faults` and `sim heal` use for this fault on one node (a held or stalled worker's
         adds its pid: the nemesis's result holds it)."""
         return None if self.in_force is None else f"{self.in_force}-{node}"
+
+    def in_force_ids_was(self, node: str) -> tuple[str, ...]:
+        """The ids an older sim gave this fault on one node (in_force_was): one of them in force is this fault."""
+        return tuple(f"{old}-{node}" for old in self.in_force_was)
 
     def in_force_id_of(self, at: Struck) -> str | None:
         """Its id in force once the executor resolved what it strikes."""

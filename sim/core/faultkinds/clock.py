@@ -80,7 +80,8 @@ def _k8s(o: SkewOptions, target: str) -> ChaosMesh:
 SKEW_CLOCK = FaultKind(
     "skew-clock",
     undo_op="heal",
-    in_force="skew",
+    in_force="skew-clock",
+    in_force_was=("skew",),
     degrading=True,
     skews_clock=True,
     act=Act(
@@ -88,7 +89,9 @@ SKEW_CLOCK = FaultKind(
         help="shift a node's wall clock (libfaketime in its processes): --by 60s ahead, --by=-10m behind",
         options=SkewOptions,
         inject=lambda o, at: (_set_offset(at.node, o.by),),
-        result=lambda o, at, outcomes: SkewResult(f"skew-{at.node}", at.node, o.by, _seen(at.node, outcomes[0])),
+        result=lambda o, at, outcomes: SkewResult(
+            SKEW_CLOCK.in_force_id(at.node), at.node, o.by, _seen(at.node, outcomes[0])
+        ),
         detail=lambda o, at: f"clock {o.by:+g} s",
         already="its clock is skewed already",
         undo=lambda at: (_set_offset(at.node, 0),),

@@ -320,7 +320,8 @@ def _k8s_slow(o: SlowOptions, target: str) -> ChaosMesh:
 SLOW_NODE = FaultKind(
     "slow-node",
     undo_op="heal",
-    in_force="slow",
+    in_force="slow-node",
+    in_force_was=("slow",),
     degrading=True,
     slows_steps=True,
     provocations={
@@ -339,7 +340,9 @@ SLOW_NODE = FaultKind(
         help="a straggler: throttle a node's (or etcd's) CPU with a cgroup quota",
         options=SlowOptions,
         inject=lambda o, at: (LimitCpu(at.node, _quota(o.cpus), CPU_PERIOD_US),),
-        result=lambda o, at, outcomes: SlowResult(f"slow-{at.node}", at.node, o.cpus, _quota(o.cpus), CPU_PERIOD_US),
+        result=lambda o, at, outcomes: SlowResult(
+            SLOW_NODE.in_force_id(at.node), at.node, o.cpus, _quota(o.cpus), CPU_PERIOD_US
+        ),
         detail=lambda o, at: f"{o.cpus:g} CPUs",
         already="already slowed",
         undo=_restore_cpu,
