@@ -21,6 +21,7 @@ from sim.core.capabilities import COMPOSE
 from sim.core.errors import FaultError, UsageError
 from sim.core.faultkinds.clock import CLOCK_SCRIPT
 from sim.core.history import History
+from sim.core.partition import Partition, isolate, split
 from sim.engines.cluster import Cluster
 from sim.engines.docker import (
     NO_MEMORY_LIMIT,
@@ -38,7 +39,6 @@ from sim.engines.proctable import PROBE_ARGV, parse_probe
 from sim.faults import nodescripts
 from sim.faults.catalog import FAULTS
 from sim.faults.nemesis import Nemesis
-from sim.faults.partition import Partition, isolate, split
 
 NODES = {"etcd": "10.0.0.2", "node0": "10.0.0.3", "node1": "10.0.0.4", "node2": "10.0.0.5"}
 PROBE_OUTPUT = "\n".join(
