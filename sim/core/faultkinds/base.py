@@ -604,7 +604,7 @@ class FaultKind:
     `undo_op`: the operation the history records for its undo (one of UNDO_OPS), None when nothing undoes it
     (a kill is over once it happened). `in_force`: the kind under which the fault store lists it while it is in
     force (`sim faults`, `sim heal ID`), None for a fault that is over at once. Its id there is
-    `{in_force}-{node}` for a fault of one node; a partition's is the nemesis's own.
+    `{in_force}-{node}` for a fault of one node; a partition's is drawn at random (its act's in_force_id).
     """
 
     name: str
