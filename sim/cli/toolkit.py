@@ -23,12 +23,12 @@ from typing import Any
 
 from sim.cli.faults import inject
 from sim.core.errors import UsageError
-from sim.core.faultoptions import FLAG, option_of
+from sim.core.faultoptions import FLAG, GROUPS, NODES, NODES_PAIR, option_of
 from sim.core.history import FILE_NAME, FaultRecord, History
 from sim.core.spec import DEFAULT_NAME
 from sim.engines.cluster import Cluster
 from sim.engines.docker import Docker
-from sim.faults.catalog import FAULTS, GROUPS, NODES, NODES_PAIR, FaultEntry
+from sim.faults.catalog import FAULTS, FaultEntry
 from sim.verdict.runmodel import trigger_step
 
 CLUSTER_KEY = "sim_cluster"

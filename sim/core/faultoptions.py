@@ -15,6 +15,7 @@ from typing import Any
 
 from sim.core.errors import UsageError
 from sim.core.parse import parse_duration, parse_percent, parse_rate, parse_signal
+from sim.core.partition import parse_groups
 from sim.core.spec import parse_size
 
 
@@ -148,6 +149,31 @@ DIRECTORY = OptionKind(
     str,
     lambda v: isinstance(v, str) and v.startswith("/") and len(v) > 1,
     "an absolute path inside the node, e.g. /ckpt",
+)
+
+
+def _comma_names(text: str) -> tuple[str, ...]:
+    """Node names as typed on the command line: "node0,node2"."""
+    return tuple(name.strip() for name in text.split(","))
+
+
+NODES = OptionKind("nodes", _comma_names, is_names, "a list of node names")
+
+
+GROUPS = OptionKind(
+    "groups",
+    parse_groups,
+    lambda v: isinstance(v, (tuple, list)) and all(map(is_names, v)),
+    "groups of node names",
+)
+
+
+NODES_PAIR = OptionKind(
+    "nodes pair",
+    lambda sides: tuple(map(_comma_names, sides)),
+    lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(map(is_names, v)),
+    "[from, to], two lists of node names",
+    nargs=2,
 )
 
 

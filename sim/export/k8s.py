@@ -31,12 +31,25 @@ from pathlib import Path
 import yaml
 
 from sim.core.errors import UsageError
-from sim.core.faultkinds import ChaosMesh, CutFromJob, EndsHold, ExecTask, Held, K8sForm, PodChaos, PodDown, ScaleJob
+from sim.core.faultkinds import (
+    ChaosMesh,
+    CutFromJob,
+    EndsHold,
+    ExecTask,
+    Held,
+    K8sForm,
+    LinkChaos,
+    Partitioned,
+    PodChaos,
+    PodDown,
+    ScaleJob,
+)
+from sim.core.faultkinds.network import CHAOS_PARTITION
 from sim.core.parse import go_duration
 from sim.core.spec import C10D_PORT, ENV_SHOWN_KEYS, ETCD_CLIENT_PORT, ClusterSpec, parse_size
 from sim.core.torchrun import torchrun_argv
 from sim.faults import nodescripts
-from sim.faults.catalog import FAULTS, PartitionOptions
+from sim.faults.catalog import FAULTS
 from sim.faults.targets import ETCD
 from sim.scenarios.scenario import Scenario, Step, scenario_spec_options
 
@@ -833,7 +846,7 @@ class _Workflow:
         """Whether `later` ends `step`'s fault: an undo of what it holds in force (heal: any), or a start of the
         node it took down."""
         kind, ender = FAULTS[step.fault].kind, FAULTS[later.fault].kind
-        form = ender.act.k8s(later.options, self._target(later)) if ender.act is not None else None
+        form = ender.act.k8s(later.options, self._target(later))
         if isinstance(form, EndsHold) and form.ends == "lost":
             return kind.removes_node
         return FAULTS[step.fault].reversible and ender.undoes and ender.undoes_in_force in (None, kind.in_force)
@@ -852,23 +865,9 @@ class _Workflow:
         run_s = self.scenario.timeout_s
         where = f"steps[{index}] ({step.fault}, line {step.line})"
         fault = step.fault
-        act = FAULTS[fault].kind.act
-        if act is not None:  # a kind that declares its own Kubernetes form (sim/core/faultkinds)
-            form = act.k8s(o, self._target(step))
-            if form is not None:
-                return self._form(name, fault, where, form, held, hold, run_s, index)
-        if fault == "partition":
-            return self._partition(name, where, o, held or run_s)
-        if fault == "etcd-isolate":
-            return [self._network(name, ETCD, "partition", held or run_s, target=self._job_selector())]
-        if fault == "netem":
-            return self._netem(name, where, o, held or run_s)
-        if fault == "heal":
-            self.note(
-                f"{where}: {fault} ends the fault before it: that fault's template lasts until this step's time "
-                "(Chaos Mesh undoes a fault when its template's deadline passes); no template of its own."
-            )
-            return []
+        form = FAULTS[fault].kind.act.k8s(o, self._target(step))  # the kind's own Kubernetes form
+        if form is not None:
+            return self._form(name, fault, where, form, held, hold, run_s, index)
         self.note(
             f"{where}: {fault} is NOT exported: no Chaos Mesh primitive, and no exec form here "
             "(run it on a local cluster: `sim chaos run`)."
@@ -919,7 +918,13 @@ class _Workflow:
         if isinstance(form, CutFromJob):
             if form.note:
                 self.note(f"{where}: {form.note}")
-            return [self._network(name, form.target, "partition", held or run_s, target=self._job_selector())]
+            return [self._network(name, form.target, CHAOS_PARTITION, held or run_s, target=self._job_selector())]
+        if isinstance(form, Partitioned):
+            return self._partition(name, where, form.shape, form.nodes, held or run_s)
+        if isinstance(form, LinkChaos):
+            for note in form.notes:
+                self.note(f"{where}: {note}")
+            return self._link(name, form, held or run_s)
         if isinstance(form, ExecTask):
             return [self._form_task(name, form)]
         if isinstance(form, Held):
@@ -1022,8 +1027,7 @@ class _Workflow:
         chaos.update(fields)
         return self._chaos(name, "NetworkChaos", chaos, deadline_s)
 
-    def _partition(self, name: str, where: str, o: PartitionOptions, deadline_s: float) -> list[dict]:
-        ((shape, value),) = o.given().items()
+    def _partition(self, name: str, where: str, shape: str, value, deadline_s: float) -> list[dict]:
         nodes = list(self.spec.node_names)
 
         def side(names: Sequence[str]) -> dict:
@@ -1061,7 +1065,7 @@ class _Workflow:
         for number, cut in enumerate(cuts):
             source = side(cut["from"])
             chaos = {
-                "action": "partition",
+                "action": CHAOS_PARTITION,
                 "mode": "all",
                 "selector": source["selector"],
                 "direction": cut["direction"],
@@ -1073,29 +1077,10 @@ class _Workflow:
             return made
         return [{"name": name, "templateType": "Parallel", "children": [t["name"] for t in made]}, *made]
 
-    def _netem(self, name: str, where: str, o, deadline_s: float) -> list[dict]:
-        target = o.target
-        parts: list[tuple[str, dict]] = []
-        if o.loss is not None:
-            parts.append(("loss", {"loss": {"loss": f"{o.loss:g}", "correlation": "0"}}))
-        if o.rate is not None:
-            rate = f"{max(1, o.rate // 1000)}kbps"
-            parts.append(("bandwidth", {"bandwidth": {"rate": rate, "limit": 20971520, "buffer": 10000}}))
-            self.note(f"{where}: rate as NetworkChaos bandwidth {rate} (limit and buffer are Chaos Mesh's own).")
-        if o.delay is not None:
-            delay = {"latency": go_duration(o.delay), "correlation": "0"}
-            if o.jitter is not None:
-                delay["jitter"] = go_duration(o.jitter)
-            parts.append(("delay", {"delay": delay}))
-        if o.duplicate is not None:
-            parts.append(("duplicate", {"duplicate": {"duplicate": f"{o.duplicate:g}", "correlation": "0"}}))
-        if o.corrupt is not None:
-            parts.append(("corrupt", {"corrupt": {"corrupt": f"{o.corrupt:g}", "correlation": "0"}}))
-        if o.delay is not None and len(parts) > 1:
-            self.note(f"{where}: several link faults at once are one NetworkChaos each, in parallel.")
+    def _link(self, name: str, form: LinkChaos, deadline_s: float) -> list[dict]:
         made = []
-        for action, fields in parts:
-            chaos = {"action": action, "mode": self._mode(target), "selector": self._selector(target)}
+        for action, fields in form.parts:
+            chaos = {"action": action, "mode": self._mode(form.target), "selector": self._selector(form.target)}
             chaos["direction"] = "to"
             chaos.update(fields)
             made.append(self._chaos(f"{name}-{action}", "NetworkChaos", chaos, deadline_s))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from sim.core.faultkinds import container, etcd
+from sim.core.faultkinds import NetworkBack, container, etcd
 from sim.core.nodes import node_order
 from sim.faults.targets import ETCD
 
@@ -93,5 +93,5 @@ class ContainerFaults:
         joining = [n for n in wanted if n not in existing or existing[n].state not in ("running", "paused")]
         if joining:
             self.cluster.start_nodes(joining, nodes=nodes)
-            self._reapply_network(*joining)
+            self._carry_all([NetworkBack(node) for node in joining])  # fresh network namespaces
         return {"joined": joining, "left": leaving}

@@ -23,11 +23,6 @@ from sim.faults.targets import ETCD
 
 
 @dataclasses.dataclass(frozen=True)
-class ClearLink:
-    node: str
-
-
-@dataclasses.dataclass(frozen=True)
 class EndAct:
     """End the node script of an interrupted fault (a filler still writing, a watcher still waiting to stop a
     worker): our exec call ended, the process in the node did not."""
@@ -36,7 +31,7 @@ class EndAct:
     marker: str
 
 
-Action = ClearLink | EndAct | kinds.Action
+Action = EndAct | kinds.Action
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +55,7 @@ class Keep:
 class HealPlan:
     steps: tuple[Undo | Keep, ...]
     # heal --all: also unpause every paused container and clear every running one's link faults, even if
-    # our record of them was lost
+    # our record of them was lost (and, whatever it undid, the partitions left in force are applied again)
     sweep: bool = False
 
     @property
@@ -104,9 +99,11 @@ def _plan_one(fault: InForce, states: dict[str, str]) -> Undo | Keep:
         actions.append(EndAct(node, fault.act))  # first: a watcher left running would stop a worker after
     if act is not None and act.undo_while_paused:
         pass  # undone above, or nothing to undo: a paused node someone thawed already
+    elif act is not None and act.strikes == "links":  # in no one node: the partitions left in force applied again
+        actions += act.undo(Struck(node, cuts=frozenset(map(tuple, fault.cuts)), id=fault.id))
     elif act is not None:  # a kind that declares its own undo (sim/core/faultkinds)
         kept = {"cpu_quota": fault.cpu_quota, "cpu_period": fault.cpu_period}
-        at = Struck(node, pid=fault.pid, file=fault.file, kept=kept)  # what it struck, as its record says
+        at = Struck(node, pid=fault.pid, file=fault.file, kept=kept, id=fault.id)  # what it struck, as its record says
         shared = act.undo_anywhere(at)
         if shared and state != "running":  # any running node reaches the shared volume
             node, state = next(((n, st) for n, st in states.items() if st == "running" and n != ETCD), (node, state))
@@ -118,12 +115,7 @@ def _plan_one(fault: InForce, states: dict[str, str]) -> Undo | Keep:
             actions += act.undo(at)
         elif state == "running" or (act.undo_on_stopped and state is not None):
             actions += act.undo(at)
-    elif kind == "link" and state == "running":
-        actions.append(ClearLink(node))
-    if kind == "partition":
-        why = "its rules go as the partitions left in force are applied again"
-    else:
-        why = "" if actions else f"nothing left to undo: {node} is {state or 'gone'}"
+    why = "" if actions else f"nothing left to undo: {node} is {state or 'gone'}"
     return Undo(fault.id, tuple(actions), why)
 
 

@@ -4,13 +4,13 @@ As in Blockade, each verb goes through `Nemesis.invoke`, which appends an
 `invoke` record to the run's history before acting and an `ok` (with what was
 actually done: the pid signalled, the rules installed) or `fail` (with why)
 after. Nothing is injected without a record. As in Jepsen, partitions are data
-(sim.faults.partition) applied by one mechanism (`_apply_partitions`).
+(sim.core.partition) applied by one mechanism (the ApplyPartitions action).
 
 A kind that declares its act (sim/core/faultkinds) is carried out by `carry_out`: its actions, one branch each
 in `_carry`. What those branches call lives by what it acts on: sim/faults/processes.py (workers, the agent, a
 checkpoint writer), sim/faults/containers.py (whole nodes, scale), sim/faults/disk.py (the checkpoint volume),
-sim/faults/network.py (links, partitions: still verbs of their own); the faults in force in sim/faults/inforce.py.
-Heal plans (sim/faults/heal.py), then this module's one loop acts.
+sim/faults/network.py (links, partitions); the faults in force in sim/faults/inforce.py. Heal is a kind too: its
+action plans (sim/faults/heal.py), then this module's one loop acts.
 """
 
 from __future__ import annotations
@@ -26,12 +26,16 @@ from typing import Any
 from sim.core import faultkinds as kinds
 from sim.core.errors import FaultError, SimError, UnsupportedFaultError, UsageError
 from sim.core.faultkinds import (
+    ApplyPartitions,
     CatchWriter,
+    ClearLink,
     ContinueWorker,
     EndedWithNode,
     ExhaustMemory,
     FaultKind,
+    FindIface,
     ForgetInForce,
+    HealFaults,
     KillContainer,
     LimitCpu,
     LimitWrites,
@@ -44,12 +48,15 @@ from sim.core.faultkinds import (
     RestartContainer,
     RunNodeScript,
     ScaleNodes,
+    ShapeLink,
     Signal,
     StartContainer,
     StopContainer,
+    Struck,
     Touch,
     Unpause,
     Wait,
+    network,
 )
 from sim.core.faultkinds.disk import FILL_AT_MOST
 from sim.core.faultkinds.process import OOM_HEADROOM
@@ -62,7 +69,7 @@ from sim.engines.proctable import PROBE_ARGV, NodeProcesses, parse_probe
 from sim.faults import nodescripts
 from sim.faults.containers import ContainerFaults
 from sim.faults.disk import DiskFaults
-from sim.faults.heal import Action, ClearLink, EndAct, HealPlan, Keep, plan_heal
+from sim.faults.heal import Action, EndAct, HealPlan, Keep, plan_heal
 from sim.faults.inforce import FaultStore, InForce
 from sim.faults.network import NetworkFaults
 from sim.faults.processes import OOM_WITHIN_S, WRITER_POLL_S, ProcessFaults
@@ -168,37 +175,49 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
 
     # --- a kind that declares its act (sim/core/faultkinds): intent, actions, outcome --------------------
 
-    def carry_out(self, kind: FaultKind, options: FaultOptions, *, target: str | None = None) -> dict:
+    def carry_out(
+        self, kind: FaultKind, options: FaultOptions, *, target: str | None = None, struck: Struck | None = None
+    ) -> dict:
         """Inject a fault of a kind that declares its own act: its invoke record, what it strikes resolved, its
         intent claimed (a reversible kind: `sim faults` lists it before it acts, so an interrupted one is still
-        healed), its actions carried out, its typed result the ok record. `target`: an entry's fixed one (etcd)."""
+        healed), its actions carried out, its typed result the ok record. `target`: an entry's fixed one (etcd);
+        `struck`: what it strikes, given (a partition as data: Nemesis.partition)."""
         act = kind.act
         self._carry_all(act.requires(options))  # refused before anything is recorded
+        if struck is None and act.strikes == "links":  # a bad shape is refused before anything is recorded
+            struck = self._aim_links(act, options, target)
         args = act.recorded_args(options)
         if act.seeded:
             args["seed"] = self.seed
 
         def acting() -> dict:
-            at = self._strike(act, options, target)
+            at = self._strike(act, options, target) if struck is None else self._present(kind, struck)
             problem = act.problem(dataclasses.replace(at, state=self._info(at.node).state)) if act.problem else None
             if problem:
                 raise UsageError(problem)
             fault_id = kind.in_force_id_of(at)
             if fault_id is None:
                 return act.result(options, at, self._carry_all(act.inject(options, at))).to_dict()
+            at = dataclasses.replace(at, id=fault_id)
             fields = act.in_force_fields(options, at)
+            kept: dict = {}
 
             def planned() -> dict:  # under the store's lock: what its undo restores, read before it acts
                 record = {"fault": kind.in_force, "target": at.node, **fields, "detail": act.detail(options, at)}
-                for kept in self._carry_all(act.remembers(at)):
-                    record |= kept
-                return record
+                for outcome in self._carry_all(act.remembers(options, at)):
+                    kept.update(outcome)
+                return record | kept
 
             was = kind.in_force_ids_was(at.node)
             # The refusal names the id in force: an older sim's (`was`) where that one is.
             named = next((f.id for f in self.active() if f.id in was), fault_id) if was else fault_id
-            with self._claimed(fault_id, act.refused(at, named), planned, was):
-                outcomes = self._carry_all(act.inject(options, at))
+            try:
+                with self._claimed(fault_id, act.refused(at, named), planned, was):
+                    outcomes = self._carry_all(act.inject(options, dataclasses.replace(at, kept=kept)))
+            except SimError as error:
+                if act.undo_on_failure and not isinstance(error, ExecTimeout):  # its intent is forgotten
+                    self._carry_all(act.undo(at))
+                raise
             if act.in_force_after is not None:  # what it did, in place of its intent
                 done = {"fault": kind.in_force, "target": at.node, **fields, "id": fault_id}
                 self._remember(
@@ -207,7 +226,8 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
                 )
             return act.result(options, at, outcomes).to_dict()
 
-        return self.invoke(kind.name, act.recorded_target(options, target), acting, **args)
+        recorded = struck.node if struck is not None else act.recorded_target(options, target)
+        return self.invoke(kind.name, recorded, acting, **args)
 
     def _carry_all(self, actions: Sequence[kinds.Action]) -> tuple[Any, ...]:
         return tuple(self._carry(action) for action in actions)
@@ -287,34 +307,46 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
             self._forget_faults_of([action.node], PROCESS_BOUND_FAULTS)
             return ""
         if isinstance(action, NetworkBack):
-            self._reapply_network(action.node)
+            self._network_back(action.node)
             return ""
         if isinstance(action, ForgetInForce):
             undone = [f.id for f in self.active() if f.fault == action.in_force and f.target == action.node]
             for fault_id in undone:
                 self._forget(fault_id)
             return undone
+        if isinstance(action, ApplyPartitions):
+            return self._apply_partitions()
+        if isinstance(action, ShapeLink):
+            return self._shape_link(action)
+        if isinstance(action, FindIface):
+            return {"iface": self._iface(action.node)}
+        if isinstance(action, ClearLink):
+            self._clear_link(action.node, quiet=action.quiet)
+            return ""
+        if isinstance(action, HealFaults):
+            return self._heal(action.fault_id)
         raise TypeError(f"no executor for {action!r}")  # pragma: no cover - a new action without its branch
 
     # --- heal: a plan (sim/faults/heal.py), carried out by one loop ---------------------------
 
     def heal(self, fault_id: str | None = None) -> dict:
-        """Undo one fault by id, or every reversible one (partitions, link faults, pauses)."""
+        """Undo one fault by id, or every reversible one (partitions, link faults, pauses). (faultkinds/network.py)"""
+        return self.carry_out(network.HEAL, network.HealOptions(id=fault_id, all=fault_id is None))
 
-        def undo_faults() -> dict:
-            active = self.active()
-            chosen = active if fault_id is None else [f for f in active if f.id == fault_id]
-            if fault_id is not None and not chosen:
-                ids = ", ".join(f.id for f in active) or "none"
-                raise UsageError(f"fault '{fault_id}': not in force (in force: {ids}); `sim faults` lists them")
-            states = {c.node: c.state for c in self.cluster.containers()}
-            healed, kept = self._execute(plan_heal(chosen, states, sweep=fault_id is None))
-            self._apply_partitions()
-            if kept:
-                raise FaultError(f"healed {', '.join(healed) or 'nothing'}; still in force: {'; '.join(kept)}")
-            return {"healed": healed}
-
-        return self.invoke("heal", fault_id or "all", undo_faults)
+    def _heal(self, fault_id: str | None) -> list[str]:
+        """Heal's action: its plan from the faults in force and the containers' states, carried out; the
+        partitions left in force applied once, at its end. What it could not undo is an error naming them."""
+        active = self.active()
+        chosen = active if fault_id is None else [f for f in active if f.id == fault_id]
+        if fault_id is not None and not chosen:
+            ids = ", ".join(f.id for f in active) or "none"
+            raise UsageError(f"fault '{fault_id}': not in force (in force: {ids}); `sim faults` lists them")
+        states = {c.node: c.state for c in self.cluster.containers()}
+        healed, kept = self._execute(plan_heal(chosen, states, sweep=fault_id is None))
+        self._carry(ApplyPartitions())
+        if kept:
+            raise FaultError(f"healed {', '.join(healed) or 'nothing'}; still in force: {'; '.join(kept)}")
+        return healed
 
     def _execute(self, plan: HealPlan) -> tuple[list[str], list[str]]:
         """Carry out a heal plan: each undo's actions in order, then forget it; a fault kept, or one whose
@@ -326,7 +358,8 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
                 continue
             try:
                 for action in step.actions:
-                    self._act(action)
+                    if not isinstance(action, ApplyPartitions):  # applied once, at the heal's end
+                        self._act(action)
             except FaultError as error:
                 kept.append(f"{step.fault_id} ({error})")
                 continue
@@ -339,14 +372,12 @@ class Nemesis(ProcessFaults, ContainerFaults, DiskFaults, NetworkFaults):
                     self.docker.unpause(info.id)
             for info in self.cluster.containers():
                 if info.state == "running":
-                    self._clear_link(info.node, quiet=True)
+                    self._carry(ClearLink(info.node, quiet=True))
         return healed, kept
 
     def _act(self, action: Action) -> None:
         """One action of a heal plan."""
-        if isinstance(action, ClearLink):
-            self._clear_link(action.node)
-        elif isinstance(action, EndAct):
+        if isinstance(action, EndAct):
             ended = self.cluster.exec(action.node, *nodescripts.argv(nodescripts.END_ACT, action.marker))
             if not ended.ok:
                 raise FaultError(f"{action.node}: ending an interrupted fault's script failed: {_last(ended.stderr)}")

@@ -212,6 +212,10 @@ def parse_route_get(output: str) -> str:
 _LINK_LINE = re.compile(r"\s*\d+:\s+([^\s:@]+)(?:@\S*)?:\s+<([^>]*)>")
 
 
+# Every interface of a node's namespace, one a line (parse_ip_link reads it).
+IP_LINK_ARGV = ("ip", "-o", "link", "show")
+
+
 def parse_ip_link(output: str) -> tuple[str, ...]:
     """Names of the interfaces that are up and not loopback in `ip -o link show` output.
     "eth0@if24" is "eth0"; interfaces that are down (tunl0, ifb0) carry no traffic."""

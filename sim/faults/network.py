@@ -1,109 +1,98 @@
-"""Network faults: a node's link (loss, rate, netem), partitions as data applied by one mechanism
-(`_apply_partitions`, as in Jepsen), and the interface lookup. The verbs of `Nemesis` (sim/faults/nemesis.py)
-that act in a node's network namespace.
+"""Network faults: what the executor does for the network family's actions (sim/core/faultkinds/network.py):
+partitions as data applied by one mechanism (`_apply_partitions`, as in Jepsen), a node's link shaped or
+cleared, the interface lookup; and the family's `Nemesis` methods for Python callers (one line each). It acts in
+a node's network namespace through the helper (Cluster.net_exec).
 """
 
 from __future__ import annotations
 
 import shlex
-import uuid
 from collections.abc import Sequence
 
-from sim.core.errors import FaultError, SimError, UnsupportedFaultError, UsageError
+from sim.core.errors import FaultError, UnsupportedFaultError, UsageError
+from sim.core.faultkinds import Act, FaultKind, NoOptions, ShapeLink, Struck, in_force_kinds, network
 from sim.core.nodes import node_order
+from sim.core.partition import Partition, blocked_peers
 from sim.engines.docker import ExecResult
 from sim.faults import netcmd
-from sim.faults.partition import Partition, blocked_peers
+from sim.faults.targets import ETCD
 from sim.faults.verbbase import PROCESS_BOUND_FAULTS, _last
+
+_MS = ("delay", "jitter")  # netem settings given in ms, options in seconds
+# The faults in force whose cuts the one mechanism applies.
+_CUTTING = in_force_kinds(lambda kind: kind.cuts_links)
 
 
 class NetworkFaults:
+    # --- the network family's verbs for Python callers: each carries out its kind (faultkinds/network.py)
+
     def partition(self, partition: Partition) -> dict:
-        """Add a partition to those in force and re-apply them all."""
-
-        def install_cuts() -> dict:
-            known = {c.node for c in self.cluster.containers()}
-            unknown = sorted({node for cut in partition.cuts for node in cut} - known)
-            if unknown:
-                there = ", ".join(sorted(known, key=node_order)) or "nothing"
-                raise UsageError(
-                    f"partition: no {', '.join(unknown)} in cluster '{self.cluster.name}' (there: {there}); "
-                    "name the cluster's nodes or etcd"
-                )
-            fault_id = f"partition-{uuid.uuid4().hex[:6]}"
-            self._remember(
-                {
-                    "id": fault_id,
-                    "fault": "partition",
-                    "target": partition.describe(),
-                    "cuts": sorted(map(list, partition.cuts)),
-                }
-            )
-            try:
-                rules = self._apply_partitions()
-            except SimError:
-                self._forget(fault_id)
-                self._apply_partitions()
-                raise
-            cuts = sorted(map(list, partition.cuts))
-            return {"id": fault_id, "partition": partition.describe(), "cuts": cuts, "rules": rules}
-
-        return self.invoke("partition", partition.describe(), install_cuts)
+        """Add a partition (as data: sim.core.partition) to those in force and re-apply them all."""
+        return self.carry_out(network.PARTITION, NoOptions(), struck=Struck(partition.describe(), cuts=partition.cuts))
 
     def link(
         self, target: str, *, loss_pct: float | None = None, rate_bps: int | None = None, netem: dict | None = None
     ) -> dict:
-        """Degrade one node's link: random loss (iptables), bandwidth (tc tbf), or netem options."""
-        netem = {k: v for k, v in (netem or {}).items() if v is not None}
-        if loss_pct is None and rate_bps is None and not netem:
-            raise UsageError("netem: nothing to do; give --loss, --rate, or --delay/--jitter/--duplicate/--corrupt")
-        if rate_bps is not None and netem:
-            raise UsageError(
-                "netem: --rate and --delay/--jitter/--duplicate/--corrupt both replace the root qdisc; use one"
+        """Degrade one node's link: random loss (iptables), bandwidth (tc tbf), or netem options (delay_ms,
+        jitter_ms, duplicate_pct, corrupt_pct)."""
+        netem = netem or {}
+        ms = {
+            name: None if netem.get(f"{name}_ms") is None else netem[f"{name}_ms"] / 1000
+            for name in ("delay", "jitter")
+        }
+        try:
+            options = network.NetemOptions(
+                target,
+                loss=loss_pct,
+                rate=rate_bps,
+                **ms,
+                duplicate=netem.get("duplicate_pct"),
+                corrupt=netem.get("corrupt_pct"),
             )
+        except UsageError as error:
+            raise UsageError(f"netem: {error}") from None
+        return self.carry_out(network.LINK, options)
 
-        def shape_link() -> dict:
-            name = self.resolve(target)
-            argvs: list[list[str]] = []
-            if loss_pct is not None:
-                argvs += self._chain_setup(netcmd.LOSS_IN_CHAIN) + self._chain_setup(netcmd.LOSS_OUT_CHAIN)
-                argvs += [netcmd.flush_chain(netcmd.LOSS_IN_CHAIN), netcmd.flush_chain(netcmd.LOSS_OUT_CHAIN)]
-                argvs += netcmd.loss_rules(loss_pct)
-            iface = None
-            if rate_bps is not None or netem:
-                iface = self._iface(name)
-                argvs.append(
-                    netcmd.bandwidth_qdisc(iface, rate_bps)
-                    if rate_bps is not None
-                    else netcmd.netem_qdisc(iface, **netem)
+    # --- what the executor does for the network family's actions
+
+    def _aim_links(self, act: Act, options, target: str | None) -> Struck:
+        """The links a kind's options cut among the cluster's nodes (and etcd, when it has one)."""
+        nodes = tuple(c.node for c in self.cluster.nodes())
+        has_etcd = any(c.node == ETCD for c in self.cluster.containers())
+        cut = act.links(options, target, nodes, has_etcd)
+        return Struck(cut.describe(), cuts=cut.cuts)
+
+    def _present(self, kind: FaultKind, struck: Struck) -> Struck:
+        """The links given, refused when they name a node the cluster does not have."""
+        known = {c.node for c in self.cluster.containers()}
+        unknown = sorted({node for cut in struck.cuts for node in cut} - known)
+        if unknown:
+            there = ", ".join(sorted(known, key=node_order)) or "nothing"
+            raise UsageError(
+                f"{kind.name}: no {', '.join(unknown)} in cluster '{self.cluster.name}' (there: {there}); "
+                "name the cluster's nodes or etcd"
+            )
+        return struck
+
+    def _shape_link(self, action: ShapeLink) -> list[str]:
+        argvs: list[list[str] | str] = []
+        if action.loss_pct is not None:
+            argvs += self._chain_setup(netcmd.LOSS_IN_CHAIN) + self._chain_setup(netcmd.LOSS_OUT_CHAIN)
+            argvs += [netcmd.flush_chain(netcmd.LOSS_IN_CHAIN), netcmd.flush_chain(netcmd.LOSS_OUT_CHAIN)]
+            argvs += netcmd.loss_rules(action.loss_pct)
+        if action.rate_bps is not None:
+            argvs.append(netcmd.bandwidth_qdisc(action.iface, action.rate_bps))
+        elif action.netem:
+            argvs.append(netcmd.netem_qdisc(action.iface, **action.netem))
+        result = self._run_script(action.node, argvs)
+        if not result.ok:
+            if action.netem and netcmd.netem_unsupported(result.stderr):
+                raise UnsupportedFaultError(
+                    "netem: this kernel has no netem qdisc (delay, jitter, duplicate, corrupt); "
+                    "use --loss or --rate, which work here (see `sim doctor`)"
                 )
-            fault_id = f"link-{name}"
-            record = {
-                "fault": "link",
-                "target": name,
-                "loss_pct": loss_pct,
-                "rate_bps": rate_bps,
-                "netem": netem,
-                "iface": iface,
-            }
-            # The intent first (a new one replaces the node's link fault): rules installed by a call
-            # interrupted while it ran are still cleared by heal.
-            with self._claimed(fault_id, None, lambda: record):
-                result = self._run_script(name, argvs)
-                if not result.ok:
-                    if netem and netcmd.netem_unsupported(result.stderr):
-                        raise UnsupportedFaultError(
-                            "netem: this kernel has no netem qdisc (delay, jitter, duplicate, corrupt); "
-                            "use --loss or --rate, which work here (see `sim doctor`)"
-                        )
-                    raise FaultError(f"{name}: link fault failed: {_last(result.stderr)}")
-            return {
-                "id": fault_id,
-                "node": name,
-                "commands": [shlex.join(a) if isinstance(a, list) else a for a in argvs],
-            }
-
-        return self.invoke("link", target, shape_link, loss_pct=loss_pct, rate_bps=rate_bps, netem=netem)
+            raise FaultError(f"{action.node}: link fault failed: {_last(result.stderr)}")
+        return [shlex.join(a) if isinstance(a, list) else a for a in argvs]
 
     def _clear_link(self, node: str, quiet: bool = False) -> None:
         lines = [
@@ -130,7 +119,7 @@ class NetworkFaults:
         return netcmd.parse_route_get(result.stdout)
 
     def _ifaces(self, node: str) -> tuple[str, ...]:
-        result = self.cluster.net_exec(node, "ip", "-o", "link", "show")
+        result = self.cluster.net_exec(node, *netcmd.IP_LINK_ARGV)
         return netcmd.parse_ip_link(result.stdout) if result.ok else ()
 
     def _ips(self) -> dict[str, str]:
@@ -149,7 +138,7 @@ class NetworkFaults:
         rules in each container's own namespace (flush, then add)."""
         union = Partition()
         for fault in self.active():
-            if fault.fault == "partition":
+            if fault.fault in _CUTTING:
                 union = union | Partition(frozenset(fault.cuts))
         ips = self._ips()
         applied = {}
@@ -158,7 +147,7 @@ class NetworkFaults:
                 continue
             drop_in, drop_out = blocked_peers(union, info.node)
             # A cut-off peer that is not running (killed, stopped, scaled away) has no address and sends nothing:
-            # no rule for it now; its start re-applies the partitions with its new address (_reapply_network).
+            # no rule for it now; its start re-applies the partitions with its new address (_network_back).
             rules = netcmd.partition_rules(
                 [ips[n] for n in sorted(drop_in) if n in ips], [ips[n] for n in sorted(drop_out) if n in ips]
             )
@@ -174,13 +163,13 @@ class NetworkFaults:
     def _has_chain(self, node: str) -> bool:
         return self.cluster.net_exec(node, "iptables", "-w", "-S", netcmd.PARTITION_CHAIN).ok
 
-    def _reapply_network(self, *nodes: str) -> None:
+    def _network_back(self, node: str) -> None:
         # A restarted or new container has a fresh network namespace: our rules are gone from it. With no
         # partition in force there is nothing to put back (heal flushed the chains): no exec at all, which
         # on a scale-up would compete with the new node's start for the CPU.
-        if any(f.fault == "partition" for f in self.active()):
+        if any(f.fault in _CUTTING for f in self.active()):
             self._apply_partitions()
-        self._forget_faults_of(nodes, PROCESS_BOUND_FAULTS)
+        self._forget_faults_of([node], PROCESS_BOUND_FAULTS)
 
     def _run_script(self, node: str, argvs: Sequence[list[str] | str]) -> ExecResult:
         script = "set -e\n" + "\n".join(a if isinstance(a, str) else shlex.join(a) for a in argvs)

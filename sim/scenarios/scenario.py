@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from sim.core.errors import UsageError
-from sim.core.faultoptions import FLAG, NODE_TARGET, TARGET, FaultOptions, Option, option_of
+from sim.core.faultoptions import FLAG, NODE_TARGET, NODES, NODES_PAIR, TARGET, FaultOptions, Option, option_of
 from sim.core.hostpaths import check_mount, parse_mount
 from sim.core.parse import parse_duration
 from sim.core.sidechannel import compile_progress_regex
@@ -40,7 +40,7 @@ from sim.core.spec import (
     parse_size,
     spec_from_options,
 )
-from sim.faults.catalog import FAULTS, NODES, NODES_PAIR
+from sim.faults.catalog import FAULTS
 from sim.faults.targets import ETCD, ROLE_TARGETS
 from sim.verdict.checkers import CHECKERS
 

@@ -63,10 +63,9 @@ def _nemesis_calls() -> tuple[set[str], set[str]]:
 
 def test_every_name_the_nemesis_records_is_a_fault_kind_and_every_kind_is_recorded():
     recorded, _ = _nemesis_calls()
-    assert recorded, "no invoke calls found: the test reads sim/faults/nemesis.py"
     acting = {kind.name for kind in FAULT_KINDS if kind.act is not None}  # Nemesis.carry_out records their names
-    assert not recorded & acting, "a kind with its own act has a verb of its own too"
-    assert recorded | acting == set(KINDS)
+    assert not recorded, f"a verb of its own, not a kind's act: {sorted(recorded)}"
+    assert acting == set(KINDS)
 
 
 def test_every_in_force_kind_of_the_fault_store_belongs_to_one_fault_kind():
@@ -146,27 +145,37 @@ def test_every_kind_declares_every_part(kind):
     for name, provocation in kind.provocations.items():
         assert FAULTS[provocation.fault].kind is kind, f"{name}: provokes {provocation.fault}, not {kind.name}"
     act = kind.act
-    if act is None:
-        return
+    assert act is not None, f"{kind.name}: declares no act (options, inject, undo, result, Kubernetes form)"
     assert (act.verb or act.entries) and act.help and act.example, kind.name
-    assert act.already or not kind.reversible, f"{kind.name}: says why a second one is refused"
+    # why a second one is refused, or its own rule (partitions add up, a link fault replaces the node's)
+    assert act.already or act.refusal is not None or not kind.reversible, f"{kind.name}: says why a second is refused"
     assert issubclass(act.options, FaultOptions)
-    # Its options name what it strikes, unless an entry fixes that or it strikes the cluster as a whole.
+    # Its options name what it strikes, unless an entry fixes that, it strikes the cluster as a whole, or the
+    # links its options cut (resolved among the cluster's nodes, named by their description).
     fields = {f.name for f in dataclasses.fields(act.options)}
-    assert "target" in fields or not act.verb or (act.strikes == "cluster" and act.target_of), kind.name
+    assert (
+        "target" in fields or not act.verb or (act.strikes == "cluster" and act.target_of) or act.strikes == "links"
+    ), kind.name
     assert act.strikes in STRIKES
-    entry = FAULTS[kind.name] if act.verb else FAULTS[act.entries[0].name]
+    entry = FAULTS[act.name or kind.name] if act.verb else FAULTS[act.entries[0].name]
+    assert entry.kind is kind and (entry.name == (act.name or kind.name) or not act.verb), kind.name
     options = entry.make_options(act.example)  # the example is valid options
-    at = Struck("node1", pid=41, rank=1, local_rank=1, file="/tmp/held")  # what the executor resolved
+    # what the executor resolved: a node and a worker of it, or the links a partition cuts
+    cut = act.links(options, None, ("node0", "node1", "node2"), True) if act.links else None
+    at = Struck("node1" if cut is None else cut.describe(), pid=41, rank=1, local_rank=1, file="/tmp/held")
+    at = dataclasses.replace(at, cuts=frozenset() if cut is None else cut.cuts, id=kind.in_force_id_of(at))
     actions = act.inject(options, at)
     assert actions and all(isinstance(a, Action.__args__) for a in actions), kind.name
-    assert act.detail(options, at)
-    assert act.recorded_target(options, entry.fixed_target) and isinstance(act.recorded_args(options), dict)
+    detail = act.detail(options, at)  # None: its in-force record holds no detail (a partition's target says it)
+    assert detail is None or (isinstance(detail, str) and detail), kind.name
+    assert cut is None or cut.cuts, f"{kind.name}: its example cuts nothing"
+    recorded = at.node if cut is not None else act.recorded_target(options, entry.fixed_target)
+    assert recorded and isinstance(act.recorded_args(options), dict)
     assert (act.undo is not None) == kind.reversible
     if act.undo is not None:
         assert act.undo(at) and all(isinstance(a, Action.__args__) for a in act.undo(at))
         refusal = act.refused(at, kind.in_force_id_of(at))
-        assert refusal is None or refusal.startswith("node1: "), kind.name
+        assert refusal is None or refusal.startswith(f"{at.node}: "), kind.name
     for other in act.entries:  # another entry of it, aimed at its fixed target: asked for with no target
         assert FAULTS[other.name].kind is kind and "target" not in FAULTS[other.name].option_names
         assert isinstance(act.k8s(FAULTS[other.name].make_options({}), other.target), (*K8sForm.__args__, NoneType))

@@ -5,9 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from sim.core.faultkinds import FAULT_KINDS, ContinueWorker, LimitCpu, NodeShell, RemoveFile, Struck, Unpause
+from sim.core.faultkinds import (
+    FAULT_KINDS,
+    ApplyPartitions,
+    ClearLink,
+    ContinueWorker,
+    LimitCpu,
+    NodeShell,
+    RemoveFile,
+    Struck,
+    Unpause,
+)
 from sim.core.faultkinds.clock import SKEW_CLOCK
-from sim.faults.heal import ClearLink, EndAct, Keep, Undo, plan_heal
+from sim.faults.heal import EndAct, Keep, Undo, plan_heal
 from sim.faults.inforce import InForce
 
 RUNNING = {"etcd": "running", "node0": "running", "node1": "running", "node2": "running"}
@@ -67,10 +77,10 @@ def test_a_node_local_filler_of_a_removed_container_went_with_it_and_a_paused_cl
     )
 
 
-def test_heal_all_sweeps_and_a_partition_is_only_forgotten():
+def test_heal_all_sweeps_and_a_partition_is_undone_by_applying_the_others_again():
     cut = InForce(id="partition-ab12", fault="partition", target="node0 | node1", cuts=(("node0",), ("node1",)))
     plan = plan_heal([cut], RUNNING, sweep=True)
-    assert plan.sweep and plan.steps[0].actions == () and "applied again" in plan.steps[0].why
+    assert plan.sweep and plan.steps[0].actions == (ApplyPartitions(),)
 
 
 def _set_clock(node: str, seconds: float) -> NodeShell:
@@ -83,9 +93,10 @@ def test_every_in_force_kind_on_a_running_node_has_an_undo(kind):
     record = fault(kind.in_force, pid=40, file="/ckpt/x", cpu_quota=5000, cpu_period=100_000)
     (step,) = plan_heal([record], RUNNING).steps
     assert isinstance(step, Undo)
-    # partitions: re-applied without it; a pause of a running node: someone unpaused it already
-    assert step.actions or kind.in_force in ("partition", "pause"), kind.name
+    # a pause of a running node: someone unpaused it already
+    assert step.actions or kind.in_force == "pause", kind.name
     expected = {
+        "partition": ApplyPartitions(),
         "link": ClearLink("node1"),
         "hang": ContinueWorker("node1", 40),
         "stall": RemoveFile("node1", "/ckpt/x"),

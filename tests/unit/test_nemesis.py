@@ -21,6 +21,7 @@ from sim.core.capabilities import COMPOSE
 from sim.core.errors import FaultError, UsageError
 from sim.core.faultkinds.clock import CLOCK_SCRIPT
 from sim.core.history import History
+from sim.core.partition import Partition, isolate, split
 from sim.engines.cluster import Cluster
 from sim.engines.docker import (
     NO_MEMORY_LIMIT,
@@ -38,7 +39,6 @@ from sim.engines.proctable import PROBE_ARGV, parse_probe
 from sim.faults import nodescripts
 from sim.faults.catalog import FAULTS
 from sim.faults.nemesis import Nemesis
-from sim.faults.partition import Partition, isolate, split
 
 NODES = {"etcd": "10.0.0.2", "node0": "10.0.0.3", "node1": "10.0.0.4", "node2": "10.0.0.5"}
 PROBE_OUTPUT = "\n".join(
@@ -217,6 +217,46 @@ def test_partition_rules_are_applied_in_every_namespace_and_healed(nemesis):
     nem.heal()
     assert nem.active() == []
     assert fake.scripts("id-node2")[-1].rstrip().endswith("iptables -w -F SIM-PARTITION")
+
+
+def test_a_partition_whose_rules_fail_is_forgotten_and_the_others_applied_again(nemesis):
+    """The partition kind's inject fails (iptables refused in etcd): its intent is forgotten and the partitions
+    left in force are applied again (undo_on_failure), so no half of it stays in any node."""
+    nem, fake = nemesis
+    everyone = ["node0", "node1", "node2", "etcd"]
+    first = nem.partition(isolate(["node2"], everyone))
+    # Only a node that drops both node1 (10.0.0.4) and node2 (10.0.0.5) runs this: the union with node1 cut.
+    both = "-s 10.0.0.4 -j DROP\niptables -w -A SIM-PARTITION -s 10.0.0.5"
+    fake.answers[both] = ExecResult(1, "", "iptables: No chain/target/match by that name.")
+    with pytest.raises(FaultError, match=r"^etcd: applying partition rules failed: iptables: No chain"):
+        nem.partition(isolate(["node1"], everyone))  # node1 is 10.0.0.4
+    assert [f.id for f in nem.active()] == [first["id"]]
+    for node in everyone:
+        script = fake.scripts(f"id-{node}")[-1]
+        assert "10.0.0.4 -j DROP" not in script or node == "node2", node  # only the first's rules
+    assert "-d 10.0.0.5 -j DROP" in fake.scripts("id-etcd")[-1]
+    records = [(r.fault, r.target, r.phase) for r in nem.history.records()]
+    assert records[2:] == [
+        ("partition", "node1 | node0,node2,etcd", "invoke"),
+        ("partition", "node1 | node0,node2,etcd", "fail"),
+    ]
+
+
+def test_heal_is_carried_out_as_a_kind_and_recorded_as_before(nemesis):
+    """Heal has an act (sim/core/faultkinds/network.py): the same invoke and ok records as the verb it was."""
+    nem, fake = nemesis
+    nem.link("node1", loss_pct=10)
+    assert nem.heal("link-node1") == {"op": list(nem.history.records())[-1].op, "healed": ["link-node1"]}
+    nem.heal()
+    heals = [r for r in nem.history.records() if r.fault == "heal"]
+    assert [(r.target, r.phase, r.args if r.phase == "invoke" else r.result.healed) for r in heals] == [
+        ("link-node1", "invoke", {}),
+        ("link-node1", "ok", ("link-node1",)),
+        ("all", "invoke", {}),
+        ("all", "ok", ()),
+    ]
+    with pytest.raises(UsageError, match="netem: nothing to degrade"):
+        nem.link("node1")
 
 
 def test_network_commands_run_only_from_the_helper_never_in_the_node_image(nemesis):

@@ -3,7 +3,7 @@ import re
 import pytest
 
 from sim.core.errors import UsageError
-from sim.faults.partition import (
+from sim.core.partition import (
     Partition,
     blocked_peers,
     cut_from,

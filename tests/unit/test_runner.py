@@ -13,14 +13,15 @@ import sim.cli.faults
 from sim.cli.main import main as sim_main
 from sim.core import labels
 from sim.core.errors import UsageError
-from sim.core.faultkinds import checkpoint, container, disk, etcd, process
+from sim.core.faultkinds import checkpoint, container, disk, etcd, network, process
 from sim.core.faultkinds.clock import SKEW_CLOCK, SkewOptions
+from sim.core.faultkinds.network import HEAL, LINK, PARTITION, HealOptions, NetemOptions, PartitionOptions
 from sim.core.faultkinds.slow_disk import SLOW_DISK, SlowDiskOptions
 from sim.core.history import History
+from sim.core.partition import cut_from, isolate, one_way, split
 from sim.core.spec import spec_from_options
-from sim.faults.catalog import FAULTS, PartitionOptions
+from sim.faults.catalog import FAULTS
 from sim.faults.inforce import InForce
-from sim.faults.partition import cut_from, isolate, one_way, split
 from sim.scenarios.runner import HistoryState, ScenarioRunner, default_cluster_name
 from sim.scenarios.scenario import Step, parse_scenario
 
@@ -78,7 +79,8 @@ class RecordingNemesis:
     def __getattr__(self, name):
         def call(*args, **kwargs):
             self.calls.append((name, args, kwargs))
-            return {"op": "1", "id": "partition-x" if name == "partition" else "link-node1", "node": "node1"}
+            cuts = bool(args) and args[0] is network.PARTITION
+            return {"op": "1", "id": "partition-x" if cuts else "link-node1", "node": "node1"}
 
         return call
 
@@ -86,6 +88,8 @@ class RecordingNemesis:
 PAUSE_NODE1 = ("carry_out", (container.PAUSE, container.TargetOptions("node1")), {})
 UNPAUSE_NODE1 = ("carry_out", (container.UNPAUSE, container.TargetOptions("node1")), {})
 UNPAUSE_ETCD = ("carry_out", (container.UNPAUSE, container.TargetOptions("etcd")), {})
+HEAL_PARTITION = ("carry_out", (HEAL, HealOptions("partition-x")), {})
+HEAL_ID = ("carry_out", (HEAL, HealOptions("link-node1")), {})  # the id the recording nemesis answers
 
 # fault -> (its scenario step's options, its CLI argv, the nemesis call, the undo call of a reversible one).
 # Written out by hand, not derived from the catalog: this is what the catalog must do.
@@ -131,23 +135,19 @@ WIRING = {
     "partition": (
         "isolate: [node1]",
         ["partition", "--isolate", "node1"],
-        ("partition", (ISOLATE_NODE1,), {}),
-        ("heal", ("partition-x",), {}),
+        ("carry_out", (PARTITION, PartitionOptions(isolate=("node1",))), {}),
+        HEAL_PARTITION,
     ),
-    "heal": ("id: link-node1", ["heal", "link-node1"], ("heal", ("link-node1",), {}), None),
+    "heal": ("id: link-node1", ["heal", "link-node1"], HEAL_ID, None),
     "netem": (
         "target: node1\n    delay: 100ms\n    jitter: 20ms\n    duplicate: 1%\n    corrupt: 2%",
         ["netem", "node1", "--delay", "100ms", "--jitter", "20ms", "--duplicate", "1%", "--corrupt", "2%"],
         (
-            "link",
-            ("node1",),
-            {
-                "loss_pct": None,
-                "rate_bps": None,
-                "netem": {"delay_ms": 100.0, "jitter_ms": 20.0, "duplicate_pct": 1.0, "corrupt_pct": 2.0},
-            },
+            "carry_out",
+            (LINK, NetemOptions("node1", delay=0.1, jitter=0.02, duplicate=1.0, corrupt=2.0)),
+            {},
         ),
-        ("heal", ("link-node1",), {}),
+        HEAL_ID,
     ),
     "etcd-kill": (
         "",
@@ -185,18 +185,23 @@ WIRING = {
         ("carry_out", (container.UNPAUSE, container.NoOptions()), {"target": "etcd"}),
         None,
     ),
-    "etcd-isolate": ("", ["etcd", "isolate"], ("partition", (ETCD_CUT,), {}), ("heal", ("partition-x",), {})),
+    "etcd-isolate": (
+        "",
+        ["etcd", "isolate"],
+        ("carry_out", (PARTITION, container.NoOptions()), {"target": "etcd"}),
+        HEAL_PARTITION,
+    ),
     "hang-worker": (
         "target: node1\n    local_rank: 1",
         ["hang-worker", "node1", "--local-rank", "1"],
         ("carry_out", (process.HANG_WORKER, process.WorkerOptions("node1", None, 1)), {}),
-        ("heal", ("link-node1",), {}),  # its own id: the one worker it stopped
+        HEAL_ID,  # its own id: the one worker it stopped
     ),
     "hang-collectives": (
         "rank: 1",
         ["hang-collectives", "--rank", "1"],
         ("carry_out", (process.HANG_COLLECTIVES, process.WorkerOptions("random", 1, None)), {}),
-        ("heal", ("link-node1",), {}),
+        HEAL_ID,
     ),
     "resume-worker": (
         "target: node2",
@@ -208,19 +213,19 @@ WIRING = {
         "target: node1\n    cpus: 0.25",
         ["slow", "node1", "--cpus", "0.25"],
         ("carry_out", (container.SLOW_NODE, container.SlowOptions("node1", 0.25)), {}),
-        ("heal", ("link-node1",), {}),
+        HEAL_ID,
     ),
     "skew-clock": (
         "target: node1\n    by: -10m",
         ["skew-clock", "node1", "--by=-10m"],
         ("carry_out", (SKEW_CLOCK, SkewOptions("node1", -600.0)), {}),
-        ("heal", ("link-node1",), {}),
+        HEAL_ID,
     ),
     "slow-disk": (
         "target: node1\n    write_rate: 1m",
         ["slow-disk", "node1", "--write-rate", "1m"],
         ("carry_out", (SLOW_DISK, SlowDiskOptions("node1", 2**20)), {}),
-        ("heal", ("link-node1",), {}),
+        HEAL_ID,
     ),
     "oom-worker": (
         "rank: 2",
@@ -242,7 +247,7 @@ WIRING = {
         "target: node2\n    leave: 4k",
         ["fill-disk", "node2", "--leave", "4k"],
         ("carry_out", (disk.FILL_DISK, disk.FillOptions("node2", "/ckpt", 4096)), {}),
-        ("heal", ("link-node1",), {}),
+        HEAL_ID,
     ),
     "kill-during-checkpoint": (
         "within: 20s\n    signal: TERM",
@@ -258,7 +263,7 @@ WIRING = {
         "target: node1\n    within: 20s",
         ["freeze-during-checkpoint", "node1", "--within", "20s"],
         ("carry_out", (checkpoint.FREEZE_DURING_CHECKPOINT, checkpoint.InWriteOptions("node1", "/ckpt", 20.0)), {}),
-        ("heal", ("link-node1",), {}),
+        HEAL_ID,
     ),
     "scale": (
         "nodes: 2\n    abrupt: true\n    grace: 3s",
@@ -321,32 +326,14 @@ def test_a_short_verb_also_answers_to_its_scenario_name(fault, monkeypatch, caps
 @pytest.mark.parametrize(
     "argv, call",
     [
-        (["heal", "--all"], ("heal", (None,), {})),
-        (["partition", "node0|node1,node2"], ("partition", (split([["node0"], ["node1", "node2"]], NODES),), {})),
-        (["partition", "--from-etcd", "node1"], ("partition", (cut_from(["node1"], ["etcd"], [*NODES, "etcd"]),), {})),
-        (
-            ["partition", "--from-peers", "node1"],
-            ("partition", (cut_from(["node1"], ["node0", "node2"], [*NODES, "etcd"]),), {}),
-        ),
-        (
-            ["partition", "--one-way", "node1", "etcd,node0"],
-            ("partition", (one_way(["node1"], ["etcd", "node0"]),), {}),
-        ),
+        (["heal", "--all"], ("carry_out", (HEAL, HealOptions(all=True)), {})),
         (
             ["kill-worker", "--rank", "3"],
             ("carry_out", (process.KILL_WORKER, process.KillWorkerOptions("random", 3, None, signal.SIGKILL)), {}),
         ),
         (
             ["netem", "node1", "--loss", "30%", "--rate", "1mbit", "--for", "0s"],
-            (
-                "link",
-                ("node1",),
-                {
-                    "loss_pct": 30.0,
-                    "rate_bps": 1_000_000,
-                    "netem": {"delay_ms": None, "jitter_ms": None, "duplicate_pct": None, "corrupt_pct": None},
-                },
-            ),
+            ("carry_out", (LINK, NetemOptions("node1", loss=30.0, rate=1_000_000)), {}),
         ),
     ],
 )
@@ -381,6 +368,26 @@ def test_bad_cli_input_is_one_line_and_reaches_no_cluster(argv, message, monkeyp
     assert sim_main([*argv, "--name", "t"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize(
+    "argv, cut",
+    [
+        (["partition", "node0|node1,node2"], split([["node0"], ["node1", "node2"]], NODES)),
+        (["partition", "--isolate", "node1"], ISOLATE_NODE1),
+        (["partition", "--from-etcd", "node1"], cut_from(["node1"], ["etcd"], [*NODES, "etcd"])),
+        (["partition", "--from-peers", "node1"], cut_from(["node1"], ["node0", "node2"], [*NODES, "etcd"])),
+        (["partition", "--one-way", "node1", "etcd,node0"], one_way(["node1"], ["etcd", "node0"])),
+        (["etcd", "isolate"], ETCD_CUT),
+    ],
+)
+def test_a_partitions_shape_cuts_these_links(argv, cut, monkeypatch, capsys):
+    """The CLI's shapes reach the partition kind, whose links among the cluster's nodes are these cuts."""
+    nemesis = RecordingNemesis()
+    monkeypatch.setattr(sim.cli.faults, "_nemesis", lambda args, running=True: nemesis)
+    assert sim_main([*argv, "--name", "t"]) == 0, capsys.readouterr().err
+    ((_, (kind, options), aimed),) = nemesis.calls
+    assert kind is PARTITION and kind.act.links(options, aimed.get("target"), tuple(NODES), True) == cut
 
 
 def test_partition_options_build_the_cuts_with_or_without_etcd():
@@ -466,7 +473,7 @@ def test_a_kept_cluster_gets_its_pending_undos_and_faults_healed_unless_keep_fau
 
     class Healing(RecordingNemesis):
         def active(self):  # a healed fault is no longer in force
-            healed = {c[1][0] for c in self.calls if c[0] == "heal" and c[1]}
+            healed = {c[1][1].id for c in self.calls if c[0] == "carry_out" and c[1][0] is HEAL}
             return [f for f in super().active() if f.id not in healed]
 
     nemesis = Healing()

@@ -95,8 +95,8 @@ def test_an_out_of_range_spec_value_reads_as_unknown():
 
 def test_an_undo_without_a_fault_id_is_refused_not_a_heal_of_everything():
     class Nemesis:
-        def heal(self, fault_id):  # pragma: no cover - must not be reached
-            raise AssertionError(f"heal({fault_id!r})")
+        def carry_out(self, kind, options):  # pragma: no cover - must not be reached
+            raise AssertionError(f"{kind.name}({options!r})")
 
     with pytest.raises(FaultError, match="no fault id to heal"):
         FAULTS["partition"].undo(Nemesis(), {"op": "x1"})

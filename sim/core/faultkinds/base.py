@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sim.core.faultoptions import FaultOptions
+from sim.core.partition import Cut, Partition
 
 # What undoes a reversible fault: the operation the history records for its undo.
 UNDO_OPS = ("heal", "unpause", "resume-worker")
@@ -18,6 +19,11 @@ UNDO_OPS = ("heal", "unpause", "resume-worker")
 LANES = ("partitioned",)
 # Node-count changes a vetted fault makes: "same", "less" (a node leaves), "more" (a node joins).
 NODE_EFFECTS = ("same", "less", "more")
+
+
+@dataclasses.dataclass(frozen=True)
+class NoOptions(FaultOptions):
+    """The options of a kind, or an entry, that takes none (etcd-kill, etcd-isolate)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +68,9 @@ ACT_MARKER = "elastic-sim-act={}"
 # target), a worker of one (picked by the options' rank or local_rank, else at random, seeded), a node's
 # torchrun agent, the cluster as a whole (a scale: its Struck names no node), or the node whose worker will write
 # a checkpoint (rank0's is waited for while a restarted group has none yet; its Struck's `left`: the seconds left
-# of the options' `within`).
-STRIKES = ("node", "worker", "agent", "cluster", "writer")
+# of the options' `within`), or the links between nodes its options cut (a partition: resolved among the cluster's
+# nodes before anything is recorded, its Struck names them by its description and holds its cuts).
+STRIKES = ("node", "worker", "agent", "cluster", "writer", "links")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,10 +85,12 @@ class Struck:
     local_rank: int | None = None
     workers: tuple[int, ...] = ()  # the agent's worker pids, when it strikes the agent
     file: str | None = None  # the in-force record's file (a held worker's hang file)
-    # What its in-force record kept to undo it (Act.remembers: a CPU quota to restore).
+    # What its in-force record kept to undo it (Act.remembers: a CPU quota to restore, a link's interface).
     kept: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     state: str | None = None  # its container's state, when the act checks it (Act.problem)
     left: float | None = None  # a writer's: the seconds left to wait for its write
+    cuts: frozenset[Cut] = frozenset()  # the links a partition cuts (its `node`: the partition's description)
+    id: str | None = None  # its id in force, once the executor claimed it (a partition's is drawn at random)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,6 +290,52 @@ class NetworkBack:
 
 
 @dataclasses.dataclass(frozen=True)
+class ApplyPartitions:
+    """The one mechanism of every partition (as in Jepsen): the union of the partitions in force, as iptables
+    rules in each running container's own namespace (its chain flushed, then filled). Outcome: each node's
+    rules. A heal applies them once, at its end, whatever it undid."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeLink:
+    """Degrade a node's link: random loss both ways (iptables statistic), or its root qdisc on `iface`
+    replaced by a bandwidth limit (`rate_bps`, tc tbf) or by netem (`netem`: delay_ms, jitter_ms, duplicate_pct,
+    corrupt_pct). Outcome: the commands run."""
+
+    node: str
+    loss_pct: float | None
+    rate_bps: int | None
+    netem: Mapping[str, float]
+    iface: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class FindIface:
+    """The interface that carries a node's cluster traffic (never assumed eth0: it is renamed on reconnect).
+    Outcome: {"iface": its name}."""
+
+    node: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ClearLink:
+    """Lift a node's link faults: its loss chains flushed, every interface's root qdisc deleted; `quiet`: a
+    failure is no error (heal --all's sweep of what reality holds)."""
+
+    node: str
+    quiet: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class HealFaults:
+    """Undo one fault in force by its id, or (None) every reversible one: heal's plan (sim/faults/heal.py)
+    from the faults in force and the containers' states, carried out; what it could not undo is an error that
+    names them. Outcome: the ids undone."""
+
+    fault_id: str | None
+
+
+@dataclasses.dataclass(frozen=True)
 class ForgetInForce:
     """Forget the node's faults in force of kind `in_force`: what this fault undid. Outcome: their ids."""
 
@@ -312,6 +367,11 @@ Action = (
     | EndedWithNode
     | NetworkBack
     | ForgetInForce
+    | ApplyPartitions
+    | ShapeLink
+    | FindIface
+    | ClearLink
+    | HealFaults
 )
 
 
@@ -408,7 +468,27 @@ class EndsHold:
             raise ValueError(f"EndsHold: ends {self.ends!r} is not one of {ENDS}")
 
 
-K8sForm = ChaosMesh | PodChaos | PodDown | CutFromJob | ExecTask | Held | EndsHold | ScaleJob
+@dataclasses.dataclass(frozen=True)
+class Partitioned:
+    """A NetworkChaos partition for each pair of sides a partition's `shape` (one of its options: groups,
+    isolate, from_etcd, from_peers, one_way) cuts, with `nodes` its value; the exporter selects the job's pods
+    on each side (it knows the job's nodes and whether it has etcd)."""
+
+    shape: str
+    nodes: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkChaos:
+    """One NetworkChaos on the target's link for each way it is degraded (`parts`: its Chaos Mesh action and
+    fields), in parallel; `notes` say how they differ from the local fault."""
+
+    target: str
+    parts: tuple[tuple[str, Mapping[str, Any]], ...]
+    notes: tuple[str, ...] = ()
+
+
+K8sForm = ChaosMesh | PodChaos | PodDown | CutFromJob | ExecTask | Held | EndsHold | ScaleJob | Partitioned | LinkChaos
 
 
 @dataclasses.dataclass(frozen=True)
@@ -437,15 +517,16 @@ class Act:
     resolves what it strikes (`strikes`, one of STRIKES) into a `Struck`. `inject(options, at)`: the actions
     that inject it there. `result(options, at, outcomes)`: its typed result (`to_dict()` is the history's ok
     record) from each action's outcome. `detail(options, at)`: what `sim faults` shows while it is in force,
-    `already`: why a second one on the same node is refused. `undo(at)`: the actions that end it (`at` from
-    its in-force record). `k8s(options)`: its Kubernetes form, None where there is none."""
+    `already`: why a second one on the same node is refused (detail None: its in-force record has none).
+    `undo(at)`: the actions that end it (`at` from its in-force record). `k8s(options)`: its Kubernetes form,
+    None where there is none."""
 
     verb: tuple[str, ...]  # on the CLI: ("skew-clock",) is `sim skew-clock`; (): asked for only as its entries
     help: str  # one line
     options: type[FaultOptions]
     inject: Callable[[Any, Struck], tuple[Action, ...]]
     result: Callable[[Any, Struck, tuple[Any, ...]], Any]
-    detail: Callable[[Any, Struck], str]
+    detail: Callable[[Any, Struck], str | None]
     already: str
     undo: Callable[[Struck], tuple[Action, ...]] | None
     k8s: Callable[[Any, str], K8sForm | None]  # (options, its target: an entry's fixed one or options.target)
@@ -464,9 +545,10 @@ class Act:
     # record's fields beyond its fault, target and detail (the pid or file heal needs).
     in_force_id: Callable[[Struck], str] | None = None
     in_force_fields: Callable[[Any, Struck], Mapping[str, Any]] = lambda o, at: {}
-    # Actions whose outcomes (dicts) its in-force record keeps for its undo, read under the fault store's
-    # lock before it acts (the CPU quota a straggler's undo restores).
-    remembers: Callable[[Struck], tuple[Action, ...]] = lambda at: ()
+    # Actions whose outcomes (dicts) its in-force record keeps, read under the fault store's lock before it
+    # acts (the CPU quota a straggler's undo restores, the interface a link's qdisc goes on); its inject sees
+    # them as `at.kept`.
+    remembers: Callable[[Any, Struck], tuple[Action, ...]] = lambda o, at: ()
     # Why a second one is refused (default: `{node}: {already}; sim heal ID first`); None from it: never.
     refusal: Callable[[Struck, str], str | None] | None = None
     # Why it cannot act on the node as it is (its container's state in `at.state`), before anything acts.
@@ -483,10 +565,20 @@ class Act:
     in_force_after: Callable[[Any, Struck, tuple[Any, ...]], Mapping[str, Any]] | None = None
     # Its undo may run in any running node (a file on the cluster's shared checkpoint volume).
     undo_anywhere: Callable[[Struck], bool] = lambda at: False
+    # Its catalog entry's name (a scenario step's) when not its kind's: `netem` asks for the kind link.
+    name: str | None = None
+    # strikes "links": the partition its options (or an entry's fixed target) cut among the cluster's nodes
+    # (and etcd, when it has one: the bool); a bad shape is refused before anything is recorded.
+    links: Callable[[Any, str | None, tuple[str, ...], bool], Partition] | None = None
+    # A failed inject is undone once its intent is forgotten (a partition's rules half-applied: the partitions
+    # left in force applied again).
+    undo_on_failure: bool = False
 
     def __post_init__(self) -> None:
         if self.strikes not in STRIKES:
             raise ValueError(f"act {self.verb}: strikes {self.strikes!r} is not one of {STRIKES}")
+        if (self.strikes == "links") != (self.links is not None):
+            raise ValueError(f"act {self.verb}: the links it cuts exactly when it strikes links")
 
     def recorded_target(self, options: Any, target: str | None = None) -> str:
         """The target its history records (`target`: an entry's fixed one): a worker struck by global rank is
@@ -512,7 +604,7 @@ class FaultKind:
     `undo_op`: the operation the history records for its undo (one of UNDO_OPS), None when nothing undoes it
     (a kill is over once it happened). `in_force`: the kind under which the fault store lists it while it is in
     force (`sim faults`, `sim heal ID`), None for a fault that is over at once. Its id there is
-    `{in_force}-{node}` for a fault of one node; a partition's is the nemesis's own.
+    `{in_force}-{node}` for a fault of one node; a partition's is drawn at random (its act's in_force_id).
     """
 
     name: str
@@ -547,6 +639,8 @@ class FaultKind:
     freezes_node: bool = False
     # It undoes, on its target, the fault listed in force under this kind (unpause: "pause").
     undoes_in_force: str | None = None
+    # It names the fault it undoes by its id in force (`heal ID`), not by its node (`unpause NODE`).
+    undoes_by_id: bool = False
     # It cuts network links between nodes (its result names the cuts).
     cuts_links: bool = False
     # Nodes (re)join because of it: restarted, or added or removed by a scale (its result names them).
@@ -572,8 +666,8 @@ class FaultKind:
     lane: str | None = None
     # How `sim vet` provokes it, by the name `sim vet --faults` takes (most kinds one, some none or two).
     provocations: Mapping[str, Provocation] = dataclasses.field(default_factory=dict)
-    # How it is asked for and what it does (options, inject, undo, result, Chaos Mesh form); None: a kind whose
-    # verb is still a Nemesis method with its entry in sim/faults/catalog.py (docs/ARCHITECTURE.md says which).
+    # How it is asked for and what it does (options, inject, undo, result, Chaos Mesh form); every kind declares
+    # one (tests/unit/test_faultkinds.py), None only for UNKNOWN (a record of a kind this version does not know).
     act: Act | None = None
 
     def __post_init__(self) -> None:

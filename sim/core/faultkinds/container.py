@@ -22,6 +22,7 @@ from .base import (
     KillContainer,
     LimitCpu,
     NetworkBack,
+    NoOptions,
     PauseContainer,
     PodChaos,
     PodDown,
@@ -48,11 +49,6 @@ ETCD_CONTAINER = "etcd"  # its container's name in the exported etcd pod
 
 
 # ---------------------------------------------------------------- options
-
-
-@dataclasses.dataclass(frozen=True)
-class NoOptions(FaultOptions):
-    pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,7 +346,7 @@ SLOW_NODE = FaultKind(
         example={"target": "node1", "cpus": 0.25},
         undo_needs_running=False,
         undo_on_stopped=True,  # a stopped container's quota applies again at its start
-        remembers=lambda at: (ReadCpuLimits(at.node),),
+        remembers=lambda o, at: (ReadCpuLimits(at.node),),
     ),
 )
 
