@@ -1037,11 +1037,14 @@ def _waits_for(run: RunModel, node: str) -> str:
             f"wait {limit}"
         )
     since = started[-1].t
-    workers = [r for r in run.records if isinstance(r, WorkerRecord) and r.node == node and r.t >= since]
+    # A worker stamps its own records, Docker the agent's lines when it reads them: the group's workers can
+    # be stamped before its group_started line, never before the agent began that round's rendezvous.
+    begun = max((r.t for r in joining if r.event == "rdzv_joining" and r.t <= since), default=since)
+    workers = [r for r in run.records if isinstance(r, WorkerRecord) and r.node == node and r.t >= begun]
     pg = f"torch's default process-group timeout would let it wait {DEFAULT_PG_TIMEOUT_S // 60} min"
     if not any(r.event == "start" for r in workers):
         return f"{node}'s worker group started at {clock(since)}; no worker of it said more"
-    if any(r.event == "pg_ready" for r in workers) or any(b.node == node and b.t >= since for b in run.beats):
+    if any(r.event == "pg_ready" for r in workers) or any(b.node == node and b.t >= begun for b in run.beats):
         return f"{node}'s worker waits in a collective for a peer that is gone; {pg} (unless the script gave one)"
     return f"{node}'s worker waits in init_process_group for a peer that is gone; {pg} (unless the script gave one)"
 

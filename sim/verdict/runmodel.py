@@ -55,6 +55,9 @@ AGENT_CONTAINER = re.compile(r"^node\d+$")
 COHORT_GAP_S = 30.0
 # Agent records that are written before any worker of their round starts.
 RENDEZVOUS_EVENTS = ("rdzv_joined", "rdzv_complete")
+# Agent records written only once a round's workers were spawned (the spawn itself, their end, a
+# membership change): after one of these, a node's rendezvous record is of a newer round.
+ROUND_SPAWNED_EVENTS = ("group_started", "worker_failed", "group_failed", "new_nodes", "group_finished")
 # Instrumentation records that show a worker training.
 WORKER_BEATS = ("step", "activity", "progress")
 
@@ -216,7 +219,7 @@ class RunModel:
         # Each kind of start is written before its own process's first beat of the same kind (the
         # trainer may call a collective before its start line), so only those split cohorts.
         own_beats = [r.t for r in beats if isinstance(r, TrainerRecord) == bool(trainer_starts)]
-        cohorts = _cohorts(self.starts, own_beats, [r for r in self.agent if r.event in RENDEZVOUS_EVENTS])
+        cohorts = _cohorts(self.starts, own_beats, self.agent, self.docker)
         cohort_times = [c.t for c in cohorts]
 
         def zombie(record: Beat) -> bool:
@@ -577,7 +580,9 @@ def _faults(records: list[Record]) -> tuple[list[FaultEvent], list[FaultEvent]]:
     return faults, heals
 
 
-def _cohorts(starts: list[Beat], beat_times: list[float], rendezvous: list[AgentRecord]) -> list[Cohort]:
+def _cohorts(
+    starts: list[Beat], beat_times: list[float], agent: list[AgentRecord], docker: list[DockerRecord]
+) -> list[Cohort]:
     """Group start records into cohorts.
 
     A start opens a new cohort when its world size differs from the current
@@ -586,10 +591,14 @@ def _cohorts(starts: list[Beat], beat_times: list[float], rendezvous: list[Agent
     starts before its group's first collective, so no beat of its own group (and no
     rendezvous of a later round) can fall inside one cohort.
     """
+    rendezvous = [r for r in agent if r.event in RENDEZVOUS_EVENTS]
     rendezvous_times = [r.t for r in rendezvous]
+    # What ends a node's round (or shows it spawned its workers): its agent's words, its container's restart.
+    spawned: list[Record] = [r for r in agent if r.event in ROUND_SPAWNED_EVENTS]
+    spawned += [r for r in docker if r.action in ("die", "start")]
     groups: list[list[Beat]] = []
     for start in starts:
-        if groups and _same_cohort(groups[-1], start, beat_times, rendezvous, rendezvous_times):
+        if groups and _same_cohort(groups[-1], start, beat_times, rendezvous, rendezvous_times, spawned):
             groups[-1].append(start)
         else:
             groups.append([start])
@@ -602,25 +611,34 @@ def _same_cohort(
     beat_times: list[float],
     rendezvous: list[AgentRecord],
     rendezvous_times: list[float],
+    spawned: list[Record],
 ) -> bool:
     previous = group[-1]
     if start.world_size != group[0].world_size or start.t - previous.t > COHORT_GAP_S:
         return False
     if _any_between(beat_times, previous.t, start.t):
         return False
+    if any(s.node == start.node and s.local_rank == start.local_rank for s in group):
+        return False  # one round starts each local rank of a node once
     # The agents of one round log their own rendezvous at their own pace: a slower agent's
-    # record can come after a faster node's worker started. Only a rendezvous of a node that
-    # already started a worker in this cohort, or of a higher round, means a new round began.
+    # record can come after a faster node's worker started. And an agent's lines are stamped
+    # when Docker reads them, a worker's records by the worker itself: a node's own rendezvous
+    # of this round can be stamped after its worker's start (the agent's line read late). So a
+    # node that already started a worker here shows a new round only by a rendezvous that
+    # follows its agent's spawn of this round or that round's end; another node, by a higher round.
     first = bisect.bisect_right(rendezvous_times, previous.t)
     last = bisect.bisect_left(rendezvous_times, start.t)
-    started = {s.node for s in group}
+    started = {s.node: s.t for s in reversed(group)}  # each node's first start here
     round_now = max((r.round for r in rendezvous[:first] if r.round is not None and r.t <= group[0].t), default=None)
+    others = []
     for record in rendezvous[first:last]:
-        if record.node in started:
+        if record.node not in started:
+            others.append(record)
+        elif any(s.node == record.node and started[record.node] < s.t < record.t for s in spawned):
             return False
-        if record.round is not None and round_now is not None and record.round > round_now:
-            return False
-    return True
+        elif record.round is not None:  # its own round's, stamped late
+            round_now = record.round if round_now is None else max(round_now, record.round)
+    return not any(r.round is not None and round_now is not None and r.round > round_now for r in others)
 
 
 def _any_between(sorted_times: list[float], after: float, before: float) -> bool:

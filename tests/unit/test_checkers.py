@@ -22,6 +22,7 @@ from sim.verdict.checkers import (
     check_recovery,
     check_restart_budget,
     check_single_group,
+    check_stale_checkpoint,
     check_stalled,
     check_world_size,
 )
@@ -296,7 +297,7 @@ def test_ranks_pass_for_each_cohort_and_fail_on_duplicates():
 def test_a_slow_agents_rendezvous_lines_after_a_faster_nodes_worker_start_keep_one_cohort():
     """Seen in CI: node1's agent logged "Rendezvous complete" 4 ms after node0's worker started and
     before its own worker did. One round, one cohort: a rendezvous line splits only when it comes
-    from a node already started in the cohort (or names a higher round)."""
+    from a node already started in the cohort after its agent spawned that round (or names a higher round)."""
     run = HistoryBuilder(nodes=3, nproc=1)
     run.start_workers()
     starts = [r for r in run.records if r.get("kind") == "start"]
@@ -315,6 +316,90 @@ def test_a_slow_agents_rendezvous_lines_after_a_faster_nodes_worker_start_keep_o
     assert [sorted(c.nodes) for c in model.cohorts] == [["node0", "node1", "node2"]] * 2
     assert not model.zombies
     assert check_ranks(model, run.spec()).valid
+
+
+def test_a_nodes_own_rendezvous_line_stamped_after_its_worker_start_keeps_one_cohort():
+    """The team-image flake (tests/data/runs/agent_line_stamped_late): Docker stamps an agent's lines when it
+    reads them, the worker stamps its own start; node0's "Rendezvous complete" (printed 12:24:45.942) was
+    stamped 45.9945, 21 ms after its worker's start. The old model took it for a new round of node0: round 0
+    split into {node0} and {node1}, node0's whole round 0 judged a zombie, `ranks` FAIL ("rank 1 never
+    started") and `stale_checkpoint` FAIL (its saves "of a superseded round")."""
+    run = captured("agent_line_stamped_late")
+    assert [sorted(c.nodes) for c in run.cohorts] == [["node0", "node1"]] * 2
+    assert not run.zombies
+    spec = RunSpec.from_run(run)
+    assert check_ranks(run, spec).valid
+    assert check_stale_checkpoint(run, spec).valid
+    assert check_all(run, spec).valid
+
+
+def _agent(t, node, event, **fields):
+    return {"t": t, "type": "agent", "node": node, "event": event, **fields}
+
+
+def _worker_start(t, node, rank, restart=0):
+    return {"t": t, "type": "worker", "node": node, "event": "start", "rank": rank, "local_rank": 0,
+            "world_size": 2, "restart": restart, "pid": 10 + restart}  # fmt: skip
+
+
+@pytest.mark.parametrize("agent_lag_s", [0.0, 0.05])
+@pytest.mark.parametrize("ended_by", ["agent", "restart"])
+def test_a_started_nodes_next_round_still_splits_the_cohort_however_late_its_agent_lines(agent_lag_s, ended_by):
+    """node0's worker of round 0 died before any step (its agent saw it fail; or its container restarted);
+    node0's agent regrouped (round numbers unknown, as some backends log none) and node1's first worker started
+    in the new round: two cohorts, whether node0's own round-0 lines were stamped before or (read late) after
+    its worker's start."""
+    t, lag = T0, agent_lag_s
+    if ended_by == "agent":
+        ended = [
+            _agent(t + 1.0, "node0", "worker_failed", exitcode=-9, local_rank=0, pid=10),
+            _agent(t + 1.0, "node0", "group_failed", attempts_left=2, max_restarts=3),
+        ]
+    else:
+        ended = [
+            {"t": t + 0.5, "type": "docker", "action": "die", "node": "node0", "exit_code": 137},
+            {"t": t + 0.9, "type": "docker", "action": "start", "node": "node0"},
+        ]
+    records = [
+        {"t": t - 1, "type": "run", "event": "start", "cluster": "c", "spec": {"nodes": 2, "nproc_per_node": 1}},
+        _agent(t - 0.5, "node0", "rdzv_joined", group_rank=0, nodes=2),
+        _agent(t - 0.1 + lag, "node0", "rdzv_complete", group_rank=0, restart_count=0),
+        _agent(t - 0.1 + lag + 0.001, "node0", "group_started"),
+        _worker_start(t, "node0", 0),
+        *ended,
+        _agent(t + 1.1, "node0", "rdzv_joining"),
+        _agent(t + 2.0, "node0", "rdzv_joined", group_rank=0, nodes=2),
+        _agent(t + 2.0, "node1", "rdzv_joined", group_rank=1, nodes=2),
+        _agent(t + 2.1, "node0", "rdzv_complete", group_rank=0, restart_count=1),
+        _agent(t + 2.1, "node1", "rdzv_complete", group_rank=1, restart_count=0),
+        _worker_start(t + 2.2, "node1", 1),
+        _worker_start(t + 2.3, "node0", 0, restart=1),
+    ]
+    model = RunModel(records)
+    assert [sorted(c.nodes) for c in model.cohorts] == [["node0"], ["node0", "node1"]]
+
+
+def test_a_round_number_read_late_from_a_started_nodes_agent_is_that_nodes_own_round():
+    """Round 1: node0's worker started first; node1's join of round 1, then node0's own (its agent's line read
+    late), came before node1's worker start. Neither is a newer round than node0's: one cohort per round."""
+    t = T0
+    records = [
+        {"t": t - 1, "type": "run", "event": "start", "cluster": "c", "spec": {"nodes": 2, "nproc_per_node": 1}},
+        _agent(t - 0.5, "node0", "rdzv_joined", round=0, group_rank=0, nodes=2),
+        _agent(t - 0.5, "node1", "rdzv_joined", round=0, group_rank=1, nodes=2),
+        _worker_start(t, "node0", 0),
+        _worker_start(t, "node1", 1),
+        {"t": t + 2, "type": "worker", "node": "node0", "event": "step", "rank": 0, "world_size": 2, "n": 1},
+        _agent(t + 3, "node0", "new_nodes", count=1),
+        _worker_start(t + 5.0, "node0", 0, restart=1),
+        _agent(t + 5.01, "node1", "rdzv_joined", round=1, group_rank=1, nodes=2),
+        _agent(t + 5.02, "node0", "rdzv_joined", round=1, group_rank=0, nodes=2),
+        _agent(t + 5.03, "node0", "rdzv_complete", group_rank=0, restart_count=1),
+        _agent(t + 5.04, "node0", "group_started"),
+        _worker_start(t + 5.1, "node1", 1, restart=1),
+    ]
+    model = RunModel(records)
+    assert [sorted(c.nodes) for c in model.cohorts] == [["node0", "node1"]] * 2
 
 
 def test_cohorts_split_on_progress_even_without_agent_logs():

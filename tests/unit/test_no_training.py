@@ -196,6 +196,18 @@ def test_an_agent_that_gave_up_and_a_peer_waiting_in_init_cannot_finish():
     assert "waits in a collective" in cannot_finish(in_collective.model(), t + 61).waiting[0]
 
 
+def test_a_waiting_workers_start_stamped_before_its_agents_group_started_line_is_its_group_s():
+    """An agent line is stamped when Docker reads it, a worker's start by the worker: node1's restarted worker
+    can be stamped before its agent's group_started (the team-image flake: 21 ms). It still waits in init."""
+    run, gave_up = _gave_up_run()
+    started = [r for r in run.records if r.get("node") == "node1" and r.get("event") == "group_started"][-1]
+    start = [r for r in run.records if r.get("node") == "node1" and r.get("event") == "start"][-1]
+    start["t"] = started["t"] - 0.02
+    run.records.append({"t": started["t"] - 1.0, "type": "agent", "node": "node1", "event": "rdzv_joining"})
+    stuck = cannot_finish(run.model(), gave_up + 61, hang_s=60)
+    assert stuck is not None and stuck.waiting[0].startswith("node1's worker waits in init_process_group for a peer")
+
+
 def test_no_verdict_while_a_fault_holds_or_the_rest_regroup_or_all_ended():
     run, gave_up = _gave_up_run()
     paused = ScriptRun()
