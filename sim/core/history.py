@@ -111,9 +111,10 @@ class FaultResult(_Nested):
 
     node: str | None = None  # the node it acted on (a role such as "random" resolved)
     id: str | None = None  # a fault in force: the id `sim faults` and `sim heal` use
+    as_written: Mapping | None = dataclasses.field(default=None, repr=False)  # None: built by its writer
 
     def to_dict(self) -> dict:
-        if self.as_written:
+        if self.as_written is not None:
             return dict(self.as_written)
         data = {}
         for field in dataclasses.fields(self):

@@ -163,3 +163,7 @@ def test_no_reader_indexes_a_fault_result_or_the_spec_as_a_dict():
         if pattern.search(line)
     ]
     assert not found, found
+
+
+def test_a_kinds_result_read_from_an_empty_record_is_written_back_empty():
+    assert kind_of("scale").read_result({}).to_dict() == {} and FaultResult().to_dict() == {}

@@ -59,7 +59,8 @@ class KillInWriteOptions(InWriteOptions):
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
 class CorruptResult(FaultResult):
     """The node that damaged the newest checkpoint, and what its script reports of the damage (the mode's own
-    facts stay in `extra`)."""
+    facts stay in `extra`). The checkpoint kinds' results are parsed from their node script's report, kept as
+    written."""
 
     file: str | None = None
     size: int | None = None
