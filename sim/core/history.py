@@ -104,48 +104,25 @@ class _Nested:
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
 class FaultResult(_Nested):
-    """What a fault operation did, as its `ok` record says (the dict sim/faults/nemesis.py's verb returned).
-    Each verb writes the fields that apply to it; a field it does not write is None."""
+    """What a fault operation did, as its `ok` record says: the fields every kind's result has. Each kind's
+    typed result (sim.core.faultkinds, `FaultKind.read_result`) adds its own fields; here they stay readable in
+    `extra` and `to_dict()`. A kind's result built by its writer (not parsed) is written as its fields: node
+    and id where set, its own fields always."""
 
     node: str | None = None  # the node it acted on (a role such as "random" resolved)
     id: str | None = None  # a fault in force: the id `sim faults` and `sim heal` use
-    pid: int | None = None  # the process it signalled or held
-    pids: tuple[int, ...] | None = None  # resume-worker: the workers continued
-    rank: int | None = None
-    local_rank: int | None = None
-    signal: str | None = None
-    file: str | None = None  # the checkpoint file damaged, written or held open; a filler; a hold file
-    size_at_kill: int | None = None  # kill-during-checkpoint: the file's size at the signal
-    # kill-during-checkpoint: the file was gone at the signal (its size recorded as None): renamed into
-    # place, whole, between the trigger seeing it open and the signal
-    gone_at_kill: bool = False
-    mode: str | None = None  # corrupt-checkpoint: bitflip | truncate
-    limit: int | None = None  # oom-worker: the memory limit it ran under
-    written: int | None = None  # fill-disk: the filler's bytes
-    by: float | None = None  # skew-clock: the offset asked for
-    seen: float | None = None  # skew-clock: the offset a new process saw
-    cpus: float | None = None  # slow-node
-    grace: float | None = None  # stop-node, restart-node: seconds between SIGTERM and SIGKILL
-    partition: str | None = None  # partition: its description
-    cuts: tuple[tuple[str, ...], ...] | None = None  # partition: each cut, the nodes on one side
-    rules: Mapping[str, tuple[str, ...]] | None = None  # partition: each node's iptables rules, as applied
-    healed: tuple[str, ...] | None = None  # heal, resume-worker: the ids undone
-    joined: tuple[str, ...] | None = None  # scale
-    left: tuple[str, ...] | None = None  # scale
+    as_written: Mapping | None = dataclasses.field(default=None, repr=False)  # None: built by its writer
 
-    @classmethod
-    def _derived(cls, data: Mapping) -> dict:
-        cuts = data.get("cuts")
-        derived: dict = {"gone_at_kill": "size_at_kill" in data and data["size_at_kill"] is None}
-        if isinstance(cuts, list) and all(isinstance(c, list) for c in cuts):
-            derived["cuts"] = tuple(tuple(str(n) for n in c) for c in cuts)
-        if "rules" in data:  # a malformed value reads as None (as_written keeps it), never half-typed
-            rules = data["rules"]
-            valid = isinstance(rules, dict) and all(isinstance(r, list) for r in rules.values())
-            derived["rules"] = (
-                {str(n): tuple(str(r) for r in node_rules) for n, node_rules in rules.items()} if valid else None
-            )
-        return derived
+    def to_dict(self) -> dict:
+        if self.as_written is not None:
+            return dict(self.as_written)
+        data = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name in ("extra", "as_written") or (field.name in ("node", "id") and value is None):
+                continue
+            data[field.name] = list(value) if isinstance(value, tuple) else value
+        return {**data, **self.extra}
 
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)

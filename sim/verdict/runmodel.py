@@ -91,12 +91,13 @@ class FaultEvent:
     target: str | None
     t_invoke: float
     t_ok: float  # when its ok (or info) record was written
-    result: FaultResult  # a dict (a hand-written event) is parsed
+    # Its kind's typed result (FaultKind.read_result: a partition's has its cuts, a scale's who joined and left);
+    # the record's common one or a dict (a hand-written event) is parsed as that.
+    result: FaultResult
     outcome: str = "ok"  # "ok" | "info"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.result, FaultResult):
-            object.__setattr__(self, "result", FaultResult.parse(self.result))
+        object.__setattr__(self, "result", self.kind.read_result(self.result))
 
     @property
     def kind(self) -> FaultKind:
@@ -140,7 +141,9 @@ class FaultEvent:
         """Whether this heal operation undid `fault`."""
         if self.kind.undoes_in_force is not None:  # an unpause: the pause of its node
             return fault.heal_id == f"{self.kind.undoes_in_force}-{self.where}"
-        return self.target in (fault.heal_id, "all") or fault.heal_id in (self.result.healed or ())
+        if self.target in (fault.heal_id, "all"):
+            return True
+        return self.kind.undoes_by_id and fault.heal_id in (self.result.healed or ())  # a heal's result names them
 
 
 Beat = TrainerRecord | WorkerRecord

@@ -19,6 +19,7 @@ from sim.core import labels
 from sim.core import labels as labels_mod
 from sim.core.capabilities import COMPOSE
 from sim.core.errors import FaultError, UsageError
+from sim.core.faultkinds import kind_of
 from sim.core.faultkinds.clock import CLOCK_SCRIPT
 from sim.core.history import History
 from sim.core.partition import Partition, isolate, split
@@ -181,7 +182,7 @@ def test_kill_worker_by_rank_signals_that_pid_and_records_it(nemesis):
     assert ("exec", "id-node0", ["kill", "-TERM", "41"], None) in fake.calls  # the workers' own user: no CAP_KILL
     records = list(nem.history.records())
     assert [r.phase for r in records] == ["invoke", "ok"]
-    assert records[0].t <= records[1].t and records[1].result.pid == 41
+    assert records[0].t <= records[1].t and kind_of("kill-worker").read_result(records[1].result).pid == 41
 
 
 def test_a_failed_fault_is_recorded_as_fail(nemesis):
@@ -249,7 +250,10 @@ def test_heal_is_carried_out_as_a_kind_and_recorded_as_before(nemesis):
     assert nem.heal("link-node1") == {"op": list(nem.history.records())[-1].op, "healed": ["link-node1"]}
     nem.heal()
     heals = [r for r in nem.history.records() if r.fault == "heal"]
-    assert [(r.target, r.phase, r.args if r.phase == "invoke" else r.result.healed) for r in heals] == [
+    assert [
+        (r.target, r.phase, r.args if r.phase == "invoke" else kind_of(r.fault).read_result(r.result).healed)
+        for r in heals
+    ] == [
         ("link-node1", "invoke", {}),
         ("link-node1", "ok", ("link-node1",)),
         ("all", "invoke", {}),

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sim.core.faultoptions import FaultOptions
+from sim.core.history import FaultResult
 from sim.core.partition import Cut, Partition
 
 # What undoes a reversible fault: the operation the history records for its undo.
@@ -515,9 +516,9 @@ class Act:
 
     `options`: its options (a FaultOptions dataclass; their `target` is the node it strikes). The executor
     resolves what it strikes (`strikes`, one of STRIKES) into a `Struck`. `inject(options, at)`: the actions
-    that inject it there. `result(options, at, outcomes)`: its typed result (`to_dict()` is the history's ok
-    record) from each action's outcome. `detail(options, at)`: what `sim faults` shows while it is in force,
-    `already`: why a second one on the same node is refused (detail None: its in-force record has none).
+    that inject it there. `result(options, at, outcomes)`: its typed result, a `result_type` (`to_dict()` is the
+    history's ok record) from each action's outcome. `detail(options, at)`: what `sim faults` shows while it is in
+    force, `already`: why a second one on the same node is refused (detail None: its in-force record has none).
     `undo(at)`: the actions that end it (`at` from its in-force record). `k8s(options)`: its Kubernetes form,
     None where there is none."""
 
@@ -525,7 +526,8 @@ class Act:
     help: str  # one line
     options: type[FaultOptions]
     inject: Callable[[Any, Struck], tuple[Action, ...]]
-    result: Callable[[Any, Struck, tuple[Any, ...]], Any]
+    result: Callable[[Any, Struck, tuple[Any, ...]], FaultResult]
+    result_type: type[FaultResult]  # what `result` builds, and what the run model parses its ok record as
     detail: Callable[[Any, Struck], str | None]
     already: str
     undo: Callable[[Struck], tuple[Action, ...]] | None
@@ -575,6 +577,8 @@ class Act:
     undo_on_failure: bool = False
 
     def __post_init__(self) -> None:
+        if not issubclass(self.result_type, FaultResult):
+            raise ValueError(f"act {self.verb}: its result_type is a FaultResult (sim.core.history)")
         if self.strikes not in STRIKES:
             raise ValueError(f"act {self.verb}: strikes {self.strikes!r} is not one of {STRIKES}")
         if (self.strikes == "links") != (self.links is not None):
@@ -692,6 +696,12 @@ class FaultKind:
         with them every rank they train with: a step seen just after it is one already in flight, not training
         going on (sim.verdict.recovery)."""
         return self.stalls_workers or self.freezes_node
+
+    def read_result(self, result: FaultResult | Mapping | None) -> FaultResult:
+        """A fault's ok record's result, typed as this kind's (the common FaultResult for a kind this version
+        does not know): a field it lacks, or of another type, reads None."""
+        data = result.to_dict() if isinstance(result, FaultResult) else result
+        return (FaultResult if self.act is None else self.act.result_type).parse(data)
 
     @property
     def reversible(self) -> bool:

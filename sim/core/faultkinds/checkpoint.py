@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from signal import SIGKILL, SIGSTOP, Signals
-from typing import Any
 
 from sim.core.faultoptions import DIRECTORY, NODE_TARGET, SECONDS, SIGNAL, FaultOptions, OptionKind, option
+from sim.core.history import FaultResult
 
 from .base import (
     ACT_MARKER,
@@ -56,35 +56,40 @@ class KillInWriteOptions(InWriteOptions):
     signal: Signals = option(SIGNAL, "KILL, TERM, ...", SIGKILL)
 
 
-@dataclasses.dataclass(frozen=True)
-class CorruptResult:
-    """The node that damaged the newest checkpoint, and what its script reports of the damage."""
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class CorruptResult(FaultResult):
+    """The node that damaged the newest checkpoint, and what its script reports of the damage (the mode's own
+    facts stay in `extra`). The checkpoint kinds' results are parsed from their node script's report, kept as
+    written."""
 
-    node: str
-    damage: Mapping[str, Any]  # file, size, mode and the mode's own facts
-
-    def to_dict(self) -> dict:
-        return {"node": self.node, **self.damage}
-
-
-@dataclasses.dataclass(frozen=True)
-class KillInWriteResult:
-    node: str
-    signal: str
-    caught: Mapping[str, Any]  # the writer: pid, file, size_at_kill
-
-    def to_dict(self) -> dict:
-        return {"node": self.node, "signal": self.signal, **self.caught}
+    file: str | None = None
+    size: int | None = None
+    mode: str | None = None  # bitflip | truncate
 
 
-@dataclasses.dataclass(frozen=True)
-class FreezeResult:
-    id: str
-    node: str
-    caught: Mapping[str, Any]
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class KillInWriteResult(FaultResult):
+    """The writer signalled: its pid, the file it wrote and that file's size at the signal."""
 
-    def to_dict(self) -> dict:
-        return {"id": self.id, "node": self.node, **self.caught}
+    signal: str | None = None
+    pid: int | None = None
+    file: str | None = None
+    size_at_kill: int | None = None
+    # The file was gone at the signal (its size recorded as None): renamed into place, whole, between the
+    # trigger seeing it open and the signal.
+    gone_at_kill: bool = False
+
+    @classmethod
+    def _derived(cls, data: Mapping) -> dict:
+        return {"gone_at_kill": "size_at_kill" in data and data["size_at_kill"] is None}
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class FreezeResult(FaultResult):
+    """The writer frozen: its pid and the file it holds open."""
+
+    pid: int | None = None
+    file: str | None = None
 
 
 def _marker(at: Struck) -> str:
@@ -99,7 +104,8 @@ CORRUPT_CHECKPOINT = FaultKind(
         help="flip bits in, or truncate, the newest checkpoint file",
         options=CorruptOptions,
         inject=lambda o, at: (RunNodeScript(at.node, "corrupt", _CORRUPTING, (o.dir, o.mode), seeded=True),),
-        result=lambda o, at, outcomes: CorruptResult(at.node, outcomes[0]),
+        result_type=CorruptResult,
+        result=lambda o, at, outcomes: CorruptResult.parse({"node": at.node, **outcomes[0]}),
         detail=lambda o, at: f"{o.mode} of the newest checkpoint",
         already="",
         undo=None,
@@ -132,7 +138,10 @@ KILL_DURING_CHECKPOINT = FaultKind(
         options=KillInWriteOptions,
         strikes="writer",
         inject=lambda o, at: (CatchWriter(at.node, o.dir, at.left or o.within, o.signal),),
-        result=lambda o, at, outcomes: KillInWriteResult(at.node, o.signal.name, outcomes[0]),
+        result_type=KillInWriteResult,
+        result=lambda o, at, outcomes: KillInWriteResult.parse(
+            {"node": at.node, "signal": o.signal.name, **outcomes[0]}
+        ),
         detail=lambda o, at: "its writer signalled",
         already="",
         undo=None,
@@ -160,7 +169,8 @@ FREEZE_DURING_CHECKPOINT = FaultKind(
         # The intent first: the watcher stops a worker in the node, and goes on doing so if our call is
         # interrupted; heal ends the watcher, unpauses the node and continues its workers.
         inject=lambda o, at: (CatchWriter(at.node, o.dir, at.left or o.within, SIGSTOP, _marker(at), True),),
-        result=lambda o, at, outcomes: FreezeResult(f"freeze-{at.node}", at.node, outcomes[0]),
+        result_type=FreezeResult,
+        result=lambda o, at, outcomes: FreezeResult.parse({"id": f"freeze-{at.node}", "node": at.node, **outcomes[0]}),
         detail=lambda o, at: "waiting for a checkpoint write",
         already="already frozen",
         undo=lambda at: (ContinueWorker(at.node, at.pid),),  # an intent knows no pid yet: every worker

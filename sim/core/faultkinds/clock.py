@@ -12,6 +12,7 @@ import dataclasses
 
 from sim.core.errors import FaultError
 from sim.core.faultoptions import NODE_TARGET, OFFSET, FaultOptions, option
+from sim.core.history import FaultResult
 from sim.core.parse import go_duration
 
 from .base import Act, ChaosMesh, FaultKind, NodeShell
@@ -36,17 +37,12 @@ class SkewOptions(FaultOptions):
     by: float = option(OFFSET, "how far its clock runs ahead, e.g. 60s, or behind: --by=-10m", required=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class SkewResult:
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class SkewResult(FaultResult):
     """What skew-clock did: the offset asked for and the one a fresh process in the node then saw."""
 
-    id: str
-    node: str
-    by: float
-    seen: float
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    by: float | None = None
+    seen: float | None = None
 
 
 def _set_offset(node: str, seconds: float) -> NodeShell:
@@ -89,8 +85,9 @@ SKEW_CLOCK = FaultKind(
         help="shift a node's wall clock (libfaketime in its processes): --by 60s ahead, --by=-10m behind",
         options=SkewOptions,
         inject=lambda o, at: (_set_offset(at.node, o.by),),
+        result_type=SkewResult,
         result=lambda o, at, outcomes: SkewResult(
-            SKEW_CLOCK.in_force_id(at.node), at.node, o.by, _seen(at.node, outcomes[0])
+            id=SKEW_CLOCK.in_force_id(at.node), node=at.node, by=o.by, seen=_seen(at.node, outcomes[0])
         ),
         detail=lambda o, at: f"clock {o.by:+g} s",
         already="its clock is skewed already",

@@ -7,6 +7,7 @@ import dataclasses
 from signal import SIGCONT, SIGSTOP
 
 from sim.core.faultoptions import CPUS, FLAG, SECONDS, TARGET, FaultOptions, option, whole
+from sim.core.history import FaultResult
 
 from .base import (
     Act,
@@ -84,43 +85,33 @@ class DowntimeOptions(FaultOptions):
 # ---------------------------------------------------------------- results (the history's ok records)
 
 
-@dataclasses.dataclass(frozen=True)
-class NodeResult:
-    node: str
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class NodeResult(FaultResult):
+    """The node it acted on (FaultResult's node)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class StopResult(NodeResult):
-    grace: float
-    took: float  # seconds the stop took
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class StopResult(FaultResult):
+    grace: float | None = None  # seconds between SIGTERM and SIGKILL
+    took: float | None = None  # seconds the stop took
 
 
-@dataclasses.dataclass(frozen=True)
-class RestartResult(NodeResult):
-    grace: float
-    downtime: float
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class RestartResult(FaultResult):
+    grace: float | None = None
+    downtime: float | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class ScaleResult:
-    joined: list[str]  # nodes started (new, or stopped ones started again)
-    left: list[str]  # nodes removed, highest first
-    abrupt: bool
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class ScaleResult(FaultResult):
+    joined: tuple[str, ...] | None = None  # nodes started (new, or stopped ones started again)
+    left: tuple[str, ...] | None = None  # nodes removed, highest first
+    abrupt: bool | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class PauseResult:
-    id: str
-    node: str
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class PauseResult(FaultResult):
+    """The node paused, and its id in force (FaultResult's node and id)."""
 
 
 # ---------------------------------------------------------------- Kubernetes
@@ -171,7 +162,8 @@ KILL_NODE_ACT = Act(
     help="crash a whole node or etcd at once (docker kill)",
     options=TargetOptions,
     inject=lambda o, at: (KillContainer(at.node), EndedWithNode(at.node)),
-    result=lambda o, at, outcomes: NodeResult(at.node),
+    result_type=NodeResult,
+    result=lambda o, at, outcomes: NodeResult(node=at.node),
     detail=lambda o, at: "killed",
     already="",
     undo=None,
@@ -186,7 +178,8 @@ STOP_NODE_ACT = Act(
     help="preempt a node: SIGTERM, then SIGKILL after a grace period (docker stop -t)",
     options=StopOptions,
     inject=lambda o, at: (StopContainer(at.node, o.grace), EndedWithNode(at.node)),
-    result=lambda o, at, outcomes: StopResult(at.node, o.grace, outcomes[0]),
+    result_type=StopResult,
+    result=lambda o, at, outcomes: StopResult(node=at.node, grace=o.grace, took=outcomes[0]),
     detail=lambda o, at: "stopped",
     already="",
     undo=None,
@@ -200,7 +193,8 @@ RESTART_NODE_ACT = Act(
     help="restart a node or etcd with the same hostname (quick rejoin; etcd keeps its data)",
     options=RestartOptions,
     inject=lambda o, at: (RestartContainer(at.node, getattr(o, "grace", 0.0), o.downtime), NetworkBack(at.node)),
-    result=lambda o, at, outcomes: RestartResult(at.node, getattr(o, "grace", 0.0), o.downtime),
+    result_type=RestartResult,
+    result=lambda o, at, outcomes: RestartResult(node=at.node, grace=getattr(o, "grace", 0.0), downtime=o.downtime),
     detail=lambda o, at: "restarted",
     already="",
     undo=None,
@@ -215,7 +209,8 @@ START_NODE_ACT = Act(
     help="start a node or etcd that was killed or stopped",
     options=TargetOptions,
     inject=lambda o, at: (StartContainer(at.node), NetworkBack(at.node)),
-    result=lambda o, at, outcomes: NodeResult(at.node),
+    result_type=NodeResult,
+    result=lambda o, at, outcomes: NodeResult(node=at.node),
     detail=lambda o, at: "started",
     already="",
     undo=None,
@@ -229,7 +224,8 @@ PAUSE_ACT = Act(
     help="freeze a node or etcd (every process stops; docker pause)",
     options=TargetOptions,
     inject=lambda o, at: (PauseContainer(at.node),),  # the intent first: a pause interrupted here is still healed
-    result=lambda o, at, outcomes: PauseResult(f"pause-{at.node}", at.node),
+    result_type=PauseResult,
+    result=lambda o, at, outcomes: PauseResult(id=f"pause-{at.node}", node=at.node),
     detail=lambda o, at: "frozen",
     already="already paused",
     undo=lambda at: (Unpause(at.node),),
@@ -248,7 +244,10 @@ SCALE_ACT = Act(
     options=ScaleOptions,
     strikes="cluster",
     inject=lambda o, at: (ScaleNodes(o.nodes, o.abrupt, o.grace),),
-    result=lambda o, at, outcomes: ScaleResult(outcomes[0]["joined"], outcomes[0]["left"], o.abrupt),
+    result_type=ScaleResult,
+    result=lambda o, at, outcomes: ScaleResult(
+        joined=tuple(outcomes[0]["joined"]), left=tuple(outcomes[0]["left"]), abrupt=o.abrupt
+    ),
     detail=lambda o, at: f"{o.nodes} nodes",
     already="",
     undo=None,
@@ -261,7 +260,8 @@ UNPAUSE_ACT = Act(
     help="resume a frozen node or etcd",
     options=TargetOptions,
     inject=lambda o, at: (Unpause(at.node), ForgetInForce(at.node, "pause")),
-    result=lambda o, at, outcomes: NodeResult(at.node),
+    result_type=NodeResult,
+    result=lambda o, at, outcomes: NodeResult(node=at.node),
     detail=lambda o, at: "thawed",
     already="",
     undo=None,
@@ -278,18 +278,13 @@ class SlowOptions(FaultOptions):
     cpus: float = option(CPUS, "the CPU time it gets, in CPUs, e.g. 0.2 (a cgroup CPU quota)", required=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class SlowResult:
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class SlowResult(FaultResult):
     """What slow-node did: the node's CPU quota, of the period, for `cpus` CPUs."""
 
-    id: str
-    node: str
-    cpus: float
-    cpu_quota: int
-    cpu_period: int
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    cpus: float | None = None
+    cpu_quota: int | None = None
+    cpu_period: int | None = None
 
 
 def _quota(cpus: float) -> int:
@@ -336,8 +331,13 @@ SLOW_NODE = FaultKind(
         help="a straggler: throttle a node's (or etcd's) CPU with a cgroup quota",
         options=SlowOptions,
         inject=lambda o, at: (LimitCpu(at.node, _quota(o.cpus), CPU_PERIOD_US),),
+        result_type=SlowResult,
         result=lambda o, at, outcomes: SlowResult(
-            SLOW_NODE.in_force_id(at.node), at.node, o.cpus, _quota(o.cpus), CPU_PERIOD_US
+            id=SLOW_NODE.in_force_id(at.node),
+            node=at.node,
+            cpus=o.cpus,
+            cpu_quota=_quota(o.cpus),
+            cpu_period=CPU_PERIOD_US,
         ),
         detail=lambda o, at: f"{o.cpus:g} CPUs",
         already="already slowed",

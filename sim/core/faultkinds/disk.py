@@ -13,6 +13,7 @@ import posixpath
 from errno import ENOSPC
 
 from sim.core.faultoptions import DIRECTORY, NODE_TARGET, SIZE, FaultOptions, option
+from sim.core.history import FaultResult
 
 from .base import (
     ACT_MARKER,
@@ -44,18 +45,13 @@ class FillOptions(FaultOptions):
     leave: int = option(SIZE, "bytes left free, e.g. 4k", 0)
 
 
-@dataclasses.dataclass(frozen=True)
-class FillResult:
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class FillResult(FaultResult):
     """What fill-disk wrote: its filler, how much, and what was left free."""
 
-    id: str
-    node: str
-    file: str
-    written: int
-    free: int
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    file: str | None = None  # the filler
+    written: int | None = None  # its bytes
+    free: int | None = None
 
 
 def _marker(at: Struck) -> str:
@@ -108,7 +104,8 @@ FILL_DISK = FaultKind(
         options=FillOptions,
         requires=lambda o: (RequireCkptStorage(o.dir),),
         inject=_inject,
-        result=lambda o, at, outcomes: FillResult(f"fill-{at.node}", at.node, **outcomes[0]),
+        result_type=FillResult,
+        result=lambda o, at, outcomes: FillResult(id=f"fill-{at.node}", node=at.node, **outcomes[0]),
         detail=lambda o, at: "filler being written",
         already="a filler is in place already",
         undo=lambda at: (RemoveFile(at.node, at.file or ""),),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from sim.core.faultoptions import SECONDS, FaultOptions, option
+from sim.core.history import FaultResult
 
 from .base import (
     Act,
@@ -33,13 +34,9 @@ class WipeOptions(FaultOptions):
     downtime: float = option(SECONDS, "stay down this long before starting again", 0.0)
 
 
-@dataclasses.dataclass(frozen=True)
-class WipeResult:
-    node: str
-    downtime: float
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class WipeResult(FaultResult):
+    downtime: float | None = None
 
 
 def _inject(o: WipeOptions, at) -> tuple:
@@ -65,7 +62,8 @@ WIPE_ETCD = FaultKind(
         help=_HELP,
         options=WipeOptions,
         inject=_inject,
-        result=lambda o, at, outcomes: WipeResult(at.node, o.downtime),
+        result_type=WipeResult,
+        result=lambda o, at, outcomes: WipeResult(node=at.node, downtime=o.downtime),
         detail=lambda o, at: "wiped",
         already="",
         undo=None,

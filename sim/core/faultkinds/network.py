@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sim.core.errors import UsageError
 from sim.core.faultoptions import (
@@ -27,6 +27,7 @@ from sim.core.faultoptions import (
     exactly_one,
     option,
 )
+from sim.core.history import FaultResult
 from sim.core.parse import check_node_names, go_duration
 from sim.core.partition import Partition, cut_from, isolate, one_way, split
 
@@ -147,36 +148,37 @@ def _ms(seconds: float | None) -> float | None:
 # ---------------------------------------------------------------- results (the history's ok records)
 
 
-@dataclasses.dataclass(frozen=True)
-class PartitionResult:
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class PartitionResult(FaultResult):
     """What a partition did: its id, its description, each link cut ([src, dst]) and each running node's
     iptables rules as applied (every partition in force)."""
 
-    id: str
-    partition: str
-    cuts: list[list[str]]
-    rules: dict[str, list[str]]
+    partition: str | None = None  # its description
+    cuts: tuple[tuple[str, ...], ...] | None = None  # each cut, the nodes on one side
+    rules: Mapping[str, tuple[str, ...]] | None = None  # each node's iptables rules, as applied
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    @classmethod
+    def _derived(cls, data: Mapping) -> dict:
+        cuts, derived = data.get("cuts"), {}
+        if isinstance(cuts, list) and all(isinstance(c, list) for c in cuts):
+            derived["cuts"] = tuple(tuple(str(n) for n in c) for c in cuts)
+        if "rules" in data:  # a malformed value reads as None (as_written keeps it), never half-typed
+            rules = data["rules"]
+            valid = isinstance(rules, dict) and all(isinstance(r, list) for r in rules.values())
+            derived["rules"] = (
+                {str(n): tuple(str(r) for r in node_rules) for n, node_rules in rules.items()} if valid else None
+            )
+        return derived
 
 
-@dataclasses.dataclass(frozen=True)
-class LinkResult:
-    id: str
-    node: str
-    commands: list[str]  # as run in the node's network namespace
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class LinkResult(FaultResult):
+    commands: tuple[str, ...] | None = None  # as run in the node's network namespace
 
 
-@dataclasses.dataclass(frozen=True)
-class HealResult:
-    healed: list[str]  # the ids undone
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class HealResult(FaultResult):
+    healed: tuple[str, ...] | None = None  # the ids undone
 
 
 # ---------------------------------------------------------------- partition (and etcd-isolate)
@@ -226,7 +228,8 @@ PARTITION = FaultKind(
         strikes="links",
         links=_links,
         inject=lambda o, at: (ApplyPartitions(),),  # its intent is in force: applied with the others
-        result=lambda o, at, outcomes: PartitionResult(at.id, at.node, _cuts(at), outcomes[0]),
+        result_type=PartitionResult,
+        result=lambda o, at, outcomes: PartitionResult(id=at.id, partition=at.node, cuts=_cuts(at), rules=outcomes[0]),
         detail=lambda o, at: None,  # its target is its description
         already="",
         undo=lambda at: (ApplyPartitions(),),  # once it is forgotten: the others applied again
@@ -294,7 +297,8 @@ LINK = FaultKind(
         # A qdisc goes on the interface that carries cluster traffic, looked up before it acts.
         remembers=lambda o, at: (FindIface(at.node),) if o.rate is not None or o.netem() else (),
         inject=lambda o, at: (ShapeLink(at.node, o.loss, o.rate, o.netem(), at.kept.get("iface")),),
-        result=lambda o, at, outcomes: LinkResult(f"link-{at.node}", at.node, outcomes[0]),
+        result_type=LinkResult,
+        result=lambda o, at, outcomes: LinkResult(id=f"link-{at.node}", node=at.node, commands=tuple(outcomes[0])),
         detail=lambda o, at: None,  # its record holds its settings
         already="",
         undo=lambda at: (ClearLink(at.node),),
@@ -321,7 +325,8 @@ HEAL = FaultKind(
         strikes="cluster",
         target_of=lambda o: o.id or "all",
         inject=lambda o, at: (HealFaults(o.id),),
-        result=lambda o, at, outcomes: HealResult(outcomes[0]),
+        result_type=HealResult,
+        result=lambda o, at, outcomes: HealResult(healed=tuple(outcomes[0])),
         detail=lambda o, at: "healed",
         already="",
         undo=None,

@@ -12,6 +12,7 @@ import dataclasses
 from signal import SIGKILL, SIGSTOP, SIGTERM, Signals
 
 from sim.core.faultoptions import NODE_TARGET, SIGNAL, FaultOptions, exactly_one, option, whole
+from sim.core.history import FaultResult
 
 from .base import (
     Act,
@@ -73,69 +74,50 @@ class NodeOptions(FaultOptions):
 # ---------------------------------------------------------------- results (the history's ok records)
 
 
-@dataclasses.dataclass(frozen=True)
-class WorkerResult:
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class WorkerResult(FaultResult):
     """The worker a fault hit."""
 
-    node: str
-    pid: int
-    rank: int | None
-    local_rank: int | None
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    pid: int | None = None
+    rank: int | None = None
+    local_rank: int | None = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
 class KillWorkerResult(WorkerResult):
-    signal: str  # "SIGKILL"
+    signal: str | None = None  # "SIGKILL"
 
 
-@dataclasses.dataclass(frozen=True)
-class HangWorkerResult:
-    id: str
-    node: str
-    pid: int
-    rank: int | None
-    local_rank: int | None
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class HangWorkerResult(WorkerResult):
+    """The worker held, and its id in force."""
 
 
-@dataclasses.dataclass(frozen=True)
-class HangCollectivesResult(HangWorkerResult):
-    file: str  # the file that holds it
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class HangCollectivesResult(WorkerResult):
+    file: str | None = None  # the file that holds it
 
 
-@dataclasses.dataclass(frozen=True)
-class KillAgentResult:
-    node: str
-    pid: int
-    signal: str
-    workers: list[int]  # its workers' pids when it was signalled
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class KillAgentResult(FaultResult):
+    pid: int | None = None
+    signal: str | None = None
+    workers: tuple[int, ...] | None = None  # its workers' pids when it was signalled
 
 
-@dataclasses.dataclass(frozen=True)
-class ResumeResult:
-    node: str
-    pids: list[int]  # the workers continued (those not stopped ignore it)
-    healed: list[str]  # the hang faults in force on the node it ended
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class ResumeResult(FaultResult):
+    pids: tuple[int, ...] | None = None  # the workers continued (those not stopped ignore it)
+    healed: tuple[str, ...] | None = None  # the hang faults in force on the node it ended
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
 class OomResult(WorkerResult):
-    limit: int  # the node's memory limit while the hog ran
-    allocated: int | None
-    limit_kept: bool  # the spec's own memory (or a default one already low enough) was kept
-    oom_kills: int | None
-    hog_killed: bool
+    limit: int | None = None  # the node's memory limit while the hog ran
+    allocated: int | None = None
+    limit_kept: bool | None = None  # the spec's own memory (or a default one already low enough) was kept
+    oom_kills: int | None = None
+    hog_killed: bool | None = None
 
 
 def _worker(at: Struck) -> dict:
@@ -197,6 +179,7 @@ KILL_WORKER = FaultKind(
         options=KillWorkerOptions,
         strikes="worker",
         inject=lambda o, at: (Signal(at.node, at.pid, o.signal),),
+        result_type=KillWorkerResult,
         result=lambda o, at, outcomes: KillWorkerResult(**_worker(at), signal=o.signal.name),
         detail=lambda o, at: f"rank {at.rank} signalled",
         already="",
@@ -226,7 +209,10 @@ KILL_AGENT = FaultKind(
         options=KillAgentOptions,
         strikes="agent",
         inject=lambda o, at: (Signal(at.node, at.pid, o.signal),),
-        result=lambda o, at, outcomes: KillAgentResult(at.node, at.pid, o.signal.name, list(at.workers)),
+        result_type=KillAgentResult,
+        result=lambda o, at, outcomes: KillAgentResult(
+            node=at.node, pid=at.pid, signal=o.signal.name, workers=tuple(at.workers)
+        ),
         detail=lambda o, at: f"agent {at.pid} signalled",
         already="",
         undo=None,
@@ -250,7 +236,8 @@ HANG_WORKER = FaultKind(
         options=WorkerOptions,
         strikes="worker",
         inject=lambda o, at: (Signal(at.node, at.pid, SIGSTOP),),
-        result=lambda o, at, outcomes: HangWorkerResult(f"hang-{at.node}-{at.pid}", **_worker(at)),
+        result_type=HangWorkerResult,
+        result=lambda o, at, outcomes: HangWorkerResult(id=f"hang-{at.node}-{at.pid}", **_worker(at)),
         detail=lambda o, at: f"rank {at.rank} stopped",
         already="its worker is stopped already",
         # Its id names the one worker it stopped (`sim resume-worker` continues them all).
@@ -295,8 +282,9 @@ HANG_COLLECTIVES = FaultKind(
         options=WorkerOptions,
         strikes="worker",
         inject=lambda o, at: (Touch(at.node, _hang_file(at)),),
+        result_type=HangCollectivesResult,
         result=lambda o, at, outcomes: HangCollectivesResult(
-            f"stall-{at.node}-{at.pid}", **_worker(at), file=_hang_file(at)
+            id=f"stall-{at.node}-{at.pid}", **_worker(at), file=_hang_file(at)
         ),
         detail=lambda o, at: f"rank {at.rank} holds before its next collective",
         already="its worker is held already",
@@ -323,7 +311,8 @@ RESUME_WORKER = FaultKind(
         help="continue the stopped workers of a node (SIGCONT)",
         options=NodeOptions,
         inject=lambda o, at: (ContinueWorker(at.node, None, strict=True), ForgetInForce(at.node, "hang")),
-        result=lambda o, at, outcomes: ResumeResult(at.node, list(outcomes[0]), list(outcomes[1])),
+        result_type=ResumeResult,
+        result=lambda o, at, outcomes: ResumeResult(node=at.node, pids=tuple(outcomes[0]), healed=tuple(outcomes[1])),
         detail=lambda o, at: "its workers continued",
         already="",
         undo=None,
@@ -343,6 +332,7 @@ OOM_WORKER = FaultKind(
         options=WorkerOptions,
         strikes="worker",
         inject=lambda o, at: (ExhaustMemory(at.node, at.pid, OOM_HEADROOM),),
+        result_type=OomResult,
         result=lambda o, at, outcomes: OomResult(**_worker(at), **outcomes[0]),
         detail=lambda o, at: f"rank {at.rank} out of memory",
         already="",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from sim.core.faultoptions import NODE_TARGET, SIZE, FaultOptions, option
+from sim.core.history import FaultResult
 
 from .base import Act, ChaosMesh, FaultKind, LimitWrites, Provocation
 
@@ -32,17 +33,12 @@ class SlowDiskOptions(FaultOptions):
         return None if self.write_rate else "write_rate 0: no throttle; give bytes a second, e.g. 1m"
 
 
-@dataclasses.dataclass(frozen=True)
-class SlowDiskResult:
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class SlowDiskResult(FaultResult):
     """What slow-disk did: the node whose writes under the checkpoint mount are throttled, and to what."""
 
-    id: str
-    node: str
-    write_rate: int  # bytes a second
-    dir: str
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    write_rate: int | None = None  # bytes a second
+    dir: str | None = None
 
 
 def _k8s(o: SlowDiskOptions, target: str) -> ChaosMesh:
@@ -84,7 +80,10 @@ SLOW_DISK = FaultKind(
         help="throttle a node's checkpoint writes (its cgroup's block-I/O limit on the disk under /ckpt)",
         options=SlowDiskOptions,
         inject=lambda o, at: (LimitWrites(at.node, CKPT_DIR, o.write_rate),),
-        result=lambda o, at, outcomes: SlowDiskResult(f"slow-disk-{at.node}", at.node, o.write_rate, CKPT_DIR),
+        result_type=SlowDiskResult,
+        result=lambda o, at, outcomes: SlowDiskResult(
+            id=f"slow-disk-{at.node}", node=at.node, write_rate=o.write_rate, dir=CKPT_DIR
+        ),
         detail=lambda o, at: f"writes to {CKPT_DIR} at {o.write_rate} bytes/s",
         already="its checkpoint writes are throttled already",
         undo=lambda at: (LimitWrites(at.node, CKPT_DIR, 0),),

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 
 from sim.core.faultkinds import FaultKind, kind_of
-from sim.core.history import AgentRecord, DockerRecord, FaultRecord, Record
+from sim.core.history import AgentRecord, DockerRecord, FaultRecord, FaultResult, Record
 from sim.core.nodes import node_order
 from sim.verdict.runmodel import RunModel
 
@@ -45,6 +45,11 @@ def _faults_where(run: RunModel, trait: Callable[[FaultKind], bool]) -> list[Fau
     """The faults done (their ok records) of every kind with a trait (sim.core.faultkinds), e.g.
     _faults_where(run, lambda kind: kind.loses_node)."""
     return [r for r in run.records if isinstance(r, FaultRecord) and r.phase == "ok" and trait(kind_of(r.fault))]
+
+
+def result_of(fault: FaultRecord) -> FaultResult:
+    """What a fault's ok record says it did, typed as its kind's result (a fill's `written`, a skew's `by`)."""
+    return kind_of(fault.fault).read_result(fault.result)
 
 
 def _at(t: float) -> str:

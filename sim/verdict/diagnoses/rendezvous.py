@@ -20,6 +20,7 @@ from sim.verdict.diagnoses.evidence import (
     _faults_where,
     _first_per_node,
     _line,
+    result_of,
 )
 from sim.verdict.runmodel import AGENT_CONTAINER, RunModel
 
@@ -489,7 +490,7 @@ def clock_skew(run: RunModel) -> Diagnosis | None:
     """(p) A node's clock was skewed past the keep-alive window, and then the agents disagreed on who was
     in a round: a round's size counted differently, or the skewed node in a round of its own (two groups)."""
     window = _keep_alive_window(run)
-    skews = [f for f in _faults_where(run, lambda kind: kind.skews_clock) if abs(f.outcome.by or 0) > window]
+    skews = [f for f in _faults_where(run, lambda kind: kind.skews_clock) if abs(result_of(f).by or 0) > window]
     if not skews:
         return None
     skew = skews[0]
@@ -501,7 +502,7 @@ def clock_skew(run: RunModel) -> Diagnosis | None:
     apart = [joined for joined in rounds.values() if {r.node for r in joined} == {skew.node} and joined[0].nodes == 1]
     if miscounted is None and not (apart and len(rounds) > 1):
         return None
-    by = skew.outcome.by or 0
+    by = result_of(skew).by or 0
     ahead = by > 0
     shown = miscounted or [r for joined in rounds.values() for r in joined]
     finished = run.agent_events("group_finished") if miscounted else []
@@ -581,7 +582,7 @@ def late_join_at_end(run: RunModel) -> Diagnosis | None:
         joined = [
             f
             for f in _faults_where(run, lambda kind: kind.rejoins_nodes)
-            if node in (*(f.outcome.joined or ()), f.outcome.node)
+            if node == f.node or (kind_of(f.fault).changes_node_count and node in (result_of(f).joined or ()))
         ]
         started = [r for r in run.docker if r.node == node and r.action == "start" and r.t <= closed.t]
         evidence += [_line(f, f"fault {f.fault} ({f.target}): {node} joined") for f in joined[-1:]]

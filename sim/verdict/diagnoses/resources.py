@@ -16,6 +16,7 @@ from sim.verdict.diagnoses.evidence import (
     _faults_where,
     _line,
     _tidy,
+    result_of,
 )
 from sim.verdict.recovery import LOSS_JUMP_TOLERANCE, loss_across_resumes
 from sim.verdict.runmodel import RunModel
@@ -136,9 +137,10 @@ def disk_full(run: RunModel) -> Diagnosis | None:
 
 
 def _filled(fault: FaultRecord) -> str:
-    written = fault.outcome.written
+    result = result_of(fault)
+    written = result.written
     size = f" of {written >> 20} MiB" if written is not None else ""
-    return f"filler file {fault.outcome.file or '?'}{size} written, the disk full"
+    return f"filler file {result.file or '?'}{size} written, the disk full"
 
 
 def oom_kill(run: RunModel) -> Diagnosis | None:
@@ -171,7 +173,7 @@ def oom_kill(run: RunModel) -> Diagnosis | None:
         lines += [(r, f"{_describe(r)}: SIGKILL from the OOM killer") for r in exits]
         if fault is not None:
             injected = True
-            limit = fault.outcome.limit
+            limit = result_of(fault).limit
             if limit is not None:
                 limits.append(f"{limit >> 20} MiB on {oom.node}")
                 lines.append((fault, f"fault oom-worker: memory limit {limit >> 20} MiB, then memory pressure"))
@@ -208,7 +210,7 @@ def damaged_checkpoint_loaded(run: RunModel) -> Diagnosis | None:
     evidence += [_line(r) for r in unreadable]
     evidence += [_line(r) for r in run.agent_events("error_file")[:1]]
     nodes = ", ".join(sorted({r.node for r in unreadable}, key=node_order))
-    file = before[-1].outcome.file
+    file = result_of(before[-1]).file
     return Diagnosis(
         "damaged-checkpoint-loaded",
         f"The script loads a damaged checkpoint blindly ({nodes})",
@@ -225,7 +227,7 @@ def damaged_checkpoint_loaded(run: RunModel) -> Diagnosis | None:
 
 
 def _damage_words(fault: FaultRecord) -> str:
-    result = fault.outcome
+    result = result_of(fault)
     if kind_of(fault.fault).strikes_in_write:
         pid = "?" if result.pid is None else result.pid
         return f"fault kill-during-checkpoint: pid {pid} killed while it wrote {result.file}"
