@@ -562,6 +562,8 @@ def test_the_check_judges_the_forecast_from_the_remeasured_inputs_and_prints_the
     plain = judge(vet, "kill-worker", 25.0, 4, RunModel(_soak_history()), "run")  # --remeasure 0
     assert plain.inputs == "vet" and plain.vet_predicted is None and plain.as_dict()["remeasured"] is None
     assert plain.line().startswith("check: inputs: the vet's (kill-worker 27.7 s + 0.0 s slow start, step 1.000 s")
+    none_seen = dataclasses.replace(plain, remeasure_asked=3)  # asked, but none of its faults reached a first step
+    assert "of the 3 faults struck to re-measure them before the soak, none reached a first step" in none_seen.line()
 
 
 def test_the_remeasures_faults_come_first_each_after_a_whole_throughput_window_and_keep_the_soaks_gaps():
