@@ -880,6 +880,14 @@ def _add_forecast(sub: argparse._SubParsersAction) -> None:
     forecast.add_argument("--check-kind", default="kill-worker", metavar="KIND", help="--check: the fault kind")
     forecast.add_argument("--seed", type=int, default=1, help="--check: the soak's seed (default 1)")
     forecast.add_argument("--name", default="soak", help="--check: the soak's cluster name (default soak)")
+    forecast.add_argument(
+        "--remeasure",
+        type=int,
+        metavar="N",
+        help="--check: first strike N faults of the kind to re-measure its cost on the soak's own cluster, under "
+        "the soak's load, and judge the forecast from those (the vet's beside it); 0: judge the vet's own inputs "
+        "(default 3)",
+    )
 
 
 def forecast_rates(mtbf_node: str | None, tool: Mapping[str, object]):
@@ -924,9 +932,10 @@ def cmd_forecast(args: argparse.Namespace, _: list[str] | None) -> int:
     save_cost = parse_duration(args.save_cost) if args.save_cost is not None else None
     measured = with_given(measure(vet_path), save_cost, args.ckpt_every)
     if args.check:  # its inputs checked before anything is printed or started
-        from sim.vet.forecast_check import check_inputs, run_check, vet_job
+        from sim.vet.forecast_check import REMEASURE, check_inputs, run_check, vet_job
 
-        check_inputs(measured, args.check_kind, every, soak)
+        remeasure = REMEASURE if args.remeasure is None else args.remeasure
+        check_inputs(measured, args.check_kind, every, soak, remeasure)
         vet = json.loads(Path(measured.source).read_text(encoding="utf-8"))
         spec = vet_job(vet, Path(measured.source).parent)
     made = forecast(measured, rates, scales, args.gpus_per_node, settings)
@@ -943,6 +952,7 @@ def cmd_forecast(args: argparse.Namespace, _: list[str] | None) -> int:
             duration_s=soak,
             seed=args.seed,
             name=args.name,
+            remeasure=remeasure,
             docker=_docker(),
         )
         data["check"] = checked.as_dict()

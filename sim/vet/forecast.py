@@ -30,7 +30,7 @@ import math
 import re
 import statistics
 import textwrap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -289,12 +289,15 @@ class Measurements:
         raise AssertionError("kinds is never empty")  # __post_init__
 
 
-def step_seconds(run: RunModel) -> float | None:
+def step_seconds(run: RunModel, before: float = math.inf) -> float | None:
     """Seconds per step while training steadily: the median, over rank 0's consecutive progress records of one
-    cohort, of the time per step between them (a save or a stall between two records is an outlier there)."""
+    cohort, of the time per step between them (a save or a stall between two records is an outlier there). Only
+    the records before `before` (a soak's re-measure: its segment before the soak's faults)."""
     per_step = []
     previous = None
     for beat in run.progress:
+        if beat.t >= before:
+            break
         if beat.rank not in (0, None):
             continue
         if previous is not None and run.cohort_index(previous.t) == run.cohort_index(beat.t):
@@ -305,12 +308,15 @@ def step_seconds(run: RunModel) -> float | None:
     return statistics.median(per_step) if per_step else None
 
 
-def save_costs(run: RunModel) -> tuple[list[float], list[int]]:
+def save_costs(run: RunModel, before: float = math.inf) -> tuple[list[float], list[int]]:
     """(the seconds each save blocked training: per saved step, the slowest rank's; the saved steps). A save whose
-    record holds no step (an optimizer that keeps none, as SGD) saved the step the job had reached when it began."""
+    record holds no step (an optimizer that keeps none, as SGD) saved the step the job had reached when it began.
+    Only the saves recorded before `before`."""
     by_step: dict[int, float] = {}
     steps = set()
     for write in run.checkpoint_writes:
+        if write.t >= before:
+            continue
         step = write.step
         if step is None and isinstance(write, WorkerRecord) and run.steps_known:
             step = _step_at(run, write.began if write.began is not None else write.t)
@@ -973,34 +979,129 @@ def _step_at(run: RunModel, t: float) -> int | None:
     return run.progress[index - 1].step if index > 0 else None
 
 
-def soak_measure(run: RunModel) -> SoakMeasure:
+def soak_recoveries(run: RunModel, begin: float, end: float) -> list[tuple[float, float, Mapping[str, float | None]]]:
+    """The recoveries from the faults invoked in [begin, end) that reached a first step, each as the vet measures
+    it: (its recovery, its slow start over the seconds its throughput after was measured, its phases)."""
+    inside = [r for r in recoveries(run) if begin <= r.fault.t_invoke < end and r.first_progress is not None]
+    return [
+        (
+            r.public().recovery_s,
+            slow_start(dataclasses.asdict(r.public()), after_window(run, r.first_progress.t)),
+            r.phases.as_dict(),
+        )
+        for r in inside
+    ]
+
+
+def _phase_stat(found: Sequence[Mapping[str, float | None]], stat: Callable[[list[float]], float]) -> dict:
+    """Each phase's `stat` over the recoveries that show it (a phase none shows is left out)."""
+    phases = {}
+    for phase in PHASES:
+        values = [p[phase] for p in found if p.get(phase) is not None]
+        if values:
+            phases[phase] = round(stat(values), 3)
+    return phases
+
+
+def soak_measure(run: RunModel, skip: int = 0) -> SoakMeasure:
     """The goodput a soak measured: the steps it gained from its first fault to its last, at its own step time,
-    over that time (a step re-done after a restart counts once)."""
+    over that time (a step re-done after a restart counts once). `skip`: the first faults were the re-measure's
+    (remeasure), not the soak's: the window begins at the fault after them."""
     invokes = sorted(f.t_invoke for f in run.faults)
-    if len(invokes) < 2:
-        raise UsageError(f"the soak struck {len(invokes)} fault(s): it needs two or more to measure between")
-    begin, end = invokes[0], invokes[-1]
+    if len(invokes) < skip + 2:
+        after = f" after the re-measure's {skip}" if skip else ""
+        raise UsageError(
+            f"the soak struck {len(invokes) - skip} fault(s){after}: it needs two or more to measure between"
+        )
+    begin, end = invokes[skip], invokes[-1]
     first, last = _step_at(run, begin), _step_at(run, end)
     step_s = step_seconds(run)
     if first is None or last is None or step_s is None:
         raise UsageError("the soak's history shows no training steps around its faults: nothing to measure")
-    inside = [r for r in recoveries(run) if begin <= r.fault.t_invoke < end and r.first_progress is not None]
-    times = [r.public().recovery_s for r in inside]
-    slow = [slow_start(dataclasses.asdict(r.public()), after_window(run, r.first_progress.t)) for r in inside]
-    phases = {}
-    for phase in PHASES:
-        values = [getattr(r.phases, phase) for r in inside if getattr(r.phases, phase) is not None]
-        if values:
-            phases[phase] = round(statistics.mean(values), 3)
+    found = soak_recoveries(run, begin, end)
+    times = [f[0] for f in found]
     return SoakMeasure(
         end - begin,
-        len(invokes) - 1,
+        len(invokes) - 1 - skip,
         last - first,
         step_s,
         statistics.mean(times) if times else None,
-        statistics.mean(slow) if slow else None,
-        phases,
+        statistics.mean(f[1] for f in found) if found else None,
+        _phase_stat([f[2] for f in found], statistics.mean),
         max(times, default=None),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Remeasured:
+    """A kind's inputs measured again on the soak's own cluster just before its soak, under the load the soak runs
+    under (sim forecast --check): `faults` of the kind, each once the job was steady, as the vet strikes; the median
+    of their recoveries (with phases) and slow starts; the step time and save cost of that segment (None: not seen
+    there, the vet's kept). The vet's one sample of a restart's CPU-bound phases (worker start, first step) was
+    measured under another load of a shared host: 12 to 74 s for the same restart within one soak here."""
+
+    cost: KindCost  # the vet's KindCost for the kind with the medians in place of its recovery, slow start, phases
+    faults: int  # the re-measure's faults struck
+    samples: tuple[float, ...]  # each recovery seen, in order
+    slow_samples: tuple[float, ...]
+    until: float  # the segment's end: the soak's first fault
+    step_s: float | None = None
+    save_s: float | None = None
+
+    def applied(self, m: Measurements) -> Measurements:
+        """`m` with the re-measured inputs in place of the vet's: the kind's cost, the step time, the save cost."""
+        kinds = tuple(self.cost if k.kind == self.cost.kind else k for k in m.kinds)
+        if self.cost.kind not in {k.kind for k in m.kinds}:
+            kinds += (self.cost,)
+        return dataclasses.replace(
+            m,
+            kinds=kinds,
+            step_s=self.step_s if self.step_s is not None else m.step_s,
+            save_s=self.save_s if self.save_s is not None else m.save_s,
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            "kind": self.cost.kind,
+            "faults": self.faults,
+            "recovery_s": self.cost.recovery_s,
+            "slow_s": self.cost.slow_s,
+            "phases": dict(self.cost.phases),
+            "samples": list(self.samples),
+            "slow_samples": list(self.slow_samples),
+            "step_s": self.step_s,
+            "save_s": self.save_s,
+        }
+
+
+def remeasure(m: Measurements, run: RunModel, kind: str, faults: int) -> Remeasured | None:
+    """The kind's inputs as the soak's first `faults` faults (its re-measure) measured them, or None where none of
+    them reached a first step (nothing re-measured: the vet's inputs stand)."""
+    invokes = sorted(f.t_invoke for f in run.faults)
+    if faults < 1 or len(invokes) <= faults:
+        return None
+    until = invokes[faults]
+    found = soak_recoveries(run, invokes[0], until)
+    if not found:
+        return None
+    base = m.cost(kind)[0]
+    cost = dataclasses.replace(
+        base,
+        kind=kind,
+        recovery_s=statistics.median(f[0] for f in found),
+        slow_s=statistics.median(f[1] for f in found),
+        phases=_phase_stat([f[2] for f in found], statistics.median),
+        modelled=(),
+    )
+    saves = save_costs(run, before=until)[0]
+    return Remeasured(
+        cost,
+        faults,
+        tuple(f[0] for f in found),
+        tuple(f[1] for f in found),
+        until,
+        step_seconds(run, before=until),
+        statistics.median(saves) if saves else None,
     )
 
 

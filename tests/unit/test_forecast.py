@@ -209,9 +209,10 @@ def test_a_missing_or_wrong_vet_json_is_one_line(tmp_path):
         measure(tmp_path)
 
 
-def _soak_history() -> list[dict]:
-    """A job at 1 step/s, a checkpoint every 10 steps, killed at t=20 (step 20), 45 (step 40) and 70 (step 60,
-    the last), each recovery 5 s, resuming from the checkpoint just written."""
+def _soak_history(kills=((20.0, 5.0), (45.0, 5.0), (70.0, 5.0))) -> list[dict]:
+    """A job at 1 step/s, a checkpoint every 10 steps, killed at each (t, down): by default at t=20 (step 20), 45
+    (step 40) and 70 (step 60, the last), each down 5 s (a recovery of 5.8 s: the fault's ok at +0.2 s, the next
+    step at +6 s), resuming from the checkpoint just written."""
     records = [{"t": T0, "type": "run", "event": "start", "spec": {"nodes": 2, "nproc_per_node": 1}}]
     t, step, pid, n = T0, 0, 100, 0
 
@@ -222,7 +223,7 @@ def _soak_history() -> list[dict]:
             )
 
     start()
-    for kill_at in (20.0, 45.0, 70.0):
+    for kill_at, down in kills:
         while t < T0 + kill_at - 1e-9:
             t, step, n = t + 1, step + 1, n + 1
             records += [
@@ -232,7 +233,7 @@ def _soak_history() -> list[dict]:
             ]
         records.append({"t": t + 0.1, "type": "fault", "op": f"f{kill_at}", "fault": "kill-worker", "phase": "invoke"})
         records.append({"t": t + 0.2, "type": "fault", "op": f"f{kill_at}", "fault": "kill-worker", "phase": "ok"})
-        t, pid, n = t + 5, pid + 10, 0
+        t, pid, n = t + down, pid + 10, 0
         step = step // 10 * 10
         start()
     return records
@@ -310,6 +311,7 @@ def test_check_refuses_a_vet_that_saw_no_save_before_anything_starts():
         (["--check", "--every", "2s"], "--every 2s: too often to recover in between"),
         (["--check", "--soak", "1m"], "--soak 60s: shorter than two faults"),
         (["--check", "--check-kind", "partition"], "--check-kind partition: the vet did not measure it"),
+        (["--check", "--remeasure", "11"], "--remeasure 11: give the faults that re-measure the inputs"),
         (["--rdzv-conf", "last_call=30"], "--rdzv-conf 'last_call=30': 'last_call=30' is not one of"),
         (["--rdzv-conf", "keep_alive_interval=0"], "--rdzv-conf 'keep_alive_interval=0'"),
     ],
@@ -521,3 +523,90 @@ def test_every_kind_the_forecasts_tables_name_is_a_vetted_kind():
     named = {c.kind for c in LLAMA3} | set(STAND_INS) | {k for ks in STAND_INS.values() for k in ks} | set(KIND_WORDS)
     assert named <= set(PROVOCATIONS), named - set(PROVOCATIONS)
     assert all(kind_of(PROVOCATIONS[name].fault) is not UNKNOWN for name in named)
+
+
+# The re-measure (kills at steps 10, 20 and 30, down 2, 8 and 3 s: recoveries 2.8, 8.8 and 3.8 s) before a soak like
+# _soak_history's (kills at t=53, 78 and 103, at steps 40, 60 and 80, down 5 s each: recoveries 5.8 s); 1 step/s,
+# a checkpoint every 10 steps.
+REMEASURED_SOAK = ((10.0, 2.0), (22.0, 8.0), (40.0, 3.0), (53.0, 5.0), (78.0, 5.0), (103.0, 5.0))
+
+
+def test_the_remeasure_is_the_median_of_the_first_faults_recoveries_and_its_segments_step_time():
+    from sim.vet.forecast import remeasure
+
+    run = RunModel(_soak_history(REMEASURED_SOAK))
+    vet = Measurements(step_s=2.0, kinds=(KindCost("kill-worker", 27.7, {"first_step_s": 9.0}, 3),), interval_steps=10)
+    again = remeasure(vet, run, "kill-worker", 3)
+    assert again.samples == pytest.approx((2.8, 8.8, 3.8))  # the soak's own 5.8 s recoveries are not in it
+    assert again.cost.recovery_s == pytest.approx(3.8)  # the median, not the mean (5.13): one slow restart outvoted
+    assert again.cost.slow_s == 0.0 and again.cost.steps_lost == 3  # the vet's restarts and steps lost are kept
+    assert again.step_s == pytest.approx(1.0) and again.until == pytest.approx(T0 + 53.1)
+    judged = again.applied(vet)
+    assert judged.cost("kill-worker")[0].recovery_s == pytest.approx(3.8) and judged.step_s == pytest.approx(1.0)
+    assert judged.interval_steps == 10  # the job's own interval, as the vet saw it
+    assert remeasure(vet, run, "kill-worker", 0) is None  # --remeasure 0: the vet's inputs stand
+
+
+def test_the_soaks_goodput_window_begins_after_the_remeasures_faults():
+    run = RunModel(_soak_history(REMEASURED_SOAK))
+    measured = soak_measure(run, skip=3)
+    # from the kill at 53 (step 40) to the one at 103 (step 80): 40 steps of 1 s in 50 s; two faults of 5.8 s
+    assert (measured.faults, measured.steps) == (2, 40)
+    assert measured.window_s == pytest.approx(50.0, abs=0.01)
+    assert measured.goodput == pytest.approx(0.8) and measured.recovery_s == pytest.approx(5.8)
+    whole = soak_measure(run)  # the old window: from the re-measure's first kill, its recoveries in it
+    assert whole.faults == 5 and whole.recovery_s != pytest.approx(5.8)
+    with pytest.raises(UsageError, match=r"struck 1 fault\(s\) after the re-measure's 5: it needs two or more"):
+        soak_measure(run, skip=5)
+
+
+def test_the_check_judges_the_forecast_from_the_remeasured_inputs_and_prints_the_vets_beside_it():
+    from sim.vet.forecast_check import judge
+
+    vet = Measurements(step_s=1.0, kinds=(KindCost("kill-worker", 27.7),), save_s=0.0, interval_steps=10)
+    checked = judge(vet, "kill-worker", 25.0, 4, RunModel(_soak_history(REMEASURED_SOAK)), "run", 3)
+    assert checked.inputs == "remeasured" and checked.remeasured.cost.recovery_s == pytest.approx(3.8)
+    # re-measured, 3.8 s: restarts 2*3.8/50 = 0.152, re-done 2*5/50 = 0.2: 0.648 against the measured 0.8 (-19 %)
+    assert checked.predicted.goodput == pytest.approx(0.648)
+    assert checked.error == pytest.approx(-0.19) and not checked.within
+    # the vet's 27.7 s: restarts 2*27.7/50 = 1.108: all the time lost, 0 (-100 %)
+    assert checked.vet_predicted.goodput == 0.0 and checked.vet_error == pytest.approx(-1.0)
+    line = checked.line()
+    assert line.startswith(
+        "check: inputs re-measured on the soak's cluster just before it: kill-worker 3.8 s + 0.0 s slow start "
+        "(median of 3 of 3: 2.8, 8.8, 3.8 s), step 1.000 s; the vet's: 27.7 s + 0.0 s slow start, step 1.000 s\n"
+    )
+    assert "check: 2 kill-worker faults in 50 s" in line and "forecast 64.8 %" in line
+    assert "-19.0 %, NOT within 10 %" in line
+    assert "from the vet's own inputs the forecast is 0.0 % (-100.0 %, not within 10 %; not judged" in line
+    data = checked.as_dict()
+    assert data["inputs"] == "remeasured" and data["remeasured"]["samples"] == pytest.approx([2.8, 8.8, 3.8])
+    assert data["error"] == pytest.approx(-0.19) and data["vet_error"] == pytest.approx(-1.0)
+    assert data["measured"]["faults"] == 2 and not data["vet_within"]
+    json.dumps(data)  # forecast.json takes it
+
+    plain = judge(vet, "kill-worker", 25.0, 4, RunModel(_soak_history()), "run")  # --remeasure 0
+    assert plain.inputs == "vet" and plain.vet_predicted is None and plain.as_dict()["remeasured"] is None
+    assert plain.line().startswith("check: inputs: the vet's (kill-worker 27.7 s + 0.0 s slow start, step 1.000 s")
+    none_seen = dataclasses.replace(plain, remeasure_asked=3)  # asked, but none of its faults reached a first step
+    assert "of the 3 faults struck to re-measure them before the soak, none reached a first step" in none_seen.line()
+
+
+def test_the_remeasures_faults_come_first_each_after_a_whole_throughput_window_and_keep_the_soaks_gaps():
+    from sim.vet.forecast_check import soak_scenario
+
+    plain = soak_scenario(6, "kill-worker", 60, 600, seed=3)
+    again = soak_scenario(6, "kill-worker", 60, 600, seed=3, remeasure=3)
+    assert len(again.steps) == len(plain.steps) + 3
+    assert all((s.trigger.kind, s.trigger.lag_s) == ("recovered", 10.0) for s in again.steps[:4])
+    assert [s.trigger.lag_s for s in again.steps[4:]] == [s.trigger.lag_s for s in plain.steps[1:]]
+    assert again.timeout_s > plain.timeout_s
+
+
+def test_check_refuses_a_remeasure_out_of_range_before_anything_starts():
+    from sim.vet.forecast_check import check_inputs
+
+    m = Measurements(step_s=0.1, kinds=(KindCost("kill-worker", 5.0),), interval_steps=10)
+    with pytest.raises(UsageError, match=r"--remeasure -1: give the faults .* 0 to 10 \(default 3; 0 judges"):
+        check_inputs(m, "kill-worker", 60.0, 600.0, -1)
+    check_inputs(m, "kill-worker", 60.0, 600.0, 0)
