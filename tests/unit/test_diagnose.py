@@ -657,6 +657,17 @@ def test_script_error_missing_module_names_requirements_image_and_project_dir():
     assert "--requirements FILE" in error.fix and "--image IMAGE" in error.fix and "--project-dir DIR" in error.fix
 
 
+def test_a_start_whose_agent_restarted_for_a_waiting_node_still_counts_as_ended_by_the_error():
+    """A CI run (2026-12-05) of tests/integration/test_startup_crash.py: node1's first worker died of the missing
+    module, but its agent saw node0 waiting first (new_nodes) and wrote no worker_failed; the worker's own exit
+    (code 1) ended that start. The old diagnosis said "the first start(s) ran without it"."""
+    error = diagnose(*captured_run("script_error_new_nodes_first"))[0]
+    assert error.code == "script-error"
+    assert error.title.startswith("The script fails at every start"), error.title
+    assert "ended 4 worker-group start(s) (2 on node0, 2 on node1)" in " ".join(error.cause.split())
+    assert "ran without it" not in error.cause
+
+
 def test_script_error_missing_module_gives_the_pip_name():
     history, node_logs = captured_run("script_error_no_module")
     renamed = {node: text.replace("yaml_not_here", "yaml") for node, text in node_logs.items()}
@@ -900,6 +911,8 @@ def test_no_script_error_for_an_exception_that_did_not_end_its_start():
     """A traceback with no worker failure after it in its start (caught, or "Exception ignored in ...")."""
     history, node_logs = captured_run("script_error_nccl")
     no_failures = {n: "\n".join(x for x in t.splitlines() if "failed (exitcode" not in x) for n, t in node_logs.items()}
+    # Nor did the worker exit (its own "exit" record): it went on.
+    history = [r for r in history if not (r.get("type") == "worker" and r.get("event") == "exit" and r.get("code"))]
     assert "script-error" not in codes(diagnose(history, no_failures))
 
 

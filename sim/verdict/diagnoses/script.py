@@ -9,7 +9,7 @@ import dataclasses
 import re
 
 from sim.core.agentlog import parse_docker_timestamp, worker_error_kind
-from sim.core.history import AgentRecord
+from sim.core.history import AgentRecord, WorkerRecord
 from sim.core.nodes import node_order
 from sim.verdict.checkers import exits_words, job_ended
 from sim.verdict.diagnoses.evidence import (
@@ -149,7 +149,14 @@ def script_failure(run: RunModel) -> _ScriptFailure | None:
         if not starts:
             continue
         per_start: list[set[tuple]] = [set() for _ in starts]
+        # A start ended by its worker's failure: the agent's worker_failed, or the worker's own non-zero exit where its
+        # agent restarted the group for another reason first (it saw a node waiting: new_nodes) and never said so.
         failed = [r.t for r in run.agent_events("worker_failed", node=node)]
+        failed += [
+            r.t
+            for r in run.records
+            if isinstance(r, WorkerRecord) and r.node == node and r.event == "exit" and r.code not in (None, 0)
+        ]
         for r in run.agent_events("worker_exception", node=node):
             index = sum(1 for t in starts if t <= r.t) - 1
             if index < 0 or not r.frame or not _script_own(r):
