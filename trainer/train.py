@@ -26,6 +26,7 @@ Every line on stdout is one JSON object (see emit()); the harness reads them.
 """
 
 import argparse
+import functools
 import hashlib
 import io
 import json
@@ -43,7 +44,7 @@ from datetime import timedelta
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
@@ -327,7 +328,25 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-@record
+class WholeErrorFile(ErrorHandler):
+    """torch's error handler, its error file written whole or not at all (a temp file renamed into place): torch
+    opens the file for writing, then writes it, and an agent that read it empty between the two (the worker killed
+    there) died of a JSONDecodeError in its own poll (seen once in CI). Without the file the agent names the exit."""
+
+    def record_exception(self, e: BaseException) -> None:
+        final = self._get_error_file_path()
+        if not final:
+            return super().record_exception(e)
+        partial = f"{final}.partial.{os.getpid()}"
+        self._get_error_file_path = lambda: partial
+        try:
+            super().record_exception(e)
+        finally:
+            del self._get_error_file_path
+        os.replace(partial, final)
+
+
+@functools.partial(record, error_handler=WholeErrorFile())
 def main(argv=None):
     args = parse_args(argv)
     started = wall_clock()
